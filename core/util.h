@@ -1,0 +1,51 @@
+/* Small shared helpers of the core: scope-bound cleanup, string building, time. */
+#ifndef EPH_UTIL_H
+#define EPH_UTIL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <ephemeral/plugin.h>
+
+/* Scope-bound release, as in systemd/crun: `cleanup_free char *p = ...;` frees p when it
+ * goes out of scope; steal_pointer() hands ownership on and leaves NULL behind. */
+static inline void eph_freep(void *p) { free(*(void **)p); }
+static inline void eph_closep(int *fd) { if (*fd >= 0) close(*fd); }
+static inline void eph_json_putp(json_object **o) { if (*o) json_object_put(*o); }
+#define cleanup_free __attribute__((cleanup(eph_freep)))
+#define cleanup_close __attribute__((cleanup(eph_closep)))
+#define cleanup_json __attribute__((cleanup(eph_json_putp)))
+#define steal_pointer(pp) ({ __typeof__(*(pp)) _p = *(pp); *(pp) = NULL; _p; })
+#define steal_fd(fdp) ({ int _fd = *(fdp); *(fdp) = -1; _fd; })
+
+/* malloc/strdup/asprintf that abort on out-of-memory: the core does not limp on without
+ * memory. Returned memory is owned by the caller (free()). */
+void *eph_xmalloc(size_t bytes);
+void *eph_xcalloc(size_t n, size_t bytes);
+void *eph_xrealloc(void *p, size_t bytes);
+char *eph_xstrdup(const char *s);
+char *eph_xasprintf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* Wall-clock time in microseconds since the epoch (CLOCK_REALTIME). */
+int64_t eph_wall_us(void);
+
+/* Formats micros as dollars with 5 decimals ("$0.00353"), the product page's style.
+ * buf must hold at least 32 bytes; returns buf. */
+char *eph_format_dollars(int64_t micros, char *buf, size_t size);
+
+/* Fills buf with n random bytes from getrandom(); returns 0 or -errno. */
+int eph_random_bytes(void *buf, size_t n);
+/* Writes 2*n lowercase hex digits of n random bytes plus NUL into out (2n+1 bytes). */
+int eph_random_hex(char *out, size_t n);
+
+/* mkdir -p with mode; returns 0 or negative + err naming the path. */
+int eph_mkdir_p(const char *path, mode_t mode, eph_error_t *err);
+
+/* Reads a whole file into a NUL-terminated heap buffer (owned by the caller), refusing
+ * files over max_bytes. *bytes (optional) gets the length. */
+int eph_read_file(const char *path, size_t max_bytes, char **out, size_t *bytes, eph_error_t *err);
+
+#endif
