@@ -1,0 +1,75 @@
+/* Configuration: ephemeral.conf (core keys) then conf.d/*.conf in lexical order (plugin
+ * blocks), libconfig syntax. A plugin block is a top-level group named after the plugin:
+ *
+ *   backend-jail: { enabled = true; memory_mib = 512; };
+ *
+ * Keys every block accepts besides the plugin's own table: `enabled` (bool, default false)
+ * and `file` (string: the .so to load, relative to plugin_dir; default "<name>.so").
+ * When ephemeral.conf is absent the embedded defaults apply; when conf.d is absent, the
+ * embedded default set of plugins is enabled (eph_config_default_plugins). */
+#ifndef EPH_CONFIG_H
+#define EPH_CONFIG_H
+
+#include <stdbool.h>
+#include <libconfig.h>
+
+#include <ephemeral/plugin.h>
+
+/* One plugin block found in conf.d (or synthesised from the embedded defaults). */
+typedef struct eph_config_block {
+  char *name;                /* block name = plugin name; owned */
+  config_setting_t *setting; /* the group; NULL for an embedded default; owned by its file */
+  char *file;                /* the .so file name or path; owned */
+  bool enabled;
+  char *where;               /* "conf.d/10-x.conf:3" or "(embedded defaults)"; owned */
+} eph_config_block_t;
+
+typedef struct eph_config {
+  char *main_path;           /* ephemeral.conf used, or NULL (embedded defaults); owned */
+  char *confd_path;          /* conf.d directory used, or NULL; owned */
+  config_t *files;           /* parsed files: [0] ephemeral.conf (maybe empty), then conf.d */
+  size_t n_files;
+  eph_config_block_t *blocks;
+  size_t n_blocks;
+  const config_setting_t *core; /* root of ephemeral.conf (core keys), or NULL */
+  int warnings;              /* unknown keys and other warnings reported so far */
+} eph_config_t;
+
+/* The core's own documented keys (ephemeral.conf), {0}-terminated. */
+extern const eph_config_key_t eph_core_config_keys[];
+
+/* Plugins enabled when no conf.d directory exists. NULL-terminated, static. */
+extern const char *const eph_config_default_plugins[];
+
+/* Loads main_path (may be NULL or missing: embedded defaults) and every *.conf in
+ * confd_path (may be NULL or missing: embedded plugin set), in lexical order. Syntax errors,
+ * type errors of core keys and duplicate blocks fail with "file:line: message"; unknown core
+ * keys are warnings (counted in c->warnings). On failure c is left empty. Free with
+ * eph_config_free(). */
+int eph_config_load(eph_config_t *c, const char *main_path, const char *confd_path,
+                    eph_error_t *err);
+void eph_config_free(eph_config_t *c);
+
+/* Finds the block for a plugin name, or NULL. */
+const eph_config_block_t *eph_config_block(const eph_config_t *c, const char *name);
+
+/* Checks a block's keys against a documented table: a key of the wrong type is an error
+ * (file:line), an unknown key a warning (file:line) counted in *warnings. `enabled` and
+ * `file` are always accepted. owner names the block in messages. */
+int eph_config_check_keys(const config_setting_t *block, const eph_config_key_t *keys,
+                          const char *owner, int *warnings, eph_error_t *err);
+
+/* Typed getters: missing key (or NULL block) gives def; a wrong type fails with
+ * -EPH_E_CONFIG and "file:line: key 'k': expected ...". Strings are borrowed from the
+ * config tree (valid until eph_config_free) or are def. */
+int eph_cfg_int(const config_setting_t *block, const char *key, int64_t def, int64_t *out,
+                eph_error_t *err);
+int eph_cfg_bool(const config_setting_t *block, const char *key, int def, int *out,
+                 eph_error_t *err);
+int eph_cfg_string(const config_setting_t *block, const char *key, const char *def,
+                   const char **out, eph_error_t *err);
+
+/* "file:line" of a setting into buf (or "(embedded defaults)" for NULL); returns buf. */
+const char *eph_cfg_where(const config_setting_t *s, char *buf, size_t size);
+
+#endif

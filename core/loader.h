@@ -1,0 +1,65 @@
+/* The plugin loader: dlopen()s the plugins conf.d enables from plugin_dir with
+ * RTLD_NOW | RTLD_LOCAL, checks each descriptor and calls its init(). A plugin is refused,
+ * with an error naming its file, for: a dlopen failure, a missing descriptor, a different
+ * ABI major, a descriptor too small, a bad or duplicate name, an unknown kind, a config
+ * type error, a failing init. A refused plugin is dlclose()d: it never half-loads. */
+#ifndef EPH_LOADER_H
+#define EPH_LOADER_H
+
+#include <stddef.h>
+
+#include <ephemeral/plugin.h>
+
+#include "config.h"
+
+/* One loaded plugin. */
+typedef struct eph_plugin_slot {
+  const eph_plugin_t *desc;       /* the plugin's descriptor (in its .so) */
+  void *handle;                   /* dlopen handle */
+  void *state;                    /* what init() returned */
+  char *path;                     /* the file it was loaded from; owned */
+  const config_setting_t *config; /* its block (may be NULL); owned by eph_config_t */
+} eph_plugin_slot_t;
+
+typedef struct eph_plugins {
+  eph_plugin_slot_t *slots;
+  size_t n;
+  int refused; /* how many enabled plugins were refused */
+} eph_plugins_t;
+
+/* True when the ops table `ops` of type `type` is large enough to hold `field` and it is
+ * set: tables may come from an older or newer minor. */
+#define EPH_OPS_HAS(ops, type, field)                                                     \
+  ((ops) && (ops)->struct_size >= offsetof(type, field) + sizeof((ops)->field) &&           \
+   (ops)->field != NULL)
+
+/* Runs `expr` with the log prefix naming the slot's plugin. */
+#define EPH_WITH_PLUGIN(slot, expr)                                                       \
+  ({                                                                                      \
+    const char *_prev = eph_log_push_plugin((slot)->desc->name);                          \
+    __typeof__(expr) _r = (expr);                                                         \
+    eph_log_pop_plugin(_prev);                                                            \
+    _r;                                                                                   \
+  })
+
+/* Loads every enabled block of cfg. Each refusal is logged as an error naming the file and
+ * counted in ps->refused; the others load. host is borrowed and must outlive ps.
+ * Returns 0, or negative only when nothing can proceed (plugin_dir unreadable). */
+int eph_plugins_load(eph_plugins_t *ps, eph_config_t *cfg, const char *plugin_dir,
+                     const eph_host_t *host, eph_error_t *err);
+
+/* Loads one plugin file (used by eph_plugins_load and the tests). On success appends it to
+ * ps; on failure nothing of it stays loaded and err names path. */
+int eph_plugin_load_file(eph_plugins_t *ps, const char *path, const config_setting_t *config,
+                         const eph_host_t *host, int *warnings, eph_error_t *err);
+
+/* fini() then dlclose() every plugin, last loaded first. */
+void eph_plugins_unload(eph_plugins_t *ps);
+
+const eph_plugin_slot_t *eph_plugins_find(const eph_plugins_t *ps, const char *name);
+/* The first loaded plugin of a kind, or NULL. */
+const eph_plugin_slot_t *eph_plugins_first(const eph_plugins_t *ps, eph_kind_t kind);
+
+const char *eph_kind_name(eph_kind_t kind);
+
+#endif
