@@ -1,0 +1,45 @@
+/* The process-wide context every CLI command and the daemon start from: paths, config,
+ * state directory, the host services table and the loaded plugins. */
+#ifndef EPH_CONTEXT_H
+#define EPH_CONTEXT_H
+
+#include <stdbool.h>
+
+#include <ephemeral/plugin.h>
+
+#include "config.h"
+#include "loader.h"
+#include "paths.h"
+
+typedef struct eph_ctx_options {
+  const char *config_file; /* --config: ephemeral.conf to use (its conf.d beside it) */
+  const char *plugin_dir;  /* --plugin-dir override */
+  const char *state_dir;   /* --state-dir override (else config, env, default) */
+  bool daemon;             /* daemon defaults (state in /var/lib/ephemeral) */
+  bool load_plugins;       /* false for commands that need only the config */
+} eph_ctx_options_t;
+
+typedef struct eph_ctx {
+  eph_paths_t paths;
+  eph_config_t config;
+  eph_plugins_t plugins;
+  eph_host_t host;
+  char *state_dir;  /* absolute, created 0700; owned */
+  char *plugin_dir; /* owned */
+  bool daemon;
+} eph_ctx_t;
+
+/* Resolves paths, loads the config, creates the state directory, builds the host table and
+ * (if asked) loads the plugins and runs each backend's start-up sweep. On failure ctx is
+ * released. Plugin refusals are logged and counted in ctx->plugins.refused, not fatal. */
+int eph_ctx_open(eph_ctx_t *ctx, const eph_ctx_options_t *opt, eph_error_t *err);
+void eph_ctx_close(eph_ctx_t *ctx);
+
+/* Finds a backend by short or full name ("jail" or "backend-jail"); NULL = the configured
+ * default backend (core key `backend`). Returns NULL with err set when it is not loaded. */
+const eph_plugin_slot_t *eph_ctx_backend(eph_ctx_t *ctx, const char *name, eph_error_t *err);
+
+/* CLI subcommands: argv[0] is the subcommand name; return the process exit code. */
+int eph_cmd_exec(eph_ctx_t *ctx, int argc, char **argv);
+
+#endif
