@@ -422,6 +422,32 @@ test_model_name_selects_transcript(void **state)
   rmdir(dir);
 }
 
+/* conf.d's relative `transcript` is found under the data directory (the source tree here). */
+static void
+test_configured_transcript_under_data_dir(void **state)
+{
+  loaded_t l;
+  convo_t c;
+  eph_model_response_t r;
+  eph_error_t err = {0};
+  const char *saved = test_host.data_dir;
+  char cwd[4096];
+  assert_non_null(getcwd(cwd, sizeof cwd));
+  assert_int_equal(chdir("/"), 0); /* not found relative to the current directory */
+  test_host.data_dir = srcdir();
+  load_replay(&l, "transcript = \"examples/sandbox-proof/transcript.jsonl\";");
+  test_host.data_dir = saved;
+  convo_init(&c, "openai/gpt-6-luna");
+  int ret = model_call(&l, &c.req, &r, &err);
+  assert_int_equal(chdir(cwd), 0);
+  if (ret < 0)
+    fail_msg("%s", err.message);
+  assert_string_equal(tool_command(r.message, 0), "pwd; whoami");
+  eph_model_response_clear(&r);
+  convo_free(&c);
+  plugin_unload(&l);
+}
+
 static void
 test_pace_follows_recorded_latency(void **state)
 {
@@ -533,6 +559,7 @@ main(void)
       cmocka_unit_test(test_exhausted_transcript_diverges),
       cmocka_unit_test(test_unoffered_tool_is_not_divergence),
       cmocka_unit_test(test_model_name_selects_transcript),
+      cmocka_unit_test(test_configured_transcript_under_data_dir),
       cmocka_unit_test(test_pace_follows_recorded_latency),
       cmocka_unit_test(test_recorded_raw_bodies_replay_identically),
   };
