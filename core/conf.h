@@ -1,4 +1,4 @@
-/* Configuration: ephemeral.conf (core keys) then conf.d/*.conf in lexical order (plugin
+/* Configuration: ephemeral.conf (core keys) then every conf.d file ending in .conf in lexical order (plugin
  * blocks), libconfig syntax. A plugin block is a top-level group named after the plugin:
  *
  *   backend-jail: { enabled = true; memory_mib = 512; };

@@ -57,6 +57,15 @@ eph_xstrdup(const char *s)
 }
 
 char *
+eph_xstrndup(const char *s, size_t n)
+{
+  char *p = strndup(s ? s : "", n);
+  if (!p)
+    oom();
+  return p;
+}
+
+char *
 eph_xasprintf(const char *fmt, ...)
 {
   va_list ap;
