@@ -4,7 +4,8 @@
  * a connection, a method and a path; everything is decided here, on the host, BEFORE any
  * network I/O: grant, method (operator ∩ grant), path (normalised, under an allowed
  * prefix), headers (the caller cannot place or override the credential). The credential
- * is read at init, added per request, and scrubbed (raw, base64 and URL-encoded forms)
+ * is read at init, added per request, and scrubbed (raw, base64, URL-encoded and JSON-escaped
+ * forms)
  * from everything that leaves: results, events, logs. Redirects are never followed: a
  * credential must not travel to a Location the operator did not name. In the spirit of
  * OpenSSH's monitor: the side holding secrets serves a fixed table of allowed requests. */
@@ -41,7 +42,7 @@ typedef struct conn {
   char **prefixes;
   size_t n_prefixes;
   eph_net_policy_t policy;
-  char *scrub[6]; /* forms of the secret to remove from anything returned */
+  char *scrub[8]; /* forms of the secret to remove from anything returned */
   size_t n_scrub;
 } conn_t;
 
@@ -305,6 +306,13 @@ conn_load(const eph_host_t *host, const config_setting_t *g, conn_t *c, eph_erro
     if (esc && strcmp(esc, c->secret) != 0)
       add_scrub(c, strdup(esc));
     curl_free(esc);
+    /* As it appears inside a JSON string an API echoes back ("/" as "\/", ...). */
+    json_object *js = json_object_new_string(c->secret);
+    const char *jt = json_object_to_json_string_ext(js, JSON_C_TO_STRING_PLAIN);
+    size_t jl = strlen(jt);
+    if (jl >= 2 && (jl - 2 != strlen(c->secret) || strncmp(jt + 1, c->secret, jl - 2) != 0))
+      add_scrub(c, strndup(jt + 1, jl - 2));
+    json_object_put(js);
     const char *colon = c->apply == APPLY_BASIC ? strchr(c->secret, ':') : NULL;
     if (colon)
       add_scrub(c, strdup(colon + 1)); /* the password alone */
