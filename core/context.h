@@ -7,7 +7,7 @@
 
 #include <ephemeral/plugin.h>
 
-#include "config.h"
+#include "conf.h"
 #include "loader.h"
 #include "paths.h"
 

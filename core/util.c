@@ -1,4 +1,4 @@
-#include "config.h"
+#include <config.h>
 
 #include "util.h"
 
@@ -51,6 +51,15 @@ char *
 eph_xstrdup(const char *s)
 {
   char *p = strdup(s ? s : "");
+  if (!p)
+    oom();
+  return p;
+}
+
+char *
+eph_xstrndup(const char *s, size_t n)
+{
+  char *p = strndup(s ? s : "", n);
   if (!p)
     oom();
   return p;

@@ -27,6 +27,7 @@ void *eph_xmalloc(size_t bytes);
 void *eph_xcalloc(size_t n, size_t bytes);
 void *eph_xrealloc(void *p, size_t bytes);
 char *eph_xstrdup(const char *s);
+char *eph_xstrndup(const char *s, size_t n);
 char *eph_xasprintf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 /* Wall-clock time in microseconds since the epoch (CLOCK_REALTIME). */

@@ -111,7 +111,15 @@ eph_error_wrap(eph_error_t *err, const char *fmt, ...)
   vsnprintf(prefix, sizeof prefix, fmt, ap);
   va_end(ap);
   memcpy(old, err->message, sizeof old);
-  snprintf(err->message, sizeof err->message, "%s: %s", prefix, old);
+  old[sizeof old - 1] = '\0';
+  /* Built piecewise: the message is cut at its buffer's end, never overflows. */
+  size_t used = strnlen(prefix, sizeof err->message - 3);
+  memcpy(err->message, prefix, used);
+  err->message[used++] = ':';
+  err->message[used++] = ' ';
+  size_t rest = strnlen(old, sizeof err->message - used - 1);
+  memcpy(err->message + used, old, rest);
+  err->message[used + rest] = '\0';
   if (err->code <= 0)
     err->code = EIO;
   return -err->code;
