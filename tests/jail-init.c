@@ -1,5 +1,5 @@
 /* A trivial PID 1 for the backend tests (tests/test-backend-jail.c), standing in for
- * ephemeral-guest so the jail can be tested alone: `jail-init --fd N` reads lines
+ * ephemeral-guest so the jail can be tested alone: `jail-init --fd N [...]` reads lines
  * "<uid> <shell command>\n" on fd N, runs `/bin/sh -c command` as uid/gid <uid> with stdout and
  * stderr on the fd, then writes "\n@@EXIT <wait status>\n". It reaps every orphan (PID 1's
  * job). Static: the jail's root has no copy of the build tree. */
@@ -14,7 +14,7 @@
 int
 main(int argc, char **argv)
 {
-  if (argc != 3 || strcmp(argv[1], "--fd") != 0)
+  if (argc < 3 || strcmp(argv[1], "--fd") != 0) /* further options (--nofile) ignored */
     return 2;
   int fd = atoi(argv[2]);
   FILE *in = fdopen(fd, "r");

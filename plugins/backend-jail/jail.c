@@ -174,17 +174,18 @@ read_config(jail_t *j, const config_setting_t *c, const char **cg_root, const ch
   int64_t v[10], base, slots;
   static const struct {
     const char *key, *max_key;
-    int64_t def, max_def, hi;
+    int64_t def, max_def, lo, hi;
   } lim[5] = {
-    {"memory_mib", "max_memory_mib", 512, 4096, 1 << 20},
-    {"pids", "max_pids", 256, 4096, 1 << 22},
-    {"cpu_percent", "max_cpu_percent", 100, 200, 100000},
-    {"nofile", "max_nofile", 1024, 65536, 1 << 20},
-    {"scratch_mib", "max_scratch_mib", 256, 2048, 1 << 20},
+    {"memory_mib", "max_memory_mib", 512, 4096, 16, 1 << 20},
+    {"pids", "max_pids", 256, 4096, 2, 1 << 22},
+    {"cpu_percent", "max_cpu_percent", 100, 200, 1, 100000},
+    {"nofile", "max_nofile", 1024, 65536, 16, 1 << 20}, /* 16: the guest's own floor */
+    {"scratch_mib", "max_scratch_mib", 256, 2048, 1, 1 << 20},
   };
   for (int i = 0; i < 5; i++) {
-    if (cfg_limit(j, c, lim[i].key, lim[i].def, 1, lim[i].hi, &v[2 * i], err) < 0 ||
-        cfg_limit(j, c, lim[i].max_key, lim[i].max_def, 1, lim[i].hi, &v[2 * i + 1], err) < 0)
+    if (cfg_limit(j, c, lim[i].key, lim[i].def, lim[i].lo, lim[i].hi, &v[2 * i], err) < 0 ||
+        cfg_limit(j, c, lim[i].max_key, lim[i].max_def, lim[i].lo, lim[i].hi, &v[2 * i + 1],
+                  err) < 0)
       return -err->code;
     if (v[2 * i] > v[2 * i + 1])
       return eph_error_set(err, EPH_E_CONFIG, "backend-jail: key '%s' (%" PRId64 ") is above "
@@ -517,8 +518,9 @@ check_limits(const jail_t *j, const eph_sandbox_limits_t *in, jail_limits_t *out
   TAKE(nofile, "max_nofile")
   TAKE(scratch_bytes, "max_scratch_mib")
 #undef TAKE
-  if (out->pids < 2)
-    return eph_error_set(err, EINVAL, "limits.pids %u: the guest needs at least 2", out->pids);
+  if (out->pids < 2 || out->nofile < 16)
+    return eph_error_set(err, EINVAL, "limits.pids %u / limits.nofile %u: the guest needs at "
+                         "least 2 processes and 16 files", out->pids, out->nofile);
   if (out->scratch_bytes >= out->memory_bytes)
     return eph_error_set(err, EINVAL, "limits.scratch_bytes %" PRIu64 " must be below "
                          "limits.memory_bytes %" PRIu64 " (tmpfs pages count as memory)",

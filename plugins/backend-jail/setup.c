@@ -21,7 +21,7 @@
  *   8. loopback up (netlink), hostname
  *   9. pivot_root into the new root, detach the old root, remount / read-only
  *  10. RLIMIT_NOFILE, no_new_privs, close every other fd
- *  11. exec ephemeral-guest --fd 3 as PID 1 (from an fd opened on the host)
+ *  11. exec ephemeral-guest --fd 3 --nofile N as PID 1 (from an fd opened on the host)
  * Capabilities are dropped and seccomp applied by the guest for each worker command.
  */
 #include "config.h"
@@ -520,7 +520,9 @@ jail_child_main(const jail_child_args_t *args)
     close(devnull);
 
   /* 11. PID 1 of the sandbox. */
-  static char *const argv[] = {"ephemeral-guest", "--fd", "3", NULL};
+  char nofile[24] = "";
+  cat_u64(nofile, sizeof nofile, a->nofile);
+  char *const argv[] = {"ephemeral-guest", "--fd", "3", "--nofile", nofile, NULL};
   static char *const envp[] = {"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
                                "HOME=/root", "LANG=C.UTF-8", NULL};
   syscall(SYS_execveat, a->exe_fd, "", argv, envp, AT_EMPTY_PATH);
