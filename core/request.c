@@ -179,7 +179,8 @@ parse_connections(json_object *v, eph_request_t *req, const char **field, eph_er
   for (size_t i = 0; i < n; i++) {
     json_object *c = json_object_array_get_idx(v, i), *x;
     snprintf(name, sizeof name, "connections[%zu]", i);
-    eph_connection_grant_t *g = &req->connections[req->n_connections];
+    /* Counted before it is filled, so a failure half-way is still freed. */
+    eph_connection_grant_t *g = &req->connections[req->n_connections++];
     if (json_object_is_type(c, json_type_string)) {
       g->name = eph_xstrdup(json_object_get_string(c));
     } else {
@@ -227,7 +228,6 @@ parse_connections(json_object *v, eph_request_t *req, const char **field, eph_er
     }
     if (!g->name[0] || strlen(g->name) > 64)
       return field_error(field, err, name, "connection name must be 1..64 characters");
-    req->n_connections++;
   }
   return 0;
 }
