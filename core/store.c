@@ -105,6 +105,7 @@ enum {
   ST_IDEM_GET,
   ST_IDEM_DELETE,
   ST_IDEM_INSERT,
+  ST_IDEM_RELEASE,
   ST_PURGE_RUNS,
   ST_PURGE_IDEM,
   ST_COUNT
@@ -156,6 +157,7 @@ static const char *const statement_sql[ST_COUNT] = {
   [ST_IDEM_INSERT] = "INSERT INTO idempotency(org, key, body_sha256, run_id, created_at_us)"
                      " VALUES (?1, ?2, ?3, ?4, ?5)",
   [ST_PURGE_RUNS] = "DELETE FROM runs WHERE created_at_us < ?1",
+  [ST_IDEM_RELEASE] = "DELETE FROM idempotency WHERE org = ?1 AND key = ?2 AND run_id = ?3",
   [ST_PURGE_IDEM] = "DELETE FROM idempotency WHERE created_at_us < ?1",
 };
 
@@ -994,6 +996,26 @@ eph_store_idem_claim(eph_store_t *s, const char *org, const char *key,
     return 1;
   }
   return 0;
+}
+
+int
+eph_store_idem_release(eph_store_t *s, const char *org, const char *key, const char *run_id,
+                       eph_error_t *err)
+{
+  int r = check_org(org, err);
+  if (r < 0 || (r = check_text("idempotency key", key, 255, err)) < 0 ||
+      (r = check_text("run id", run_id, MAX_ID_BYTES, err)) < 0)
+    return r;
+  pthread_mutex_lock(&s->lock);
+  {
+    cleanup_reset sqlite3_stmt *st = s->st[ST_IDEM_RELEASE];
+    bind_text(st, 1, org);
+    bind_text(st, 2, key);
+    bind_text(st, 3, run_id);
+    r = step_done(s, st, "releasing the idempotency key", err);
+  }
+  pthread_mutex_unlock(&s->lock);
+  return r;
 }
 
 /* ---------------------------------------------------------------- retention */

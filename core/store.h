@@ -157,6 +157,13 @@ int eph_store_idem_claim(eph_store_t *store, const char *org, const char *key,
                          const char *body_sha256_hex, const char *new_run_id,
                          char **existing_run_id, eph_error_t *err);
 
+/* Forgets the claim of `key` by org, but only while it still names run_id: the daemon calls
+ * it when the request that claimed the key is refused after the claim (insufficient
+ * balance, full queue), so a retry is judged afresh instead of pointing at a run that was
+ * never created. Releasing a claim that is gone or names another run is a no-op (0). */
+int eph_store_idem_release(eph_store_t *store, const char *org, const char *key,
+                           const char *run_id, eph_error_t *err);
+
 /* ---------------------------------------------------------------- retention */
 
 /* Deletes runs created more than retention_days ago (> 0) with their events, and

@@ -1,0 +1,177 @@
+/* ephemerald: the HTTP API daemon. A foreground process suited to systemd: logs to stderr,
+ * sends READY=1 to $NOTIFY_SOCKET once it listens (a plain datagram, no libsystemd), and on
+ * SIGTERM or SIGINT drains (see eph_server_drain) and exits 0 with every reservation
+ * settled. */
+#include <config.h>
+
+#include <errno.h>
+#include <getopt.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "context.h"
+#include "log.h"
+#include "server.h"
+#include "util.h"
+
+static void
+usage(FILE *out)
+{
+  fprintf(out,
+          "Usage: ephemerald [OPTIONS]\n"
+          "\n"
+          "Serve the ephemeral HTTP API (POST /v1/runs, live events, the playground page).\n"
+          "\n"
+          "Options:\n"
+          "  -l, --listen ADDR:PORT  address to listen on (default: config server.listen,\n"
+          "                          127.0.0.1:8080; [::1]:PORT for IPv6; port 0 = any)\n"
+          "  -c, --config FILE       ephemeral.conf to use (its conf.d/ beside it)\n"
+          "      --plugin-dir DIR    load plugins from DIR\n"
+          "      --state-dir DIR     state directory (also EPHEMERAL_STATE_DIR)\n"
+          "  -v, --verbose           log more (repeat for debug)\n"
+          "      --routes            print the routes served and exit\n"
+          "  -h, --help              show this help\n"
+          "  -V, --version           show the version\n"
+          "\n"
+          "Signals: SIGTERM/SIGINT drain (queued runs abandoned, running runs get\n"
+          "server.drain_grace_seconds, then are cancelled) and exit 0.\n");
+}
+
+/* sd_notify(3) without libsystemd: one datagram to $NOTIFY_SOCKET ('@' = abstract). */
+static void
+notify(const char *state)
+{
+  const char *path = getenv("NOTIFY_SOCKET");
+  if (!path || !*path || strlen(path) >= sizeof(((struct sockaddr_un *)0)->sun_path))
+    return;
+  struct sockaddr_un sa = {.sun_family = AF_UNIX};
+  size_t n = strlen(path);
+  memcpy(sa.sun_path, path, n);
+  if (sa.sun_path[0] == '@')
+    sa.sun_path[0] = '\0';
+  cleanup_close int fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (fd < 0)
+    return;
+  if (sendto(fd, state, strlen(state), MSG_NOSIGNAL, (struct sockaddr *)&sa,
+             (socklen_t)(offsetof(struct sockaddr_un, sun_path) + n)) < 0)
+    eph_warn("NOTIFY_SOCKET %s: %s", path, strerror(errno));
+}
+
+int
+main(int argc, char **argv)
+{
+  static const struct option options[] = {
+      {"listen", required_argument, NULL, 'l'},  {"config", required_argument, NULL, 'c'},
+      {"plugin-dir", required_argument, NULL, 'P'}, {"state-dir", required_argument, NULL, 'S'},
+      {"verbose", no_argument, NULL, 'v'},       {"routes", no_argument, NULL, 'R'},
+      {"help", no_argument, NULL, 'h'},          {"version", no_argument, NULL, 'V'},
+      {0},
+  };
+  eph_ctx_options_t copt = {.daemon = true, .load_plugins = true};
+  const char *listen = NULL;
+  int verbose = 0, c;
+  eph_log_set_program("ephemerald");
+  signal(SIGPIPE, SIG_IGN);
+  while ((c = getopt_long(argc, argv, "l:c:vhV", options, NULL)) != -1) {
+    switch (c) {
+    case 'l':
+      listen = optarg;
+      break;
+    case 'c':
+      copt.config_file = optarg;
+      break;
+    case 'P':
+      copt.plugin_dir = optarg;
+      break;
+    case 'S':
+      copt.state_dir = optarg;
+      break;
+    case 'v':
+      verbose++;
+      break;
+    case 'R':
+      eph_server_print_routes(stdout);
+      return 0;
+    case 'h':
+      usage(stdout);
+      return 0;
+    case 'V':
+      printf("ephemerald %s (plugin ABI %d.%d)\n", PACKAGE_VERSION, EPH_ABI_MAJOR, EPH_ABI_MINOR);
+      return 0;
+    default:
+      usage(stderr);
+      return 2;
+    }
+  }
+  if (optind != argc) {
+    usage(stderr);
+    return 2;
+  }
+  /* The daemon says what it does: info by default, debug with -v. */
+  eph_log_set_level(verbose > 0 ? EPH_LOG_DEBUG : EPH_LOG_INFO);
+  /* Event times are milliseconds as seconds: "0.025", not json-c's "%.17g"
+   * "0.025000000000000001". */
+  json_c_set_serialization_double_format("%.15g", JSON_C_OPTION_GLOBAL);
+
+  /* Signals are taken by sigwait() below; every thread started from here on blocks them. */
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGHUP);
+  pthread_sigmask(SIG_BLOCK, &set, NULL);
+
+  eph_ctx_t ctx;
+  eph_error_t err = {0};
+  if (eph_ctx_open(&ctx, &copt, &err) < 0) {
+    eph_error("%s", err.message);
+    return 1;
+  }
+  if (ctx.plugins.refused)
+    eph_warn("%d plugin(s) refused; see above", ctx.plugins.refused);
+  eph_server_options_t sopt;
+  if (eph_server_options_from_config(&ctx, &sopt, &err) < 0) {
+    eph_error("%s", err.message);
+    eph_ctx_close(&ctx);
+    return 1;
+  }
+  if (listen)
+    snprintf(sopt.listen, sizeof sopt.listen, "%s", listen);
+  eph_server_t *srv = NULL;
+  if (eph_server_start(&ctx, &sopt, &srv, &err) < 0) {
+    eph_error("%s", err.message);
+    eph_ctx_close(&ctx);
+    return 1;
+  }
+  eph_info("listening on %s (state %s, %d worker(s), queue %d)", eph_server_url(srv),
+           ctx.state_dir, sopt.max_concurrent_runs, sopt.max_queued_runs);
+  /* Always printed, whatever the log level: scripts read the real port from it. */
+  fprintf(stderr, "ephemerald: listening on %s\n", eph_server_url(srv));
+  fflush(stderr);
+  cleanup_free char *ready = eph_xasprintf("READY=1\nSTATUS=listening on %s", eph_server_url(srv));
+  notify(ready);
+
+  int sig = 0;
+  for (;;) {
+    if (sigwait(&set, &sig) != 0)
+      continue;
+    if (sig == SIGHUP) {
+      eph_info("SIGHUP ignored (restart to reload the configuration)");
+      continue;
+    }
+    break;
+  }
+  eph_info("%s: draining (grace %d s)", strsignal(sig), sopt.drain_grace_seconds);
+  notify("STOPPING=1");
+  eph_server_drain(srv, sopt.drain_grace_seconds);
+  eph_server_free(srv);
+  eph_ctx_close(&ctx);
+  eph_info("stopped; every reservation is settled");
+  return 0;
+}

@@ -1,0 +1,137 @@
+/* Internals shared by core/server*.c (not installed, not used elsewhere). */
+#ifndef EPH_SERVER_INT_H
+#define EPH_SERVER_INT_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include <microhttpd.h>
+
+#include "run.h"
+#include "server.h"
+#include "store.h"
+
+#if MHD_VERSION < 0x00097002
+typedef int MHD_RESULT;
+#else
+typedef enum MHD_Result MHD_RESULT;
+#endif
+
+/* Status codes whose MHD_HTTP_* names changed across libmicrohttpd releases. */
+#define HTTP_UNPROCESSABLE 422
+#define HTTP_CONTENT_TOO_LARGE 413
+
+#define LIVE_BUCKETS 256
+#define SSE_KEEPALIVE_MS 15000
+#define WAIT_MAX_SECONDS 600
+
+typedef struct live live_t;
+
+/* A suspended connection waiting for a run's news or a deadline. Lives inside the request
+ * or SSE state that owns it; listed in srv->waiters while suspended. */
+typedef struct waiter {
+  struct MHD_Connection *conn;
+  live_t *live;         /* whose events wake it, or NULL */
+  int64_t deadline_ms;  /* CLOCK_MONOTONIC; the ticker resumes it then */
+  bool listed;
+  struct waiter *prev, *next;
+} waiter_t;
+
+/* A run in memory: queued, running, or settled less than live_grace_ms ago. */
+struct live {
+  eph_server_t *srv;
+  eph_run_t *run;
+  char id[40];
+  char *org;
+  int refs;             /* the table's own ref + readers; freed at 0 */
+  bool in_table, queued, running, settled;
+  int64_t settled_ms;
+  live_t *bucket_next;
+  live_t *queue_next;
+};
+
+typedef struct route route_t;
+
+/* Per-request state (MHD's con_cls). */
+typedef struct conn_req {
+  const route_t *route;
+  char param[64];       /* the {id} segment */
+  char *org;            /* authenticated organisation; owned */
+  char *body;
+  size_t body_len, body_cap;
+  bool body_refused;
+  bool admitted;        /* POST /v1/runs: the run exists, maybe waiting */
+  int status;           /* HTTP status of the first answer (201 or 200) */
+  live_t *live;         /* a ref while waiting */
+  char run_id[40];
+  int64_t wait_until_ms;
+  waiter_t waiter;
+} conn_req_t;
+
+struct eph_server {
+  eph_ctx_t *ctx;
+  eph_server_options_t opt;
+  eph_store_t *store;
+  struct MHD_Daemon *mhd;
+  int listen_fd;
+  char url[320];
+  eph_request_limits_t limits;
+
+  pthread_mutex_t lock; /* table, queue, waiters, counters */
+  pthread_cond_t cond;  /* workers: queue; drain: runs ended */
+  pthread_mutex_t admit; /* POST /v1/runs: idempotency claim .. run row, one at a time */
+  live_t *table[LIVE_BUCKETS];
+  live_t *queue_head, *queue_tail;
+  int queued, running, live_count;
+  waiter_t *waiters;
+  bool draining, stopping;
+  int64_t next_purge_ms;
+  pthread_t *workers;
+  int n_workers;
+  pthread_t ticker;
+  bool ticker_started;
+
+  /* Metrics since start. */
+  uint64_t runs_created;
+  uint64_t runs_ended[EPH_RUN_CANCELLED + 1];
+  int64_t billed_model_micros, billed_web_micros, billed_compute_micros;
+  uint64_t http_responses[6]; /* by first digit of the status: 1xx .. 5xx */
+  uint64_t idempotent_replays;
+  uint64_t queue_full_refusals;
+};
+
+/* server.c */
+MHD_RESULT eph_srv_json(struct MHD_Connection *c, eph_server_t *srv, unsigned status,
+                        json_object *body);
+MHD_RESULT eph_srv_error(struct MHD_Connection *c, eph_server_t *srv, unsigned status,
+                         const char *type, const char *field, const char *fmt, ...)
+    __attribute__((format(printf, 6, 7)));
+MHD_RESULT eph_srv_error_h(struct MHD_Connection *c, eph_server_t *srv, unsigned status,
+                           const char *hname, const char *hval, const char *type,
+                           const char *field, const char *fmt, ...)
+    __attribute__((format(printf, 8, 9)));
+void eph_srv_count(eph_server_t *srv, unsigned status);
+
+/* server_runs.c */
+int eph_srv_runs_init(eph_server_t *srv, eph_error_t *err);
+live_t *eph_srv_live_get(eph_server_t *srv, const char *id); /* a ref, or NULL */
+void eph_srv_live_put(live_t *l);
+void eph_srv_wait_add(eph_server_t *srv, waiter_t *w); /* srv->lock held: suspends w->conn */
+void eph_srv_wait_remove(eph_server_t *srv, waiter_t *w); /* srv->lock held */
+json_object *eph_srv_run_object(eph_server_t *srv, const char *id, const char *org,
+                                bool events, eph_error_t *err);
+json_object *eph_srv_event_from_store(json_object *stored);
+MHD_RESULT eph_srv_runs_create(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req);
+MHD_RESULT eph_srv_runs_continue(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req);
+MHD_RESULT eph_srv_runs_get(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req);
+MHD_RESULT eph_srv_runs_list(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req);
+MHD_RESULT eph_srv_runs_cancel(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req);
+void eph_srv_runs_drain(eph_server_t *srv, int grace_seconds);
+void eph_srv_runs_stop(eph_server_t *srv);
+void eph_srv_req_done(eph_server_t *srv, conn_req_t *req);
+
+/* server_sse.c */
+MHD_RESULT eph_srv_runs_events(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req);
+
+#endif

@@ -1,0 +1,814 @@
+/* ephemerald's runs: admission (idempotency claim, queue bound, reservation, run row), the
+ * table of runs in memory, the worker pool, waits (?wait=) by suspended connections, reads
+ * from memory or the store, cancellation and the drain. */
+#include <config.h>
+
+#include "server_int.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "log.h"
+#include "runstore.h"
+#include "util.h"
+
+/* ------------------------------------------------------------------ the table */
+
+static unsigned
+bucket_of(const char *id)
+{
+  uint32_t h = 2166136261u; /* FNV-1a */
+  for (const unsigned char *p = (const unsigned char *)id; *p; p++)
+    h = (h ^ *p) * 16777619u;
+  return h % LIVE_BUCKETS;
+}
+
+static live_t *
+find_locked(eph_server_t *srv, const char *id)
+{
+  for (live_t *l = srv->table[bucket_of(id)]; l; l = l->bucket_next)
+    if (strcmp(l->id, id) == 0)
+      return l;
+  return NULL;
+}
+
+static void
+unlink_locked(eph_server_t *srv, live_t *l)
+{
+  for (live_t **p = &srv->table[bucket_of(l->id)]; *p; p = &(*p)->bucket_next)
+    if (*p == l) {
+      *p = l->bucket_next;
+      break;
+    }
+  l->in_table = false;
+  srv->live_count--;
+}
+
+static void
+live_free(live_t *l)
+{
+  eph_run_t *run = l->run;
+  eph_run_free(run);
+  eph_runstore_detach(run);
+  free(l->org);
+  free(l);
+}
+
+live_t *
+eph_srv_live_get(eph_server_t *srv, const char *id)
+{
+  pthread_mutex_lock(&srv->lock);
+  live_t *l = find_locked(srv, id);
+  if (l)
+    l->refs++;
+  pthread_mutex_unlock(&srv->lock);
+  return l;
+}
+
+void
+eph_srv_live_put(live_t *l)
+{
+  if (!l)
+    return;
+  eph_server_t *srv = l->srv;
+  pthread_mutex_lock(&srv->lock);
+  bool last = --l->refs == 0;
+  pthread_mutex_unlock(&srv->lock);
+  if (last)
+    live_free(l);
+}
+
+/* ------------------------------------------------------------------ waiters */
+
+void
+eph_srv_wait_add(eph_server_t *srv, waiter_t *w)
+{
+  w->prev = NULL;
+  w->next = srv->waiters;
+  if (srv->waiters)
+    srv->waiters->prev = w;
+  srv->waiters = w;
+  w->listed = true;
+  /* Suspended under srv->lock, resumed only under it: a resume never overtakes the suspend. */
+  MHD_suspend_connection(w->conn);
+}
+
+void
+eph_srv_wait_remove(eph_server_t *srv, waiter_t *w)
+{
+  if (!w->listed)
+    return;
+  if (w->prev)
+    w->prev->next = w->next;
+  else
+    srv->waiters = w->next;
+  if (w->next)
+    w->next->prev = w->prev;
+  w->listed = false;
+  w->prev = w->next = NULL;
+}
+
+static void
+resume_locked(eph_server_t *srv, waiter_t *w)
+{
+  eph_srv_wait_remove(srv, w);
+  MHD_resume_connection(w->conn);
+}
+
+/* Resumes every connection waiting on l (all of them when l is NULL). */
+static void
+wake_locked(eph_server_t *srv, live_t *l)
+{
+  waiter_t *next;
+  for (waiter_t *w = srv->waiters; w; w = next) {
+    next = w->next;
+    if (!l || w->live == l)
+      resume_locked(srv, w);
+  }
+}
+
+static void
+obs_wake(void *opaque, eph_run_t *run)
+{
+  (void)run;
+  live_t *l = opaque;
+  pthread_mutex_lock(&l->srv->lock);
+  wake_locked(l->srv, l);
+  pthread_mutex_unlock(&l->srv->lock);
+}
+
+static void
+obs_event(void *opaque, eph_run_t *run, const eph_event_t *ev)
+{
+  (void)ev;
+  obs_wake(opaque, run);
+}
+
+void
+eph_srv_req_done(eph_server_t *srv, conn_req_t *req)
+{
+  pthread_mutex_lock(&srv->lock);
+  eph_srv_wait_remove(srv, &req->waiter);
+  pthread_mutex_unlock(&srv->lock);
+  eph_srv_live_put(req->live);
+  req->live = NULL;
+}
+
+/* ------------------------------------------------------------------ workers, ticker */
+
+/* Books a run that has settled: counters, waiters, the drain's condition. */
+static void
+finished(eph_server_t *srv, live_t *l)
+{
+  cleanup_json json_object *o = eph_run_to_json(l->run, false);
+  json_object *u = NULL, *v = NULL;
+  json_object_object_get_ex(o, "usage", &u);
+  int64_t model = json_object_object_get_ex(u, "model_micros", &v) ? json_object_get_int64(v) : 0;
+  int64_t web = json_object_object_get_ex(u, "web_micros", &v) ? json_object_get_int64(v) : 0;
+  int64_t compute =
+      json_object_object_get_ex(u, "compute_micros", &v) ? json_object_get_int64(v) : 0;
+  eph_run_status_t s = eph_run_status(l->run);
+  pthread_mutex_lock(&srv->lock);
+  if (l->running) {
+    l->running = false;
+    srv->running--;
+  }
+  l->settled = true;
+  l->settled_ms = eph_now_ms();
+  if (s <= EPH_RUN_CANCELLED)
+    srv->runs_ended[s]++;
+  srv->billed_model_micros += model;
+  srv->billed_web_micros += web;
+  srv->billed_compute_micros += compute;
+  wake_locked(srv, l);
+  pthread_cond_broadcast(&srv->cond);
+  pthread_mutex_unlock(&srv->lock);
+}
+
+static void *
+worker_main(void *arg)
+{
+  eph_server_t *srv = arg;
+  pthread_mutex_lock(&srv->lock);
+  for (;;) {
+    while (!srv->queue_head && !srv->stopping)
+      pthread_cond_wait(&srv->cond, &srv->lock);
+    if (!srv->queue_head)
+      break;
+    live_t *l = srv->queue_head;
+    srv->queue_head = l->queue_next;
+    if (!srv->queue_head)
+      srv->queue_tail = NULL;
+    l->queue_next = NULL;
+    l->queued = false;
+    l->running = true;
+    l->refs++;
+    srv->queued--;
+    srv->running++;
+    pthread_mutex_unlock(&srv->lock);
+    eph_run_execute(l->run);
+    finished(srv, l);
+    eph_srv_live_put(l);
+    pthread_mutex_lock(&srv->lock);
+  }
+  pthread_mutex_unlock(&srv->lock);
+  return NULL;
+}
+
+/* Every 100 ms: resumes waits whose deadline passed (?wait=, SSE keep-alives), drops runs
+ * settled more than live_grace_ms ago from memory, and hourly purges expired history. */
+static void *
+ticker_main(void *arg)
+{
+  eph_server_t *srv = arg;
+  const struct timespec tick = {0, 100 * 1000000};
+  for (;;) {
+    nanosleep(&tick, NULL);
+    live_t *dead = NULL;
+    pthread_mutex_lock(&srv->lock);
+    if (srv->stopping) {
+      pthread_mutex_unlock(&srv->lock);
+      break;
+    }
+    int64_t now = eph_now_ms();
+    waiter_t *next;
+    for (waiter_t *w = srv->waiters; w; w = next) {
+      next = w->next;
+      if (w->deadline_ms && w->deadline_ms <= now)
+        resume_locked(srv, w);
+    }
+    for (unsigned b = 0; b < LIVE_BUCKETS; b++) {
+      live_t *ln;
+      for (live_t *l = srv->table[b]; l; l = ln) {
+        ln = l->bucket_next;
+        if (l->settled && now - l->settled_ms >= srv->opt.live_grace_ms) {
+          unlink_locked(srv, l);
+          if (--l->refs == 0) {
+            l->bucket_next = dead;
+            dead = l;
+          }
+        }
+      }
+    }
+    bool purge = now >= srv->next_purge_ms;
+    if (purge)
+      srv->next_purge_ms = now + 3600 * 1000;
+    pthread_mutex_unlock(&srv->lock);
+    while (dead) {
+      live_t *l = dead;
+      dead = l->bucket_next;
+      live_free(l);
+    }
+    if (purge) {
+      int64_t days = 30;
+      eph_error_t err = {0};
+      eph_cfg_int(srv->ctx->config.core, "retention_days", 30, &days, &err);
+      int n = eph_store_purge(srv->store, days > 0 ? (int)days : 30, &err);
+      if (n < 0)
+        eph_warn("purging history: %s", err.message);
+      else if (n > 0)
+        eph_info("purged %d run(s) older than %" PRId64 " days", n, days);
+    }
+  }
+  return NULL;
+}
+
+int
+eph_srv_runs_init(eph_server_t *srv, eph_error_t *err)
+{
+  srv->workers = eph_xcalloc((size_t)srv->opt.max_concurrent_runs, sizeof *srv->workers);
+  for (int i = 0; i < srv->opt.max_concurrent_runs; i++) {
+    int r = pthread_create(&srv->workers[i], NULL, worker_main, srv);
+    if (r != 0)
+      return eph_error_set(err, r, "starting run worker %d: %s", i, strerror(r));
+    srv->n_workers++;
+  }
+  int r = pthread_create(&srv->ticker, NULL, ticker_main, srv);
+  if (r != 0)
+    return eph_error_set(err, r, "starting the ticker: %s", strerror(r));
+  srv->ticker_started = true;
+  return 0;
+}
+
+void
+eph_srv_runs_stop(eph_server_t *srv)
+{
+  pthread_mutex_lock(&srv->lock);
+  srv->stopping = true;
+  pthread_cond_broadcast(&srv->cond);
+  pthread_mutex_unlock(&srv->lock);
+  for (int i = 0; i < srv->n_workers; i++)
+    pthread_join(srv->workers[i], NULL);
+  srv->n_workers = 0;
+  if (srv->ticker_started)
+    pthread_join(srv->ticker, NULL);
+  srv->ticker_started = false;
+  /* Every wait and stream ends now (they see `stopping`); the table lets go of its runs. */
+  live_t *dead = NULL;
+  pthread_mutex_lock(&srv->lock);
+  wake_locked(srv, NULL);
+  for (unsigned b = 0; b < LIVE_BUCKETS; b++) {
+    live_t *ln;
+    for (live_t *l = srv->table[b]; l; l = ln) {
+      ln = l->bucket_next;
+      unlink_locked(srv, l);
+      if (--l->refs == 0) {
+        l->bucket_next = dead;
+        dead = l;
+      }
+    }
+  }
+  pthread_mutex_unlock(&srv->lock);
+  while (dead) {
+    live_t *l = dead;
+    dead = l->bucket_next;
+    live_free(l);
+  }
+}
+
+void
+eph_srv_runs_drain(eph_server_t *srv, int grace_seconds)
+{
+  /* Under `admit`: no admission is half-way when the queue is taken. */
+  pthread_mutex_lock(&srv->admit);
+  pthread_mutex_lock(&srv->lock);
+  srv->draining = true;
+  live_t *queued = srv->queue_head;
+  srv->queue_head = srv->queue_tail = NULL;
+  for (live_t *l = queued; l; l = l->queue_next) {
+    l->queued = false;
+    l->refs++;
+    srv->queued--;
+  }
+  pthread_mutex_unlock(&srv->lock);
+  pthread_mutex_unlock(&srv->admit);
+
+  int n_abandoned = 0;
+  while (queued) {
+    live_t *l = queued;
+    queued = l->queue_next;
+    l->queue_next = NULL;
+    eph_run_abandon(l->run, "shutdown");
+    finished(srv, l);
+    eph_srv_live_put(l);
+    n_abandoned++;
+  }
+  if (n_abandoned)
+    eph_info("drain: %d queued run(s) abandoned and settled", n_abandoned);
+
+  struct timespec until;
+  clock_gettime(CLOCK_MONOTONIC, &until);
+  until.tv_sec += grace_seconds;
+  pthread_mutex_lock(&srv->lock);
+  while (srv->running > 0)
+    if (pthread_cond_timedwait(&srv->cond, &srv->lock, &until) == ETIMEDOUT)
+      break;
+  if (srv->running > 0) {
+    eph_info("drain: cancelling %d run(s) still running after %d s", srv->running,
+             grace_seconds);
+    for (unsigned b = 0; b < LIVE_BUCKETS; b++)
+      for (live_t *l = srv->table[b]; l; l = l->bucket_next)
+        if (l->running)
+          eph_run_cancel(l->run); /* takes only the run's lock */
+    while (srv->running > 0)
+      pthread_cond_wait(&srv->cond, &srv->lock);
+  }
+  pthread_mutex_unlock(&srv->lock);
+}
+
+/* ------------------------------------------------------------------ run objects */
+
+static void
+iso8601(int64_t us, char *buf, size_t size)
+{
+  time_t s = (time_t)(us / 1000000);
+  struct tm tm;
+  gmtime_r(&s, &tm);
+  char base[32];
+  strftime(base, sizeof base, "%Y-%m-%dT%H:%M:%S", &tm);
+  snprintf(buf, size, "%s.%03dZ", base, (int)((us / 1000) % 1000));
+}
+
+json_object *
+eph_srv_event_from_store(json_object *e)
+{
+  json_object *o = json_object_new_object(), *v = NULL;
+  int64_t t_ms = json_object_object_get_ex(e, "t_ms", &v) ? json_object_get_int64(v) : 0;
+  json_object_object_add(o, "seq", json_object_new_int64(
+                                       json_object_object_get_ex(e, "seq", &v)
+                                           ? json_object_get_int64(v) : 0));
+  json_object_object_add(o, "t", json_object_new_double((double)t_ms / 1000.0));
+  static const char *const keys[] = {"source", "kind", "text", "data"};
+  for (size_t i = 0; i < 4; i++)
+    if (json_object_object_get_ex(e, keys[i], &v))
+      json_object_object_add(o, keys[i], json_object_get(v));
+  return o;
+}
+
+/* A store row in the API's run shape (the same keys eph_run_to_json gives a live run). */
+static json_object *
+from_store(json_object *row, json_object *events)
+{
+  json_object *o = json_object_new_object(), *v = NULL, *usage = NULL;
+  json_object_object_get_ex(row, "usage", &usage);
+  json_object_object_add(o, "id", json_object_get(json_object_object_get(row, "id")));
+  json_object_object_add(o, "object", json_object_new_string("run"));
+  json_object_object_add(o, "status", json_object_get(json_object_object_get(row, "status")));
+  if (usage && json_object_object_get_ex(usage, "reason", &v))
+    json_object_object_add(o, "reason", json_object_get(v));
+  if (usage && json_object_object_get_ex(usage, "error", &v))
+    json_object_object_add(o, "error", json_object_get(v));
+  char created[40];
+  iso8601(json_object_object_get_ex(row, "created_at_us", &v) ? json_object_get_int64(v) : 0,
+          created, sizeof created);
+  json_object_object_add(o, "created_at", json_object_new_string(created));
+  json_object_object_add(o, "organisation", json_object_get(json_object_object_get(row, "org")));
+  if (json_object_object_get_ex(row, "request", &v))
+    json_object_object_add(o, "request", json_object_get(v));
+  if (events) {
+    json_object *a = json_object_new_array();
+    for (size_t i = 0; i < json_object_array_length(events); i++)
+      json_object_array_add(a, eph_srv_event_from_store(json_object_array_get_idx(events, i)));
+    json_object_object_add(o, "events", a);
+  }
+  if (json_object_object_get_ex(row, "output", &v) && v)
+    json_object_object_add(o, "output", json_object_get(v));
+  else if (json_object_object_get_ex(row, "request", &v))
+    json_object_object_add(o, "output", json_object_new_object());
+  json_object *u = json_object_new_object();
+  if (usage) {
+    json_object_object_foreach(usage, k, uv)
+    {
+      if (strcmp(k, "reason") != 0 && strcmp(k, "error") != 0)
+        json_object_object_add(u, k, json_object_get(uv));
+    }
+  }
+  json_object_object_add(o, "usage", u);
+  return o;
+}
+
+json_object *
+eph_srv_run_object(eph_server_t *srv, const char *id, const char *org, bool events,
+                   eph_error_t *err)
+{
+  live_t *l = eph_srv_live_get(srv, id);
+  if (l) {
+    json_object *o = strcmp(l->org, org) == 0 ? eph_run_to_json(l->run, events) : NULL;
+    eph_srv_live_put(l);
+    if (!o)
+      eph_error_set(err, ENOENT, "run %s does not exist", id);
+    return o;
+  }
+  cleanup_json json_object *row = NULL, *evs = NULL;
+  if (eph_store_run_get(srv->store, id, org, &row, err) < 0)
+    return NULL;
+  if (events && eph_store_events_since(srv->store, id, -1, 0, &evs, err) < 0)
+    return NULL;
+  return from_store(row, evs);
+}
+
+/* ------------------------------------------------------------------ handlers */
+
+static MHD_RESULT
+not_found(eph_server_t *srv, struct MHD_Connection *c, const char *id)
+{
+  return eph_srv_error(c, srv, MHD_HTTP_NOT_FOUND, "not_found", NULL, "run %s does not exist",
+                       id);
+}
+
+static MHD_RESULT
+store_failure(eph_server_t *srv, struct MHD_Connection *c, const eph_error_t *err)
+{
+  if (err->code == ENOENT)
+    return eph_srv_error(c, srv, MHD_HTTP_NOT_FOUND, "not_found", NULL, "%s", err->message);
+  eph_error("%s", err->message);
+  return eph_srv_error(c, srv, MHD_HTTP_INTERNAL_SERVER_ERROR, "internal_error", NULL,
+                       "the store failed; see the daemon's log");
+}
+
+/* Answers a created (or replayed) run, or suspends the connection until it settles or the
+ * wait passes; called again when resumed. */
+MHD_RESULT
+eph_srv_runs_continue(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req)
+{
+  eph_srv_live_put(req->live);
+  req->live = NULL;
+  live_t *l = eph_srv_live_get(srv, req->run_id);
+  if (l && req->wait_until_ms > eph_now_ms()) {
+    pthread_mutex_lock(&srv->lock);
+    if (!srv->stopping && !eph_run_settled(l->run)) {
+      req->live = l; /* keeps the ref while suspended */
+      req->waiter.conn = c;
+      req->waiter.live = l;
+      req->waiter.deadline_ms = req->wait_until_ms;
+      eph_srv_wait_add(srv, &req->waiter);
+      pthread_mutex_unlock(&srv->lock);
+      return MHD_YES;
+    }
+    pthread_mutex_unlock(&srv->lock);
+  }
+  json_object *o = NULL;
+  eph_error_t err = {0};
+  if (l) {
+    o = eph_run_to_json(l->run, true);
+    eph_srv_live_put(l);
+  } else {
+    o = eph_srv_run_object(srv, req->run_id, req->org, true, &err);
+    if (!o)
+      return store_failure(srv, c, &err);
+  }
+  return eph_srv_json(c, srv, (unsigned)req->status, o);
+}
+
+static int
+parse_wait(struct MHD_Connection *c, int64_t *until_ms)
+{
+  *until_ms = 0;
+  const char *w = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "wait");
+  if (!w)
+    return 0;
+  char *end = NULL;
+  errno = 0;
+  long v = strtol(w, &end, 10);
+  if (!*w || errno || *end || v < 0 || v > WAIT_MAX_SECONDS)
+    return -1;
+  if (v > 0)
+    *until_ms = eph_now_ms() + v * 1000;
+  return 0;
+}
+
+static bool
+valid_idempotency_key(const char *k)
+{
+  size_t n = strlen(k);
+  if (n == 0 || n > 255)
+    return false;
+  for (const unsigned char *p = (const unsigned char *)k; *p; p++)
+    if (*p < 0x21 || *p > 0x7e)
+      return false;
+  return true;
+}
+
+MHD_RESULT
+eph_srv_runs_create(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req)
+{
+  if (parse_wait(c, &req->wait_until_ms) < 0)
+    return eph_srv_error(c, srv, MHD_HTTP_BAD_REQUEST, "invalid_request", "wait",
+                         "wait: expected whole seconds 0..%d", WAIT_MAX_SECONDS);
+  const char *idem = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Idempotency-Key");
+  if (idem && !valid_idempotency_key(idem))
+    return eph_srv_error(c, srv, MHD_HTTP_BAD_REQUEST, "invalid_request", "Idempotency-Key",
+                         "Idempotency-Key: 1 to 255 printable ASCII characters");
+  /* Everything that can be judged from the request alone is judged before any claim, row
+   * or reservation exists. */
+  eph_request_t rq;
+  const char *field = NULL;
+  eph_error_t err = {0};
+  if (eph_request_parse(req->body ? req->body : "", req->body_len, &srv->limits, &rq, &field,
+                        &err) < 0)
+    return eph_srv_error(c, srv, MHD_HTTP_BAD_REQUEST, "invalid_request", field, "%s",
+                         err.message);
+  char sha[65];
+  if (idem && eph_sha256_hex(req->body ? req->body : "", req->body_len, sha, &err) < 0) {
+    eph_request_free(&rq);
+    return store_failure(srv, c, &err);
+  }
+  char run_id[40] = "run_";
+  eph_random_hex(run_id + 4, 16);
+
+  pthread_mutex_lock(&srv->admit);
+  unsigned status = 0;
+  const char *type = NULL, *efield = NULL;
+  char msg[1100] = "";
+  bool claimed = false;
+  live_t *l = NULL;
+  if (srv->draining) {
+    status = MHD_HTTP_SERVICE_UNAVAILABLE;
+    type = "unavailable";
+    snprintf(msg, sizeof msg, "the daemon is shutting down; retry on another instance");
+    goto refused;
+  }
+  /* The claim, then the reservation and the run row, under `admit`: a second request with
+   * the same key waits here and then finds the run in the table or the store. */
+  for (int attempt = 0; idem && attempt < 2 && !claimed; attempt++) {
+    char *existing = NULL;
+    int r = eph_store_idem_claim(srv->store, req->org, idem, sha, run_id, &existing, &err);
+    if (r == -EBUSY) {
+      status = HTTP_UNPROCESSABLE;
+      type = "idempotency_error";
+      efield = "Idempotency-Key";
+      snprintf(msg, sizeof msg, "%s", err.message);
+      goto refused;
+    }
+    if (r < 0) {
+      eph_error("%s", err.message);
+      status = MHD_HTTP_INTERNAL_SERVER_ERROR;
+      type = "internal_error";
+      snprintf(msg, sizeof msg, "the store failed; see the daemon's log");
+      goto refused;
+    }
+    if (r == 0) {
+      claimed = true;
+      break;
+    }
+    /* Same key, same body: the first run is the answer. */
+    json_object *o = eph_srv_run_object(srv, existing, req->org, false, &err);
+    if (o) {
+      json_object_put(o);
+      pthread_mutex_unlock(&srv->admit);
+      eph_request_free(&rq);
+      pthread_mutex_lock(&srv->lock);
+      srv->idempotent_replays++;
+      pthread_mutex_unlock(&srv->lock);
+      snprintf(req->run_id, sizeof req->run_id, "%s", existing);
+      free(existing);
+      req->admitted = true;
+      req->status = MHD_HTTP_OK;
+      return eph_srv_runs_continue(srv, c, req);
+    }
+    /* A claim whose run never got its row: its process died in between. Judge afresh. */
+    eph_warn("idempotency key of %s names run %s which does not exist; claiming it again",
+             req->org, existing);
+    eph_store_idem_release(srv->store, req->org, idem, existing, &err);
+    free(existing);
+  }
+
+  pthread_mutex_lock(&srv->lock);
+  bool full = srv->queued + srv->running >= srv->opt.max_concurrent_runs + srv->opt.max_queued_runs;
+  if (full)
+    srv->queue_full_refusals++;
+  pthread_mutex_unlock(&srv->lock);
+  if (full) {
+    status = MHD_HTTP_TOO_MANY_REQUESTS;
+    type = "rate_limited";
+    snprintf(msg, sizeof msg, "the run queue is full (%d running, %d queued); retry later",
+             srv->opt.max_concurrent_runs, srv->opt.max_queued_runs);
+    goto refused;
+  }
+
+  eph_run_options_t ro = {.org = req->org, .run_id = run_id};
+  eph_run_t *run = NULL;
+  if (eph_run_new(srv->ctx, &rq, &ro, &run, &err) < 0) {
+    if (err.code == EPH_E_INSUFFICIENT) {
+      status = MHD_HTTP_PAYMENT_REQUIRED;
+      type = "insufficient_balance";
+      efield = "max_cost_micros";
+    } else if (err.code == EINVAL) {
+      status = MHD_HTTP_BAD_REQUEST;
+      type = "invalid_request";
+      efield = strncmp(err.message, "field 'model'", 13) == 0 ? "model" : NULL;
+    } else {
+      eph_error("creating a run for %s: %s", req->org, err.message);
+      status = MHD_HTTP_SERVICE_UNAVAILABLE;
+      type = "unavailable";
+    }
+    snprintf(msg, sizeof msg, "%s", err.message);
+    goto refused;
+  }
+  l = eph_xcalloc(1, sizeof *l);
+  l->srv = srv;
+  l->run = run;
+  l->org = eph_xstrdup(req->org);
+  snprintf(l->id, sizeof l->id, "%s", run_id);
+  l->refs = 1;
+  eph_run_observer_t obs = {.on_event = obs_event, .on_update = obs_wake, .opaque = l};
+  if (eph_runstore_attach(srv->store, run, &obs, &err) < 0) {
+    eph_error("run %s: %s", run_id, err.message);
+    eph_run_abandon(run, "host_error"); /* settles the reservation made above */
+    live_free(l);
+    l = NULL;
+    status = MHD_HTTP_INTERNAL_SERVER_ERROR;
+    type = "internal_error";
+    snprintf(msg, sizeof msg, "the store failed; see the daemon's log");
+    goto refused;
+  }
+  pthread_mutex_lock(&srv->lock);
+  unsigned b = bucket_of(l->id);
+  l->bucket_next = srv->table[b];
+  srv->table[b] = l;
+  l->in_table = true;
+  l->queued = true;
+  if (srv->queue_tail)
+    srv->queue_tail->queue_next = l;
+  else
+    srv->queue_head = l;
+  srv->queue_tail = l;
+  srv->queued++;
+  srv->live_count++;
+  srv->runs_created++;
+  pthread_cond_broadcast(&srv->cond);
+  pthread_mutex_unlock(&srv->lock);
+  pthread_mutex_unlock(&srv->admit);
+
+  snprintf(req->run_id, sizeof req->run_id, "%s", run_id);
+  req->admitted = true;
+  req->status = MHD_HTTP_CREATED;
+  return eph_srv_runs_continue(srv, c, req);
+
+refused:
+  /* A refused request leaves nothing behind: no claim, no row, no reservation. */
+  if (claimed && eph_store_idem_release(srv->store, req->org, idem, run_id, &err) < 0)
+    eph_error("releasing an idempotency key: %s", err.message);
+  pthread_mutex_unlock(&srv->admit);
+  eph_request_free(&rq);
+  if (status == MHD_HTTP_TOO_MANY_REQUESTS)
+    return eph_srv_error_h(c, srv, status, MHD_HTTP_HEADER_RETRY_AFTER, "2", type, efield, "%s",
+                           msg);
+  return eph_srv_error(c, srv, status, type, efield, "%s", msg);
+}
+
+MHD_RESULT
+eph_srv_runs_get(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req)
+{
+  eph_error_t err = {0};
+  json_object *o = eph_srv_run_object(srv, req->param, req->org, true, &err);
+  if (!o)
+    return store_failure(srv, c, &err);
+  return eph_srv_json(c, srv, MHD_HTTP_OK, o);
+}
+
+MHD_RESULT
+eph_srv_runs_list(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req)
+{
+  const char *ls = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "limit");
+  const char *cursor = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "cursor");
+  long limit = 20;
+  if (ls) {
+    char *end = NULL;
+    errno = 0;
+    limit = strtol(ls, &end, 10);
+    if (!*ls || errno || *end || limit < 1 || limit > 1000)
+      return eph_srv_error(c, srv, MHD_HTTP_BAD_REQUEST, "invalid_request", "limit",
+                           "limit: expected 1..1000");
+  }
+  if (cursor && !*cursor)
+    cursor = NULL;
+  eph_error_t err = {0};
+  cleanup_json json_object *rows = NULL;
+  cleanup_free char *next = NULL;
+  if (eph_store_run_list(srv->store, req->org, (int)limit, cursor, &rows, &next, &err) < 0) {
+    if (err.code == EINVAL)
+      return eph_srv_error(c, srv, MHD_HTTP_BAD_REQUEST, "invalid_request", "cursor", "%s",
+                           err.message);
+    return store_failure(srv, c, &err);
+  }
+  json_object *data = json_object_new_array();
+  for (size_t i = 0; i < json_object_array_length(rows); i++)
+    json_object_array_add(data, from_store(json_object_array_get_idx(rows, i), NULL));
+  json_object *o = json_object_new_object();
+  json_object_object_add(o, "object", json_object_new_string("list"));
+  json_object_object_add(o, "data", data);
+  json_object_object_add(o, "next_cursor", next ? json_object_new_string(next) : NULL);
+  return eph_srv_json(c, srv, MHD_HTTP_OK, o);
+}
+
+MHD_RESULT
+eph_srv_runs_cancel(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req)
+{
+  live_t *l = eph_srv_live_get(srv, req->param);
+  if (l && strcmp(l->org, req->org) != 0) {
+    eph_srv_live_put(l);
+    return not_found(srv, c, req->param);
+  }
+  bool abandon = false, ended = !l;
+  if (l) {
+    pthread_mutex_lock(&srv->lock);
+    if (l->queued) {
+      for (live_t **p = &srv->queue_head, *prev = NULL; *p; prev = *p, p = &(*p)->queue_next)
+        if (*p == l) {
+          *p = l->queue_next;
+          if (srv->queue_tail == l)
+            srv->queue_tail = prev;
+          break;
+        }
+      l->queue_next = NULL;
+      l->queued = false;
+      srv->queued--;
+      abandon = true;
+    } else if (l->settled || eph_run_settled(l->run)) {
+      ended = true;
+    }
+    pthread_mutex_unlock(&srv->lock);
+  }
+  if (ended) {
+    eph_srv_live_put(l);
+    eph_error_t err = {0};
+    cleanup_json json_object *o = eph_srv_run_object(srv, req->param, req->org, false, &err);
+    if (!o)
+      return store_failure(srv, c, &err);
+    return eph_srv_error(c, srv, MHD_HTTP_CONFLICT, "conflict", NULL,
+                         "run %s has already ended", req->param);
+  }
+  if (abandon) {
+    eph_run_abandon(l->run, "cancelled");
+    finished(srv, l);
+  } else {
+    eph_run_cancel(l->run);
+  }
+  json_object *o = eph_run_to_json(l->run, false);
+  eph_srv_live_put(l);
+  return eph_srv_json(c, srv, MHD_HTTP_OK, o);
+}

@@ -1,0 +1,215 @@
+/* GET /v1/runs/{id}/events: the run's timeline as Server-Sent Events.
+ *
+ * Each event is sent as `id: <seq>`, `event: <kind>`, `data: <event JSON>`; the stream ends
+ * after the `settled` event (always the last one). A client that reconnects with
+ * Last-Event-ID: N gets the events after N, none twice. A cursor that names no event of a
+ * settled run (not a number, or past its last event) is refused with 400 rather than
+ * answered with an empty stream; a running run is given the benefit of the doubt.
+ *
+ * A live run is read from memory: when nothing is new the connection is suspended and the
+ * run's observer resumes it at the next event (the ticker resumes it every 15 s for a
+ * keep-alive comment). A run no longer in memory is read from the store in one go. */
+#include <config.h>
+
+#include "server_int.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "log.h"
+#include "util.h"
+
+typedef struct sse {
+  eph_server_t *srv;
+  live_t *live; /* a ref, or NULL: read from the store */
+  char run_id[64];
+  int64_t last_seq;
+  char *buf;
+  size_t len, off;
+  bool done;
+  int64_t keepalive_at;
+  waiter_t waiter;
+} sse_t;
+
+static void
+append_events(sse_t *s, json_object *events, bool from_store)
+{
+  char *text = NULL;
+  size_t len = 0;
+  FILE *f = open_memstream(&text, &len);
+  for (size_t i = 0; i < json_object_array_length(events); i++) {
+    json_object *e = json_object_array_get_idx(events, i), *v = NULL;
+    cleanup_json json_object *conv = from_store ? eph_srv_event_from_store(e) : NULL;
+    if (conv)
+      e = conv;
+    int64_t seq = json_object_object_get_ex(e, "seq", &v) ? json_object_get_int64(v) : 0;
+    const char *kind = json_object_object_get_ex(e, "kind", &v) ? json_object_get_string(v) : "";
+    fprintf(f, "id: %" PRId64 "\nevent: %s\ndata: %s\n\n", seq, kind,
+            json_object_to_json_string_ext(e, JSON_C_TO_STRING_PLAIN |
+                                                  JSON_C_TO_STRING_NOSLASHESCAPE));
+    s->last_seq = seq;
+    if (strcmp(kind, "settled") == 0)
+      s->done = true; /* always the last event of a run */
+  }
+  fclose(f);
+  free(s->buf);
+  s->buf = text;
+  s->len = len;
+  s->off = 0;
+}
+
+static ssize_t
+sse_read(void *cls, uint64_t pos, char *out, size_t max)
+{
+  (void)pos;
+  sse_t *s = cls;
+  eph_server_t *srv = s->srv;
+  for (;;) {
+    if (s->off < s->len) {
+      size_t n = s->len - s->off < max ? s->len - s->off : max;
+      memcpy(out, s->buf + s->off, n);
+      s->off += n;
+      return (ssize_t)n;
+    }
+    if (s->done)
+      return MHD_CONTENT_READER_END_OF_STREAM;
+    if (!s->live) {
+      cleanup_json json_object *events = NULL;
+      eph_error_t err = {0};
+      if (eph_store_events_since(srv->store, s->run_id, s->last_seq, 0, &events, &err) < 0) {
+        eph_warn("events of %s: %s", s->run_id, err.message);
+        return MHD_CONTENT_READER_END_WITH_ERROR;
+      }
+      append_events(s, events, true);
+      s->done = true; /* a run out of memory has nothing more to say */
+      continue;
+    }
+    bool settled = eph_run_settled(s->live->run);
+    cleanup_json json_object *events = eph_run_events_json(s->live->run, s->last_seq);
+    if (json_object_array_length(events) > 0) {
+      append_events(s, events, false);
+      continue;
+    }
+    if (settled) {
+      s->done = true;
+      continue;
+    }
+    int64_t now = eph_now_ms();
+    if (s->keepalive_at && now >= s->keepalive_at) {
+      s->keepalive_at = 0;
+      static const char ka[] = ": keep-alive\n\n";
+      free(s->buf);
+      s->buf = eph_xstrdup(ka);
+      s->len = sizeof ka - 1;
+      s->off = 0;
+      continue;
+    }
+    pthread_mutex_lock(&srv->lock);
+    if (srv->stopping) {
+      pthread_mutex_unlock(&srv->lock);
+      s->done = true;
+      continue;
+    }
+    /* Checked again under srv->lock: an event appended from here on wakes us. */
+    if (eph_run_wait_events(s->live->run, s->last_seq, 0)) {
+      pthread_mutex_unlock(&srv->lock);
+      continue;
+    }
+    if (!s->keepalive_at)
+      s->keepalive_at = now + SSE_KEEPALIVE_MS;
+    s->waiter.live = s->live;
+    s->waiter.deadline_ms = s->keepalive_at;
+    eph_srv_wait_add(srv, &s->waiter);
+    pthread_mutex_unlock(&srv->lock);
+    return 0; /* suspended: MHD asks again once resumed */
+  }
+}
+
+static void
+sse_free(void *cls)
+{
+  sse_t *s = cls;
+  pthread_mutex_lock(&s->srv->lock);
+  eph_srv_wait_remove(s->srv, &s->waiter);
+  pthread_mutex_unlock(&s->srv->lock);
+  eph_srv_live_put(s->live);
+  free(s->buf);
+  free(s);
+}
+
+static MHD_RESULT
+bad_cursor(eph_server_t *srv, struct MHD_Connection *c, const char *text)
+{
+  return eph_srv_error(c, srv, MHD_HTTP_BAD_REQUEST, "invalid_request", "Last-Event-ID",
+                       "Last-Event-ID '%.64s' names no event of this run", text);
+}
+
+MHD_RESULT
+eph_srv_runs_events(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req)
+{
+  const char *id = req->param;
+  const char *cursor = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Last-Event-ID");
+  int64_t last = 0;
+  if (cursor) {
+    char *end = NULL;
+    errno = 0;
+    long long v = strtoll(cursor, &end, 10);
+    if (!*cursor || errno || *end || v < 0)
+      return bad_cursor(srv, c, cursor);
+    last = v;
+  }
+  live_t *l = eph_srv_live_get(srv, id);
+  if (l && strcmp(l->org, req->org) != 0) {
+    eph_srv_live_put(l);
+    return eph_srv_error(c, srv, MHD_HTTP_NOT_FOUND, "not_found", NULL, "run %s does not exist",
+                         id);
+  }
+  eph_error_t err = {0};
+  if (l) {
+    /* The cursor must name an event that exists: seq `last` itself. A running run may
+     * still reach it; a settled one never will. */
+    if (last > 0 && eph_run_settled(l->run)) {
+      cleanup_json json_object *from = eph_run_events_json(l->run, last - 1);
+      if (json_object_array_length(from) == 0) {
+        eph_srv_live_put(l);
+        return bad_cursor(srv, c, cursor);
+      }
+    }
+  } else {
+    cleanup_json json_object *row = NULL;
+    if (eph_store_run_get(srv->store, id, req->org, &row, &err) < 0) {
+      if (err.code == ENOENT)
+        return eph_srv_error(c, srv, MHD_HTTP_NOT_FOUND, "not_found", NULL, "%s", err.message);
+      eph_error("%s", err.message);
+      return eph_srv_error(c, srv, MHD_HTTP_INTERNAL_SERVER_ERROR, "internal_error", NULL,
+                           "the store failed; see the daemon's log");
+    }
+    if (last > 0) {
+      cleanup_json json_object *from = NULL;
+      if (eph_store_events_since(srv->store, id, last - 1, 1, &from, &err) < 0 ||
+          json_object_array_length(from) == 0)
+        return bad_cursor(srv, c, cursor);
+    }
+  }
+  sse_t *s = eph_xcalloc(1, sizeof *s);
+  s->srv = srv;
+  s->live = l;
+  s->last_seq = last;
+  s->waiter.conn = c;
+  snprintf(s->run_id, sizeof s->run_id, "%s", id);
+  struct MHD_Response *resp =
+      MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16 * 1024, sse_read, s, sse_free);
+  if (!resp) {
+    sse_free(s);
+    return MHD_NO;
+  }
+  MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream; charset=utf-8");
+  MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-store");
+  MHD_add_response_header(resp, "X-Accel-Buffering", "no");
+  MHD_RESULT r = MHD_queue_response(c, MHD_HTTP_OK, resp);
+  MHD_destroy_response(resp);
+  eph_srv_count(srv, MHD_HTTP_OK);
+  return r;
+}
