@@ -25,7 +25,8 @@ const eph_config_key_t eph_core_config_keys[] = {
      "Backend plugin used when a request or command does not name one."},
     {"model_plugin", EPH_CFG_STRING, "\"model-openai\"", NULL,
      "Model plugin serving model calls; model names starting with \"replay:\" always go to "
-     "model-replay."},
+     "model-replay. \"model-replay\" makes every run replay model-replay's configured "
+     "transcript (an offline daemon: demos, tests)."},
     {"default_model", EPH_CFG_STRING, "\"openai/gpt-6-luna\"", NULL,
      "Model used when the request does not name one (the product page's model)."},
     {"max_timeout_seconds", EPH_CFG_INT, "900", "seconds",
@@ -51,9 +52,14 @@ const eph_config_key_t eph_core_config_keys[] = {
      "`models` of {name, input_micros_per_mtok, output_micros_per_mtok}."},
     {"limits", EPH_CFG_GROUP, "(backend defaults)", NULL,
      "Default sandbox limits of a run: memory_mib, pids, cpu_percent, nofile, scratch_mib."},
-    {"server", EPH_CFG_GROUP, "(see ephemerald(8))", NULL,
-     "Daemon settings: listen, max_concurrent_runs, max_queued_runs, max_body_bytes, "
-     "drain_grace_seconds, idempotency_hours."},
+    {"server", EPH_CFG_GROUP, "(see below)", NULL,
+     "ephemerald's settings: listen (\"ADDR:PORT\" or \"[V6]:PORT\", default "
+     "\"127.0.0.1:8080\"); max_concurrent_runs (runs executing at once, default 4); "
+     "max_queued_runs (runs admitted beyond those, default 64; more are refused with 429); "
+     "max_body_bytes (request body limit, default 25165824; more is 413); "
+     "drain_grace_seconds (on SIGTERM, how long running runs may finish before they are "
+     "cancelled, default 30); idempotency_hours (how long an Idempotency-Key is remembered, "
+     "at least and by default 24)."},
     {0},
 };
 

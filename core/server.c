@@ -79,6 +79,21 @@ server_int(const config_setting_t *group, const char *key, int64_t def, int64_t 
   return 0;
 }
 
+/* The keys of the `server` group (ephemeral.conf); the same text as core/conf.c's summary. */
+static const eph_config_key_t server_keys[] = {
+    {"listen", EPH_CFG_STRING, "\"127.0.0.1:8080\"", NULL,
+     "Address to listen on: \"ADDR:PORT\" or \"[V6ADDR]:PORT\"; port 0 picks a free port."},
+    {"max_concurrent_runs", EPH_CFG_INT, "4", NULL, "Runs executing at once (run workers)."},
+    {"max_queued_runs", EPH_CFG_INT, "64", NULL,
+     "Runs admitted beyond those executing; POST /v1/runs answers 429 beyond."},
+    {"max_body_bytes", EPH_CFG_INT, "25165824", "bytes", "Request body limit; larger is 413."},
+    {"drain_grace_seconds", EPH_CFG_INT, "30", "seconds",
+     "On SIGTERM, how long running runs may go on before they are cancelled."},
+    {"idempotency_hours", EPH_CFG_INT, "24", "hours",
+     "How long an Idempotency-Key is remembered per organisation (at least 24)."},
+    {0},
+};
+
 int
 eph_server_options_from_config(eph_ctx_t *ctx, eph_server_options_t *opt, eph_error_t *err)
 {
@@ -88,6 +103,8 @@ eph_server_options_from_config(eph_ctx_t *ctx, eph_server_options_t *opt, eph_er
   const char *listen = NULL;
   int64_t conc, queued, body, grace, idem;
   int r;
+  if (g && (r = eph_config_check_keys(g, server_keys, "server", &ctx->config.warnings, err)) < 0)
+    return r;
   if ((r = eph_cfg_string(g, "listen", "127.0.0.1:8080", &listen, err)) < 0 ||
       (r = server_int(g, "max_concurrent_runs", 4, 1, 1024, &conc, err)) < 0 ||
       (r = server_int(g, "max_queued_runs", 64, 0, 100000, &queued, err)) < 0 ||
