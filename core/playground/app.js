@@ -107,12 +107,19 @@ function addEvent(ev) {
   if (ev.kind === "reserved" && ev.data) reserved = ev.data.reserved_micros;
 }
 
+// The model answers in Markdown: **bold** and `code` are shown as such, everything else as
+// text (escaped first, so the answer can never inject markup).
+function renderAnswer(el, text) {
+  const esc = text.replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
+  el.innerHTML = esc.replace(/`([^`\n]+)`/g, "<code>$1</code>").replace(/\*\*([^*\n]+)\*\*/g, "<b>$1</b>");
+}
+
 function showFinal(run) {
   const u = run.usage || {};
   setHeader(run.status, run.id, u.billed_micros, u.reserved_micros);
   const answer = run.output && run.output.answer;
   $("answer").hidden = !answer;
-  $("answertext").textContent = answer || "";
+  renderAnswer($("answertext"), answer || "");
   const cost = $("cost");
   cost.innerHTML = "";
   const line = document.createElement("span");
