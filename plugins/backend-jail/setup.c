@@ -36,7 +36,6 @@
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
-#include <grp.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
@@ -437,12 +436,15 @@ jail_child_main(const jail_child_args_t *args)
   if (read(a->go_fd, &go, 1) != 1)
     die(a, "waiting for the parent (maps, cgroups)", NULL);
 
-  /* 2. Become uid/gid 0 of the user namespace: until now our kernel uid was the host's. */
-  if (setresgid(0, 0, 0) < 0)
+  /* 2. Become uid/gid 0 of the user namespace: until now our kernel uid was the host's.
+   * Raw system calls: glibc's wrappers broadcast the change to every thread of the
+   * process (setxid), and the host's other threads do not exist in this clone: they would
+   * wait forever. */
+  if (syscall(SYS_setresgid, 0, 0, 0) < 0)
     die(a, "setresgid(0) in the user namespace", NULL);
-  if (setgroups(0, NULL) < 0)
+  if (syscall(SYS_setgroups, 0, NULL) < 0)
     die(a, "setgroups()", NULL);
-  if (setresuid(0, 0, 0) < 0)
+  if (syscall(SYS_setresuid, 0, 0, 0) < 0)
     die(a, "setresuid(0) in the user namespace", NULL);
 
   /* 3. Die with the host thread that created us. Set after the uid change, which clears it;
