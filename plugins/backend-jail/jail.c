@@ -521,6 +521,10 @@ check_limits(const jail_t *j, const eph_sandbox_limits_t *in, jail_limits_t *out
   if (out->pids < 2 || out->nofile < 16)
     return eph_error_set(err, EINVAL, "limits.pids %u / limits.nofile %u: the guest needs at "
                          "least 2 processes and 16 files", out->pids, out->nofile);
+  /* A request that lowers memory without naming scratch gets half its memory as scratch
+   * rather than a refusal; one that names both must keep scratch below memory. */
+  if (!in->scratch_bytes && out->scratch_bytes >= out->memory_bytes)
+    out->scratch_bytes = out->memory_bytes / 2;
   if (out->scratch_bytes >= out->memory_bytes)
     return eph_error_set(err, EINVAL, "limits.scratch_bytes %" PRIu64 " must be below "
                          "limits.memory_bytes %" PRIu64 " (tmpfs pages count as memory)",
