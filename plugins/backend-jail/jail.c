@@ -774,13 +774,13 @@ jail_destroy(void *state, eph_sandbox_t *sb, eph_sandbox_report_t *report, eph_e
     return 0;
   unwatch(j, sb);
 
-  /* 1. Kill: init of the pid namespace (the kernel kills the rest), then the cgroup. */
+  /* 1. Kill init of the pid namespace: the kernel kills the rest, and init's exit completes
+   * only after every process of its namespace is gone (the pidfd turns readable then).
+   * 2. SIGKILL whatever the cgroup still lists (normally nothing by now), reap init. */
   syscall(SYS_pidfd_send_signal, sb->pidfd, SIGKILL, NULL, 0);
-  int listed = jail_cg_kill_all(&j->cg, sb->run_id, 2000);
-
-  /* 2. Reap init. Its exit completes only after every process of its namespace is gone. */
   struct pollfd pf = {.fd = sb->pidfd, .events = POLLIN};
   bool init_gone = poll(&pf, 1, 5000) > 0;
+  int listed = jail_cg_kill_all(&j->cg, sb->run_id, 2000);
   siginfo_t si;
   memset(&si, 0, sizeof si);
   if (init_gone)
