@@ -16,6 +16,26 @@ const eph_cli_command_t eph_cli_commands[] = {
      "  check   parse ephemeral.conf and conf.d, load the enabled plugins, check every key\n"
      "  keys    print every documented key: block, name, type, default, unit, description\n",
      true, 1, eph_cmd_config},
+    {"exec", "exec [--backend NAME] [--timeout S] [--memory MIB] -- CMD [ARG...]",
+     "run one command in a fresh sandbox; exit with its status", NULL, true, 1, eph_cmd_exec},
+    {"run", "run [--json] [--backend NAME] [--replay FILE] [--record FILE] REQUEST.json",
+     "run a request end to end and print its timeline",
+     "  --json            print the final run object instead of the timeline\n"
+     "  --backend NAME    jail or qemu (default: config `backend`)\n"
+     "  --replay FILE     answer model calls from a recorded transcript (offline)\n"
+     "  --record FILE     append the model's raw responses to FILE (a transcript)\n"
+     "  --org ORG         organisation billed (default: config `cli_org`)\n"
+     "Exit status: 0 succeeded, 1 failed, 2 invalid request, 3 timed_out,\n"
+     "4 budget_exhausted (or insufficient balance), 5 cancelled.\n",
+     true, 1, eph_cmd_run},
+    {"runs", "runs list | show ID | replay ID [--speed N]",
+     "list past runs, show one as JSON, or replay its timeline at its original pace", NULL,
+     false, 1, eph_cmd_runs},
+    {"orgs", "orgs credit ORG MICROS | orgs balance ORG",
+     "add credit to an organisation, or show its balance", NULL, true, 1, eph_cmd_orgs},
+    {"keys", "keys create|revoke|list --org ORG [--name NAME]",
+     "make (printed once), revoke or list API keys of an organisation", NULL, false, 1,
+     eph_cmd_keys},
     {0},
 };
 

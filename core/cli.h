@@ -21,5 +21,9 @@ extern const eph_cli_command_t eph_cli_commands[]; /* ends with {0} */
 
 int eph_cmd_plugins(eph_ctx_t *ctx, int argc, char **argv);
 int eph_cmd_config(eph_ctx_t *ctx, int argc, char **argv);
+int eph_cmd_run(eph_ctx_t *ctx, int argc, char **argv);
+int eph_cmd_runs(eph_ctx_t *ctx, int argc, char **argv);
+int eph_cmd_orgs(eph_ctx_t *ctx, int argc, char **argv);
+int eph_cmd_keys(eph_ctx_t *ctx, int argc, char **argv);
 
 #endif

@@ -5,11 +5,41 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 
 #include "host.h"
 #include "log.h"
 #include "util.h"
+
+/* Reservations left open by a process that died (kill -9) are settled at the next start:
+ * compute charged so far stays billed, the rest is released. Every process that may hold
+ * live runs keeps a shared lock on <state_dir>/live.lock; only a process that can take it
+ * exclusively knows no run is live, so it alone settles, then joins the others as shared. */
+static void
+settle_abandoned(eph_ctx_t *ctx)
+{
+  cleanup_free char *path = eph_xasprintf("%s/live.lock", ctx->state_dir);
+  ctx->live_lock_fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (ctx->live_lock_fd < 0) {
+    eph_warn("%s: %s (open reservations of crashed runs are not settled)", path,
+             strerror(errno));
+    return;
+  }
+  const eph_plugin_slot_t *ledger = eph_plugins_first(&ctx->plugins, EPH_KIND_LEDGER);
+  const eph_ledger_ops_t *ops = ledger ? ledger->desc->ops : NULL;
+  if (ops && EPH_OPS_HAS(ops, eph_ledger_ops_t, settle_open) &&
+      flock(ctx->live_lock_fd, LOCK_EX | LOCK_NB) == 0) {
+    eph_error_t e = {0};
+    int n = EPH_WITH_PLUGIN(ledger, ops->settle_open(ledger->state, &e));
+    if (n < 0)
+      eph_warn("settling open reservations: %s", e.message);
+    else if (n > 0)
+      eph_info("settled %d reservation(s) left open by a process that died", n);
+  }
+  flock(ctx->live_lock_fd, LOCK_SH);
+}
 
 static int
 resolve_state_dir(eph_ctx_t *ctx, const eph_ctx_options_t *opt, eph_error_t *err)
@@ -42,6 +72,7 @@ int
 eph_ctx_open(eph_ctx_t *ctx, const eph_ctx_options_t *opt, eph_error_t *err)
 {
   memset(ctx, 0, sizeof *ctx);
+  ctx->live_lock_fd = -1;
   ctx->daemon = opt->daemon;
   int r = eph_paths_init(&ctx->paths);
   if (r < 0)
@@ -97,6 +128,7 @@ eph_ctx_open(eph_ctx_t *ctx, const eph_ctx_options_t *opt, eph_error_t *err)
     goto fail;
 
   eph_host_init(&ctx->host, ctx);
+  ctx->live_lock_fd = -1;
 
   if (opt->load_plugins) {
     r = eph_plugins_load(&ctx->plugins, &ctx->config, ctx->plugin_dir, &ctx->host, err);
@@ -116,6 +148,7 @@ eph_ctx_open(eph_ctx_t *ctx, const eph_ctx_options_t *opt, eph_error_t *err)
       else if (n > 0)
         eph_info("%s: reaped %d sandbox(es) left behind by a dead process", s->desc->name, n);
     }
+    settle_abandoned(ctx);
   }
   return 0;
 
@@ -128,6 +161,8 @@ void
 eph_ctx_close(eph_ctx_t *ctx)
 {
   eph_plugins_unload(&ctx->plugins);
+  if (ctx->live_lock_fd > 0)
+    close(ctx->live_lock_fd);
   eph_config_free(&ctx->config);
   eph_paths_free(&ctx->paths);
   free(ctx->state_dir);

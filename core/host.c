@@ -7,6 +7,7 @@
 #include "conf.h"
 #include "context.h"
 #include "log.h"
+#include "run.h"
 
 void
 eph_host_init(eph_host_t *host, struct eph_ctx *ctx)
@@ -22,4 +23,5 @@ eph_host_init(eph_host_t *host, struct eph_ctx *ctx)
   host->state_dir = ctx->state_dir;
   host->data_dir = ctx->paths.data_dir;
   host->libexec_dir = ctx->paths.libexec_dir;
+  eph_run_host_services(host);
 }

@@ -3,6 +3,7 @@
 #include <config.h>
 
 #include <getopt.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -53,6 +54,9 @@ main(int argc, char **argv)
   eph_ctx_options_t opt = {0};
   int verbose = 0, c;
   eph_log_set_program("ephemeral");
+  /* A sandbox that dies mid-write (deadline, OOM) must not take the host process with it:
+   * writes to its channel fail with EPIPE instead. */
+  signal(SIGPIPE, SIG_IGN);
   while ((c = getopt_long(argc, argv, "+c:vqhV", options, NULL)) != -1) {
     switch (c) {
     case 'c':
