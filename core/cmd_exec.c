@@ -196,7 +196,9 @@ eph_cmd_exec(eph_ctx_t *ctx, int argc, char **argv)
   eph_sandbox_spec_t spec = {
       .struct_size = sizeof spec,
       .run_id = run_id,
-      .limits = {.memory_bytes = (uint64_t)memory_mib << 20},
+      /* tmpfs pages count as memory: with a memory limit, scratch gets half of it. */
+      .limits = {.memory_bytes = (uint64_t)memory_mib << 20,
+                 .scratch_bytes = (uint64_t)memory_mib << 19},
       .deadline_ms = eph_now_ms() + timeout_s * 1000 + BOOT_GRACE_MS,
       .network = 0,
   };
@@ -210,8 +212,12 @@ eph_cmd_exec(eph_ctx_t *ctx, int argc, char **argv)
   sigaddset(&set, SIGUSR1);
   pthread_sigmask(SIG_BLOCK, &set, &old);
   pthread_t thr;
-  bool have_thread = pthread_create(&thr, NULL, signal_thread, &set) == 0;
+  bool have_thread = false;
 
+  /* The signal thread starts only once the sandbox exists: a backend may clone() its
+   * sandbox's first process, and a child cloned while another thread holds a libc or
+   * sanitizer lock would hang on it. A signal arriving meanwhile stays pending and is
+   * taken by the thread, which then cancels. */
   int status = EXIT_FAILED;
   eph_sbx_t *sbx = NULL;
   if (eph_sbx_create(backend, &spec, &sbx, &err) < 0) {
@@ -219,6 +225,7 @@ eph_cmd_exec(eph_ctx_t *ctx, int argc, char **argv)
     goto out;
   }
   set_current(sbx);
+  have_thread = pthread_create(&thr, NULL, signal_thread, &set) == 0;
 
   eph_exec_request_t req = {
       .struct_size = sizeof req,
