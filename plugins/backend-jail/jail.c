@@ -521,6 +521,10 @@ check_limits(const jail_t *j, const eph_sandbox_limits_t *in, jail_limits_t *out
   if (out->pids < 2 || out->nofile < 16)
     return eph_error_set(err, EINVAL, "limits.pids %u / limits.nofile %u: the guest needs at "
                          "least 2 processes and 16 files", out->pids, out->nofile);
+  /* A request that lowers memory without naming scratch gets half its memory as scratch
+   * rather than a refusal; one that names both must keep scratch below memory. */
+  if (!in->scratch_bytes && out->scratch_bytes >= out->memory_bytes)
+    out->scratch_bytes = out->memory_bytes / 2;
   if (out->scratch_bytes >= out->memory_bytes)
     return eph_error_set(err, EINVAL, "limits.scratch_bytes %" PRIu64 " must be below "
                          "limits.memory_bytes %" PRIu64 " (tmpfs pages count as memory)",
@@ -770,13 +774,13 @@ jail_destroy(void *state, eph_sandbox_t *sb, eph_sandbox_report_t *report, eph_e
     return 0;
   unwatch(j, sb);
 
-  /* 1. Kill: init of the pid namespace (the kernel kills the rest), then the cgroup. */
+  /* 1. Kill init of the pid namespace: the kernel kills the rest, and init's exit completes
+   * only after every process of its namespace is gone (the pidfd turns readable then).
+   * 2. SIGKILL whatever the cgroup still lists (normally nothing by now), reap init. */
   syscall(SYS_pidfd_send_signal, sb->pidfd, SIGKILL, NULL, 0);
-  int listed = jail_cg_kill_all(&j->cg, sb->run_id, 2000);
-
-  /* 2. Reap init. Its exit completes only after every process of its namespace is gone. */
   struct pollfd pf = {.fd = sb->pidfd, .events = POLLIN};
   bool init_gone = poll(&pf, 1, 5000) > 0;
+  int listed = jail_cg_kill_all(&j->cg, sb->run_id, 2000);
   siginfo_t si;
   memset(&si, 0, sizeof si);
   if (init_gone)
