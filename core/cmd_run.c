@@ -261,6 +261,11 @@ eph_cmd_run(eph_ctx_t *ctx, int argc, char **argv)
     eph_request_free(&req);
     return 1;
   }
+  /* History older than retention_days goes before a new run is added. */
+  int64_t retention = 30;
+  if (eph_cfg_int(ctx->config.core, "retention_days", 30, &retention, &err) == 0 &&
+      retention > 0 && eph_store_purge(store, (int)retention, &err) < 0)
+    eph_warn("purging runs older than %lld days: %s", (long long)retention, err.message);
 
   /* Signals go to one thread that cancels the run; the run's own threads never see them. */
   sigset_t set;
