@@ -993,9 +993,6 @@ eph_run_execute(eph_run_t *run)
     collect_outputs(run);
   }
   meter_stop(run);
-  if (check_stop(run) && !run->answer) {
-    /* status already set by check_stop when the loop had not ended otherwise */
-  }
 
   pthread_mutex_lock(&run->lock);
   run->sbx = NULL;
