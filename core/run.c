@@ -423,6 +423,8 @@ eph_run_new(eph_ctx_t *ctx, eph_request_t *req, const eph_run_options_t *opt,
   if (r < 0)
     goto fail;
   run->reserved = run->req.max_cost_micros;
+  /* t = 0 is the moment the run is queued with its reservation, as on the product page. */
+  run->start_ms = eph_now_ms();
   char budget[32];
   emit(run, "Queued", "reserved", false,
        ({
