@@ -51,6 +51,12 @@ const eph_config_key_t eph_core_config_keys[] = {
      "`models` of {name, input_micros_per_mtok, output_micros_per_mtok}."},
     {"limits", EPH_CFG_GROUP, "(backend defaults)", NULL,
      "Default sandbox limits of a run: memory_mib, pids, cpu_percent, nofile, scratch_mib."},
+    {"egress", EPH_CFG_GROUP, "(see below)", NULL,
+     "The sandbox egress proxy of runs granting web: pool (private IPv4 range the "
+     "per-sandbox /30s come from, default \"10.213.0.0/16\"), port (3128), max_connections "
+     "(32 open at once per run), max_bytes (per connection, 67108864), max_connection_ms "
+     "(300000) and idle_ms (30000). Where it may go is tool-web's policy (allow_domains, "
+     "deny_domains, allow_private_addresses, allow_loopback)."},
     {"server", EPH_CFG_GROUP, "(see ephemerald(8))", NULL,
      "Daemon settings: listen, max_concurrent_runs, max_queued_runs, max_body_bytes, "
      "drain_grace_seconds, idempotency_hours."},
