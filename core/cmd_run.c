@@ -294,6 +294,16 @@ eph_cmd_run(eph_ctx_t *ctx, int argc, char **argv)
     eph_store_close(store);
     return 1;
   }
+  if (!json) {
+    cleanup_json json_object *head = eph_run_to_json(run, false);
+    json_object *req_obj = NULL, *model = NULL, *be = NULL;
+    json_object_object_get_ex(head, "request", &req_obj);
+    json_object_object_get_ex(req_obj, "model", &model);
+    json_object_object_get_ex(head, "backend", &be);
+    printf("Run %s · %s · %s\n\n", eph_run_id(run), json_object_get_string(model),
+           json_object_get_string(be));
+    fflush(stdout);
+  }
   current_run = run;
   eph_run_status_t status = eph_run_execute(run);
   current_run = NULL;

@@ -947,7 +947,7 @@ typedef struct run_egress {
   eph_run_t *run;
   eph_egress_t *proxy;
   eph_net_policy_t policy;
-  int64_t price_micros; /* per connection: pricing.web_micros_per_request */
+  int64_t price_micros; /* per connection: tool-web's price_micros_per_request */
 } run_egress_t;
 
 /* Every connection through the proxy: an event, and for an allowed one a web charge
@@ -984,9 +984,10 @@ egress_start(run_egress_t *eg, eph_sandbox_spec_t *spec, const char *source)
 {
   eph_error_t err = {0};
   eph_egress_options_t opt;
-  const config_setting_t *core = eg->run->ctx->config.core;
-  config_setting_t *pricing = core ? config_setting_get_member(core, "pricing") : NULL;
-  int r = eph_cfg_int(pricing, "web_micros_per_request", 1000, &eg->price_micros, &err);
+  /* The web's price is tool-web's: a connection costs what one web_fetch costs. */
+  const eph_config_block_t *web = eph_config_block(&eg->run->ctx->config, "tool-web");
+  int r = eph_cfg_int(web ? web->setting : NULL, "price_micros_per_request", 1000,
+                      &eg->price_micros, &err);
   if (r == 0)
     r = eph_egress_load_config(&eg->run->ctx->config, &eg->run->ctx->host, &opt, &eg->policy,
                                &err);

@@ -10,6 +10,10 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include <fcntl.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <dirent.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -66,6 +70,9 @@ spawn_guest(guest_proc_t *gp)
     skip();
   int sv[2];
   assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+  /* Opened before the child mounts a fresh /tmp: the build tree may live under /tmp. */
+  int gfd = open(guest_path, O_PATH | O_CLOEXEC);
+  assert_true(gfd >= 0);
   pid_t pid = fork();
   assert_true(pid >= 0);
   if (pid == 0) {
@@ -79,7 +86,8 @@ spawn_guest(guest_proc_t *gp)
         _exit(91);
       if (dup2(sv[1], 3) < 0)
         _exit(92);
-      execl(guest_path, "ephemeral-guest", "--fd", "3", (char *)NULL);
+      char *const argv[] = {"ephemeral-guest", "--fd", "3", NULL};
+      syscall(SYS_execveat, gfd, "", argv, environ, AT_EMPTY_PATH);
       _exit(93);
     }
     close(sv[0]);
@@ -90,6 +98,7 @@ spawn_guest(guest_proc_t *gp)
     _exit(WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st));
   }
   close(sv[1]);
+  close(gfd);
   gp->pid = pid;
   gp->fd = sv[0];
   gp->g = NULL;
