@@ -592,8 +592,8 @@ listen_main(void *arg)
 int
 eph_egress_start(const eph_egress_options_t *opt, eph_egress_t **out, eph_error_t *err)
 {
-  uint32_t base;
-  int bits, r;
+  uint32_t base = 0;
+  int bits = 32, r;
   *out = NULL;
   if (!opt->policy || !opt->announce)
     return eph_error_set(err, EINVAL, "egress: policy and announce are required");
