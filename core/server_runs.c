@@ -7,6 +7,7 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <malloc.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
@@ -257,10 +258,20 @@ ticker_main(void *arg)
     if (purge)
       srv->next_purge_ms = now + 3600 * 1000;
     pthread_mutex_unlock(&srv->lock);
+    bool freed = dead != NULL;
     while (dead) {
       live_t *l = dead;
       dead = l->bucket_next;
       live_free(l);
+    }
+    /* After a burst, give the freed runs' memory back to the system once nothing is live
+     * (glibc keeps it in its arenas otherwise): RSS follows the load, not the history. */
+    if (freed) {
+      pthread_mutex_lock(&srv->lock);
+      bool empty = srv->live_count == 0;
+      pthread_mutex_unlock(&srv->lock);
+      if (empty)
+        malloc_trim(0);
     }
     if (purge) {
       int64_t days = 30;
