@@ -1,10 +1,15 @@
-/* `ephemeral exec [--backend NAME] [--timeout S] [--memory MIB] [--stdin] -- CMD [ARG...]`:
+/* `ephemeral exec [--backend NAME] [--timeout S] [--memory MIB] [--stdin] [--web] -- CMD [ARG...]`:
  * runs one command as the worker in a fresh sandbox, streams its output live to our
  * stdout/stderr and destroys the sandbox.
  *
  * Exit status, as coreutils timeout(1) and shells do: the command's own status; 128+N when
  * it was killed by signal N; 124 when it hit --timeout; 125 when ephemeral itself failed
- * (no backend, the sandbox did not boot, or its destroy left something behind). */
+ * (no backend, the sandbox did not boot, or its destroy left something behind).
+ *
+ * --web gives the sandbox the egress proxy a run granting `web` gets (same policy: the
+ * tool-web block); each connection is logged to stderr ("web: CONNECT host:443"), nothing
+ * is charged (exec has no ledger). If the egress cannot be set up the command does not
+ * run: exec is the tool to test it. */
 #include <config.h>
 
 #include <getopt.h>
@@ -19,6 +24,7 @@
 
 #include "../guest/protocol.h"
 #include "context.h"
+#include "egress.h"
 #include "guest_client.h"
 #include "log.h"
 #include "sandbox.h"
@@ -83,6 +89,18 @@ signal_thread(void *arg)
   }
 }
 
+static int
+log_egress(void *opaque, const char *method, const char *target, const char *refusal,
+           eph_error_t *err)
+{
+  (void)opaque;
+  if (refusal)
+    fprintf(stderr, "web: %s %s · refused: %s\n", method, target, refusal);
+  else
+    fprintf(stderr, "web: %s %s\n", method, target);
+  return 0;
+}
+
 static void
 usage(FILE *f)
 {
@@ -91,7 +109,8 @@ usage(FILE *f)
         "  --backend NAME  sandbox backend (jail, qemu); default: the configured one\n"
         "  --timeout S     kill the command after S seconds (exit status 124); default 300\n"
         "  --memory MIB    memory limit of the sandbox; default: the backend's\n"
-        "  --stdin         feed our stdin (at most 512 KiB) to the command; default /dev/null\n",
+        "  --stdin         feed our stdin (at most 512 KiB) to the command; default /dev/null\n"
+        "  --web           egress through the host's proxy, as a run granting web gets\n",
         f);
 }
 
@@ -134,14 +153,15 @@ eph_cmd_exec(eph_ctx_t *ctx, int argc, char **argv)
   static const struct option opts[] = {
       {"backend", required_argument, NULL, 'b'}, {"timeout", required_argument, NULL, 't'},
       {"memory", required_argument, NULL, 'm'},  {"stdin", no_argument, NULL, 'i'},
-      {"help", no_argument, NULL, 'h'},          {0},
+      {"web", no_argument, NULL, 'w'},           {"help", no_argument, NULL, 'h'},
+      {0},
   };
   const char *backend_name = NULL;
   long long timeout_s = EPH_GUEST_DEFAULT_TIMEOUT_MS / 1000, memory_mib = 0;
-  bool feed_stdin = false;
+  bool feed_stdin = false, web = false;
   int c;
   optind = 1;
-  while ((c = getopt_long(argc, argv, "+b:t:m:ih", opts, NULL)) != -1) {
+  while ((c = getopt_long(argc, argv, "+b:t:m:iwh", opts, NULL)) != -1) {
     char *end = NULL;
     switch (c) {
     case 'b':
@@ -163,6 +183,9 @@ eph_cmd_exec(eph_ctx_t *ctx, int argc, char **argv)
       break;
     case 'i':
       feed_stdin = true;
+      break;
+    case 'w':
+      web = true;
       break;
     case 'h':
       usage(stdout);
@@ -196,7 +219,9 @@ eph_cmd_exec(eph_ctx_t *ctx, int argc, char **argv)
   eph_sandbox_spec_t spec = {
       .struct_size = sizeof spec,
       .run_id = run_id,
-      .limits = {.memory_bytes = (uint64_t)memory_mib << 20},
+      /* tmpfs pages count as memory: with a memory limit, scratch gets half of it. */
+      .limits = {.memory_bytes = (uint64_t)memory_mib << 20,
+                 .scratch_bytes = (uint64_t)memory_mib << 19},
       .deadline_ms = eph_now_ms() + timeout_s * 1000 + BOOT_GRACE_MS,
       .network = 0,
   };
@@ -210,15 +235,38 @@ eph_cmd_exec(eph_ctx_t *ctx, int argc, char **argv)
   sigaddset(&set, SIGUSR1);
   pthread_sigmask(SIG_BLOCK, &set, &old);
   pthread_t thr;
-  bool have_thread = pthread_create(&thr, NULL, signal_thread, &set) == 0;
+  bool have_thread = false;
 
+  /* The signal thread starts only once the sandbox exists: a backend may clone() its
+   * sandbox's first process, and a child cloned while another thread holds a libc or
+   * sanitizer lock would hang on it. A signal arriving meanwhile stays pending and is
+   * taken by the thread, which then cancels. */
   int status = EXIT_FAILED;
   eph_sbx_t *sbx = NULL;
+  eph_egress_t *egress = NULL;
+  eph_net_policy_t policy = {0};
+  if (web) {
+    eph_egress_options_t eo;
+    if (eph_egress_load_config(&ctx->config, &ctx->host, &eo, &policy, &err) < 0) {
+      eph_error("exec: --web: %s", err.message);
+      goto out;
+    }
+    eo.policy = &policy;
+    eo.announce = log_egress;
+    if (eph_egress_start(&eo, &egress, &err) < 0) {
+      eph_error("exec: --web: %s", err.message);
+      goto out;
+    }
+    spec.network = 1;
+    spec.proxy_url = eph_egress_url(egress);
+    spec.proxy_netns_fd = eph_egress_netns_fd(egress);
+  }
   if (eph_sbx_create(backend, &spec, &sbx, &err) < 0) {
     eph_error("exec: %s", err.message);
     goto out;
   }
   set_current(sbx);
+  have_thread = pthread_create(&thr, NULL, signal_thread, &set) == 0;
 
   eph_exec_request_t req = {
       .struct_size = sizeof req,
@@ -256,6 +304,8 @@ eph_cmd_exec(eph_ctx_t *ctx, int argc, char **argv)
     status = EXIT_FAILED;
   }
 out:
+  eph_egress_stop(egress);
+  eph_net_policy_free(&policy);
   if (have_thread) {
     pthread_kill(thr, SIGUSR1);
     pthread_join(thr, NULL);

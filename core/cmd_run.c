@@ -261,6 +261,11 @@ eph_cmd_run(eph_ctx_t *ctx, int argc, char **argv)
     eph_request_free(&req);
     return 1;
   }
+  /* History older than retention_days goes before a new run is added. */
+  int64_t retention = 30;
+  if (eph_cfg_int(ctx->config.core, "retention_days", 30, &retention, &err) == 0 &&
+      retention > 0 && eph_store_purge(store, (int)retention, &err) < 0)
+    eph_warn("purging runs older than %lld days: %s", (long long)retention, err.message);
 
   /* Signals go to one thread that cancels the run; the run's own threads never see them. */
   sigset_t set;
@@ -285,6 +290,16 @@ eph_cmd_run(eph_ctx_t *ctx, int argc, char **argv)
     eph_store_close(store);
     eph_error("%s", err.message);
     return err.code == EPH_E_INSUFFICIENT ? 4 : (err.code == EINVAL ? 2 : 1);
+  }
+  if (!json) {
+    cleanup_json json_object *head = eph_run_to_json(run, false);
+    json_object *req_obj = NULL, *model = NULL, *be = NULL;
+    json_object_object_get_ex(head, "request", &req_obj);
+    json_object_object_get_ex(req_obj, "model", &model);
+    json_object_object_get_ex(head, "backend", &be);
+    printf("Run %s · %s · %s\n\n", eph_run_id(run), json_object_get_string(model),
+           json_object_get_string(be));
+    fflush(stdout);
   }
   eph_run_observer_t printer = {.on_event = json ? NULL : print_event, .opaque = stdout};
   if (eph_runstore_attach(store, run, &printer, &err) < 0) {

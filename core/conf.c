@@ -47,10 +47,18 @@ const eph_config_key_t eph_core_config_keys[] = {
     {"cli_credit_micros", EPH_CFG_INT, "10000000", "micros",
      "Credit given to cli_org the first time the CLI uses a new state directory."},
     {"pricing", EPH_CFG_GROUP, "(see below)", NULL,
-     "Prices in micros: compute_micros_per_second, web_micros_per_request and a list "
-     "`models` of {name, input_micros_per_mtok, output_micros_per_mtok}."},
-    {"limits", EPH_CFG_GROUP, "(backend defaults)", NULL,
-     "Default sandbox limits of a run: memory_mib, pids, cpu_percent, nofile, scratch_mib."},
+     "Prices in micros: compute_micros_per_second (sandbox time) and a list `models` of "
+     "{name, input_micros_per_mtok, output_micros_per_mtok}. Web requests are priced in the "
+     "tool-web block (price_micros_per_request); sandbox limits in the backend's block."},
+    {"max_inline_files_bytes", EPH_CFG_INT, "16777216", "bytes",
+     "Largest total size of a request's inline files (after base64 decoding)."},
+    {"egress", EPH_CFG_GROUP, "(see below)", NULL,
+     "The sandbox egress proxy of runs granting web: pool (private IPv4 range the "
+     "per-sandbox /30s come from, default \"10.213.0.0/16\"), port (3128), max_connections "
+     "(32 open at once per run), max_bytes (per connection, 67108864), max_connection_ms "
+     "(300000) and idle_ms (30000). Where it may go and what a connection costs are "
+     "tool-web's (allow_domains, deny_domains, allow_private_addresses, allow_loopback, "
+     "price_micros_per_request)."},
     {"server", EPH_CFG_GROUP, "(see ephemerald(8))", NULL,
      "Daemon settings: listen, max_concurrent_runs, max_queued_runs, max_body_bytes, "
      "drain_grace_seconds, idempotency_hours."},

@@ -11,6 +11,7 @@
 
 #include "host.h"
 #include "log.h"
+#include "store.h"
 #include "util.h"
 
 /* Reservations left open by a process that died (kill -9) are settled at the next start:
@@ -37,6 +38,14 @@ settle_abandoned(eph_ctx_t *ctx)
       eph_warn("settling open reservations: %s", e.message);
     else if (n > 0)
       eph_info("settled %d reservation(s) left open by a process that died", n);
+    /* Their runs can never end by themselves now: record them as failed. */
+    cleanup_free char *db = eph_xasprintf("%s/ephemeral.sqlite", ctx->state_dir);
+    eph_store_t *store = NULL;
+    if (n > 0 && eph_store_open(db, NULL, &store, &e) == 0) {
+      if (eph_store_runs_fail_unfinished(store, &e) < 0)
+        eph_warn("marking crashed runs failed: %s", e.message);
+      eph_store_close(store);
+    }
   }
   flock(ctx->live_lock_fd, LOCK_SH);
 }

@@ -55,9 +55,8 @@ eph_paths_init(eph_paths_t *p)
   char build_real[PATH_MAX];
   const char *builddir = realpath(EPH_BUILDDIR, build_real) ? build_real : EPH_BUILDDIR;
   size_t bl = strlen(builddir);
-  /* The build tree: the binary sits in the top build dir (libtool may relink under .libs). */
-  if (strcmp(exe_dir, builddir) == 0 ||
-      (strncmp(exe_dir, builddir, bl) == 0 && strcmp(exe_dir + bl, "/.libs") == 0)) {
+  /* The build tree: the CLI sits in the top build dir, tests and benchmarks below it. */
+  if (strncmp(exe_dir, builddir, bl) == 0 && (exe_dir[bl] == '\0' || exe_dir[bl] == '/')) {
     p->build_tree = true;
     p->config_file = eph_xasprintf("%s/ephemeral.conf", EPH_SRCDIR);
     p->confd_dir = eph_xasprintf("%s/conf.d", EPH_SRCDIR);

@@ -10,6 +10,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "egress.h"
 #include "gate.h"
 #include "log.h"
 #include "sandbox.h"
@@ -21,6 +22,7 @@
 
 struct eph_run {
   pthread_mutex_t lock;
+  pthread_mutex_t emit_lock; /* events reach the observer in seq order, from any thread */
   pthread_cond_t cond;
   eph_ctx_t *ctx;
   char id[40];
@@ -130,6 +132,9 @@ static void
 emit_full(eph_run_t *run, const char *source, const char *kind, const char *text,
           json_object *data, bool content)
 {
+  /* The egress proxy emits from its own threads: without this lock two observers' calls
+   * (store, CLI) could interleave out of seq order. */
+  pthread_mutex_lock(&run->emit_lock);
   pthread_mutex_lock(&run->lock);
   if (run->n_events == run->cap_events) {
     run->cap_events = run->cap_events ? run->cap_events * 2 : 32;
@@ -152,6 +157,7 @@ emit_full(eph_run_t *run, const char *source, const char *kind, const char *text
   pthread_mutex_unlock(&run->lock);
   if (run->obs.on_event)
     run->obs.on_event(run->obs.opaque, run, &copy);
+  pthread_mutex_unlock(&run->emit_lock);
 }
 
 static void
@@ -351,6 +357,7 @@ eph_run_new(eph_ctx_t *ctx, eph_request_t *req, const eph_run_options_t *opt,
   *out = NULL;
   eph_run_t *run = eph_xcalloc(1, sizeof *run);
   pthread_mutex_init(&run->lock, NULL);
+  pthread_mutex_init(&run->emit_lock, NULL);
   pthread_condattr_t ca;
   pthread_condattr_init(&ca);
   pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
@@ -423,6 +430,8 @@ eph_run_new(eph_ctx_t *ctx, eph_request_t *req, const eph_run_options_t *opt,
   if (r < 0)
     goto fail;
   run->reserved = run->req.max_cost_micros;
+  /* t = 0 is the moment the run is queued with its reservation, as on the product page. */
+  run->start_ms = eph_now_ms();
   char budget[32];
   emit(run, "Queued", "reserved", false,
        ({
@@ -930,6 +939,85 @@ end_and_settle(eph_run_t *run)
   notify_update(run);
 }
 
+/* ------------------------------------------------------------------ egress */
+
+static int host_charge(eph_run_t *run, eph_cost_t category, int64_t micros, const char *memo,
+                       eph_error_t *err);
+
+/* What a run with `web` needs for its sandbox's one way out (see egress.h). */
+typedef struct run_egress {
+  eph_run_t *run;
+  eph_egress_t *proxy;
+  eph_net_policy_t policy;
+  int64_t price_micros; /* per connection: tool-web's price_micros_per_request */
+} run_egress_t;
+
+/* Every connection through the proxy: an event, and for an allowed one a web charge
+ * first; a refused charge refuses the connection. */
+static int
+egress_announce(void *opaque, const char *method, const char *target, const char *refusal,
+                eph_error_t *err)
+{
+  run_egress_t *eg = opaque;
+  eph_run_t *run = eg->run;
+  json_object *d = json_object_new_object();
+  json_object_object_add(d, "method", json_object_new_string(method));
+  json_object_object_add(d, "target", json_object_new_string(target));
+  if (!refusal && (atomic_load(&run->cancel) || eph_now_ms() >= run->deadline_ms))
+    refusal = "the run is ending";
+  if (!refusal && eg->price_micros > 0 &&
+      host_charge(run, EPH_COST_WEB, eg->price_micros, "egress connection", err) < 0)
+    refusal = err->message;
+  json_object_object_add(d, "allowed", json_object_new_boolean(!refusal));
+  if (refusal) {
+    json_object_object_add(d, "reason", json_object_new_string(refusal));
+    emit(run, "Web", "egress", true, d, "%s %s · refused: %s", method, target, refusal);
+    return eph_error_set(err, EPH_E_DENIED, "%s", refusal);
+  }
+  json_object_object_add(d, "charged_micros", json_object_new_int64(eg->price_micros));
+  emit(run, "Web", "egress", true, d, "%s %s", method, target);
+  return 0;
+}
+
+/* Starts the run's proxy and points the spec at it. On failure the sandbox gets no network
+ * (fail closed) and the timeline says why. */
+static void
+egress_start(run_egress_t *eg, eph_sandbox_spec_t *spec, const char *source)
+{
+  eph_error_t err = {0};
+  eph_egress_options_t opt;
+  /* The web's price is tool-web's: a connection costs what one web_fetch costs. */
+  const eph_config_block_t *web = eph_config_block(&eg->run->ctx->config, "tool-web");
+  int r = eph_cfg_int(web ? web->setting : NULL, "price_micros_per_request", 1000,
+                      &eg->price_micros, &err);
+  if (r == 0)
+    r = eph_egress_load_config(&eg->run->ctx->config, &eg->run->ctx->host, &opt, &eg->policy,
+                               &err);
+  if (r == 0) {
+    opt.policy = &eg->policy;
+    opt.announce = egress_announce;
+    opt.opaque = eg;
+    r = eph_egress_start(&opt, &eg->proxy, &err);
+  }
+  if (r < 0) {
+    emit(eg->run, source, "egress_error", false, NULL,
+         "web egress could not be set up: %s · the sandbox has no network", err.message);
+    eph_net_policy_free(&eg->policy);
+    return;
+  }
+  spec->network = 1;
+  spec->proxy_url = eph_egress_url(eg->proxy);
+  spec->proxy_netns_fd = eph_egress_netns_fd(eg->proxy);
+}
+
+static void
+egress_stop(run_egress_t *eg)
+{
+  eph_egress_stop(eg->proxy);
+  eg->proxy = NULL;
+  eph_net_policy_free(&eg->policy);
+}
+
 eph_run_status_t
 eph_run_execute(eph_run_t *run)
 {
@@ -958,7 +1046,23 @@ eph_run_execute(eph_run_t *run)
   };
   eph_error_t err = {0};
   eph_sbx_t *sbx = NULL;
-  if (eph_sbx_create(run->backend, &spec, &sbx, &err) < 0) {
+  run_egress_t egress = {.run = run};
+  if (run->req.web)
+    egress_start(&egress, &spec, source);
+  int cr = eph_sbx_create(run->backend, &spec, &sbx, &err);
+  if (cr < 0 && spec.network) {
+    /* Fail closed: a sandbox whose egress rules could not all be applied gets none. */
+    emit(run, source, "egress_error", false, NULL,
+         "web egress could not be set up: %s · the sandbox has no network", err.message);
+    egress_stop(&egress);
+    spec.network = 0;
+    spec.proxy_url = NULL;
+    spec.proxy_netns_fd = -1;
+    err = (eph_error_t){0};
+    cr = eph_sbx_create(run->backend, &spec, &sbx, &err);
+  }
+  if (cr < 0) {
+    egress_stop(&egress);
     if (eph_now_ms() >= run->deadline_ms)
       set_end(run, EPH_RUN_TIMED_OUT, "timeout", err.message);
     else
@@ -974,6 +1078,8 @@ eph_run_execute(eph_run_t *run)
   json_object *rd = json_object_new_object();
   json_object_object_add(rd, "backend", json_object_new_string(run->backend_name));
   json_object_object_add(rd, "scratch", json_object_new_string(eph_sbx_scratch(sbx)));
+  if (spec.network)
+    json_object_object_add(rd, "proxy_url", json_object_new_string(spec.proxy_url));
   emit(run, source, "sandbox_ready", false, rd, "%s ready", noun);
 
   bool ok = true;
@@ -993,9 +1099,6 @@ eph_run_execute(eph_run_t *run)
     collect_outputs(run);
   }
   meter_stop(run);
-  if (check_stop(run) && !run->answer) {
-    /* status already set by check_stop when the loop had not ended otherwise */
-  }
 
   pthread_mutex_lock(&run->lock);
   run->sbx = NULL;
@@ -1013,6 +1116,7 @@ eph_run_execute(eph_run_t *run)
   } else {
     emit(run, source, "sandbox_destroyed", false, dd, "%s destroyed", noun);
   }
+  egress_stop(&egress);
   end_and_settle(run);
   return eph_run_status(run);
 }
@@ -1071,6 +1175,7 @@ eph_run_free(eph_run_t *run)
   free(run->model_call_name);
   free(run->backend_name);
   pthread_mutex_destroy(&run->lock);
+  pthread_mutex_destroy(&run->emit_lock);
   pthread_cond_destroy(&run->cond);
   free(run);
 }

@@ -23,7 +23,31 @@ struct eph_sbx {
   eph_sandbox_t *box;
   eph_guest_t *guest;
   int64_t created_ms;
+  /* With network: HTTP_PROXY.. for every command, so tools that honour the variables
+   * (curl, pip, git, python requests) use the one way out. NULL-terminated, owned. */
+  char *proxy_env[6];
 };
+
+/* The conventional proxy variables, both cases (curl reads only lower-case http_proxy);
+ * NO_PROXY empty: nothing bypasses the proxy (nothing else is reachable anyway). */
+static void
+set_proxy_env(eph_sbx_t *s, const eph_sandbox_spec_t *spec)
+{
+  if (!spec->network || !spec->proxy_url)
+    return;
+  static const char *const names[] = {"HTTP_PROXY", "HTTPS_PROXY", "http_proxy",
+                                      "https_proxy"};
+  for (size_t i = 0; i < 4; i++)
+    s->proxy_env[i] = eph_xasprintf("%s=%s", names[i], spec->proxy_url);
+  s->proxy_env[4] = eph_xstrdup("NO_PROXY=");
+}
+
+static void
+free_proxy_env(eph_sbx_t *s)
+{
+  for (size_t i = 0; s->proxy_env[i]; i++)
+    free(s->proxy_env[i]);
+}
 
 static const eph_backend_ops_t *
 backend_ops(const eph_plugin_slot_t *backend, eph_error_t *err)
@@ -72,11 +96,13 @@ eph_sbx_create(const eph_plugin_slot_t *backend, const eph_sandbox_spec_t *spec,
   s->backend = backend;
   s->ops = ops;
   s->created_ms = eph_now_ms();
+  set_proxy_env(s, spec);
   int fd = -1;
   int r = EPH_WITH_PLUGIN(backend, ops->create(backend->state, spec, &s->box, &fd, err));
   if (r < 0) {
     eph_error_wrap(err, "%s: creating a %s", backend->desc->name,
                    ops->noun ? ops->noun : "sandbox");
+    free_proxy_env(s);
     free(s);
     return r;
   }
@@ -98,6 +124,7 @@ fail:;
   eph_error_t derr = {0};
   if (s->box && backend_destroy(s, NULL, &derr) < 0)
     eph_error("%s", derr.message);
+  free_proxy_env(s);
   free(s);
   return r;
 }
@@ -135,6 +162,29 @@ eph_sbx_exec(eph_sbx_t *s, const eph_exec_request_t *req, eph_exec_result_t *res
 {
   eph_sandbox_report_t before, after;
   bool have_before = backend_stats(s, &before);
+  eph_exec_request_t with_proxy;
+  cleanup_free const char **env = NULL;
+  if (s->proxy_env[0]) {
+    /* A key the request sets itself is left to the request (no duplicate keys). */
+    size_t n = 0;
+    while (req->env && req->env[n])
+      n++;
+    env = eph_xcalloc(n + 6, sizeof *env);
+    size_t k = 0;
+    for (size_t p = 0; s->proxy_env[p]; p++) {
+      size_t klen = (size_t)(strchr(s->proxy_env[p], '=') - s->proxy_env[p]) + 1;
+      bool overridden = false;
+      for (size_t i = 0; i < n; i++)
+        overridden |= strncmp(req->env[i], s->proxy_env[p], klen) == 0;
+      if (!overridden)
+        env[k++] = s->proxy_env[p];
+    }
+    for (size_t i = 0; i < n; i++)
+      env[k + i] = req->env[i];
+    with_proxy = *req;
+    with_proxy.env = env;
+    req = &with_proxy;
+  }
   int r = eph_guest_exec(s->guest, req, result, err);
   if (r < 0)
     return r;
@@ -193,6 +243,7 @@ eph_sbx_destroy(eph_sbx_t *s, eph_sandbox_report_t *report, eph_error_t *err)
   int r = backend_destroy(s, report, err);
   if (report && report->lifetime_ms == 0)
     report->lifetime_ms = eph_now_ms() - s->created_ms;
+  free_proxy_env(s);
   free(s);
   return r;
 }

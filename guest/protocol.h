@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include <json-c/json.h>
+#include <openssl/evp.h>
 
 /* Protocol version announced in the guest's hello; the client refuses another one. */
 #define EPH_PROTO_VERSION 1
@@ -49,75 +50,39 @@ eph_b64_encoded_bytes(size_t n)
 }
 
 /* Encodes n bytes of in into out, which must hold eph_b64_encoded_bytes(n) + 1 bytes;
- * out is NUL-terminated. Returns the text length. */
+ * out is NUL-terminated. Returns the text length. OpenSSL's codec does the work. */
 static inline size_t
 eph_b64_encode(const void *in, size_t n, char *out)
 {
-  static const char tab[] =
-      "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-  const unsigned char *p = in;
-  size_t o = 0, i = 0;
-  for (; i + 3 <= n; i += 3) {
-    uint32_t v = (uint32_t)p[i] << 16 | (uint32_t)p[i + 1] << 8 | p[i + 2];
-    out[o++] = tab[v >> 18];
-    out[o++] = tab[(v >> 12) & 63];
-    out[o++] = tab[(v >> 6) & 63];
-    out[o++] = tab[v & 63];
-  }
-  if (i < n) {
-    uint32_t v = (uint32_t)p[i] << 16 | (i + 1 < n ? (uint32_t)p[i + 1] << 8 : 0);
-    out[o++] = tab[v >> 18];
-    out[o++] = tab[(v >> 12) & 63];
-    out[o++] = i + 1 < n ? tab[(v >> 6) & 63] : '=';
-    out[o++] = '=';
-  }
-  out[o] = '\0';
-  return o;
+  int len = EVP_EncodeBlock((unsigned char *)out, in, (int)n);
+  out[len] = '\0';
+  return (size_t)len;
 }
 
 /* Decodes len bytes of padded base64 text into out (at least len / 4 * 3 bytes).
  * Strict: a length not a multiple of 4, a character outside the alphabet or misplaced
- * padding is refused. Returns the decoded byte count, or -EINVAL. */
+ * padding is refused (EVP_DecodeBlock alone would skip blanks). Returns the decoded byte
+ * count, or -EINVAL. */
 static inline ssize_t
 eph_b64_decode(const char *in, size_t len, void *out)
 {
-  unsigned char *q = out;
-  size_t o = 0;
-  if (len % 4 != 0)
+  if (len % 4 != 0 || len > (size_t)INT32_MAX)
     return -EINVAL;
-  for (size_t i = 0; i < len; i += 4) {
-    uint32_t v = 0;
-    int pad = 0;
-    for (int k = 0; k < 4; k++) {
-      unsigned char c = (unsigned char)in[i + k];
-      int d;
-      if (c >= 'A' && c <= 'Z')
-        d = c - 'A';
-      else if (c >= 'a' && c <= 'z')
-        d = c - 'a' + 26;
-      else if (c >= '0' && c <= '9')
-        d = c - '0' + 52;
-      else if (c == '+')
-        d = 62;
-      else if (c == '/')
-        d = 63;
-      else if (c == '=' && k >= 2 && i + 4 == len)
-        d = -1;
-      else
-        return -EINVAL;
-      if (d < 0)
-        pad++;
-      else if (pad) /* data after padding */
-        return -EINVAL;
-      v = v << 6 | (uint32_t)(d < 0 ? 0 : d);
-    }
-    q[o++] = (unsigned char)(v >> 16);
-    if (pad < 2)
-      q[o++] = (unsigned char)(v >> 8);
-    if (pad < 1)
-      q[o++] = (unsigned char)v;
+  size_t pad = 0;
+  for (size_t i = 0; i < len; i++) {
+    char c = in[i];
+    if (c == '=' && i + 2 >= len && (i + 1 == len || in[i + 1] == '='))
+      pad++;
+    else if (!((c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
+               c == '+' || c == '/'))
+      return -EINVAL;
   }
-  return (ssize_t)o;
+  if (len == 0)
+    return 0;
+  int n = EVP_DecodeBlock(out, (const unsigned char *)in, (int)len);
+  if (n < 0)
+    return -EINVAL;
+  return (ssize_t)n - (ssize_t)pad; /* EVP_DecodeBlock counts padding as zero bytes */
 }
 
 /* Adds key = base64(data) to obj. Returns 0 or -ENOMEM. */

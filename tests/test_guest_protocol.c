@@ -10,6 +10,10 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include <fcntl.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <dirent.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -24,6 +28,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <dlfcn.h>
+#include <libconfig.h>
+
+#include "conf.h"
 #include "guest_client.h"
 #include "protocol.h"
 #include "util.h"
@@ -62,6 +70,9 @@ spawn_guest(guest_proc_t *gp)
     skip();
   int sv[2];
   assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+  /* Opened before the child mounts a fresh /tmp: the build tree may live under /tmp. */
+  int gfd = open(guest_path, O_PATH | O_CLOEXEC);
+  assert_true(gfd >= 0);
   pid_t pid = fork();
   assert_true(pid >= 0);
   if (pid == 0) {
@@ -75,7 +86,8 @@ spawn_guest(guest_proc_t *gp)
         _exit(91);
       if (dup2(sv[1], 3) < 0)
         _exit(92);
-      execl(guest_path, "ephemeral-guest", "--fd", "3", (char *)NULL);
+      char *const argv[] = {"ephemeral-guest", "--fd", "3", NULL};
+      syscall(SYS_execveat, gfd, "", argv, environ, AT_EMPTY_PATH);
       _exit(93);
     }
     close(sv[0]);
@@ -86,6 +98,7 @@ spawn_guest(guest_proc_t *gp)
     _exit(WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st));
   }
   close(sv[1]);
+  close(gfd);
   gp->pid = pid;
   gp->fd = sv[0];
   gp->g = NULL;
@@ -687,6 +700,145 @@ test_capture(void **state)
   free(s);
 }
 
+/* ---------------------------------------------------------------- the shell tool */
+
+/* A fake core for the tool-shell plugin: its sandbox_exec reaches a real guest. */
+static eph_guest_t *tool_guest;
+
+static int
+fake_sandbox_exec(eph_run_t *run, const eph_exec_request_t *req, eph_exec_result_t *result,
+                  eph_error_t *err)
+{
+  (void)run;
+  return eph_guest_exec(tool_guest, req, result, err);
+}
+
+static json_object *
+tool_call(const eph_plugin_t *p, void *st, const char *args_json, int64_t deadline_ms)
+{
+  const eph_tool_ops_t *ops = p->ops;
+  json_object *args = json_tokener_parse(args_json);
+  assert_non_null(args);
+  eph_tool_call_t call = {.struct_size = sizeof call, .run_id = "run_test", .tool = "shell",
+                          .args = args, .deadline_ms = deadline_ms};
+  json_object *result = NULL;
+  eph_error_t err = {0};
+  int r = ops->call(st, &call, &result, &err);
+  json_object_put(args);
+  if (r < 0)
+    fail_msg("shell call: %s", err.message);
+  return result;
+}
+
+static const char *
+jstr(json_object *o, const char *key)
+{
+  json_object *v;
+  return json_object_object_get_ex(o, key, &v) ? json_object_get_string(v) : NULL;
+}
+
+static int64_t
+jint(json_object *o, const char *key)
+{
+  json_object *v;
+  return json_object_object_get_ex(o, key, &v) ? json_object_get_int64(v) : -999;
+}
+
+static void
+test_shell_tool(void **state)
+{
+  (void)state;
+  const char *b = getenv("EPH_BUILDDIR");
+  char so[4096];
+  snprintf(so, sizeof so, "%s/plugins/.libs/tool-shell.so", b ? b : EPH_BUILDDIR);
+  void *h = dlopen(so, RTLD_NOW | RTLD_LOCAL);
+  if (!h)
+    skip(); /* built with --disable-tool-shell */
+  const eph_plugin_t *p = dlsym(h, EPH_PLUGIN_SYMBOL);
+  assert_non_null(p);
+  assert_string_equal(p->name, "tool-shell");
+  assert_int_equal(p->kind, EPH_KIND_TOOL);
+  const eph_tool_ops_t *ops = p->ops;
+  assert_int_equal(ops->n_tools, 1);
+  assert_string_equal(ops->tools[0].name, "shell");
+  assert_int_equal(ops->tools[0].permission, EPH_PERM_SHELL);
+  json_object *schema = json_tokener_parse(ops->tools[0].parameters_json);
+  assert_non_null(schema);
+  json_object_put(schema);
+
+  guest_proc_t gp;
+  start_guest(&gp);
+  tool_guest = gp.g;
+  eph_host_t host = {.struct_size = sizeof host, .abi_major = EPH_ABI_MAJOR,
+                     .abi_minor = EPH_ABI_MINOR, .cfg_int = eph_cfg_int,
+                     .cfg_bool = eph_cfg_bool, .cfg_string = eph_cfg_string,
+                     .sandbox_exec = fake_sandbox_exec,
+                     .exec_result_clear = eph_exec_result_clear};
+  config_t cfg;
+  config_init(&cfg);
+  assert_int_equal(config_read_string(&cfg, "tool-shell: { output_cap_bytes = 100; "
+                                            "max_timeout_seconds = 2; default_timeout_seconds = 2; };"), CONFIG_TRUE);
+  void *st = NULL;
+  eph_error_t err = {0};
+  assert_int_equal(p->init(&host, config_lookup(&cfg, "tool-shell"), &st, &err), 0);
+
+  json_object *r = tool_call(p, st, "{\"command\":\"echo hi; echo err >&2; exit 2\"}", 0);
+  assert_int_equal(jint(r, "exit_code"), 2);
+  assert_string_equal(jstr(r, "stdout"), "hi\n");
+  assert_string_equal(jstr(r, "stderr"), "err\n");
+  assert_string_equal(jstr(r, "reason"), "exited");
+  assert_string_equal(jstr(r, "stdout_truncated"), "false");
+  assert_true(jint(r, "duration_ms") >= 0);
+  assert_int_equal(jint(r, "signal"), -999);
+  json_object_put(r);
+
+  /* The configured cap: head and tail of 50 bytes each, the middle replaced. */
+  r = tool_call(p, st, "{\"command\":\"seq 1 10000\"}", 0);
+  assert_string_equal(jstr(r, "stdout_truncated"), "true");
+  assert_non_null(strstr(jstr(r, "stdout"), "bytes dropped ...]"));
+  assert_memory_equal(jstr(r, "stdout"), "1\n2\n3\n", 6);
+  const char *out = jstr(r, "stdout");
+  assert_string_equal(out + strlen(out) - 6, "10000\n");
+  json_object_put(r);
+
+  /* A timeout above max_timeout_seconds (2) is lowered to it. */
+  int64_t t0 = eph_now_ms();
+  r = tool_call(p, st, "{\"command\":\"sleep 20\",\"timeout_seconds\":100}", 0);
+  assert_string_equal(jstr(r, "reason"), "timeout");
+  assert_int_equal(jint(r, "signal"), SIGKILL);
+  assert_int_equal(jint(r, "exit_code"), 128 + SIGKILL);
+  assert_true(eph_now_ms() - t0 < 6000);
+  json_object_put(r);
+
+  /* The run deadline cuts a command short too. */
+  t0 = eph_now_ms();
+  r = tool_call(p, st, "{\"command\":\"sleep 20\"}", t0 + 400);
+  assert_string_equal(jstr(r, "reason"), "timeout");
+  json_object_put(r);
+  r = tool_call(p, st, "{\"command\":\"true\"}", eph_now_ms() - 1);
+  assert_non_null(jstr(r, "error"));
+  json_object_put(r);
+
+  /* Bytes that are not UTF-8 reach the model as U+FFFD, so the result is valid JSON. */
+  r = tool_call(p, st, "{\"command\":\"printf 'a\\\\377b\\\\000c'\"}", 0);
+  assert_string_equal(jstr(r, "stdout"), "a\xef\xbf\xbd" "b\xef\xbf\xbd" "c");
+  json_object_put(r);
+
+  /* Bad arguments are answers for the model, not tool failures. */
+  r = tool_call(p, st, "{}", 0);
+  assert_non_null(strstr(jstr(r, "error"), "command"));
+  json_object_put(r);
+  r = tool_call(p, st, "{\"command\":\"true\",\"timeout_seconds\":\"soon\"}", 0);
+  assert_non_null(strstr(jstr(r, "error"), "timeout_seconds"));
+  json_object_put(r);
+
+  p->fini(st);
+  config_destroy(&cfg);
+  stop_guest(&gp);
+  tool_guest = NULL;
+  dlclose(h);
+}
+
 int
 main(void)
 {
@@ -702,6 +854,7 @@ main(void)
       cmocka_unit_test(test_background_killed_at_shutdown),
       cmocka_unit_test(test_kill_and_disk_full),
       cmocka_unit_test(test_garbage_and_oversized_frames),
+      cmocka_unit_test(test_shell_tool),
   };
   return cmocka_run_group_tests(tests, setup_all, NULL);
 }

@@ -105,6 +105,8 @@ struct eph_sandbox {
   int64_t created_ms;
   int64_t deadline_ms;
   bool deadline_hit;
+  char veth[16];    /* the egress veth pair's end in the proxy's netns, or "" */
+  int proxy_ns_fd;  /* the proxy's netns (dup of spec->proxy_netns_fd), or -1 */
 };
 
 typedef struct jail {
@@ -521,6 +523,10 @@ check_limits(const jail_t *j, const eph_sandbox_limits_t *in, jail_limits_t *out
   if (out->pids < 2 || out->nofile < 16)
     return eph_error_set(err, EINVAL, "limits.pids %u / limits.nofile %u: the guest needs at "
                          "least 2 processes and 16 files", out->pids, out->nofile);
+  /* A request that lowers memory without naming scratch gets half its memory as scratch
+   * rather than a refusal; one that names both must keep scratch below memory. */
+  if (!in->scratch_bytes && out->scratch_bytes >= out->memory_bytes)
+    out->scratch_bytes = out->memory_bytes / 2;
   if (out->scratch_bytes >= out->memory_bytes)
     return eph_error_set(err, EINVAL, "limits.scratch_bytes %" PRIu64 " must be below "
                          "limits.memory_bytes %" PRIu64 " (tmpfs pages count as memory)",
@@ -555,18 +561,22 @@ write_proc(pid_t pid, const char *file, const char *text, eph_error_t *err)
   return 0;
 }
 
-/* TODO(egress): spec->network == 1 grants one route to spec->proxy_url. The egress work
- * plugs in here (a veth pair or a forwarded unix socket into the sandbox's netns, set up
- * between clone and "go"); until then a grant is refused so no sandbox gets more than lo. */
+/* spec->network == 1 grants one route to spec->proxy_url: checked here, before anything
+ * is made; the veth pair itself is built by jail_veth_setup() between the uid maps and
+ * "go" (veth.c). */
 static int
 jail_network_grant(jail_t *j, const eph_sandbox_spec_t *spec, eph_error_t *err)
 {
   (void)j;
+  uint32_t proxy;
+  uint16_t port;
   if (!spec->network)
     return 0;
-  return eph_error_set(err, ENOTSUP, "backend-jail: network grant (proxy %s) is not "
-                       "implemented yet; only loopback is available",
-                       spec->proxy_url ? spec->proxy_url : "(none)");
+  if (spec->struct_size < offsetof(eph_sandbox_spec_t, proxy_netns_fd) + sizeof(int) ||
+      spec->proxy_netns_fd < 0)
+    return eph_error_set(err, EINVAL, "network grant without the proxy's network namespace "
+                         "(proxy_netns_fd): refused, the host's own netns is never used");
+  return jail_veth_parse_url(spec->proxy_url, &proxy, &port, err);
 }
 
 static void
@@ -605,6 +615,12 @@ jail_create(void *state, const eph_sandbox_spec_t *spec, eph_sandbox_t **out, in
     return eph_error_set(err, ENOMEM, "sandbox %s: out of memory", spec->run_id);
   snprintf(sb->run_id, sizeof sb->run_id, "%s", spec->run_id);
   sb->pidfd = -1;
+  sb->proxy_ns_fd = -1;
+  if (spec->network && (sb->proxy_ns_fd = fcntl(spec->proxy_netns_fd, F_DUPFD_CLOEXEC, 0)) < 0) {
+    int e = errno;
+    free(sb);
+    return eph_error_set(err, e, "sandbox %s: proxy_netns_fd: %s", spec->run_id, strerror(e));
+  }
   sb->created_ms = start;
   sb->deadline_ms = spec->deadline_ms;
 
@@ -613,6 +629,8 @@ jail_create(void *state, const eph_sandbox_spec_t *spec, eph_sandbox_t **out, in
   int r;
   sb->slot = claim_slot(j, sb->run_id, err);
   if (sb->slot < 0) {
+    if (sb->proxy_ns_fd >= 0)
+      close(sb->proxy_ns_fd);
     free(sb);
     return -err->code;
   }
@@ -667,6 +685,12 @@ jail_create(void *state, const eph_sandbox_spec_t *spec, eph_sandbox_t **out, in
       (r = jail_cg_attach(&j->cg, sb->run_id, sb->pid, err)) < 0) {
     goto fail;
   }
+  if (spec->network &&
+      (r = jail_veth_setup(sb->slot, sb->pid, spec->proxy_url, sb->proxy_ns_fd, sb->veth,
+                           err)) < 0) {
+    eph_error_wrap(err, "sandbox %s: egress network", sb->run_id);
+    goto fail;
+  }
   if (send(go[1], "g", 1, MSG_NOSIGNAL) != 1) {
     r = eph_error_set(err, errno, "sandbox %s: waking the child: %s", sb->run_id,
                       strerror(errno));
@@ -715,6 +739,9 @@ jail_create(void *state, const eph_sandbox_spec_t *spec, eph_sandbox_t **out, in
 fail:
   if (sb->pid > 0)
     reap_child(sb->pid, sb->pidfd);
+  jail_veth_remove(sb->proxy_ns_fd, sb->veth);
+  if (sb->proxy_ns_fd >= 0)
+    close(sb->proxy_ns_fd);
   if (cg_made) {
     jail_cg_kill_all(&j->cg, sb->run_id, 1000);
     jail_cg_remove(&j->cg, sb->run_id, 1000);
@@ -730,6 +757,8 @@ fail:
   }
   if (sb->pidfd >= 0)
     close(sb->pidfd);
+  if (sb->proxy_ns_fd >= 0)
+    close(sb->proxy_ns_fd);
   free(sb);
   return r;
 }
@@ -770,13 +799,13 @@ jail_destroy(void *state, eph_sandbox_t *sb, eph_sandbox_report_t *report, eph_e
     return 0;
   unwatch(j, sb);
 
-  /* 1. Kill: init of the pid namespace (the kernel kills the rest), then the cgroup. */
+  /* 1. Kill init of the pid namespace: the kernel kills the rest, and init's exit completes
+   * only after every process of its namespace is gone (the pidfd turns readable then).
+   * 2. SIGKILL whatever the cgroup still lists (normally nothing by now), reap init. */
   syscall(SYS_pidfd_send_signal, sb->pidfd, SIGKILL, NULL, 0);
-  int listed = jail_cg_kill_all(&j->cg, sb->run_id, 2000);
-
-  /* 2. Reap init. Its exit completes only after every process of its namespace is gone. */
   struct pollfd pf = {.fd = sb->pidfd, .events = POLLIN};
   bool init_gone = poll(&pf, 1, 5000) > 0;
+  int listed = jail_cg_kill_all(&j->cg, sb->run_id, 2000);
   siginfo_t si;
   memset(&si, 0, sizeof si);
   if (init_gone)
@@ -787,7 +816,10 @@ jail_destroy(void *state, eph_sandbox_t *sb, eph_sandbox_report_t *report, eph_e
   eph_error_t cerr = {0};
   (void)jail_cg_counters(&j->cg, sb->run_id, &c, &cerr);
 
-  /* 4. Remove the groups and the slot record. */
+  /* 4. Remove the egress veth (the netns takes it along, but asynchronously: the slot's
+   * name must be free before the slot is), the groups and the slot record. */
+  jail_veth_remove(sb->proxy_ns_fd, sb->veth);
+  int veth_left = jail_veth_exists(sb->proxy_ns_fd, sb->veth) ? 1 : 0;
   int groups_left = jail_cg_remove(&j->cg, sb->run_id, 1000);
   if (groups_left == 0)
     release_slot(j, sb->slot);
@@ -795,7 +827,7 @@ jail_destroy(void *state, eph_sandbox_t *sb, eph_sandbox_report_t *report, eph_e
   /* 5. Check, then report. */
   eph_sandbox_report_t rep = {.struct_size = sizeof rep};
   rep.processes_left = jail_cg_count(&j->cg, sb->run_id) + (init_gone ? 0 : 1);
-  rep.files_left = groups_left + (slot_record_exists(j, sb->slot) ? 1 : 0);
+  rep.files_left = groups_left + veth_left + (slot_record_exists(j, sb->slot) ? 1 : 0);
   rep.lifetime_ms = eph_now_ms() - sb->created_ms;
   rep.memory_peak_bytes = c.memory_peak_bytes;
   rep.oom_kills = c.oom_kills;
@@ -811,6 +843,8 @@ jail_destroy(void *state, eph_sandbox_t *sb, eph_sandbox_report_t *report, eph_e
                       "destroy (%d listed at kill time)", sb->run_id, rep.processes_left,
                       rep.files_left, listed);
   close(sb->pidfd);
+  if (sb->proxy_ns_fd >= 0)
+    close(sb->proxy_ns_fd);
   free(sb);
   return r;
 }

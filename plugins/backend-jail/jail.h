@@ -79,6 +79,21 @@ int jail_cg_remove(jail_cgroups_t *cg, const char *name, int timeout_ms);
 /* Calls fn for every run group found under the parent(s) (deduplicated by name). */
 int jail_cg_list(jail_cgroups_t *cg, void (*fn)(void *opaque, const char *name), void *opaque);
 
+/* ------------------------------------------------------------ egress (veth.c) */
+
+/* "http://A.B.C.D:PORT" with A.B.C.D the first host of a /30 (host order out). */
+int jail_veth_parse_url(const char *url, uint32_t *proxy, uint16_t *port, eph_error_t *err);
+/* The veth pair of a sandbox whose run grants web, between the sandbox's netns (of pid)
+ * and the proxy's (see veth.c for every rule). Called after the uid maps, before "go". On
+ * success host_if (IFNAMSIZ bytes) names the end in the proxy's netns; on failure nothing
+ * of the pair is left and host_if is "". */
+int jail_veth_setup(int slot, pid_t pid, const char *proxy_url, int proxy_ns_fd,
+                    char *host_if, eph_error_t *err);
+/* Deletes the pair by its end in the proxy's netns (no-op when already gone); exists: true
+ * while it is still there. */
+void jail_veth_remove(int proxy_ns_fd, const char *host_if);
+bool jail_veth_exists(int proxy_ns_fd, const char *host_if);
+
 /* ------------------------------------------------------------ set-up plan (setup.c) */
 
 /* One step of building the new root, precomputed at init so the cloned child only does

@@ -481,8 +481,8 @@ jail_child_main(const jail_child_args_t *args)
   mount_tmpfs(a, "/dev/shm", "1777", p->shm_bytes, MS_NOSUID | MS_NODEV | MS_NOEXEC);
   mount_tmpfs(a, "/tmp", "1777", a->scratch_bytes, MS_NOSUID | MS_NODEV);
 
-  /* 8. Network: loopback only. TODO(egress): when a->network is set, the egress work adds
-   * the one route to the proxy here (see jail_network_grant() in jail.c). */
+  /* 8. Network: loopback up. When the run grants web, the parent has already put eth0 with
+   * its one route to the proxy in this netns (veth.c), before "go". */
   loopback_up(a);
   if (sethostname(p->hostname, strlen(p->hostname)) < 0)
     die(a, "sethostname", p->hostname);

@@ -1,6 +1,6 @@
 /* Small helpers shared by the host-side tool plugins (tool-web, tool-connection, tool-file).
- * Plugins do not link the core, so they carry their own cleanup macros and a strict
- * RFC 4648 base64 codec (json-c, libcurl and libxml2 expose none). Header-only, all static. */
+ * Plugins do not link the core, so they carry their own cleanup macros and thin wrappers of
+ * OpenSSL's base64 codec. Header-only, all static. */
 #ifndef EPH_PLUGIN_UTIL_H
 #define EPH_PLUGIN_UTIL_H
 
@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <json-c/json.h>
+#include <openssl/evp.h>
 
 static inline void
 pu_freep(void *p)
@@ -47,90 +48,63 @@ pu_error_result(const char *msg)
   return o;
 }
 
-/* Base64 (RFC 4648 section 4, with padding). Returns a NUL-terminated heap string owned by
- * the caller, or NULL on out-of-memory. *out_len (optional) gets its length. */
+/* Base64 (RFC 4648 section 4, with padding) through OpenSSL's codec. Returns a
+ * NUL-terminated heap string owned by the caller, or NULL on out-of-memory. *out_len
+ * (optional) gets its length. */
 static inline char *
 pu_b64_encode(const void *data, size_t n, size_t *out_len)
 {
-  static const char tab[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-  const unsigned char *p = data;
-  size_t len = 4 * ((n + 2) / 3);
-  char *o = malloc(len + 1), *w = o;
+  if (n > (size_t)INT32_MAX / 4 * 3)
+    return NULL;
+  char *o = malloc(4 * ((n + 2) / 3) + 1);
   if (!o)
     return NULL;
-  for (size_t i = 0; i < n; i += 3) {
-    uint32_t v = (uint32_t)p[i] << 16;
-    if (i + 1 < n)
-      v |= (uint32_t)p[i + 1] << 8;
-    if (i + 2 < n)
-      v |= p[i + 2];
-    *w++ = tab[(v >> 18) & 63];
-    *w++ = tab[(v >> 12) & 63];
-    *w++ = i + 1 < n ? tab[(v >> 6) & 63] : '=';
-    *w++ = i + 2 < n ? tab[v & 63] : '=';
-  }
-  *w = 0;
+  int len = EVP_EncodeBlock((unsigned char *)o, data, (int)n);
+  o[len] = 0;
   if (out_len)
-    *out_len = len;
+    *out_len = (size_t)len;
   return o;
 }
 
-static inline int
-pu_b64_value(unsigned char c)
-{
-  if (c >= 'A' && c <= 'Z')
-    return c - 'A';
-  if (c >= 'a' && c <= 'z')
-    return c - 'a' + 26;
-  if (c >= '0' && c <= '9')
-    return c - '0' + 52;
-  if (c == '+')
-    return 62;
-  if (c == '/')
-    return 63;
-  return -1;
-}
-
-/* Strict decoding: length a multiple of 4, padding only at the end, no whitespace, no
- * stray bits. Returns 0 and a heap buffer (*out, owned by the caller, NUL-terminated for
- * convenience) of *out_len bytes, or -1 when the text is not canonical base64. */
+/* Strict decoding: length a multiple of 4, only the alphabet, padding only at the end, no
+ * whitespace (EVP_DecodeBlock alone would skip blanks), and canonical: re-encoding gives
+ * the same text. Returns 0 and a heap buffer (*out, owned by the caller, NUL-terminated
+ * for convenience) of *out_len bytes, or -1 when the text is not canonical base64. */
 static inline int
 pu_b64_decode(const char *s, size_t n, unsigned char **out, size_t *out_len)
 {
-  if (n % 4)
+  if (n % 4 || n > (size_t)INT32_MAX)
     return -1;
+  size_t pad = 0;
+  for (size_t i = 0; i < n; i++) {
+    char c = s[i];
+    int alpha = (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
+                c == '+' || c == '/';
+    if (c == '=' && i + 2 >= n && (i + 1 == n || s[i + 1] == '='))
+      pad++;
+    else if (!alpha)
+      return -1;
+  }
   unsigned char *o = malloc(n / 4 * 3 + 1);
-  size_t w = 0;
   if (!o)
     return -1;
-  for (size_t i = 0; i < n; i += 4) {
-    int v[4], pad = 0;
-    for (int k = 0; k < 4; k++) {
-      unsigned char c = (unsigned char)s[i + k];
-      if (c == '=' && i + 4 == n && k >= 2) {
-        pad++;
-        v[k] = 0;
-        continue;
-      }
-      if (pad || (v[k] = pu_b64_value(c)) < 0)
-        goto bad;
-    }
-    uint32_t x = (uint32_t)v[0] << 18 | (uint32_t)v[1] << 12 | (uint32_t)v[2] << 6 | (uint32_t)v[3];
-    if ((pad == 1 && (x & 0xff)) || (pad == 2 && (x & 0xffff)))
-      goto bad; /* non-zero bits under the padding: not canonical */
-    o[w++] = (unsigned char)(x >> 16);
-    if (pad < 2)
-      o[w++] = (unsigned char)(x >> 8);
-    if (pad < 1)
-      o[w++] = (unsigned char)x;
+  int len = n ? EVP_DecodeBlock(o, (const unsigned char *)s, (int)n) : 0;
+  if (len < 0) {
+    free(o);
+    return -1;
   }
-  o[w] = 0;
+  len -= (int)pad; /* EVP_DecodeBlock counts padding as zero bytes */
+  char *again = pu_b64_encode(o, (size_t)len, NULL);
+  int canonical = again && strncmp(again, s, n) == 0 && strlen(again) == n;
+  free(again);
+  if (!canonical) {
+    free(o);
+    return -1;
+  }
+  o[len] = 0;
   *out = o;
-  *out_len = w;
+  *out_len = (size_t)len;
   return 0;
-bad:
-  free(o);
-  return -1;
 }
 
 /* True when the n bytes are valid UTF-8 without NUL (safe to hand over as a JSON string). */
