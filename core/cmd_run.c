@@ -286,14 +286,7 @@ eph_cmd_run(eph_ctx_t *ctx, int argc, char **argv)
     eph_error("%s", err.message);
     return err.code == EPH_E_INSUFFICIENT ? 4 : (err.code == EINVAL ? 2 : 1);
   }
-  eph_run_observer_t printer = {.on_event = json ? NULL : print_event, .opaque = stdout};
-  if (eph_runstore_attach(store, run, &printer, &err) < 0) {
-    eph_error("%s", err.message);
-    eph_run_abandon(run, "host_error");
-    eph_run_free(run);
-    eph_store_close(store);
-    return 1;
-  }
+  /* Before attaching: attaching replays the events so far (Queued) to the printer. */
   if (!json) {
     cleanup_json json_object *head = eph_run_to_json(run, false);
     json_object *req_obj = NULL, *model = NULL, *be = NULL;
@@ -303,6 +296,14 @@ eph_cmd_run(eph_ctx_t *ctx, int argc, char **argv)
     printf("Run %s · %s · %s\n\n", eph_run_id(run), json_object_get_string(model),
            json_object_get_string(be));
     fflush(stdout);
+  }
+  eph_run_observer_t printer = {.on_event = json ? NULL : print_event, .opaque = stdout};
+  if (eph_runstore_attach(store, run, &printer, &err) < 0) {
+    eph_error("%s", err.message);
+    eph_run_abandon(run, "host_error");
+    eph_run_free(run);
+    eph_store_close(store);
+    return 1;
   }
   current_run = run;
   eph_run_status_t status = eph_run_execute(run);
@@ -314,8 +315,8 @@ eph_cmd_run(eph_ctx_t *ctx, int argc, char **argv)
   else
     print_summary(stdout, obj);
   json_object_put(obj);
-  eph_run_free(run);
   eph_runstore_detach(run);
+  eph_run_free(run);
   eph_store_close(store);
   return eph_run_status_exit_code(status);
 }
