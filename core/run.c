@@ -365,6 +365,52 @@ price_for_model(eph_run_t *run, eph_error_t *err)
   return 0;
 }
 
+/* True when a loaded tool plugin offers a tool of permission row p. */
+static bool
+tool_loaded_for(const eph_ctx_t *ctx, eph_permission_t p)
+{
+  for (size_t i = 0; i < ctx->plugins.n; i++) {
+    const eph_plugin_slot_t *s = &ctx->plugins.slots[i];
+    if (s->desc->kind != EPH_KIND_TOOL)
+      continue;
+    const eph_tool_ops_t *ops = s->desc->ops;
+    if (!EPH_OPS_HAS(ops, eph_tool_ops_t, call))
+      continue;
+    for (size_t j = 0; j < ops->n_tools; j++)
+      if (ops->tools[j].permission == p)
+        return true;
+  }
+  return false;
+}
+
+/* A granted row no loaded plugin serves (its plugin disabled or refused at load) would
+ * reserve, boot, report "shell on" and then deny every call as an unknown tool: refused
+ * before anything is reserved instead. */
+static int
+check_grants_served(const eph_ctx_t *ctx, const eph_gate_t *g, eph_error_t *err)
+{
+  static const struct {
+    eph_permission_t p;
+    const char *field, *plugin;
+  } rows[] = {
+      {EPH_PERM_SHELL, "shell", "tool-shell"},
+      {EPH_PERM_WEB, "web", "tool-web"},
+      {EPH_PERM_FILES, "files", "tool-file"},
+      {EPH_PERM_CONNECTIONS, "connections", "tool-connection"},
+  };
+  for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+    bool granted = rows[i].p == EPH_PERM_SHELL ? g->shell
+                   : rows[i].p == EPH_PERM_WEB  ? g->web
+                   : rows[i].p == EPH_PERM_FILES ? g->files
+                                                 : g->n_connections > 0;
+    if (granted && !tool_loaded_for(ctx, rows[i].p))
+      return eph_error_set(err, EINVAL, "field '%s': granted, but no loaded plugin provides "
+                           "it (is %s enabled and loading? see `ephemeral plugins`)",
+                           rows[i].field, rows[i].plugin);
+  }
+  return 0;
+}
+
 int
 eph_run_new(eph_ctx_t *ctx, eph_request_t *req, const eph_run_options_t *opt,
             eph_run_t **out, eph_error_t *err)
@@ -430,6 +476,8 @@ eph_run_new(eph_ctx_t *ctx, eph_request_t *req, const eph_run_options_t *opt,
   if ((r = price_for_model(run, err)) < 0)
     goto fail;
   eph_gate_init(&run->gate, &run->req, ctx);
+  if ((r = check_grants_served(ctx, &run->gate, err)) < 0)
+    goto fail;
   if (opt->record_path) {
     run->record = fopen(opt->record_path, "a");
     if (!run->record) {
