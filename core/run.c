@@ -9,6 +9,9 @@
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
 
 #include "egress.h"
 #include "gate.h"
@@ -65,6 +68,9 @@ struct eph_run {
   char *answer;
   json_object *output_files;
   FILE *record;
+
+  int owner_fd;    /* flock held on lock_path while the reservation may be open */
+  char *lock_path; /* <state_dir>/runs/<id>.lock */
 };
 
 
@@ -411,6 +417,46 @@ check_grants_served(const eph_ctx_t *ctx, const eph_gate_t *g, eph_error_t *err)
   return 0;
 }
 
+/* Marks this run as owned by a live process: an exclusive flock on <state_dir>/runs/<id>.lock,
+ * taken before the reservation and dropped after settle, so a process that finds the file
+ * lockable knows the owner died and settles the reservation (context.c). The lock is taken on
+ * a private name first and renamed into place, so the file is never seen unlocked. */
+static int
+take_owner_lock(eph_run_t *run, eph_error_t *err)
+{
+  cleanup_free char *dir = eph_xasprintf("%s/runs", run->ctx->state_dir);
+  int r = eph_mkdir_p(dir, 0700, err);
+  if (r < 0)
+    return r;
+  cleanup_free char *tmp = eph_xasprintf("%s/.%s.%d", dir, run->id, (int)getpid());
+  int fd = open(tmp, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (fd < 0)
+    return eph_error_set(err, errno, "%s: %s", tmp, strerror(errno));
+  run->lock_path = eph_xasprintf("%s/%s.lock", dir, run->id);
+  if (flock(fd, LOCK_EX) < 0 || rename(tmp, run->lock_path) < 0) {
+    r = eph_error_set(err, errno, "%s: %s", run->lock_path, strerror(errno));
+    unlink(tmp);
+    close(fd);
+    free(run->lock_path);
+    run->lock_path = NULL;
+    return r;
+  }
+  run->owner_fd = fd;
+  return 0;
+}
+
+static void
+drop_owner_lock(eph_run_t *run)
+{
+  if (run->lock_path)
+    unlink(run->lock_path);
+  if (run->owner_fd >= 0)
+    close(run->owner_fd);
+  run->owner_fd = -1;
+  free(run->lock_path);
+  run->lock_path = NULL;
+}
+
 int
 eph_run_new(eph_ctx_t *ctx, eph_request_t *req, const eph_run_options_t *opt,
             eph_run_t **out, eph_error_t *err)
@@ -425,6 +471,7 @@ eph_run_new(eph_ctx_t *ctx, eph_request_t *req, const eph_run_options_t *opt,
   pthread_cond_init(&run->cond, &ca);
   pthread_condattr_destroy(&ca);
   run->ctx = ctx;
+  run->owner_fd = -1;
   run->req = *req;
   memset(req, 0, sizeof *req);
   run->org = eph_xstrdup(opt->org ? opt->org : "local");
@@ -487,6 +534,8 @@ eph_run_new(eph_ctx_t *ctx, eph_request_t *req, const eph_run_options_t *opt,
   }
 
   /* The reservation is the last step: any failure above reserved nothing. */
+  if ((r = take_owner_lock(run, err)) < 0)
+    goto fail;
   r = EPH_WITH_PLUGIN(run->ledger,
                       ledger_ops(run)->reserve(run->ledger->state, run->org, run->id,
                                                run->req.max_cost_micros, err));
@@ -993,6 +1042,9 @@ end_and_settle(eph_run_t *run)
   emit(run, "Worker destroyed", "settled", false, sd, "%s billed, %s released",
        eph_format_dollars(totals.billed_micros, billed, sizeof billed),
        eph_format_dollars(totals.released_micros, released, sizeof released));
+  /* A failed settle keeps the lock file: the next start of any process settles it. */
+  if (r == 0)
+    drop_owner_lock(run);
   pthread_mutex_lock(&run->lock);
   run->settled = true;
   pthread_cond_broadcast(&run->cond);
@@ -1214,6 +1266,16 @@ eph_run_free(eph_run_t *run)
 {
   if (!run)
     return;
+  if (run->owner_fd >= 0) {
+    /* Never reserved (eph_run_new failed): nothing to settle, the file goes. Reserved but
+     * not settled: the file stays for the next start to settle. */
+    if (run->reserved == 0)
+      drop_owner_lock(run);
+    else {
+      close(run->owner_fd);
+      free(run->lock_path);
+    }
+  }
   for (size_t i = 0; i < run->n_events; i++) {
     free(run->events[i].source);
     free(run->events[i].kind);
