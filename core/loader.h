@@ -10,7 +10,7 @@
 
 #include <ephemeral/plugin.h>
 
-#include "config.h"
+#include "conf.h"
 
 /* One loaded plugin. */
 typedef struct eph_plugin_slot {

@@ -27,12 +27,14 @@ void *eph_xmalloc(size_t bytes);
 void *eph_xcalloc(size_t n, size_t bytes);
 void *eph_xrealloc(void *p, size_t bytes);
 char *eph_xstrdup(const char *s);
+char *eph_xstrndup(const char *s, size_t n);
 char *eph_xasprintf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 /* Wall-clock time in microseconds since the epoch (CLOCK_REALTIME). */
 int64_t eph_wall_us(void);
 
-/* Formats micros as dollars with 5 decimals ("$0.00353"), the product page's style.
+/* Formats micros as dollars, at most 5 decimals and at least 2 ("$0.00353", "$0.0032",
+ * "$0.04"): the product page's style.
  * buf must hold at least 32 bytes; returns buf. */
 char *eph_format_dollars(int64_t micros, char *buf, size_t size);
 
@@ -47,5 +49,11 @@ int eph_mkdir_p(const char *path, mode_t mode, eph_error_t *err);
 /* Reads a whole file into a NUL-terminated heap buffer (owned by the caller), refusing
  * files over max_bytes. *bytes (optional) gets the length. */
 int eph_read_file(const char *path, size_t max_bytes, char **out, size_t *bytes, eph_error_t *err);
+
+/* Base64 (RFC 4648, standard alphabet, padded) through OpenSSL's codec. decode refuses
+ * invalid input (-EINVAL); *out is heap memory owned by the caller (NUL-terminated for
+ * convenience, *out_bytes excludes the NUL). encode returns a heap string. */
+int eph_base64_decode(const char *in, size_t in_bytes, unsigned char **out, size_t *out_bytes);
+char *eph_base64_encode(const void *in, size_t in_bytes);
 
 #endif

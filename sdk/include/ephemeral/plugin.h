@@ -45,7 +45,7 @@ extern "C" {
 #endif
 
 #define EPH_ABI_MAJOR 1
-#define EPH_ABI_MINOR 0
+#define EPH_ABI_MINOR 1
 
 /* Name of the one symbol every plugin exports. */
 #define EPH_PLUGIN_SYMBOL "eph_plugin"
@@ -111,7 +111,15 @@ eph_error_wrap(eph_error_t *err, const char *fmt, ...)
   vsnprintf(prefix, sizeof prefix, fmt, ap);
   va_end(ap);
   memcpy(old, err->message, sizeof old);
-  snprintf(err->message, sizeof err->message, "%s: %s", prefix, old);
+  old[sizeof old - 1] = '\0';
+  /* Built piecewise: the message is cut at its buffer's end, never overflows. */
+  size_t used = strnlen(prefix, sizeof err->message - 3);
+  memcpy(err->message, prefix, used);
+  err->message[used++] = ':';
+  err->message[used++] = ' ';
+  size_t rest = strnlen(old, sizeof err->message - used - 1);
+  memcpy(err->message + used, old, rest);
+  err->message[used + rest] = '\0';
   if (err->code <= 0)
     err->code = EIO;
   return -err->code;
@@ -386,6 +394,11 @@ typedef struct eph_sandbox_spec {
   int64_t deadline_ms;          /* wall-clock end: the backend kills everything by then */
   int network;                  /* 0: loopback only; 1: one egress route to proxy_url */
   const char *proxy_url;        /* "http://ADDR:PORT" the sandbox may reach when network=1 */
+  /* (minor 1) With network=1: an fd of the network namespace holding the proxy's listening
+   * socket and nothing else; the backend puts the host end of the sandbox's link there,
+   * never in the host's own netns. Borrowed: the backend dup()s what it keeps. A backend
+   * reading a smaller spec (or seeing -1) must refuse network=1. */
+  int proxy_netns_fd;
 } eph_sandbox_spec_t;
 
 typedef struct eph_sandbox eph_sandbox_t; /* opaque: the backend's sandbox */

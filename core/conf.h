@@ -1,4 +1,4 @@
-/* Configuration: ephemeral.conf (core keys) then conf.d/*.conf in lexical order (plugin
+/* Configuration: ephemeral.conf (core keys) then every conf.d file ending in .conf in lexical order (plugin
  * blocks), libconfig syntax. A plugin block is a top-level group named after the plugin:
  *
  *   backend-jail: { enabled = true; memory_mib = 512; };
@@ -7,8 +7,8 @@
  * and `file` (string: the .so to load, relative to plugin_dir; default "<name>.so").
  * When ephemeral.conf is absent the embedded defaults apply; when conf.d is absent, the
  * embedded default set of plugins is enabled (eph_config_default_plugins). */
-#ifndef EPH_CONFIG_H
-#define EPH_CONFIG_H
+#ifndef EPH_CONF_H
+#define EPH_CONF_H
 
 #include <stdbool.h>
 #include <libconfig.h>

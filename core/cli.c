@@ -1,0 +1,111 @@
+#include <config.h>
+
+#include "cli.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "conf.h"
+#include "log.h"
+
+const eph_cli_command_t eph_cli_commands[] = {
+    {"plugins", "plugins", "list the loaded plugins (name, kind, version, ABI, path)", NULL,
+     true, 1, eph_cmd_plugins},
+    {"config", "config check | config keys",
+     "validate the configuration (exit 1 on an error) or list every documented key",
+     "  check   parse ephemeral.conf and conf.d, load the enabled plugins, check every key\n"
+     "  keys    print every documented key: block, name, type, default, unit, description\n",
+     true, 1, eph_cmd_config},
+    {"exec", "exec [--backend NAME] [--timeout S] [--memory MIB] -- CMD [ARG...]",
+     "run one command in a fresh sandbox; exit with its status", NULL, true, 1, eph_cmd_exec},
+    {"run", "run [--json] [--backend NAME] [--replay FILE] [--record FILE] REQUEST.json",
+     "run a request end to end and print its timeline",
+     "  --json            print the final run object instead of the timeline\n"
+     "  --backend NAME    jail or qemu (default: config `backend`)\n"
+     "  --replay FILE     answer model calls from a recorded transcript (offline)\n"
+     "  --record FILE     append the model's raw responses to FILE (a transcript)\n"
+     "  --org ORG         organisation billed (default: config `cli_org`)\n"
+     "Exit status: 0 succeeded, 1 failed, 2 invalid request, 3 timed_out,\n"
+     "4 budget_exhausted (or insufficient balance), 5 cancelled.\n",
+     true, 1, eph_cmd_run},
+    {"runs", "runs list | show ID | replay ID [--speed N]",
+     "list past runs, show one as JSON, or replay its timeline at its original pace", NULL,
+     false, 1, eph_cmd_runs},
+    {"orgs", "orgs credit ORG MICROS | orgs balance ORG",
+     "add credit to an organisation, or show its balance", NULL, true, 1, eph_cmd_orgs},
+    {"keys", "keys create|revoke|list --org ORG [--name NAME]",
+     "make (printed once), revoke or list API keys of an organisation", NULL, false, 1,
+     eph_cmd_keys},
+    {0},
+};
+
+int
+eph_cmd_plugins(eph_ctx_t *ctx, int argc, char **argv)
+{
+  (void)argc;
+  (void)argv;
+  printf("%-18s %-8s %-8s %-5s %s\n", "NAME", "KIND", "VERSION", "ABI", "PATH");
+  for (size_t i = 0; i < ctx->plugins.n; i++) {
+    const eph_plugin_slot_t *s = &ctx->plugins.slots[i];
+    char abi[16];
+    snprintf(abi, sizeof abi, "%u.%u", s->desc->abi_major, s->desc->abi_minor);
+    printf("%-18s %-8s %-8s %-5s %s\n", s->desc->name, eph_kind_name(s->desc->kind),
+           s->desc->version ? s->desc->version : "-", abi, s->path);
+  }
+  return ctx->plugins.refused ? 1 : 0;
+}
+
+static const char *
+type_word(eph_config_type_t t)
+{
+  switch (t) {
+  case EPH_CFG_BOOL:
+    return "bool";
+  case EPH_CFG_INT:
+    return "integer";
+  case EPH_CFG_STRING:
+    return "string";
+  case EPH_CFG_LIST:
+    return "list";
+  case EPH_CFG_GROUP:
+    return "group";
+  }
+  return "?";
+}
+
+static void
+print_keys(const char *block, const eph_config_key_t *keys)
+{
+  for (const eph_config_key_t *k = keys; k && k->name; k++)
+    printf("%s\t%s\t%s\t%s\t%s\t%s\n", block, k->name, type_word(k->type),
+           k->default_text ? k->default_text : "", k->unit ? k->unit : "",
+           k->doc ? k->doc : "");
+}
+
+int
+eph_cmd_config(eph_ctx_t *ctx, int argc, char **argv)
+{
+  if (argc < 2 || (strcmp(argv[1], "check") != 0 && strcmp(argv[1], "keys") != 0)) {
+    fprintf(stderr, "usage: ephemeral config check | config keys\n");
+    return 2;
+  }
+  if (strcmp(argv[1], "keys") == 0) {
+    print_keys("ephemeral.conf", eph_core_config_keys);
+    for (size_t i = 0; i < ctx->plugins.n; i++)
+      print_keys(ctx->plugins.slots[i].desc->name, ctx->plugins.slots[i].desc->config_keys);
+    return 0;
+  }
+  int enabled = 0;
+  for (size_t i = 0; i < ctx->config.n_blocks; i++) {
+    const eph_config_block_t *b = &ctx->config.blocks[i];
+    enabled += b->enabled;
+  }
+  if (ctx->plugins.refused) {
+    fprintf(stderr, "config check: %d plugin(s) refused\n", ctx->plugins.refused);
+    return 1;
+  }
+  printf("%s: ok (%zu plugin(s) loaded of %d enabled, %d warning(s))\n",
+         ctx->config.main_path ? ctx->config.main_path : "(embedded defaults)", ctx->plugins.n,
+         enabled, ctx->config.warnings);
+  return 0;
+}

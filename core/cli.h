@@ -1,0 +1,29 @@
+/* The CLI's subcommand table. Each command gets the opened context and its own argv
+ * (argv[0] = the command name) and returns the process exit status. */
+#ifndef EPH_CLI_H
+#define EPH_CLI_H
+
+#include <stdbool.h>
+
+#include "context.h"
+
+typedef struct eph_cli_command {
+  const char *name;
+  const char *usage;   /* "plugins", "exec [--backend NAME] -- CMD [ARG...]" */
+  const char *summary; /* one line */
+  const char *help;    /* more lines for `ephemeral CMD --help`, or NULL */
+  bool load_plugins;
+  int config_error_status; /* exit status when the context cannot be opened */
+  int (*fn)(eph_ctx_t *ctx, int argc, char **argv);
+} eph_cli_command_t;
+
+extern const eph_cli_command_t eph_cli_commands[]; /* ends with {0} */
+
+int eph_cmd_plugins(eph_ctx_t *ctx, int argc, char **argv);
+int eph_cmd_config(eph_ctx_t *ctx, int argc, char **argv);
+int eph_cmd_run(eph_ctx_t *ctx, int argc, char **argv);
+int eph_cmd_runs(eph_ctx_t *ctx, int argc, char **argv);
+int eph_cmd_orgs(eph_ctx_t *ctx, int argc, char **argv);
+int eph_cmd_keys(eph_ctx_t *ctx, int argc, char **argv);
+
+#endif

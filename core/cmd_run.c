@@ -1,0 +1,546 @@
+/* `ephemeral run`, `runs`, `orgs`, `keys`: the CLI's side of runs and accounts. */
+#include <config.h>
+
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cli.h"
+#include "log.h"
+#include "run.h"
+#include "runstore.h"
+#include "store.h"
+#include "util.h"
+
+#define REQUEST_MAX_BYTES (8 * 1024 * 1024)
+
+/* ------------------------------------------------------------------ printing */
+
+static void
+print_event_line(FILE *out, double t, const char *source, const char *kind, const char *text)
+{
+  if (strcmp(kind, "tool_result") == 0)
+    fprintf(out, "%6s  %-17s   -> %s\n", "", "", text);
+  else
+    fprintf(out, "%6.2f  %-17s %s\n", t, source, text);
+  fflush(out);
+}
+
+static void
+print_event(void *opaque, eph_run_t *run, const eph_event_t *ev)
+{
+  (void)run;
+  print_event_line(opaque, (double)ev->t_ms / 1000.0, ev->source, ev->kind, ev->text);
+}
+
+static int64_t
+jint(json_object *o, const char *key)
+{
+  json_object *v = NULL;
+  return json_object_object_get_ex(o, key, &v) ? json_object_get_int64(v) : 0;
+}
+
+/* The product page's summary: header, saved output, cost line. */
+static void
+print_summary(FILE *out, json_object *run)
+{
+  json_object *usage = NULL, *output = NULL, *answer = NULL, *status = NULL, *id = NULL,
+              *files = NULL, *error = NULL;
+  json_object_object_get_ex(run, "usage", &usage);
+  json_object_object_get_ex(run, "output", &output);
+  json_object_object_get_ex(run, "status", &status);
+  json_object_object_get_ex(run, "id", &id);
+  json_object_object_get_ex(run, "error", &error);
+  if (output) {
+    json_object_object_get_ex(output, "answer", &answer);
+    json_object_object_get_ex(output, "files", &files);
+  }
+  char billed[32], reserved[32], model[32], web[32], compute[32];
+  const char *s = status ? json_object_get_string(status) : "?";
+  char word[32];
+  snprintf(word, sizeof word, "%s", s);
+  word[0] = (char)(word[0] >= 'a' && word[0] <= 'z' ? word[0] - 32 : word[0]);
+  for (char *p = word; *p; p++)
+    if (*p == '_')
+      *p = ' ';
+  fprintf(out, "\n%s  %s  %s of %s\n", word, id ? json_object_get_string(id) : "",
+          eph_format_dollars(jint(usage, "billed_micros"), billed, sizeof billed),
+          eph_format_dollars(jint(usage, "reserved_micros"), reserved, sizeof reserved));
+  if (error)
+    fprintf(out, "error: %s\n", json_object_get_string(error));
+  if (answer) {
+    fprintf(out, "\nSaved output:\n%s\n", json_object_get_string(answer));
+  }
+  for (size_t i = 0; files && i < json_object_array_length(files); i++) {
+    json_object *f = json_object_array_get_idx(files, i), *p = NULL, *b = NULL;
+    json_object_object_get_ex(f, "path", &p);
+    json_object_object_get_ex(f, "bytes", &b);
+    fprintf(out, "output file %s: %" PRId64 " bytes\n", p ? json_object_get_string(p) : "?",
+            b ? json_object_get_int64(b) : 0);
+  }
+  fprintf(out, "\nModel %s · Web %s · Compute %s\n",
+          eph_format_dollars(jint(usage, "model_micros"), model, sizeof model),
+          eph_format_dollars(jint(usage, "web_micros"), web, sizeof web),
+          eph_format_dollars(jint(usage, "compute_micros"), compute, sizeof compute));
+}
+
+/* ------------------------------------------------------------------ accounts */
+
+static int
+open_store(eph_ctx_t *ctx, eph_store_t **store)
+{
+  eph_error_t err = {0};
+  cleanup_free char *path = eph_xasprintf("%s/ephemeral.sqlite", ctx->state_dir);
+  if (eph_store_open(path, NULL, store, &err) < 0) {
+    eph_error("%s", err.message);
+    return -1;
+  }
+  return 0;
+}
+
+static const eph_plugin_slot_t *
+ledger_slot(eph_ctx_t *ctx)
+{
+  const eph_plugin_slot_t *l = eph_plugins_first(&ctx->plugins, EPH_KIND_LEDGER);
+  if (!l)
+    eph_error("no ledger plugin is loaded (enable ledger-sqlite in conf.d)");
+  return l;
+}
+
+/* The CLI's organisation gets its starting credit once per state directory. The marker
+ * is created first (O_EXCL) so a crash can never credit twice. */
+static int
+ensure_cli_credit(eph_ctx_t *ctx, const eph_plugin_slot_t *ledger, const char *org)
+{
+  int64_t credit = 0;
+  eph_error_t err = {0};
+  if (eph_cfg_int(ctx->config.core, "cli_credit_micros", 10000000, &credit, &err) < 0) {
+    eph_error("%s", err.message);
+    return -1;
+  }
+  cleanup_free char *marker = eph_xasprintf("%s/cli-credit-%s", ctx->state_dir, org);
+  int fd = open(marker, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0)
+    return errno == EEXIST ? 0 : -1;
+  close(fd);
+  if (credit <= 0)
+    return 0;
+  const eph_ledger_ops_t *ops = ledger->desc->ops;
+  if (EPH_WITH_PLUGIN(ledger, ops->credit(ledger->state, org, credit, &err)) < 0) {
+    unlink(marker);
+    eph_error("crediting %s: %s", org, err.message);
+    return -1;
+  }
+  return 0;
+}
+
+/* ------------------------------------------------------------------ run */
+
+static eph_run_t *volatile current_run;
+
+static void *
+signal_thread(void *arg)
+{
+  sigset_t *set = arg;
+  int sig;
+  while (sigwait(set, &sig) == 0) {
+    eph_run_t *run = current_run;
+    if (run) {
+      fprintf(stderr, "ephemeral: %s: cancelling the run\n", strsignal(sig));
+      eph_run_cancel(run);
+    }
+  }
+  return NULL;
+}
+
+int
+eph_cmd_run(eph_ctx_t *ctx, int argc, char **argv)
+{
+  static const struct option options[] = {
+      {"json", no_argument, NULL, 'j'},         {"backend", required_argument, NULL, 'b'},
+      {"replay", required_argument, NULL, 'r'}, {"record", required_argument, NULL, 'R'},
+      {"org", required_argument, NULL, 'o'},    {0},
+  };
+  bool json = false;
+  const char *backend = NULL, *replay = NULL, *record = NULL, *org = NULL;
+  int c;
+  optind = 1;
+  while ((c = getopt_long(argc, argv, "+jb:", options, NULL)) != -1) {
+    switch (c) {
+    case 'j':
+      json = true;
+      break;
+    case 'b':
+      backend = optarg;
+      break;
+    case 'r':
+      replay = optarg;
+      break;
+    case 'R':
+      record = optarg;
+      break;
+    case 'o':
+      org = optarg;
+      break;
+    default:
+      return 2;
+    }
+  }
+  if (optind != argc - 1) {
+    fprintf(stderr, "usage: ephemeral run [--json] [--backend NAME] [--replay TRANSCRIPT] "
+                    "[--record FILE] REQUEST.json\n");
+    return 2;
+  }
+  const char *path = argv[optind];
+  eph_error_t err = {0};
+  cleanup_free char *body = NULL;
+  size_t len = 0;
+  if (eph_read_file(strcmp(path, "-") == 0 ? "/dev/stdin" : path, REQUEST_MAX_BYTES, &body, &len,
+                    &err) < 0) {
+    eph_error("%s", err.message);
+    return 2;
+  }
+
+  eph_request_limits_t limits = {.max_files_total_bytes = 16 * 1024 * 1024};
+  int64_t files_max = 0;
+  if (eph_cfg_int(ctx->config.core, "max_timeout_seconds", 900, &limits.max_timeout_seconds,
+                  &err) < 0 ||
+      eph_cfg_int(ctx->config.core, "max_cost_micros", 10000000, &limits.max_cost_micros, &err) <
+          0 ||
+      eph_cfg_int(ctx->config.core, "max_inline_files_bytes", 16 * 1024 * 1024, &files_max,
+                  &err) < 0 ||
+      eph_cfg_string(ctx->config.core, "default_model", "openai/gpt-6-luna",
+                     &limits.default_model, &err) < 0) {
+    eph_error("%s", err.message);
+    return 2;
+  }
+  limits.max_files_total_bytes = (size_t)files_max;
+  eph_request_t req;
+  const char *field = NULL;
+  if (eph_request_parse(body, len, &limits, &req, &field, &err) < 0) {
+    eph_error("%s: %s", path, err.message);
+    return 2;
+  }
+
+  const eph_plugin_slot_t *ledger = ledger_slot(ctx);
+  if (!ledger) {
+    eph_request_free(&req);
+    return 1;
+  }
+  if (!org && eph_cfg_string(ctx->config.core, "cli_org", "local", &org, &err) < 0) {
+    eph_error("%s", err.message);
+    eph_request_free(&req);
+    return 2;
+  }
+  if (ensure_cli_credit(ctx, ledger, org) < 0) {
+    eph_request_free(&req);
+    return 1;
+  }
+  cleanup_free char *model_override = NULL;
+  if (replay) {
+    char *abs = realpath(replay, NULL);
+    if (!abs) {
+      eph_error("--replay %s: %s", replay, strerror(errno));
+      eph_request_free(&req);
+      return 2;
+    }
+    model_override = eph_xasprintf("replay:%s", abs);
+    free(abs);
+  }
+  eph_store_t *store = NULL;
+  if (open_store(ctx, &store) < 0) {
+    eph_request_free(&req);
+    return 1;
+  }
+  /* History older than retention_days goes before a new run is added. */
+  int64_t retention = 30;
+  if (eph_cfg_int(ctx->config.core, "retention_days", 30, &retention, &err) == 0 &&
+      retention > 0 && eph_store_purge(store, (int)retention, &err) < 0)
+    eph_warn("purging runs older than %lld days: %s", (long long)retention, err.message);
+
+  /* Signals go to one thread that cancels the run; the run's own threads never see them. */
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGHUP);
+  pthread_sigmask(SIG_BLOCK, &set, NULL);
+  pthread_t sigthr;
+  pthread_create(&sigthr, NULL, signal_thread, &set);
+  pthread_detach(sigthr);
+
+  eph_run_options_t opt = {
+      .org = org,
+      .backend = backend,
+      .model_override = model_override,
+      .record_path = record,
+  };
+  eph_run_t *run = NULL;
+  if (eph_run_new(ctx, &req, &opt, &run, &err) < 0) {
+    eph_request_free(&req);
+    eph_store_close(store);
+    eph_error("%s", err.message);
+    return err.code == EPH_E_INSUFFICIENT ? 4 : (err.code == EINVAL ? 2 : 1);
+  }
+  if (!json) {
+    cleanup_json json_object *head = eph_run_to_json(run, false);
+    json_object *req_obj = NULL, *model = NULL, *be = NULL;
+    json_object_object_get_ex(head, "request", &req_obj);
+    json_object_object_get_ex(req_obj, "model", &model);
+    json_object_object_get_ex(head, "backend", &be);
+    printf("Run %s · %s · %s\n\n", eph_run_id(run), json_object_get_string(model),
+           json_object_get_string(be));
+    fflush(stdout);
+  }
+  eph_run_observer_t printer = {.on_event = json ? NULL : print_event, .opaque = stdout};
+  if (eph_runstore_attach(store, run, &printer, &err) < 0) {
+    eph_error("%s", err.message);
+    eph_run_abandon(run, "host_error");
+    eph_run_free(run);
+    eph_store_close(store);
+    return 1;
+  }
+  current_run = run;
+  eph_run_status_t status = eph_run_execute(run);
+  current_run = NULL;
+  json_object *obj = eph_run_to_json(run, json);
+  if (json)
+    printf("%s\n", json_object_to_json_string_ext(obj, JSON_C_TO_STRING_PRETTY |
+                                                           JSON_C_TO_STRING_NOSLASHESCAPE));
+  else
+    print_summary(stdout, obj);
+  json_object_put(obj);
+  eph_run_free(run);
+  eph_runstore_detach(run);
+  eph_store_close(store);
+  return eph_run_status_exit_code(status);
+}
+
+/* ------------------------------------------------------------------ runs */
+
+static int
+runs_replay(eph_store_t *store, const char *id, double speed)
+{
+  eph_error_t err = {0};
+  json_object *events = NULL, *run = NULL;
+  if (eph_store_run_get(store, id, NULL, &run, &err) < 0) {
+    eph_error("%s", err.message);
+    return 1;
+  }
+  if (eph_store_events_since(store, id, -1, 0, &events, &err) < 0) {
+    json_object_put(run);
+    eph_error("%s", err.message);
+    return 1;
+  }
+  int64_t prev = 0;
+  for (size_t i = 0; i < json_object_array_length(events); i++) {
+    json_object *e = json_object_array_get_idx(events, i), *v;
+    int64_t t = jint(e, "t_ms");
+    if (speed > 0 && t > prev) {
+      double wait = (double)(t - prev) / 1000.0 / speed;
+      struct timespec ts = {(time_t)wait, (long)((wait - (double)(time_t)wait) * 1e9)};
+      nanosleep(&ts, NULL);
+    }
+    prev = t;
+    const char *src = json_object_object_get_ex(e, "source", &v) ? json_object_get_string(v) : "";
+    const char *kind = json_object_object_get_ex(e, "kind", &v) ? json_object_get_string(v) : "";
+    const char *text = json_object_object_get_ex(e, "text", &v) ? json_object_get_string(v) : "";
+    print_event_line(stdout, (double)t / 1000.0, src, kind, text);
+  }
+  print_summary(stdout, run);
+  json_object_put(events);
+  json_object_put(run);
+  return 0;
+}
+
+int
+eph_cmd_runs(eph_ctx_t *ctx, int argc, char **argv)
+{
+  if (argc < 2) {
+    fprintf(stderr, "usage: ephemeral runs list [--limit N] | show ID | replay ID [--speed N]\n");
+    return 2;
+  }
+  eph_store_t *store = NULL;
+  if (open_store(ctx, &store) < 0)
+    return 1;
+  eph_error_t err = {0};
+  int status = 0;
+  const char *org = NULL;
+  eph_cfg_string(ctx->config.core, "cli_org", "local", &org, &err);
+  if (strcmp(argv[1], "list") == 0) {
+    int limit = 20;
+    for (int i = 2; i + 1 < argc; i++)
+      if (strcmp(argv[i], "--limit") == 0)
+        limit = atoi(argv[i + 1]);
+    for (int i = 2; i + 1 < argc; i++)
+      if (strcmp(argv[i], "--org") == 0)
+        org = argv[i + 1];
+    json_object *runs = NULL;
+    char *next = NULL;
+    if (eph_store_run_list(store, org, limit, NULL, &runs, &next, &err) < 0) {
+      eph_error("%s", err.message);
+      status = 1;
+    } else {
+      printf("%-37s %-17s %-24s %s\n", "ID", "STATUS", "CREATED", "BILLED");
+      for (size_t i = 0; i < json_object_array_length(runs); i++) {
+        json_object *r = json_object_array_get_idx(runs, i), *v, *usage = NULL;
+        json_object_object_get_ex(r, "usage", &usage);
+        time_t t = (time_t)(jint(r, "created_at_us") / 1000000);
+        struct tm tm;
+        char when[32], billed[32];
+        gmtime_r(&t, &tm);
+        strftime(when, sizeof when, "%Y-%m-%d %H:%M:%SZ", &tm);
+        printf("%-37s %-17s %-24s %s\n",
+               json_object_object_get_ex(r, "id", &v) ? json_object_get_string(v) : "",
+               json_object_object_get_ex(r, "status", &v) ? json_object_get_string(v) : "",
+               when, eph_format_dollars(usage ? jint(usage, "billed_micros") : 0, billed,
+                                        sizeof billed));
+      }
+      json_object_put(runs);
+      free(next);
+    }
+  } else if (strcmp(argv[1], "show") == 0 && argc >= 3) {
+    json_object *run = NULL, *events = NULL;
+    if (eph_store_run_get(store, argv[2], NULL, &run, &err) < 0 ||
+        eph_store_events_since(store, argv[2], -1, 0, &events, &err) < 0) {
+      eph_error("%s", err.message);
+      status = 1;
+      if (run)
+        json_object_put(run);
+    } else {
+      json_object_object_add(run, "events", events);
+      printf("%s\n", json_object_to_json_string_ext(run, JSON_C_TO_STRING_PRETTY |
+                                                             JSON_C_TO_STRING_NOSLASHESCAPE));
+      json_object_put(run);
+    }
+  } else if (strcmp(argv[1], "replay") == 0 && argc >= 3) {
+    double speed = 1.0;
+    for (int i = 3; i + 1 < argc; i++)
+      if (strcmp(argv[i], "--speed") == 0)
+        speed = atof(argv[i + 1]);
+    if (speed <= 0) {
+      eph_error("--speed must be positive");
+      status = 2;
+    } else {
+      status = runs_replay(store, argv[2], speed);
+    }
+  } else {
+    fprintf(stderr, "usage: ephemeral runs list [--limit N] | show ID | replay ID [--speed N]\n");
+    status = 2;
+  }
+  eph_store_close(store);
+  return status;
+}
+
+/* ------------------------------------------------------------------ orgs, keys */
+
+int
+eph_cmd_orgs(eph_ctx_t *ctx, int argc, char **argv)
+{
+  if (argc < 3 || (strcmp(argv[1], "credit") == 0 && argc < 4) ||
+      (strcmp(argv[1], "credit") != 0 && strcmp(argv[1], "balance") != 0)) {
+    fprintf(stderr, "usage: ephemeral orgs credit ORG MICROS | orgs balance ORG\n");
+    return 2;
+  }
+  const eph_plugin_slot_t *ledger = ledger_slot(ctx);
+  if (!ledger)
+    return 1;
+  const eph_ledger_ops_t *ops = ledger->desc->ops;
+  eph_error_t err = {0};
+  const char *org = argv[2];
+  if (strcmp(argv[1], "credit") == 0) {
+    char *end = NULL;
+    errno = 0;
+    long long micros = strtoll(argv[3], &end, 10);
+    if (errno || !end || *end || micros <= 0) {
+      eph_error("MICROS must be a positive integer (micro-dollars: 1000000 = $1)");
+      return 2;
+    }
+    eph_store_t *store = NULL;
+    if (open_store(ctx, &store) < 0)
+      return 1;
+    int r = eph_store_org_create(store, org, &err);
+    eph_store_close(store);
+    if (r < 0 || EPH_WITH_PLUGIN(ledger, ops->credit(ledger->state, org, micros, &err)) < 0) {
+      eph_error("%s", err.message);
+      return 1;
+    }
+  }
+  int64_t balance = 0;
+  if (EPH_WITH_PLUGIN(ledger, ops->balance(ledger->state, org, &balance, &err)) < 0) {
+    eph_error("%s", err.message);
+    return 1;
+  }
+  char buf[32];
+  printf("%s balance %" PRId64 " micros (%s)\n", org, balance,
+         eph_format_dollars(balance, buf, sizeof buf));
+  return 0;
+}
+
+int
+eph_cmd_keys(eph_ctx_t *ctx, int argc, char **argv)
+{
+  const char *org = NULL, *name = NULL;
+  for (int i = 2; i + 1 < argc; i++) {
+    if (strcmp(argv[i], "--org") == 0)
+      org = argv[++i];
+    else if (strcmp(argv[i], "--name") == 0)
+      name = argv[++i];
+  }
+  const char *sub = argc >= 2 ? argv[1] : "";
+  bool create = strcmp(sub, "create") == 0, revoke = strcmp(sub, "revoke") == 0,
+       list = strcmp(sub, "list") == 0;
+  if (!org || (!create && !revoke && !list) || ((create || revoke) && !name)) {
+    fprintf(stderr, "usage: ephemeral keys create --org ORG --name NAME\n"
+                    "       ephemeral keys revoke --org ORG --name NAME|KEY_ID\n"
+                    "       ephemeral keys list --org ORG\n");
+    return 2;
+  }
+  eph_store_t *store = NULL;
+  if (open_store(ctx, &store) < 0)
+    return 1;
+  eph_error_t err = {0};
+  int status = 0;
+  if (create) {
+    char *key = NULL, *id = NULL;
+    if (eph_store_key_create(store, org, name, &key, &id, &err) < 0) {
+      eph_error("%s", err.message);
+      status = 1;
+    } else {
+      /* Shown once: only its hash is stored. */
+      printf("%s\n", key);
+      fprintf(stderr, "created %s (%s) for %s; store it now, it is not shown again\n", id, name,
+              org);
+      explicit_bzero(key, strlen(key));
+      free(key);
+      free(id);
+    }
+  } else if (revoke) {
+    if (eph_store_key_revoke(store, name, org, &err) < 0) {
+      eph_error("%s", err.message);
+      status = 1;
+    } else {
+      printf("revoked %s\n", name);
+    }
+  } else {
+    json_object *keys = NULL;
+    if (eph_store_key_list(store, org, &keys, &err) < 0) {
+      eph_error("%s", err.message);
+      status = 1;
+    } else {
+      printf("%s\n", json_object_to_json_string_ext(keys, JSON_C_TO_STRING_PRETTY));
+      json_object_put(keys);
+    }
+  }
+  eph_store_close(store);
+  return status;
+}

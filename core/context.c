@@ -1,0 +1,197 @@
+#include <config.h>
+
+#include "context.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+
+#include "host.h"
+#include "log.h"
+#include "store.h"
+#include "util.h"
+
+/* Reservations left open by a process that died (kill -9) are settled at the next start:
+ * compute charged so far stays billed, the rest is released. Every process that may hold
+ * live runs keeps a shared lock on <state_dir>/live.lock; only a process that can take it
+ * exclusively knows no run is live, so it alone settles, then joins the others as shared. */
+static void
+settle_abandoned(eph_ctx_t *ctx)
+{
+  cleanup_free char *path = eph_xasprintf("%s/live.lock", ctx->state_dir);
+  ctx->live_lock_fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (ctx->live_lock_fd < 0) {
+    eph_warn("%s: %s (open reservations of crashed runs are not settled)", path,
+             strerror(errno));
+    return;
+  }
+  const eph_plugin_slot_t *ledger = eph_plugins_first(&ctx->plugins, EPH_KIND_LEDGER);
+  const eph_ledger_ops_t *ops = ledger ? ledger->desc->ops : NULL;
+  if (ops && EPH_OPS_HAS(ops, eph_ledger_ops_t, settle_open) &&
+      flock(ctx->live_lock_fd, LOCK_EX | LOCK_NB) == 0) {
+    eph_error_t e = {0};
+    int n = EPH_WITH_PLUGIN(ledger, ops->settle_open(ledger->state, &e));
+    if (n < 0)
+      eph_warn("settling open reservations: %s", e.message);
+    else if (n > 0)
+      eph_info("settled %d reservation(s) left open by a process that died", n);
+    /* Their runs can never end by themselves now: record them as failed. */
+    cleanup_free char *db = eph_xasprintf("%s/ephemeral.sqlite", ctx->state_dir);
+    eph_store_t *store = NULL;
+    if (n > 0 && eph_store_open(db, NULL, &store, &e) == 0) {
+      if (eph_store_runs_fail_unfinished(store, &e) < 0)
+        eph_warn("marking crashed runs failed: %s", e.message);
+      eph_store_close(store);
+    }
+  }
+  flock(ctx->live_lock_fd, LOCK_SH);
+}
+
+static int
+resolve_state_dir(eph_ctx_t *ctx, const eph_ctx_options_t *opt, eph_error_t *err)
+{
+  const char *from_config = NULL;
+  int r = eph_cfg_string(ctx->config.core, "state_dir", NULL, &from_config, err);
+  if (r < 0)
+    return r;
+  const char *env = getenv("EPHEMERAL_STATE_DIR");
+  if (opt->state_dir)
+    ctx->state_dir = eph_xstrdup(opt->state_dir);
+  else if (env && *env)
+    ctx->state_dir = eph_xstrdup(env);
+  else if (from_config)
+    ctx->state_dir = eph_xstrdup(from_config);
+  else
+    ctx->state_dir = eph_paths_default_state_dir(opt->daemon);
+  r = eph_mkdir_p(ctx->state_dir, 0700, err);
+  if (r < 0)
+    return eph_error_wrap(err, "state directory");
+  char *real = realpath(ctx->state_dir, NULL);
+  if (real) {
+    free(ctx->state_dir);
+    ctx->state_dir = real;
+  }
+  return 0;
+}
+
+int
+eph_ctx_open(eph_ctx_t *ctx, const eph_ctx_options_t *opt, eph_error_t *err)
+{
+  memset(ctx, 0, sizeof *ctx);
+  ctx->live_lock_fd = -1;
+  ctx->daemon = opt->daemon;
+  int r = eph_paths_init(&ctx->paths);
+  if (r < 0)
+    return eph_error_set(err, -r, "cannot find the running executable: %s", strerror(-r));
+
+  const char *main_path = opt->config_file ? opt->config_file : getenv("EPHEMERAL_CONFIG");
+  cleanup_free char *confd = NULL;
+  if (main_path && *main_path) {
+    /* An explicit ephemeral.conf brings the conf.d beside it. */
+    cleanup_free char *dir = eph_xstrdup(main_path);
+    char *slash = strrchr(dir, '/');
+    confd = slash ? (slash[0] = '\0', eph_xasprintf("%s/conf.d", dir[0] ? dir : "/"))
+                  : eph_xstrdup("conf.d");
+    struct stat st;
+    if (stat(main_path, &st) < 0) {
+      r = eph_error_set(err, errno, "%s: %s", main_path, strerror(errno));
+      goto fail;
+    }
+  } else {
+    main_path = ctx->paths.config_file;
+    confd = eph_xstrdup(ctx->paths.confd_dir);
+  }
+  r = eph_config_load(&ctx->config, main_path, confd, err);
+  if (r < 0)
+    goto fail;
+
+  const char *level = NULL;
+  r = eph_cfg_string(ctx->config.core, "log_level", NULL, &level, err);
+  if (r < 0)
+    goto fail;
+  if (level && eph_log_level_parse(level) < 0) {
+    char where[512];
+    r = eph_error_set(err, EPH_E_CONFIG, "%s: log_level: expected error, warn, info or debug",
+                      eph_cfg_where(config_setting_get_member(ctx->config.core, "log_level"),
+                                    where, sizeof where));
+    goto fail;
+  }
+  /* -v on the command line wins over the config's level. */
+  if (level && eph_log_get_level() == EPH_LOG_WARN)
+    eph_log_set_level((eph_log_level_t)eph_log_level_parse(level));
+
+  const char *plugin_dir = NULL;
+  r = eph_cfg_string(ctx->config.core, "plugin_dir", NULL, &plugin_dir, err);
+  if (r < 0)
+    goto fail;
+  ctx->plugin_dir = eph_xstrdup(opt->plugin_dir     ? opt->plugin_dir
+                                : getenv("EPHEMERAL_PLUGIN_DIR") ? getenv("EPHEMERAL_PLUGIN_DIR")
+                                : plugin_dir        ? plugin_dir
+                                                    : ctx->paths.plugin_dir);
+
+  r = resolve_state_dir(ctx, opt, err);
+  if (r < 0)
+    goto fail;
+
+  eph_host_init(&ctx->host, ctx);
+  ctx->live_lock_fd = -1;
+
+  if (opt->load_plugins) {
+    r = eph_plugins_load(&ctx->plugins, &ctx->config, ctx->plugin_dir, &ctx->host, err);
+    if (r < 0)
+      goto fail;
+    for (size_t i = 0; i < ctx->plugins.n; i++) {
+      const eph_plugin_slot_t *s = &ctx->plugins.slots[i];
+      if (s->desc->kind != EPH_KIND_BACKEND)
+        continue;
+      const eph_backend_ops_t *ops = s->desc->ops;
+      if (!EPH_OPS_HAS(ops, eph_backend_ops_t, sweep))
+        continue;
+      eph_error_t e = {0};
+      int n = EPH_WITH_PLUGIN(s, ops->sweep(s->state, &e));
+      if (n < 0)
+        eph_warn("%s: start-up sweep failed: %s", s->desc->name, e.message);
+      else if (n > 0)
+        eph_info("%s: reaped %d sandbox(es) left behind by a dead process", s->desc->name, n);
+    }
+    settle_abandoned(ctx);
+  }
+  return 0;
+
+fail:
+  eph_ctx_close(ctx);
+  return r;
+}
+
+void
+eph_ctx_close(eph_ctx_t *ctx)
+{
+  eph_plugins_unload(&ctx->plugins);
+  if (ctx->live_lock_fd > 0)
+    close(ctx->live_lock_fd);
+  eph_config_free(&ctx->config);
+  eph_paths_free(&ctx->paths);
+  free(ctx->state_dir);
+  free(ctx->plugin_dir);
+  memset(ctx, 0, sizeof *ctx);
+}
+
+const eph_plugin_slot_t *
+eph_ctx_backend(eph_ctx_t *ctx, const char *name, eph_error_t *err)
+{
+  if (!name) {
+    if (eph_cfg_string(ctx->config.core, "backend", "backend-jail", &name, err) < 0)
+      return NULL;
+  }
+  cleanup_free char *full =
+      strncmp(name, "backend-", 8) == 0 ? eph_xstrdup(name) : eph_xasprintf("backend-%s", name);
+  const eph_plugin_slot_t *s = eph_plugins_find(&ctx->plugins, full);
+  if (!s || s->desc->kind != EPH_KIND_BACKEND) {
+    eph_error_set(err, ENOENT, "backend '%s' is not loaded (enable %s in conf.d)", name, full);
+    return NULL;
+  }
+  return s;
+}

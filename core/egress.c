@@ -1,0 +1,735 @@
+/* The sandbox egress proxy; see egress.h for what it promises.
+ *
+ * Why the request head is read by hand and not by libmicrohttpd: a proxy must hand the raw
+ * socket over to a byte tunnel after CONNECT and must forward a response it never parses;
+ * libmicrohttpd serves responses it builds itself. What is read here is only the request
+ * line and header lines of one head (at most HEAD_MAX_BYTES), split on CRLF; URLs are
+ * parsed by libcurl's URL API. */
+#include <config.h>
+
+#include "egress.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdio.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <curl/curl.h>
+
+#include "log.h"
+#include "util.h"
+
+#define HEAD_MAX_BYTES 16384
+#define RELAY_CHUNK 16384
+#define CONNECT_TIMEOUT_MS 10000
+
+struct eph_egress {
+  eph_egress_options_t opt;
+  int listen_fd; /* in the proxy's own netns */
+  int netns_fd;  /* that netns */
+  int lock_fd;   /* bound to P:port in the host's netns: the /30 is ours */
+  int wake[2];
+  char url[64];
+  pthread_t acceptor;
+  bool acceptor_running;
+
+  pthread_mutex_t lock;
+  pthread_cond_t cond;
+  bool stopping;
+  int active;
+  struct conn *conns; /* open connections, for stop */
+  int64_t allowed, refused;
+};
+
+typedef struct conn {
+  struct conn *next, *prev;
+  eph_egress_t *e;
+  int client, upstream;
+  pthread_t thread;
+} conn_t;
+
+/* ------------------------------------------------------------------ config */
+
+int
+eph_egress_load_config(const eph_config_t *config, const eph_host_t *host,
+                       eph_egress_options_t *opt, eph_net_policy_t *policy, eph_error_t *err)
+{
+  const config_setting_t *g =
+      config->core ? config_setting_get_member(config->core, "egress") : NULL;
+  int64_t port, maxc;
+  int r;
+  memset(opt, 0, sizeof *opt);
+  if ((r = eph_cfg_string(g, "pool", "10.213.0.0/16", &opt->pool, err)) < 0 ||
+      (r = eph_cfg_int(g, "port", 3128, &port, err)) < 0 ||
+      (r = eph_cfg_int(g, "max_connections", 32, &maxc, err)) < 0 ||
+      (r = eph_cfg_int(g, "max_bytes", 64LL << 20, &opt->max_bytes, err)) < 0 ||
+      (r = eph_cfg_int(g, "max_connection_ms", 300000, &opt->max_connection_ms, err)) < 0 ||
+      (r = eph_cfg_int(g, "idle_ms", 30000, &opt->idle_ms, err)) < 0)
+    return r;
+  char where[256];
+  if (port < 1 || port > 65535 || maxc < 1 || maxc > 4096 || opt->max_bytes < 1 ||
+      opt->max_connection_ms < 1 || opt->idle_ms < 1)
+    return eph_error_set(err, EPH_E_CONFIG, "%s: egress: port 1..65535, max_connections "
+                         "1..4096, max_bytes, max_connection_ms and idle_ms positive",
+                         eph_cfg_where(g, where, sizeof where));
+  opt->port = (int)port;
+  opt->max_connections = (int)maxc;
+  /* The same policy as tool-web's own requests: one place for the operator to say where
+   * the web may go. */
+  const eph_config_block_t *web = eph_config_block(config, "tool-web");
+  return eph_net_policy_load(policy, host, web ? web->setting : NULL, err);
+}
+
+/* ------------------------------------------------------------------ small I/O */
+
+static void
+send_all(int fd, const char *data, size_t bytes)
+{
+  while (bytes > 0) {
+    ssize_t w = send(fd, data, bytes, MSG_NOSIGNAL);
+    if (w < 0 && errno == EINTR)
+      continue;
+    if (w <= 0)
+      return;
+    data += w;
+    bytes -= (size_t)w;
+  }
+}
+
+static void
+reply(int fd, int status, const char *reason, const char *msg)
+{
+  char body[1200], head[256];
+  int n = snprintf(body, sizeof body, "ephemeral egress: %s\n", msg);
+  if (n < 0 || (size_t)n >= sizeof body)
+    n = (int)sizeof body - 1;
+  int h = snprintf(head, sizeof head,
+                   "HTTP/1.1 %d %s\r\nContent-Type: text/plain; charset=utf-8\r\n"
+                   "Content-Length: %d\r\nConnection: close\r\n\r\n",
+                   status, reason, n);
+  send_all(fd, head, (size_t)h);
+  send_all(fd, body, (size_t)n);
+}
+
+/* Reads until the end of the request head. Returns the head length (up to and including
+ * the blank line) with *got the bytes in buf (may include bytes after the head), 0 on EOF
+ * or timeout, -1 when the head is too large. */
+static ssize_t
+read_head(int fd, char *buf, size_t size, size_t *got, int64_t idle_ms)
+{
+  *got = 0;
+  for (;;) {
+    buf[*got] = '\0';
+    char *end = strstr(buf, "\r\n\r\n");
+    if (end)
+      return end + 4 - buf;
+    if (*got + 1 >= size)
+      return -1;
+    struct pollfd pf = {.fd = fd, .events = POLLIN};
+    int pr = poll(&pf, 1, (int)idle_ms);
+    if (pr < 0 && errno == EINTR)
+      continue;
+    if (pr <= 0)
+      return 0;
+    ssize_t n = recv(fd, buf + *got, size - 1 - *got, 0);
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n <= 0)
+      return 0;
+    *got += (size_t)n;
+  }
+}
+
+static int
+connect_to(const struct sockaddr_storage *ss, int64_t timeout_ms, eph_error_t *err)
+{
+  socklen_t len = ss->ss_family == AF_INET6 ? sizeof(struct sockaddr_in6)
+                                            : sizeof(struct sockaddr_in);
+  int fd = socket(ss->ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd < 0)
+    return eph_error_set(err, errno, "socket: %s", strerror(errno));
+  if (connect(fd, (const struct sockaddr *)ss, len) < 0 && errno != EINPROGRESS) {
+    int e = errno;
+    close(fd);
+    return eph_error_set(err, e, "connect: %s", strerror(e));
+  }
+  struct pollfd pf = {.fd = fd, .events = POLLOUT};
+  int pr;
+  do
+    pr = poll(&pf, 1, (int)timeout_ms);
+  while (pr < 0 && errno == EINTR);
+  int soerr = 0;
+  socklen_t sl = sizeof soerr;
+  if (pr <= 0 || getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &sl) < 0 || soerr) {
+    int e = pr == 0 ? ETIMEDOUT : soerr ? soerr : errno;
+    close(fd);
+    return eph_error_set(err, e, "connect: %s", strerror(e));
+  }
+  int fl = fcntl(fd, F_GETFL);
+  fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
+  return fd;
+}
+
+/* Copies bytes both ways (or only upstream -> client when !both) until either side closes,
+ * the byte cap, the idle timeout or the wall-clock cap. */
+static void
+relay(eph_egress_t *e, int client, int upstream, bool both, int64_t end_ms)
+{
+  char buf[RELAY_CHUNK];
+  int64_t moved = 0;
+  struct pollfd pf[2] = {{.fd = client, .events = both ? POLLIN : 0},
+                         {.fd = upstream, .events = POLLIN}};
+  while (moved < e->opt.max_bytes) {
+    int64_t left = end_ms - eph_now_ms();
+    if (left <= 0)
+      return;
+    int wait = (int)(left < e->opt.idle_ms ? left : e->opt.idle_ms);
+    int pr = poll(pf, 2, wait);
+    if (pr < 0 && errno == EINTR)
+      continue;
+    if (pr <= 0)
+      return; /* idle or error */
+    for (int i = 0; i < 2; i++) {
+      if (!(pf[i].revents & (POLLIN | POLLHUP | POLLERR)))
+        continue;
+      int64_t room = e->opt.max_bytes - moved;
+      ssize_t n = recv(pf[i].fd, buf, room < (int64_t)sizeof buf ? (size_t)room : sizeof buf, 0);
+      if (n <= 0)
+        return;
+      send_all(pf[1 - i].fd, buf, (size_t)n);
+      moved += n;
+    }
+  }
+}
+
+/* ------------------------------------------------------------------ one connection */
+
+static bool
+hop_by_hop(const char *name, size_t len, const char *connection_tokens)
+{
+  static const char *const names[] = {"connection", "keep-alive", "te", "trailer",
+                                      "transfer-encoding", "upgrade", "host", NULL};
+  for (size_t i = 0; names[i]; i++)
+    if (strlen(names[i]) == len && strncasecmp(name, names[i], len) == 0)
+      return true;
+  if (len >= 6 && strncasecmp(name, "proxy-", 6) == 0)
+    return true;
+  /* Headers the client's Connection header lists are hop-by-hop too (RFC 9110 7.6.1). */
+  for (const char *t = connection_tokens; t && *t;) {
+    while (*t == ' ' || *t == ',' || *t == '\t')
+      t++;
+    size_t tl = strcspn(t, " ,\t\r");
+    if (tl == len && tl && strncasecmp(t, name, len) == 0)
+      return true;
+    t += tl;
+  }
+  return false;
+}
+
+/* The value of header `name` in the head's header lines, copied into out; false if absent. */
+static bool
+header_value(const char *headers, const char *name, char *out, size_t size)
+{
+  size_t nl = strlen(name);
+  for (const char *l = headers; *l && !(l[0] == '\r' && l[1] == '\n');) {
+    const char *eol = strstr(l, "\r\n");
+    if (!eol)
+      break;
+    if ((size_t)(eol - l) > nl && strncasecmp(l, name, nl) == 0 && l[nl] == ':') {
+      const char *v = l + nl + 1;
+      while (v < eol && (*v == ' ' || *v == '\t'))
+        v++;
+      snprintf(out, size, "%.*s", (int)(eol - v), v);
+      return true;
+    }
+    l = eol + 2;
+  }
+  return false;
+}
+
+/* Rewrites an absolute-form GET/HEAD into origin form for the upstream. Heap string. */
+static char *
+rewrite_request(const char *method, const char *url, const char *host, int port,
+                const char *headers)
+{
+  CURLU *u = curl_url();
+  char *path = NULL, *query = NULL;
+  if (u && curl_url_set(u, CURLUPART_URL, url, 0) == CURLUE_OK) {
+    curl_url_get(u, CURLUPART_PATH, &path, 0);
+    curl_url_get(u, CURLUPART_QUERY, &query, 0);
+  }
+  char conn_tokens[512] = "";
+  header_value(headers, "connection", conn_tokens, sizeof conn_tokens);
+  size_t cap = strlen(headers) + strlen(url) + 512, len = 0;
+  char *out = eph_xmalloc(cap);
+  bool v6 = strchr(host, ':') != NULL;
+  len += (size_t)snprintf(out + len, cap - len, "%s %s%s%s HTTP/1.1\r\nHost: %s%s%s", method,
+                          path && *path ? path : "/", query ? "?" : "", query ? query : "",
+                          v6 ? "[" : "", host, v6 ? "]" : "");
+  if (port != 80)
+    len += (size_t)snprintf(out + len, cap - len, ":%d", port);
+  len += (size_t)snprintf(out + len, cap - len, "\r\n");
+  for (const char *l = headers; *l && !(l[0] == '\r' && l[1] == '\n');) {
+    const char *eol = strstr(l, "\r\n");
+    if (!eol)
+      break;
+    const char *colon = memchr(l, ':', (size_t)(eol - l));
+    if (colon && !hop_by_hop(l, (size_t)(colon - l), conn_tokens)) {
+      memcpy(out + len, l, (size_t)(eol - l) + 2);
+      len += (size_t)(eol - l) + 2;
+    }
+    l = eol + 2;
+  }
+  len += (size_t)snprintf(out + len, cap - len, "Connection: close\r\n\r\n");
+  curl_free(path);
+  curl_free(query);
+  curl_url_cleanup(u);
+  return out;
+}
+
+static void
+count(eph_egress_t *e, bool ok)
+{
+  pthread_mutex_lock(&e->lock);
+  if (ok)
+    e->allowed++;
+  else
+    e->refused++;
+  pthread_mutex_unlock(&e->lock);
+}
+
+/* Refuses with an event: the announce callback reports it, the client gets `status`. */
+static void
+refuse(eph_egress_t *e, int fd, const char *method, const char *target, int status,
+       const char *reason, const char *why)
+{
+  eph_error_t ignored = {0};
+  e->opt.announce(e->opt.opaque, method, target, why, &ignored);
+  count(e, false);
+  reply(fd, status, reason, why);
+}
+
+static void
+serve(conn_t *c)
+{
+  eph_egress_t *e = c->e;
+  int64_t end_ms = eph_now_ms() + e->opt.max_connection_ms;
+  char *buf = eph_xmalloc(HEAD_MAX_BYTES);
+  size_t got = 0;
+  ssize_t head = read_head(c->client, buf, HEAD_MAX_BYTES, &got, e->opt.idle_ms);
+  if (head <= 0) {
+    if (head < 0)
+      reply(c->client, 431, "Request Header Fields Too Large", "request head too large");
+    free(buf);
+    return;
+  }
+  char method[16], target[2048], version[16];
+  const char *line_end = strstr(buf, "\r\n");
+  if (sscanf(buf, "%15s %2047s %15s", method, target, version) != 3 ||
+      strncmp(version, "HTTP/1.", 7) != 0) {
+    reply(c->client, 400, "Bad Request", "malformed request line");
+    free(buf);
+    return;
+  }
+  const char *headers = line_end + 2;
+  bool is_connect = strcmp(method, "CONNECT") == 0;
+  char *host = NULL, display[2100];
+  int port = 0;
+  eph_error_t err = {0};
+  snprintf(display, sizeof display, "%s", target);
+
+  if (is_connect) {
+    /* host:port or [v6]:port; the port is required. */
+    char *colon = strrchr(target, ':');
+    char *endp = NULL;
+    long p = colon ? strtol(colon + 1, &endp, 10) : 0;
+    if (!colon || colon == target || !endp || *endp || p < 1 || p > 65535) {
+      refuse(e, c->client, method, display, 400, "Bad Request", "CONNECT needs host:port");
+      goto out;
+    }
+    *colon = '\0';
+    char *h = target;
+    size_t hl = strlen(h);
+    if (h[0] == '[' && hl > 2 && h[hl - 1] == ']') {
+      h[hl - 1] = '\0';
+      h++;
+    }
+    host = eph_xstrdup(h);
+    for (char *s = host; *s; s++)
+      *s = (char)(*s >= 'A' && *s <= 'Z' ? *s + 32 : *s);
+    port = (int)p;
+  } else if (strcmp(method, "GET") == 0 || strcmp(method, "HEAD") == 0) {
+    if (strncasecmp(target, "http://", 7) != 0) {
+      refuse(e, c->client, method, display, 400, "Bad Request",
+             "only absolute http:// URLs (use CONNECT for https)");
+      goto out;
+    }
+    char cl[64] = "", te[64] = "";
+    if ((header_value(headers, "content-length", cl, sizeof cl) && strtoll(cl, NULL, 10) != 0) ||
+        header_value(headers, "transfer-encoding", te, sizeof te)) {
+      refuse(e, c->client, method, display, 400, "Bad Request", "GET/HEAD with a body");
+      goto out;
+    }
+    if (eph_net_url_host(target, &host, &port, &err) < 0) {
+      refuse(e, c->client, method, display, 400, "Bad Request", err.message);
+      goto out;
+    }
+  } else {
+    refuse(e, c->client, method, display, 405, "Method Not Allowed",
+           "only CONNECT, GET and HEAD go through the proxy");
+    goto out;
+  }
+
+  const char *why = eph_net_host_refusal(e->opt.policy, host);
+  if (why) {
+    char msg[600];
+    snprintf(msg, sizeof msg, "host '%s' refused: %s", host, why);
+    refuse(e, c->client, method, display, 403, "Forbidden", msg);
+    goto out;
+  }
+  /* Announced and charged before the name is resolved: resolving is already egress. */
+  if (e->opt.announce(e->opt.opaque, method, display, NULL, &err) < 0) {
+    count(e, false);
+    reply(c->client, 403, "Forbidden", err.message);
+    goto out;
+  }
+  struct sockaddr_storage ss;
+  char addr[INET6_ADDRSTRLEN];
+  int r = eph_net_resolve_checked(e->opt.policy, host, port, &ss, addr, &err);
+  if (r < 0) {
+    if (r == -EPH_E_DENIED)
+      refuse(e, c->client, method, display, 403, "Forbidden", err.message);
+    else
+      refuse(e, c->client, method, display, 502, "Bad Gateway", err.message);
+    goto out;
+  }
+  int64_t left = end_ms - eph_now_ms();
+  int up = connect_to(&ss, left < CONNECT_TIMEOUT_MS ? left : CONNECT_TIMEOUT_MS, &err);
+  if (up < 0) {
+    char msg[1200];
+    snprintf(msg, sizeof msg, "%s (%s): %s", host, addr, err.message);
+    refuse(e, c->client, method, display, 502, "Bad Gateway", msg);
+    goto out;
+  }
+  pthread_mutex_lock(&e->lock);
+  c->upstream = up;
+  bool stop = e->stopping;
+  pthread_mutex_unlock(&e->lock);
+  count(e, true);
+  if (!stop) {
+    if (is_connect) {
+      static const char ok[] = "HTTP/1.1 200 Connection established\r\n\r\n";
+      send_all(c->client, ok, sizeof ok - 1);
+      if (got > (size_t)head) /* the client did not wait for our 200 */
+        send_all(up, buf + head, got - (size_t)head);
+      relay(e, c->client, up, true, end_ms);
+    } else {
+      cleanup_free char *req = rewrite_request(method, target, host, port, headers);
+      send_all(up, req, strlen(req));
+      /* Nothing more from the client goes upstream: a second request on this connection
+       * would skip the checks and the charge. */
+      relay(e, c->client, up, false, end_ms);
+    }
+  }
+out:
+  free(host);
+  free(buf);
+}
+
+static void *
+conn_main(void *arg)
+{
+  conn_t *c = arg;
+  eph_egress_t *e = c->e;
+  serve(c);
+  pthread_mutex_lock(&e->lock);
+  if (c->prev)
+    c->prev->next = c->next;
+  else
+    e->conns = c->next;
+  if (c->next)
+    c->next->prev = c->prev;
+  close(c->client);
+  if (c->upstream >= 0)
+    close(c->upstream);
+  free(c);
+  e->active--;
+  pthread_cond_broadcast(&e->cond);
+  pthread_mutex_unlock(&e->lock);
+  return NULL; /* e is not touched after the unlock: stop() may free it now */
+}
+
+static void *
+accept_main(void *arg)
+{
+  eph_egress_t *e = arg;
+  for (;;) {
+    struct pollfd pf[2] = {{.fd = e->listen_fd, .events = POLLIN},
+                           {.fd = e->wake[0], .events = POLLIN}};
+    int pr = poll(pf, 2, -1);
+    if (pr < 0 && errno == EINTR)
+      continue;
+    if (pr < 0 || pf[1].revents)
+      return NULL;
+    int fd = accept4(e->listen_fd, NULL, NULL, SOCK_CLOEXEC);
+    if (fd < 0)
+      continue;
+    pthread_mutex_lock(&e->lock);
+    if (e->stopping || e->active >= e->opt.max_connections) {
+      e->refused++;
+      pthread_mutex_unlock(&e->lock);
+      reply(fd, 503, "Service Unavailable", "too many connections");
+      close(fd);
+      continue;
+    }
+    conn_t *c = eph_xcalloc(1, sizeof *c);
+    c->e = e;
+    c->client = fd;
+    c->upstream = -1;
+    c->next = e->conns;
+    if (e->conns)
+      e->conns->prev = c;
+    e->conns = c;
+    e->active++;
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    if (pthread_create(&c->thread, &attr, conn_main, c) != 0) {
+      e->conns = c->next;
+      if (c->next)
+        c->next->prev = NULL;
+      e->active--;
+      close(fd);
+      free(c);
+    }
+    pthread_attr_destroy(&attr);
+    pthread_mutex_unlock(&e->lock);
+  }
+}
+
+/* ------------------------------------------------------------------ start, stop */
+
+static int
+parse_pool(const char *pool, uint32_t *base, int *bits, eph_error_t *err)
+{
+  char a[64];
+  const char *slash = strchr(pool, '/');
+  struct in_addr in;
+  char *end = NULL;
+  long b = slash ? strtol(slash + 1, &end, 10) : -1;
+  if (!slash || (size_t)(slash - pool) >= sizeof a || !end || *end || b < 8 || b > 30)
+    return eph_error_set(err, EINVAL, "egress pool '%s': expected A.B.C.D/N with 8 <= N <= 30",
+                         pool);
+  memcpy(a, pool, (size_t)(slash - pool));
+  a[slash - pool] = '\0';
+  if (inet_pton(AF_INET, a, &in) != 1)
+    return eph_error_set(err, EINVAL, "egress pool '%s': not an IPv4 address", pool);
+  *bits = (int)b;
+  *base = ntohl(in.s_addr) & (uint32_t)(0xffffffffULL << (32 - b));
+  return 0;
+}
+
+/* An address some host interface already holds cannot be a sandbox's /30. */
+static bool
+address_is_local(uint32_t a)
+{
+  struct sockaddr_in sin = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(a)};
+  int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (fd < 0)
+    return true;
+  bool local = bind(fd, (struct sockaddr *)&sin, sizeof sin) == 0 || errno != EADDRNOTAVAIL;
+  close(fd);
+  return local;
+}
+
+/* The listening socket lives in a network namespace of its own, made by a short-lived
+ * thread (only that thread changes netns; a socket keeps the netns it was made in): the
+ * sandbox's link ends there, so the proxy is the only thing a sandbox can reach. The
+ * proxy's other sockets are made by threads in the host's netns and reach the world. */
+typedef struct listen_job {
+  uint32_t addr;
+  int port;
+  int listen_fd, netns_fd;
+  eph_error_t err;
+} listen_job_t;
+
+static void *
+listen_main(void *arg)
+{
+  listen_job_t *j = arg;
+  j->listen_fd = j->netns_fd = -1;
+  if (unshare(CLONE_NEWNET) < 0) {
+    eph_error_set(&j->err, errno, "egress: unshare(CLONE_NEWNET) for the proxy: %s",
+                  strerror(errno));
+    return NULL;
+  }
+  j->netns_fd = open("/proc/thread-self/ns/net", O_RDONLY | O_CLOEXEC);
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  int one = 1;
+  struct sockaddr_in sin = {.sin_family = AF_INET, .sin_port = htons((uint16_t)j->port),
+                            .sin_addr.s_addr = htonl(j->addr)};
+  /* FREEBIND: the address appears once the backend made the link. */
+  if (j->netns_fd < 0 || fd < 0 || setsockopt(fd, SOL_IP, IP_FREEBIND, &one, sizeof one) < 0 ||
+      bind(fd, (struct sockaddr *)&sin, sizeof sin) < 0 || listen(fd, 64) < 0) {
+    eph_error_set(&j->err, errno, "egress: the proxy's listening socket: %s", strerror(errno));
+    if (fd >= 0)
+      close(fd);
+    return NULL;
+  }
+  j->listen_fd = fd;
+  return NULL;
+}
+
+int
+eph_egress_start(const eph_egress_options_t *opt, eph_egress_t **out, eph_error_t *err)
+{
+  uint32_t base = 0;
+  int bits = 32, r;
+  *out = NULL;
+  if (!opt->policy || !opt->announce)
+    return eph_error_set(err, EINVAL, "egress: policy and announce are required");
+  if ((r = parse_pool(opt->pool, &base, &bits, err)) < 0)
+    return r;
+  uint32_t n = 1U << (32 - bits - 2); /* /30s in the pool */
+  int lock = -1;
+  uint32_t chosen = 0;
+  for (uint32_t i = 0; i < n && lock < 0; i++) {
+    uint32_t a = base + 4 * i + 1;
+    if (address_is_local(a))
+      continue;
+    lock = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (lock < 0)
+      return eph_error_set(err, errno, "egress: socket: %s", strerror(errno));
+    int one = 1;
+    struct sockaddr_in sin = {.sin_family = AF_INET, .sin_port = htons((uint16_t)opt->port),
+                              .sin_addr.s_addr = htonl(a)};
+    /* A bound, never listening socket in the host's netns is the allocation: another
+     * process's proxy holding this /30 makes the bind fail with EADDRINUSE. */
+    if (setsockopt(lock, SOL_IP, IP_FREEBIND, &one, sizeof one) < 0 ||
+        bind(lock, (struct sockaddr *)&sin, sizeof sin) < 0) {
+      int e = errno;
+      close(lock);
+      lock = -1;
+      if (e != EADDRINUSE)
+        return eph_error_set(err, e, "egress: binding %s: %s", opt->pool, strerror(e));
+      continue;
+    }
+    chosen = a;
+  }
+  if (lock < 0)
+    return eph_error_set(err, EADDRNOTAVAIL, "egress: pool %s has no free /30 left", opt->pool);
+
+  listen_job_t job = {.addr = chosen, .port = opt->port};
+  pthread_t t;
+  if (pthread_create(&t, NULL, listen_main, &job) != 0) {
+    close(lock);
+    return eph_error_set(err, EAGAIN, "egress: cannot start a thread");
+  }
+  pthread_join(t, NULL);
+  if (job.listen_fd < 0) {
+    close(lock);
+    if (job.netns_fd >= 0)
+      close(job.netns_fd);
+    *err = job.err;
+    return -job.err.code;
+  }
+
+  eph_egress_t *e = eph_xcalloc(1, sizeof *e);
+  e->opt = *opt;
+  e->listen_fd = job.listen_fd;
+  e->netns_fd = job.netns_fd;
+  e->lock_fd = lock;
+  e->wake[0] = e->wake[1] = -1;
+  struct in_addr in = {.s_addr = htonl(chosen)};
+  char text[INET_ADDRSTRLEN];
+  inet_ntop(AF_INET, &in, text, sizeof text);
+  snprintf(e->url, sizeof e->url, "http://%s:%d", text, opt->port);
+  pthread_mutex_init(&e->lock, NULL);
+  pthread_cond_init(&e->cond, NULL);
+  if (pipe2(e->wake, O_CLOEXEC) < 0) {
+    r = eph_error_set(err, errno, "egress: pipe: %s", strerror(errno));
+    goto fail;
+  }
+  if (pthread_create(&e->acceptor, NULL, accept_main, e) != 0) {
+    r = eph_error_set(err, EAGAIN, "egress: cannot start the accept thread");
+    goto fail;
+  }
+  e->acceptor_running = true;
+  eph_debug("egress: proxy listening on %s", e->url);
+  *out = e;
+  return 0;
+fail:
+  close(e->listen_fd);
+  close(e->netns_fd);
+  close(e->lock_fd);
+  if (e->wake[0] >= 0) {
+    close(e->wake[0]);
+    close(e->wake[1]);
+  }
+  pthread_mutex_destroy(&e->lock);
+  pthread_cond_destroy(&e->cond);
+  free(e);
+  return r;
+}
+
+int
+eph_egress_netns_fd(const eph_egress_t *e)
+{
+  return e->netns_fd;
+}
+
+const char *
+eph_egress_url(const eph_egress_t *e)
+{
+  return e->url;
+}
+
+void
+eph_egress_counts(eph_egress_t *e, int64_t *allowed, int64_t *refused)
+{
+  pthread_mutex_lock(&e->lock);
+  *allowed = e->allowed;
+  *refused = e->refused;
+  pthread_mutex_unlock(&e->lock);
+}
+
+void
+eph_egress_stop(eph_egress_t *e)
+{
+  if (!e)
+    return;
+  if (e->acceptor_running) {
+    ssize_t w = write(e->wake[1], "x", 1);
+    (void)w;
+    pthread_join(e->acceptor, NULL);
+  }
+  close(e->listen_fd);
+  pthread_mutex_lock(&e->lock);
+  e->stopping = true;
+  /* Wake every connection thread out of its poll: shutdown, not close, so no fd number is
+   * reused under a thread that still holds it. */
+  for (conn_t *c = e->conns; c; c = c->next) {
+    shutdown(c->client, SHUT_RDWR);
+    if (c->upstream >= 0)
+      shutdown(c->upstream, SHUT_RDWR);
+  }
+  while (e->active > 0)
+    pthread_cond_wait(&e->cond, &e->lock);
+  pthread_mutex_unlock(&e->lock);
+  close(e->wake[0]);
+  close(e->wake[1]);
+  close(e->netns_fd);
+  close(e->lock_fd);
+  pthread_mutex_destroy(&e->lock);
+  pthread_cond_destroy(&e->cond);
+  free(e);
+}

@@ -1,0 +1,85 @@
+/* The sandbox egress proxy: the only way out of a sandbox whose run grants `web`.
+ *
+ * One proxy per run. Its listening socket lives in a network namespace of its own, where
+ * the backend puts the host end of the sandbox's veth (eph_sandbox_spec_t.proxy_url and
+ * proxy_netns_fd): the proxy is the only thing a sandbox can reach. It speaks two forms:
+ *   CONNECT host:port HTTP/1.1            a TCP tunnel (HTTPS); the TLS inside is never read
+ *   GET|HEAD http://host[:port]/path ...  plain HTTP, rewritten to origin form with the
+ *                                         hop-by-hop and Proxy-* headers removed
+ * Every connection is checked like a web_fetch of tool-web: the host against the domain
+ * lists, then the proxy resolves the name itself and checks every address (private,
+ * loopback, link-local, metadata, ...) and connects to the address it checked, so a forged
+ * address or a TLS name other than the CONNECT host gets nowhere. The checker is
+ * plugins/tool-web/net.c, compiled into the core as well (plugins do not link the core).
+ * Each connection is announced to the run (event + charge) before any name is resolved; a
+ * refused charge refuses the connection.
+ *
+ * Threads: one accept thread; one thread per connection, at most max_connections at once
+ * (more are answered 503 and closed). Each connection has a byte cap (both directions
+ * together) and a wall-clock cap, and an idle timeout. */
+#ifndef EPH_EGRESS_H
+#define EPH_EGRESS_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include <ephemeral/plugin.h>
+
+#include "../plugins/tool-web/net.h"
+#include "conf.h"
+
+typedef struct eph_egress eph_egress_t;
+
+/* Called once per connection attempt, on the connection's thread, before any I/O beyond
+ * reading the request head. method: "CONNECT", "GET" or "HEAD"; target: "host:port" for
+ * CONNECT, the absolute URL otherwise. refusal: NULL when the policy allowed the host, else
+ * why not (then the return value is ignored; the callback only reports). For an allowed
+ * one the callback charges: a negative return refuses the connection (403 with err's
+ * message). May be called from several threads at once. */
+typedef int (*eph_egress_announce_fn)(void *opaque, const char *method, const char *target,
+                                      const char *refusal, eph_error_t *err);
+
+typedef struct eph_egress_options {
+  /* Private IPv4 pool the per-sandbox /30s come from, "A.B.C.D/N" (N <= 30). The proxy
+   * takes the first .1 of a /30 no other proxy (of any process) is bound to and that no
+   * host interface already holds. */
+  const char *pool;
+  int port;                   /* TCP port of the proxy on that address */
+  int max_connections;        /* open at once */
+  int64_t max_bytes;          /* per connection, both directions together */
+  int64_t max_connection_ms;  /* per connection, wall clock */
+  int64_t idle_ms;            /* per connection, no byte either way */
+  const eph_net_policy_t *policy; /* borrowed, must outlive the proxy */
+  eph_egress_announce_fn announce;
+  void *opaque;
+} eph_egress_options_t;
+
+/* Reads the core's `egress` group (pool, port, max_connections, max_bytes,
+ * max_connection_ms, idle_ms) into opt (defaults for missing keys) and the tool-web
+ * block's policy (allow_domains, deny_domains, allow_private_addresses, allow_loopback)
+ * into *policy (free with eph_net_policy_free). Errors: -EPH_E_CONFIG naming file:line. */
+int eph_egress_load_config(const eph_config_t *config, const eph_host_t *host,
+                           eph_egress_options_t *opt, eph_net_policy_t *policy,
+                           eph_error_t *err);
+
+/* Takes a free /30 of the pool, makes the proxy's netns, binds there (IP_FREEBIND: the
+ * address appears only when the backend creates the veth), listens and starts the accept
+ * thread. *out owned by the caller, released by
+ * eph_egress_stop(). Errors: -EADDRNOTAVAIL when the pool is exhausted, -EINVAL for a bad
+ * pool, or the socket error. */
+int eph_egress_start(const eph_egress_options_t *opt, eph_egress_t **out, eph_error_t *err);
+
+/* "http://10.213.0.1:3128": the spec's proxy_url. Borrowed, valid until stop. */
+const char *eph_egress_url(const eph_egress_t *e);
+/* The network namespace holding the proxy's listening socket and nothing else: the spec's
+ * proxy_netns_fd. Borrowed, valid until stop. */
+int eph_egress_netns_fd(const eph_egress_t *e);
+
+/* Connections accepted, refused (policy, charge, errors) so far. */
+void eph_egress_counts(eph_egress_t *e, int64_t *allowed, int64_t *refused);
+
+/* Closes the listener, ends every open connection, joins every thread and frees e. NULL is
+ * a no-op. */
+void eph_egress_stop(eph_egress_t *e);
+
+#endif

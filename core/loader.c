@@ -1,0 +1,196 @@
+#include <config.h>
+
+#include "loader.h"
+
+#include <dlfcn.h>
+#include <errno.h>
+#include <string.h>
+
+#include "log.h"
+#include "util.h"
+
+const char *
+eph_kind_name(eph_kind_t kind)
+{
+  switch (kind) {
+  case EPH_KIND_TOOL:
+    return "tool";
+  case EPH_KIND_BACKEND:
+    return "backend";
+  case EPH_KIND_MODEL:
+    return "model";
+  case EPH_KIND_LEDGER:
+    return "ledger";
+  }
+  return NULL;
+}
+
+static bool
+valid_name(const char *name)
+{
+  if (!name || !*name || strlen(name) > 64)
+    return false;
+  for (const char *p = name; *p; p++)
+    if (!((*p >= 'a' && *p <= 'z') || (*p >= '0' && *p <= '9') || *p == '-' || *p == '_'))
+      return false;
+  return true;
+}
+
+/* The ops table must at least carry its struct_size; each kind's table starts with it. */
+static bool
+ops_present(const eph_plugin_t *d)
+{
+  if (!d->ops)
+    return false;
+  const uint32_t *size = d->ops;
+  return *size >= sizeof(uint32_t);
+}
+
+static void
+release_handle(void *handle)
+{
+  /* Leave plugins mapped under ASan so leak reports can still symbolise their frames. */
+#ifndef EPH_KEEP_PLUGINS_MAPPED
+  if (!getenv("EPH_NO_DLCLOSE"))
+    dlclose(handle);
+#else
+  (void)handle;
+#endif
+}
+
+int
+eph_plugin_load_file(eph_plugins_t *ps, const char *path, const config_setting_t *config,
+                     const eph_host_t *host, int *warnings, eph_error_t *err)
+{
+  dlerror();
+  void *handle = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+  if (!handle)
+    return eph_error_set(err, ENOENT, "%s: cannot load: %s", path, dlerror());
+
+  int r = 0;
+  const eph_plugin_t *d = dlsym(handle, EPH_PLUGIN_SYMBOL);
+  if (!d) {
+    r = eph_error_set(err, ENOENT, "%s: no '%s' descriptor: not an ephemeral plugin", path,
+                      EPH_PLUGIN_SYMBOL);
+    goto fail;
+  }
+  if (d->abi_major != EPH_ABI_MAJOR) {
+    r = eph_error_set(err, EPROTO,
+                      "%s: plugin ABI %u.%u, but this ephemeral speaks ABI %u.x: rebuild the "
+                      "plugin against the installed SDK",
+                      path, d->abi_major, d->abi_minor, EPH_ABI_MAJOR);
+    goto fail;
+  }
+  /* The descriptor's fields up to ops exist in every 1.x; a smaller one is corrupt. */
+  if (d->struct_size < offsetof(eph_plugin_t, ops) + sizeof(d->ops)) {
+    r = eph_error_set(err, EPROTO, "%s: descriptor too small (%u bytes)", path, d->struct_size);
+    goto fail;
+  }
+  if (!valid_name(d->name)) {
+    r = eph_error_set(err, EINVAL, "%s: invalid plugin name (want [a-z0-9_-]{1,64})", path);
+    goto fail;
+  }
+  if (!eph_kind_name(d->kind)) {
+    r = eph_error_set(err, EINVAL, "%s: plugin '%s' has unknown kind %d", path, d->name,
+                      (int)d->kind);
+    goto fail;
+  }
+  if (!d->init || !ops_present(d)) {
+    r = eph_error_set(err, EINVAL, "%s: plugin '%s' has no init or no operations table", path,
+                      d->name);
+    goto fail;
+  }
+  const eph_plugin_slot_t *dup = eph_plugins_find(ps, d->name);
+  if (dup) {
+    r = eph_error_set(err, EEXIST, "%s: duplicate plugin name '%s' (already loaded from %s)",
+                      path, d->name, dup->path);
+    goto fail;
+  }
+  r = eph_config_check_keys(config, d->config_keys, d->name, warnings, err);
+  if (r < 0) {
+    eph_error_wrap(err, "%s", path);
+    goto fail;
+  }
+
+  void *state = NULL;
+  const char *prev = eph_log_push_plugin(d->name);
+  r = d->init(host, config, &state, err);
+  eph_log_pop_plugin(prev);
+  if (r < 0) {
+    if (!err || !err->message[0])
+      eph_error_set(err, -r, "failed");
+    r = eph_error_wrap(err, "%s: init of plugin '%s' failed", path, d->name);
+    goto fail;
+  }
+
+  ps->slots = eph_xrealloc(ps->slots, (ps->n + 1) * sizeof *ps->slots);
+  ps->slots[ps->n++] = (eph_plugin_slot_t){
+      .desc = d, .handle = handle, .state = state, .path = eph_xstrdup(path), .config = config};
+  eph_debug("loaded %s %s %s from %s", eph_kind_name(d->kind), d->name, d->version, path);
+  return 0;
+
+fail:
+  release_handle(handle);
+  return r < 0 ? r : -EIO;
+}
+
+int
+eph_plugins_load(eph_plugins_t *ps, eph_config_t *cfg, const char *plugin_dir,
+                 const eph_host_t *host, eph_error_t *err)
+{
+  memset(ps, 0, sizeof *ps);
+  for (size_t i = 0; i < cfg->n_blocks; i++) {
+    const eph_config_block_t *b = &cfg->blocks[i];
+    if (!b->enabled)
+      continue;
+    cleanup_free char *path = b->file[0] == '/' ? eph_xstrdup(b->file)
+                                                : eph_xasprintf("%s/%s", plugin_dir, b->file);
+    eph_error_t e = {0};
+    if (eph_plugin_load_file(ps, path, b->setting, host, &cfg->warnings, &e) < 0) {
+      eph_error("%s (enabled at %s)", e.message, b->where);
+      ps->refused++;
+      continue;
+    }
+    const eph_plugin_slot_t *s = &ps->slots[ps->n - 1];
+    if (strcmp(s->desc->name, b->name) != 0)
+      eph_warn("%s: block '%s' loaded a plugin that calls itself '%s'", b->where, b->name,
+               s->desc->name);
+  }
+  (void)err;
+  return 0;
+}
+
+void
+eph_plugins_unload(eph_plugins_t *ps)
+{
+  for (size_t i = ps->n; i-- > 0;) {
+    eph_plugin_slot_t *s = &ps->slots[i];
+    if (s->desc->fini) {
+      const char *prev = eph_log_push_plugin(s->desc->name);
+      s->desc->fini(s->state);
+      eph_log_pop_plugin(prev);
+    }
+    release_handle(s->handle);
+    free(s->path);
+  }
+  free(ps->slots);
+  memset(ps, 0, sizeof *ps);
+}
+
+const eph_plugin_slot_t *
+eph_plugins_find(const eph_plugins_t *ps, const char *name)
+{
+  for (size_t i = 0; i < ps->n; i++)
+    if (strcmp(ps->slots[i].desc->name, name) == 0)
+      return &ps->slots[i];
+  return NULL;
+}
+
+const eph_plugin_slot_t *
+eph_plugins_first(const eph_plugins_t *ps, eph_kind_t kind)
+{
+  for (size_t i = 0; i < ps->n; i++)
+    if (ps->slots[i].desc->kind == kind)
+      return &ps->slots[i];
+  return NULL;
+}

@@ -1,0 +1,121 @@
+/* ephemeral: the command-line entry point. Global options come before the subcommand:
+ *   ephemeral [-v] [--config FILE] [--plugin-dir DIR] [--state-dir DIR] COMMAND [ARGS]   */
+#include <config.h>
+
+#include <getopt.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "context.h"
+#include "log.h"
+#include "util.h"
+
+static void
+usage(FILE *out)
+{
+  fprintf(out,
+          "Usage: ephemeral [OPTIONS] COMMAND [ARGS...]\n"
+          "\n"
+          "Run an AI agent inside a disposable sandbox.\n"
+          "\n"
+          "Commands:\n");
+  for (const eph_cli_command_t *c = eph_cli_commands; c->name; c++)
+    fprintf(out, "  %-28s %s\n", c->usage, c->summary);
+  fprintf(out,
+          "\n"
+          "Options:\n"
+          "  -c, --config FILE     ephemeral.conf to use (its conf.d/ beside it)\n"
+          "      --plugin-dir DIR  load plugins from DIR\n"
+          "      --state-dir DIR   state directory (also EPHEMERAL_STATE_DIR)\n"
+          "  -v, --verbose         log more (repeat for debug)\n"
+          "  -q, --quiet           log errors only\n"
+          "  -h, --help            show this help\n"
+          "  -V, --version         show the version\n"
+          "\n"
+          "Exit status: 0 on success; for `run`, see ephemeral(1).\n");
+}
+
+int
+main(int argc, char **argv)
+{
+  static const struct option options[] = {
+      {"config", required_argument, NULL, 'c'},
+      {"plugin-dir", required_argument, NULL, 'P'},
+      {"state-dir", required_argument, NULL, 'S'},
+      {"verbose", no_argument, NULL, 'v'},
+      {"quiet", no_argument, NULL, 'q'},
+      {"help", no_argument, NULL, 'h'},
+      {"version", no_argument, NULL, 'V'},
+      {0},
+  };
+  eph_ctx_options_t opt = {0};
+  int verbose = 0, c;
+  eph_log_set_program("ephemeral");
+  /* A sandbox that dies mid-write (deadline, OOM) must not take the host process with it:
+   * writes to its channel fail with EPIPE instead. */
+  signal(SIGPIPE, SIG_IGN);
+  while ((c = getopt_long(argc, argv, "+c:vqhV", options, NULL)) != -1) {
+    switch (c) {
+    case 'c':
+      opt.config_file = optarg;
+      break;
+    case 'P':
+      opt.plugin_dir = optarg;
+      break;
+    case 'S':
+      opt.state_dir = optarg;
+      break;
+    case 'v':
+      verbose++;
+      break;
+    case 'q':
+      verbose = -1;
+      break;
+    case 'h':
+      usage(stdout);
+      return 0;
+    case 'V':
+      printf("ephemeral %s (plugin ABI %d.%d)\n", PACKAGE_VERSION, EPH_ABI_MAJOR, EPH_ABI_MINOR);
+      return 0;
+    default:
+      usage(stderr);
+      return 2;
+    }
+  }
+  if (verbose < 0)
+    eph_log_set_level(EPH_LOG_ERROR);
+  else if (verbose > 0)
+    eph_log_set_level(verbose >= 2 ? EPH_LOG_DEBUG : EPH_LOG_INFO);
+
+  if (optind >= argc) {
+    usage(stderr);
+    return 2;
+  }
+  const char *name = argv[optind];
+  for (const eph_cli_command_t *cmd = eph_cli_commands; cmd->name; cmd++) {
+    if (strcmp(cmd->name, name) != 0)
+      continue;
+    opt.load_plugins = cmd->load_plugins;
+    /* Subcommand-local help works without touching the state directory. */
+    for (int i = optind + 1; i < argc && strcmp(argv[i], "--") != 0; i++)
+      if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+        printf("Usage: ephemeral %s\n  %s\n%s", cmd->usage, cmd->summary,
+               cmd->help ? cmd->help : "");
+        return 0;
+      }
+    eph_ctx_t ctx;
+    eph_error_t err = {0};
+    if (eph_ctx_open(&ctx, &opt, &err) < 0) {
+      eph_error("%s", err.message);
+      return cmd->config_error_status;
+    }
+    int status = cmd->fn(&ctx, argc - optind, argv + optind);
+    eph_ctx_close(&ctx);
+    return status;
+  }
+  fprintf(stderr, "ephemeral: unknown command '%s' (see ephemeral --help)\n", name);
+  return 2;
+}

@@ -1,0 +1,115 @@
+/* A run: one request executed end to end. The state machine:
+ *
+ *   queued ─► (reserve) ─► running: sandbox ready ─► agent loop ─► sandbox destroyed
+ *          ─► ended (exactly one terminal event: succeeded | failed | timed_out |
+ *             budget_exhausted | cancelled, with a reason) ─► settled (billed + released
+ *             = reserved; always the last event)
+ *
+ * The gate is consulted before every tool call and every model call together with the
+ * deadline and the remaining reservation; compute is charged while the sandbox lives.
+ * Everything observable is an event {seq, t, source, kind, text, data}. */
+#ifndef EPH_RUN_H
+#define EPH_RUN_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include <ephemeral/plugin.h>
+
+#include "context.h"
+#include "request.h"
+
+typedef enum eph_run_status {
+  EPH_RUN_QUEUED = 0,
+  EPH_RUN_RUNNING,
+  EPH_RUN_SUCCEEDED,
+  EPH_RUN_FAILED,
+  EPH_RUN_TIMED_OUT,
+  EPH_RUN_BUDGET_EXHAUSTED,
+  EPH_RUN_CANCELLED,
+} eph_run_status_t;
+
+/* "queued", "running", "succeeded", ... */
+const char *eph_run_status_name(eph_run_status_t s);
+/* CLI exit code per end state: 0 succeeded, 1 failed, 3 timed_out, 4 budget_exhausted,
+ * 5 cancelled (2 is kept for usage and request errors). */
+int eph_run_status_exit_code(eph_run_status_t s);
+
+/* One timeline event. Strings owned by the event. */
+typedef struct eph_event {
+  int64_t seq;        /* 1, 2, 3, ... per run, monotonic */
+  int64_t t_ms;       /* milliseconds since the run was queued */
+  char *source;       /* the timeline's source column: "Queued", "Sandbox", "Shell", ... */
+  char *kind;         /* machine word: reserved, sandbox_ready, worker_started, model_call,
+                         tool_call, tool_result, denied, sandbox_destroyed, ended, settled */
+  char *text;         /* one line for people */
+  json_object *data;  /* details, or NULL; owned */
+  bool content;       /* text/data carry run content (prompt, commands, outputs): redacted on
+                         disk under zero data retention */
+} eph_event_t;
+
+/* Callbacks the owner of a run installs (CLI printing, store persistence, SSE wake-ups).
+ * Called on the run's thread, in seq order, with the run's lock NOT held. */
+typedef struct eph_run_observer {
+  void (*on_event)(void *opaque, eph_run_t *run, const eph_event_t *ev);
+  /* Status or usage changed (after ended/settled too). */
+  void (*on_update)(void *opaque, eph_run_t *run);
+  void *opaque;
+} eph_run_observer_t;
+
+typedef struct eph_run_options {
+  const char *org;            /* organisation billed */
+  const char *run_id;         /* NULL = a fresh "run_" + 32 hex */
+  const char *backend;        /* NULL = config `backend` */
+  const char *model_override; /* CLI --replay: "replay:PATH" */
+  const char *record_path;    /* CLI --record: append raw model responses (JSONL) */
+  eph_run_observer_t observer;
+} eph_run_options_t;
+
+/* Creates a run for a parsed request; takes ownership of *req (zeroed). The ledger
+ * reservation is made here: on -EPH_E_INSUFFICIENT (balance) or any other error nothing is
+ * reserved and *out stays NULL. Free with eph_run_free() after eph_run_execute(). */
+int eph_run_new(eph_ctx_t *ctx, eph_request_t *req, const eph_run_options_t *opt,
+                eph_run_t **out, eph_error_t *err);
+
+/* Installs (replaces) the observer and replays the events emitted so far to it (the
+ * reservation event), so an observer installed after eph_run_new — e.g. once the store row
+ * exists — misses nothing. Call before eph_run_execute / eph_run_abandon. */
+void eph_run_set_observer(eph_run_t *run, const eph_run_observer_t *obs);
+
+/* Executes the run to its end on the calling thread (sandbox, agent loop, destroy, settle).
+ * Returns the final status. */
+eph_run_status_t eph_run_execute(eph_run_t *run);
+
+/* Ends a queued run without executing it (daemon drain): terminal `cancelled`, settled. */
+void eph_run_abandon(eph_run_t *run, const char *reason);
+
+/* Asks the run to stop (thread-safe, async-signal-unsafe): ends as cancelled. */
+void eph_run_cancel(eph_run_t *run);
+
+void eph_run_free(eph_run_t *run);
+
+/* Accessors (thread-safe). */
+const char *eph_run_id(const eph_run_t *run);
+const char *eph_run_org(const eph_run_t *run);
+eph_run_status_t eph_run_status(eph_run_t *run);
+bool eph_run_zdr(const eph_run_t *run);
+/* The run object: id, status, reason, created_at, request, events, output, usage.
+ * New reference owned by the caller. include_events=false omits "events". */
+json_object *eph_run_to_json(eph_run_t *run, bool include_events);
+/* Copies of events with seq > after_seq into a new JSON array (owned by the caller). */
+json_object *eph_run_events_json(eph_run_t *run, int64_t after_seq);
+/* Blocks until an event with seq > after_seq exists, the run has settled, or timeout_ms
+ * passes. Returns true when there is something new or the run is over. */
+bool eph_run_wait_events(eph_run_t *run, int64_t after_seq, int timeout_ms);
+bool eph_run_settled(eph_run_t *run);
+
+/* An event as JSON {seq, t, source, kind, text, data}; redact drops content (ZDR on disk).
+ * New reference. */
+json_object *eph_event_to_json(const eph_event_t *ev, bool redact);
+
+/* Fills the per-run services of the host table (emit, charge, sandbox_*). */
+void eph_run_host_services(eph_host_t *host);
+
+#endif

@@ -1,0 +1,171 @@
+/*
+ * The store: run history, organisations, members, API keys and idempotency keys, in one
+ * SQLite file (<state_dir>/ephemeral.sqlite) used by the run engine and the HTTP daemon.
+ *
+ * File: WAL mode, synchronous=NORMAL (history, not money: an OS crash may lose the last
+ * events, never corrupt the file; the money is in the ledger plugin's own file), foreign
+ * keys on, busy_timeout 5 s for a second process (CLI beside the daemon). The schema is
+ * versioned with PRAGMA user_version and migrated forward at open; a file newer than this
+ * code is refused (-EPH_E_CONFIG). The file is created mode 0600.
+ *
+ * Threads: one eph_store_t may be used from any number of threads. It holds one connection
+ * behind a mutex: SQLite admits one writer at a time anyway, every call is a few indexed
+ * prepared statements (microseconds), and one connection means the idempotency claim and the
+ * key checks need no retry loop on SQLITE_BUSY inside the process. Writes that read then
+ * write run in one BEGIN IMMEDIATE transaction, so they are atomic against other processes
+ * too. No SQL is built from user data: every value is bound to a prepared statement.
+ *
+ * Zero data retention (ZDR): a run inserted with zdr set keeps ids, status, timings and
+ * usage only. The store drops, whatever the caller passes: the request's content (every
+ * top-level string, object or array except "model" and "connections"; booleans and
+ * numbers, i.e. the permission table, budget and timeout, stay), the run's output, and
+ * every event's `data` payload. Event `text` is stored as given: the caller redacts it.
+ *
+ * Errors: negative errno or -EPH_E_* with err filled, messages naming the file. -EBUSY when
+ * another process held the write lock past the timeout (and, documented below, for an
+ * idempotency conflict), -ENOENT for an unknown id, -EINVAL for a bad argument.
+ */
+#ifndef EPH_STORE_H
+#define EPH_STORE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <json-c/json.h>
+
+#include <ephemeral/plugin.h>
+
+typedef struct eph_store eph_store_t;
+
+/* Store options; a NULL pointer or a 0 field takes the default. */
+typedef struct eph_store_options {
+  /* How long an idempotency key is remembered, hours. Default 24; values below 24 are
+   * refused (-EINVAL): clients retry for up to a day (Stripe's convention). */
+  int idempotency_hours;
+  /* How long another process may hold the write lock before a call fails, ms. Default 5000. */
+  int busy_timeout_ms;
+} eph_store_options_t;
+
+/* Opens (creating or migrating) the store at path. *out is owned by the caller and released
+ * with eph_store_close(). */
+int eph_store_open(const char *path, const eph_store_options_t *opt, eph_store_t **out,
+                   eph_error_t *err);
+void eph_store_close(eph_store_t *store);
+
+/* Lowercase hex SHA-256 of bytes (OpenSSL EVP) into out (65 bytes with the NUL): the
+ * idempotency body hash. Returns 0 or -EIO. */
+int eph_sha256_hex(const void *data, size_t bytes, char out[65], eph_error_t *err);
+
+/* ---------------------------------------------------------------- organisations, members */
+
+/* Creates an organisation ([A-Za-z0-9_.-]{1,64}); already existing is success. */
+int eph_store_org_create(eph_store_t *store, const char *org, eph_error_t *err);
+
+/* Adds (or updates the role of) a member of an existing organisation. role: "owner",
+ * "admin" or "member". -ENOENT when the organisation does not exist. */
+int eph_store_member_add(eph_store_t *store, const char *org, const char *member,
+                         const char *role, eph_error_t *err);
+
+/* ---------------------------------------------------------------- API keys */
+
+/* Creates an API key for org (created if new) named `name` (unique among the org's active
+ * keys, else -EEXIST). *key_out receives the key, "eph_" + 48 hex digits (24 random
+ * bytes), heap-allocated and owned by the caller (free()): it is shown once, only its
+ * SHA-256 is stored. *key_id_out (optional, may be NULL) receives the key's id
+ * "key_" + 16 hex, owned by the caller. */
+int eph_store_key_create(eph_store_t *store, const char *org, const char *name,
+                         char **key_out, char **key_id_out, eph_error_t *err);
+
+/* Checks a presented key. On success *org_out and *key_id_out (each optional) receive heap
+ * strings owned by the caller. -EACCES for an unknown, malformed or revoked key (the same
+ * error for all three). The key's SHA-256 is looked up by index and then compared with
+ * CRYPTO_memcmp (constant time); the index walk depends only on the hash, which reveals
+ * nothing usable about the key. */
+int eph_store_key_verify(eph_store_t *store, const char *key, char **org_out,
+                         char **key_id_out, eph_error_t *err);
+
+/* Revokes the org's active key whose id or name is key_id_or_name. -ENOENT when there is
+ * none (unknown, other organisation's, or already revoked). */
+int eph_store_key_revoke(eph_store_t *store, const char *key_id_or_name, const char *org,
+                         eph_error_t *err);
+
+/* Lists the org's keys, newest first, revoked ones included: *out is a JSON array owned by
+ * the caller (json_object_put) of {"id","name","created_at_us","revoked_at_us"|null}.
+ * Never the key or its hash. */
+int eph_store_key_list(eph_store_t *store, const char *org, json_object **out,
+                       eph_error_t *err);
+
+/* ---------------------------------------------------------------- runs */
+
+/* Inserts a run. id: "run_" + 32 hex (any unique string up to 128 bytes is accepted);
+ * created_at_us: CLOCK_REALTIME micros; request: the validated request object (borrowed;
+ * copied, minus content under zdr, see the top comment). -EEXIST when id exists. */
+int eph_store_run_insert(eph_store_t *store, const char *id, const char *org,
+                         const char *status, int64_t created_at_us, json_object *request,
+                         bool zdr, eph_error_t *err);
+
+/* Updates a run: any of status, output, usage may be NULL to leave it unchanged (output is
+ * never stored under zdr). The objects are borrowed. -ENOENT for an unknown run. */
+int eph_store_run_update(eph_store_t *store, const char *id, const char *status,
+                         json_object *output, json_object *usage, eph_error_t *err);
+
+/* One run as a JSON object owned by the caller: {"id","org","status","created_at_us",
+ * "updated_at_us","zero_data_retention","request","output"|null,"usage"|null}.
+ * org, when non-NULL, must match (else -ENOENT: another organisation's run does not exist
+ * for the caller). */
+int eph_store_run_get(eph_store_t *store, const char *id, const char *org, json_object **out,
+                      eph_error_t *err);
+
+/* Lists an organisation's runs, newest first (created_at_us desc, id desc), at most limit
+ * (1..1000; 0 means 50). cursor: NULL for the first page, else a next_cursor returned
+ * before (-EINVAL when malformed). *runs_out: JSON array of run objects (as run_get, without
+ * "request" and "output"), owned by the caller. *next_cursor: heap string owned by the
+ * caller, or NULL when this was the last page. Keyset pagination: a page never repeats or
+ * skips a run even when runs are inserted meanwhile. */
+int eph_store_run_list(eph_store_t *store, const char *org, int limit, const char *cursor,
+                       json_object **runs_out, char **next_cursor, eph_error_t *err);
+
+/* ---------------------------------------------------------------- events */
+
+/* Appends one timeline event of a run: seq (>= 0, unique per run, else -EEXIST), t_ms
+ * (milliseconds since the run was queued), source ("Shell"), kind ("tool_call"), text (one
+ * line), data (optional JSON, borrowed; not stored under zdr). -ENOENT for an unknown run. */
+int eph_store_event_append(eph_store_t *store, const char *run_id, int64_t seq, int64_t t_ms,
+                           const char *source, const char *kind, const char *text,
+                           json_object *data, eph_error_t *err);
+
+/* Events of a run with seq > since_seq in seq order (since_seq = -1: from the start), at
+ * most limit (0 = all): the SSE resume point is Last-Event-ID. *out: JSON array owned by the
+ * caller of {"seq","t_ms","source","kind","text","data"?}. An unknown run gives an empty
+ * array. */
+int eph_store_events_since(eph_store_t *store, const char *run_id, int64_t since_seq,
+                           int limit, json_object **out, eph_error_t *err);
+
+/* ---------------------------------------------------------------- idempotency */
+
+/* Atomically claims the idempotency key `key` of org for a request whose body hashes to
+ * body_sha256_hex (eph_sha256_hex of the raw body) and which would become run new_run_id.
+ * Returns:
+ *   0       claimed: the caller owns the key and creates new_run_id;
+ *   1       the same key with the same body was claimed before: *existing_run_id (heap,
+ *           owned by the caller) is that run; answer with it, create nothing;
+ *   -EBUSY  the same key was used with a different body (HTTP 422/409 in the API); err
+ *           says so; nothing claimed.
+ * A key older than idempotency_hours is forgotten and may be claimed again. */
+int eph_store_idem_claim(eph_store_t *store, const char *org, const char *key,
+                         const char *body_sha256_hex, const char *new_run_id,
+                         char **existing_run_id, eph_error_t *err);
+
+/* ---------------------------------------------------------------- retention */
+
+/* Deletes runs created more than retention_days ago (> 0) with their events, and
+ * idempotency keys older than idempotency_hours. Returns the number of runs deleted. */
+int eph_store_purge(eph_store_t *store, int retention_days, eph_error_t *err);
+
+/* Marks every run still `queued` or `running` as `failed`: called only by a process that
+ * knows no run is live (it holds <state_dir>/live.lock exclusively), after the ledger settled
+ * their reservations. Returns how many runs it marked. */
+int eph_store_runs_fail_unfinished(eph_store_t *store, eph_error_t *err);
+
+#endif

@@ -1,0 +1,237 @@
+/* Turning a forked child of the guest into the worker: the order is written out plainly,
+ * as in bubblewrap, and every step that fails stops the child before exec.
+ *
+ *   1. new session (its own process group: timeouts kill the whole group)
+ *   2. stdin/stdout/stderr onto the pipes, every other descriptor closed (the control
+ *      stream is never inherited)
+ *   3. signal mask and dispositions back to defaults (the guest ignores SIGPIPE)
+ *   4. rlimits: RLIMIT_NOFILE from the request, RLIMIT_CORE 0
+ *   5. oom_score_adj 1000: the kernel kills worker processes first, never the guest
+ *   6. bounding set emptied, ambient set cleared
+ *   7. supplementary groups cleared, gid then uid switched to the worker (which empties
+ *      the permitted and effective sets), capset() with empty sets to be explicit
+ *   8. chdir to the working directory, as the worker (its permissions apply)
+ *   9. PR_SET_NO_NEW_PRIVS, then the seccomp filter
+ *  10. execve
+ */
+#include <config.h>
+
+#include "guest.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <linux/capability.h>
+#include <linux/sched.h>
+#include <paths.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <termios.h>
+#include <unistd.h>
+
+/* Refused with EPERM: system calls that change the machine, other namespaces, the kernel,
+ * or reach into another process. Most already need a capability the worker lacks; the
+ * filter is the second wall in case a kernel bug hands one back. */
+static const char *const denied_eperm[] = {
+    "mount", "umount2", "pivot_root", "chroot", "ptrace", "process_vm_readv",
+    "process_vm_writev", "bpf", "perf_event_open", "keyctl", "add_key", "request_key",
+    "kexec_load", "kexec_file_load", "init_module", "finit_module", "delete_module",
+    "reboot", "swapon", "swapoff", "setns", "unshare", "open_by_handle_at",
+    "name_to_handle_at", "userfaultfd", "acct", "iopl", "ioperm", "quotactl",
+    "lookup_dcookie", "syslog", "vhangup", "settimeofday", "clock_settime", "clock_adjtime",
+    "fsopen", "fsconfig", "fsmount", "fspick", "move_mount", "open_tree", "mount_setattr",
+    NULL,
+};
+
+/* clone() flags that would create a namespace. */
+static const unsigned long ns_flags[] = {
+    CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC, CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET,
+    CLONE_NEWCGROUP,
+};
+
+scmp_filter_ctx
+guest_seccomp_build(char *why, size_t why_size)
+{
+  /* Default allow; a syscall of another architecture (int 0x80, x32) kills the process:
+   * libseccomp's default bad-arch action, since only the native arch is in the filter. */
+  scmp_filter_ctx ctx = seccomp_init(SCMP_ACT_ALLOW);
+  if (!ctx) {
+    snprintf(why, why_size, "seccomp_init failed");
+    return NULL;
+  }
+  int r;
+  for (size_t i = 0; denied_eperm[i]; i++) {
+    int nr = seccomp_syscall_resolve_name(denied_eperm[i]);
+    if (nr == __NR_SCMP_ERROR)
+      continue; /* not on this architecture */
+    if ((r = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), nr, 0)) < 0) {
+      snprintf(why, why_size, "seccomp rule %s: %s", denied_eperm[i], strerror(-r));
+      goto fail;
+    }
+  }
+  /* clone3 passes its flags in memory the filter cannot read: ENOSYS makes glibc fall
+   * back to clone(), whose flags register is checked below. */
+  if ((r = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(ENOSYS), SCMP_SYS(clone3), 0)) < 0) {
+    snprintf(why, why_size, "seccomp rule clone3: %s", strerror(-r));
+    goto fail;
+  }
+  for (size_t i = 0; i < sizeof ns_flags / sizeof ns_flags[0]; i++) {
+#if defined(__s390__) || defined(__s390x__)
+    struct scmp_arg_cmp cmp = SCMP_A1(SCMP_CMP_MASKED_EQ, ns_flags[i], ns_flags[i]);
+#else
+    struct scmp_arg_cmp cmp = SCMP_A0(SCMP_CMP_MASKED_EQ, ns_flags[i], ns_flags[i]);
+#endif
+    if ((r = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(clone), 1, cmp)) < 0) {
+      snprintf(why, why_size, "seccomp rule clone flags: %s", strerror(-r));
+      goto fail;
+    }
+  }
+  /* Pushing bytes into a terminal's input queue would type commands for someone else. */
+  static const unsigned long tty_inject[] = {TIOCSTI, TIOCLINUX};
+  for (size_t i = 0; i < 2; i++) {
+    if ((r = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(ioctl), 1,
+                              SCMP_A1(SCMP_CMP_MASKED_EQ, 0xffffffffUL, tty_inject[i]))) < 0) {
+      snprintf(why, why_size, "seccomp rule ioctl: %s", strerror(-r));
+      goto fail;
+    }
+  }
+  return ctx;
+fail:
+  seccomp_release(ctx);
+  return NULL;
+}
+
+__attribute__((noreturn)) static void
+die(int status_fd, const char *step, int err)
+{
+  char msg[256];
+  int n = snprintf(msg, sizeof msg, "%s: %s", step, strerror(err));
+  if (n > 0) {
+    ssize_t w = write(status_fd, msg, (size_t)n < sizeof msg ? (size_t)n : sizeof msg - 1);
+    (void)w;
+  }
+  _exit(126);
+}
+
+static int
+drop_capabilities(void)
+{
+  /* PR_CAPBSET_READ fails with EINVAL past the kernel's last capability. */
+  for (unsigned long cap = 0; cap < 64; cap++) {
+    if (prctl(PR_CAPBSET_READ, cap, 0, 0, 0) < 0) {
+      if (errno == EINVAL)
+        break;
+      return -errno;
+    }
+    if (prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) < 0)
+      return -errno;
+  }
+  if (prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) < 0 && errno != EINVAL)
+    return -errno;
+  return 0;
+}
+
+static int
+clear_capability_sets(void)
+{
+  struct __user_cap_header_struct hdr = {.version = _LINUX_CAPABILITY_VERSION_3, .pid = 0};
+  struct __user_cap_data_struct data[2];
+  memset(data, 0, sizeof data);
+  if (syscall(SYS_capset, &hdr, data) < 0)
+    return -errno;
+  /* Read back: nothing may be left in any set. */
+  memset(data, 0xff, sizeof data);
+  if (syscall(SYS_capget, &hdr, data) < 0)
+    return -errno;
+  for (int i = 0; i < 2; i++)
+    if (data[i].effective || data[i].permitted || data[i].inheritable)
+      return -EPERM;
+  return 0;
+}
+
+void
+guest_worker_exec(const guest_worker_spec_t *spec)
+{
+  int sfd = spec->status_fd;
+
+  if (setsid() < 0)
+    die(sfd, "setsid", errno);
+
+  /* Move every fd we keep above 2 first so dup2() never clobbers one of them. */
+  int in = fcntl(spec->stdin_fd, F_DUPFD_CLOEXEC, 10);
+  int out = fcntl(spec->stdout_fd, F_DUPFD_CLOEXEC, 10);
+  int errfd = fcntl(spec->stderr_fd, F_DUPFD_CLOEXEC, 10);
+  int st = fcntl(sfd, F_DUPFD_CLOEXEC, 10);
+  if (in < 0 || out < 0 || errfd < 0 || st < 0)
+    die(sfd, "dup", errno);
+  sfd = st;
+  if (dup2(in, 0) < 0 || dup2(out, 1) < 0 || dup2(errfd, 2) < 0)
+    die(sfd, "dup2", errno);
+  if (dup3(st, 3, O_CLOEXEC) < 0)
+    die(sfd, "dup3", errno);
+  sfd = 3;
+  if (close_range(4, ~0U, 0) < 0)
+    die(sfd, "close_range", errno);
+
+  sigset_t none;
+  sigemptyset(&none);
+  if (sigprocmask(SIG_SETMASK, &none, NULL) < 0)
+    die(sfd, "sigprocmask", errno);
+  for (int sig = 1; sig < NSIG; sig++)
+    if (sig != SIGKILL && sig != SIGSTOP)
+      signal(sig, SIG_DFL); /* EINVAL for the few reserved numbers: ignored */
+
+  struct rlimit nofile = {spec->nofile, spec->nofile};
+  struct rlimit nocore = {0, 0};
+  if (setrlimit(RLIMIT_NOFILE, &nofile) < 0)
+    die(sfd, "setrlimit(RLIMIT_NOFILE)", errno);
+  if (setrlimit(RLIMIT_CORE, &nocore) < 0)
+    die(sfd, "setrlimit(RLIMIT_CORE)", errno);
+
+  /* Raising oom_score_adj needs no privilege. Without /proc (an odd backend) the worker
+   * still runs, only the OOM preference is lost. */
+  int oom = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
+  if (oom >= 0) {
+    if (write(oom, "1000", 4) != 4)
+      die(sfd, "oom_score_adj", errno);
+    close(oom);
+  } else if (errno != ENOENT) {
+    die(sfd, "open(/proc/self/oom_score_adj)", errno);
+  }
+
+  int r = drop_capabilities();
+  if (r < 0)
+    die(sfd, "dropping the capability bounding set", -r);
+  if (setgroups(0, NULL) < 0)
+    die(sfd, "setgroups", errno);
+  if (setresgid(spec->gid, spec->gid, spec->gid) < 0)
+    die(sfd, "setresgid", errno);
+  if (setresuid(spec->uid, spec->uid, spec->uid) < 0)
+    die(sfd, "setresuid", errno);
+  if ((r = clear_capability_sets()) < 0)
+    die(sfd, "capset", -r);
+  if (spec->uid != 0 && (setuid(0) == 0 || seteuid(0) == 0))
+    die(sfd, "uid switch did not stick", EPERM);
+
+  if (chdir(spec->cwd) < 0)
+    die(sfd, "chdir", errno);
+
+  if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0)
+    die(sfd, "PR_SET_NO_NEW_PRIVS", errno);
+  if ((r = seccomp_load(spec->filter)) < 0)
+    die(sfd, "seccomp_load", -r);
+
+  /* execvp() searches the PATH of `environ`, so the worker's environment is installed
+   * first: the guest's own PATH (possibly none as PID 1) never decides what runs. */
+  environ = (char **)spec->envp;
+  execvp(spec->argv[0], spec->argv);
+  int e = errno;
+  /* Like a shell: 127 with a message on stderr when the program is missing. */
+  dprintf(2, "%s: %s\n", spec->argv[0], strerror(e));
+  _exit(e == ENOENT ? 127 : 126);
+}

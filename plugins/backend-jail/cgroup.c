@@ -1,0 +1,403 @@
+/* backend-jail: one cgroup per sandbox, named after its run id, under an `ephemeral` parent.
+ *
+ * cgroup v1 (this project's reference machine): the memory, pids and cpu controllers each
+ * have their own hierarchy under <root>/<controller>; the run gets
+ * <root>/memory/ephemeral/<run_id>, <root>/pids/ephemeral/<run_id>,
+ * <root>/cpu/ephemeral/<run_id>. cgroup v2 (unified, detected by <root>/cgroup.controllers):
+ * one group <root>/ephemeral/<run_id> with the three controllers enabled on the parent.
+ *
+ * Files written (kernel Documentation/admin-guide/cgroup-v1/{memory,pids}.rst, cgroup-v2.rst):
+ *   v1: memory.limit_in_bytes, memory.memsw.limit_in_bytes (= memory: swap cannot hide
+ *       memory), pids.max, cpu.cfs_period_us / cpu.cfs_quota_us
+ *   v2: memory.max, memory.swap.max = 0, pids.max, cpu.max "quota period"
+ * Counters read: v1 memory.oom_control "oom_kill N", memory.max_usage_in_bytes;
+ *   v2 memory.events "oom_kill N", memory.peak; both pids.events "max N".
+ */
+#include "config.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include "jail.h"
+
+#define CPU_PERIOD_US 100000
+
+static const char *const v1_controllers[JAIL_CG_N] = {"memory", "pids", "cpu"};
+
+static void
+sleep_ms(int ms)
+{
+  struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+  nanosleep(&ts, NULL);
+}
+
+/* Writes a short string to dirfd/name; returns 0 or -errno. */
+static int
+write_at(int dirfd, const char *name, const char *text)
+{
+  cleanup_close int fd = openat(dirfd, name, O_WRONLY | O_CLOEXEC);
+  if (fd < 0)
+    return -errno;
+  size_t len = strlen(text);
+  ssize_t n = write(fd, text, len);
+  if (n < 0)
+    return -errno;
+  return (size_t)n == len ? 0 : -EIO;
+}
+
+/* Reads dirfd/name into buf (NUL-terminated); returns bytes or -errno. */
+static ssize_t
+read_at(int dirfd, const char *name, char *buf, size_t size)
+{
+  cleanup_close int fd = openat(dirfd, name, O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    return -errno;
+  size_t off = 0;
+  while (off + 1 < size) {
+    ssize_t n = read(fd, buf + off, size - 1 - off);
+    if (n < 0) {
+      if (errno == EINTR)
+        continue;
+      return -errno;
+    }
+    if (n == 0)
+      break;
+    off += (size_t)n;
+  }
+  buf[off] = '\0';
+  return (ssize_t)off;
+}
+
+static bool
+exists_at(int dirfd, const char *name)
+{
+  return faccessat(dirfd, name, F_OK, 0) == 0;
+}
+
+/* The value after "key " on its own line of a flat-keyed file ("oom_kill 3"). */
+static uint64_t
+keyed_value(const char *text, const char *key)
+{
+  size_t klen = strlen(key);
+  for (const char *line = text; line && *line; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL) {
+    if (strncmp(line, key, klen) == 0 && line[klen] == ' ')
+      return strtoull(line + klen + 1, NULL, 10);
+  }
+  return 0;
+}
+
+int
+jail_cg_init(jail_cgroups_t *cg, const char *root, const char *parent, eph_error_t *err)
+{
+  memset(cg, 0, sizeof *cg);
+  for (int i = 0; i < JAIL_CG_N; i++)
+    cg->parent_fd[i] = -1;
+
+  char path[4096];
+  snprintf(path, sizeof path, "%s/cgroup.controllers", root);
+  cg->v2 = access(path, F_OK) == 0;
+  cg->n_dirs = cg->v2 ? 1 : JAIL_CG_N;
+
+  if (cg->v2) {
+    char ctl[512];
+    cleanup_close int rootfd = open(root, O_PATH | O_DIRECTORY | O_CLOEXEC);
+    if (rootfd < 0)
+      return eph_error_set(err, errno, "cgroup v2 root %s: %s", root, strerror(errno));
+    if (read_at(rootfd, "cgroup.controllers", ctl, sizeof ctl) < 0)
+      return eph_error_set(err, errno, "%s/cgroup.controllers: %s", root, strerror(errno));
+    for (const char *c = "memory\0pids\0cpu\0"; *c; c += strlen(c) + 1)
+      if (!strstr(ctl, c))
+        return eph_error_set(err, ENOTSUP, "cgroup v2 root %s: controller '%s' not available",
+                             root, c);
+    /* The root's subtree_control may already hold them; writing is idempotent. */
+    int r = write_at(rootfd, "cgroup.subtree_control", "+memory +pids +cpu");
+    if (r < 0)
+      return eph_error_set(err, -r, "%s/cgroup.subtree_control: %s", root, strerror(-r));
+    snprintf(path, sizeof path, "%s/%s", root, parent);
+    if (mkdir(path, 0755) < 0 && errno != EEXIST)
+      return eph_error_set(err, errno, "mkdir %s: %s", path, strerror(errno));
+    cg->parent_fd[0] = open(path, O_PATH | O_DIRECTORY | O_CLOEXEC);
+    if (cg->parent_fd[0] < 0)
+      return eph_error_set(err, errno, "open %s: %s", path, strerror(errno));
+    cg->parent_path[0] = strdup(path);
+    r = write_at(cg->parent_fd[0], "cgroup.subtree_control", "+memory +pids +cpu");
+    if (r < 0) {
+      jail_cg_fini(cg);
+      return eph_error_set(err, -r, "%s/cgroup.subtree_control: %s", path, strerror(-r));
+    }
+    cg->swap_max = exists_at(cg->parent_fd[0], "memory.swap.max");
+    cg->has_kill = exists_at(cg->parent_fd[0], "cgroup.kill");
+    return 0;
+  }
+
+  for (int i = 0; i < JAIL_CG_N; i++) {
+    snprintf(path, sizeof path, "%s/%s", root, v1_controllers[i]);
+    if (access(path, F_OK) < 0) {
+      int e = errno;
+      jail_cg_fini(cg);
+      return eph_error_set(err, e, "cgroup v1 controller %s: %s (neither %s/cgroup.controllers "
+                           "nor a v1 hierarchy found)", path, strerror(e), root);
+    }
+    snprintf(path, sizeof path, "%s/%s/%s", root, v1_controllers[i], parent);
+    if (mkdir(path, 0755) < 0 && errno != EEXIST) {
+      int e = errno;
+      jail_cg_fini(cg);
+      return eph_error_set(err, e, "mkdir %s: %s", path, strerror(e));
+    }
+    cg->parent_fd[i] = open(path, O_PATH | O_DIRECTORY | O_CLOEXEC);
+    if (cg->parent_fd[i] < 0) {
+      int e = errno;
+      jail_cg_fini(cg);
+      return eph_error_set(err, e, "open %s: %s", path, strerror(e));
+    }
+    cg->parent_path[i] = strdup(path);
+  }
+  cg->memsw = exists_at(cg->parent_fd[JAIL_CG_MEMORY], "memory.memsw.limit_in_bytes");
+  return 0;
+}
+
+void
+jail_cg_fini(jail_cgroups_t *cg)
+{
+  for (int i = 0; i < JAIL_CG_N; i++) {
+    if (cg->parent_fd[i] >= 0)
+      close(cg->parent_fd[i]);
+    cg->parent_fd[i] = -1;
+    free(cg->parent_path[i]);
+    cg->parent_path[i] = NULL;
+  }
+}
+
+/* fd of the run's group in controller slot i (v2: i is always 0). */
+static int
+open_group(jail_cgroups_t *cg, int i, const char *name)
+{
+  return openat(cg->parent_fd[i], name, O_PATH | O_DIRECTORY | O_CLOEXEC);
+}
+
+static int
+set_limit(int fd, const char *dir, const char *file, const char *value, eph_error_t *err)
+{
+  int r = write_at(fd, file, value);
+  if (r < 0)
+    return eph_error_set(err, -r, "write %s to %s/%s: %s", value, dir, file, strerror(-r));
+  return 0;
+}
+
+static int
+write_limits(jail_cgroups_t *cg, const char *name, const jail_limits_t *lim, eph_error_t *err)
+{
+  char v[64], where[4200];
+  if (cg->v2) {
+    cleanup_close int fd = open_group(cg, 0, name);
+    snprintf(where, sizeof where, "%s/%s", cg->parent_path[0], name);
+    if (fd < 0)
+      return eph_error_set(err, errno, "open %s: %s", where, strerror(errno));
+    snprintf(v, sizeof v, "%" PRIu64, lim->memory_bytes);
+    if (set_limit(fd, where, "memory.max", v, err) < 0)
+      return -err->code;
+    if (cg->swap_max && set_limit(fd, where, "memory.swap.max", "0", err) < 0)
+      return -err->code;
+    snprintf(v, sizeof v, "%" PRIu32, lim->pids);
+    if (set_limit(fd, where, "pids.max", v, err) < 0)
+      return -err->code;
+    snprintf(v, sizeof v, "%" PRIu64 " %d", (uint64_t)lim->cpu_percent * CPU_PERIOD_US / 100,
+             CPU_PERIOD_US);
+    return set_limit(fd, where, "cpu.max", v, err);
+  }
+
+  cleanup_close int mem = open_group(cg, JAIL_CG_MEMORY, name);
+  snprintf(where, sizeof where, "%s/%s", cg->parent_path[JAIL_CG_MEMORY], name);
+  if (mem < 0)
+    return eph_error_set(err, errno, "open %s: %s", where, strerror(errno));
+  snprintf(v, sizeof v, "%" PRIu64, lim->memory_bytes);
+  if (set_limit(mem, where, "memory.limit_in_bytes", v, err) < 0)
+    return -err->code;
+  /* memsw must be >= the memory limit, so it is written second; equal means no swap. */
+  if (cg->memsw && set_limit(mem, where, "memory.memsw.limit_in_bytes", v, err) < 0)
+    return -err->code;
+
+  cleanup_close int pids = open_group(cg, JAIL_CG_PIDS, name);
+  snprintf(where, sizeof where, "%s/%s", cg->parent_path[JAIL_CG_PIDS], name);
+  if (pids < 0)
+    return eph_error_set(err, errno, "open %s: %s", where, strerror(errno));
+  snprintf(v, sizeof v, "%" PRIu32, lim->pids);
+  if (set_limit(pids, where, "pids.max", v, err) < 0)
+    return -err->code;
+
+  cleanup_close int cpu = open_group(cg, JAIL_CG_CPU, name);
+  snprintf(where, sizeof where, "%s/%s", cg->parent_path[JAIL_CG_CPU], name);
+  if (cpu < 0)
+    return eph_error_set(err, errno, "open %s: %s", where, strerror(errno));
+  snprintf(v, sizeof v, "%d", CPU_PERIOD_US);
+  if (set_limit(cpu, where, "cpu.cfs_period_us", v, err) < 0)
+    return -err->code;
+  snprintf(v, sizeof v, "%" PRIu64, (uint64_t)lim->cpu_percent * CPU_PERIOD_US / 100);
+  return set_limit(cpu, where, "cpu.cfs_quota_us", v, err);
+}
+
+int
+jail_cg_create(jail_cgroups_t *cg, const char *name, const jail_limits_t *lim, eph_error_t *err)
+{
+  for (int i = 0; i < cg->n_dirs; i++) {
+    if (mkdirat(cg->parent_fd[i], name, 0755) < 0) {
+      int e = errno;
+      jail_cg_remove(cg, name, 0);
+      return eph_error_set(err, e, "mkdir %s/%s: %s", cg->parent_path[i], name, strerror(e));
+    }
+  }
+  if (write_limits(cg, name, lim, err) < 0) {
+    jail_cg_remove(cg, name, 0);
+    return -err->code;
+  }
+  return 0;
+}
+
+int
+jail_cg_attach(jail_cgroups_t *cg, const char *name, pid_t pid, eph_error_t *err)
+{
+  char v[32], file[300];
+  snprintf(v, sizeof v, "%d", (int)pid);
+  for (int i = 0; i < cg->n_dirs; i++) {
+    snprintf(file, sizeof file, "%s/cgroup.procs", name);
+    int r = write_at(cg->parent_fd[i], file, v);
+    if (r < 0)
+      return eph_error_set(err, -r, "attach pid %d to %s/%s: %s", (int)pid,
+                           cg->parent_path[i], file, strerror(-r));
+  }
+  return 0;
+}
+
+int
+jail_cg_counters(jail_cgroups_t *cg, const char *name, jail_counters_t *out, eph_error_t *err)
+{
+  char buf[2048];
+  memset(out, 0, sizeof *out);
+  int mi = cg->v2 ? 0 : JAIL_CG_MEMORY, pi = cg->v2 ? 0 : JAIL_CG_PIDS;
+  cleanup_close int mem = open_group(cg, mi, name);
+  cleanup_close int pids = open_group(cg, pi, name);
+  if (mem < 0 || pids < 0)
+    return eph_error_set(err, errno, "cgroup of %s: %s", name, strerror(errno));
+  if (read_at(mem, cg->v2 ? "memory.events" : "memory.oom_control", buf, sizeof buf) >= 0)
+    out->oom_kills = keyed_value(buf, "oom_kill");
+  if (read_at(mem, cg->v2 ? "memory.peak" : "memory.max_usage_in_bytes", buf, sizeof buf) >= 0)
+    out->memory_peak_bytes = strtoull(buf, NULL, 10);
+  if (read_at(pids, "pids.events", buf, sizeof buf) >= 0)
+    out->pids_refused = keyed_value(buf, "max");
+  return 0;
+}
+
+/* Pids listed in one group's cgroup.procs; kill != 0 sends SIGKILL to each. Returns the
+ * count, or 0 when the group is gone. */
+static int
+scan_procs(int parent_fd, const char *name, bool kill_them)
+{
+  char file[300];
+  snprintf(file, sizeof file, "%s/cgroup.procs", name);
+  int fd = openat(parent_fd, file, O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    return 0;
+  FILE *f = fdopen(fd, "r");
+  if (!f) {
+    close(fd);
+    return 0;
+  }
+  int n = 0, pid;
+  while (fscanf(f, "%d", &pid) == 1) {
+    n++;
+    if (kill_them && pid > 1)
+      kill(pid, SIGKILL);
+  }
+  fclose(f);
+  return n;
+}
+
+int
+jail_cg_kill_all(jail_cgroups_t *cg, const char *name, int timeout_ms)
+{
+  int i = cg->v2 ? 0 : JAIL_CG_PIDS;
+  if (cg->v2 && cg->has_kill) {
+    char file[300];
+    snprintf(file, sizeof file, "%s/cgroup.kill", name);
+    (void)write_at(cg->parent_fd[0], file, "1");
+  }
+  int64_t end = eph_now_ms() + timeout_ms;
+  for (;;) {
+    int n = scan_procs(cg->parent_fd[i], name, true);
+    if (n == 0 || eph_now_ms() >= end)
+      return n;
+    sleep_ms(1);
+  }
+}
+
+int
+jail_cg_count(jail_cgroups_t *cg, const char *name)
+{
+  int max = 0;
+  for (int i = 0; i < cg->n_dirs; i++) {
+    int n = scan_procs(cg->parent_fd[i], name, false);
+    if (n > max)
+      max = n;
+  }
+  return max;
+}
+
+int
+jail_cg_remove(jail_cgroups_t *cg, const char *name, int timeout_ms)
+{
+  int64_t end = eph_now_ms() + timeout_ms;
+  int left;
+  for (;;) {
+    left = 0;
+    for (int i = 0; i < cg->n_dirs; i++) {
+      if (unlinkat(cg->parent_fd[i], name, AT_REMOVEDIR) < 0 && errno != ENOENT)
+        left++;
+    }
+    if (left == 0 || eph_now_ms() >= end)
+      return left;
+    sleep_ms(1);
+  }
+}
+
+static bool
+valid_name(const char *n)
+{
+  return n[0] != '.' && strlen(n) < 200;
+}
+
+int
+jail_cg_list(jail_cgroups_t *cg, void (*fn)(void *opaque, const char *name), void *opaque)
+{
+  /* v1: every controller is scanned; the callback dedups by reaping (a reaped name is gone
+   * from the later controllers when fn removes it everywhere). */
+  int n = 0;
+  for (int i = 0; i < cg->n_dirs; i++) {
+    int fd = openat(cg->parent_fd[i], ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0)
+      continue;
+    DIR *d = fdopendir(fd);
+    if (!d) {
+      close(fd);
+      continue;
+    }
+    struct dirent *de;
+    while ((de = readdir(d))) {
+      if (de->d_type != DT_DIR || !valid_name(de->d_name))
+        continue;
+      struct stat st;
+      if (fstatat(cg->parent_fd[i], de->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0)
+        continue; /* already reaped through another controller */
+      fn(opaque, de->d_name);
+      n++;
+    }
+    closedir(d);
+  }
+  return n;
+}

@@ -1,0 +1,1013 @@
+/* backend-jail: a sandbox made of Linux namespaces (user, pid, mount, net, ipc, uts, cgroup),
+ * a fresh tmpfs root, cgroup limits, and ephemeral-guest as its PID 1.
+ *
+ * User namespace choice. The host runs as root, yet a sandbox's root must not be host root.
+ * Each live sandbox holds a slot k (0 <= k < slots) and its user namespace maps inside uids
+ * and gids 0..65535 to host uid_base + k*65536 .. +65535: the sandbox's root is host uid
+ * uid_base + k*65536 and its worker (1000) host uid uid_base + k*65536 + 1000. Two sandboxes
+ * never share a host uid, and no sandbox uid owns anything on the host. The default
+ * uid_base 100000 is the start of the usual /etc/subuid range (shadow's SUB_UID_MIN).
+ * A slot is claimed by creating <run_dir>/slot-<k> with O_EXCL: the same file records the
+ * run id and the owner process (pid + start time) so a later start can sweep what a
+ * killed owner left behind.
+ *
+ * Lifecycle of one sandbox (create):
+ *   limits checked against the operator maxima -> slot record -> cgroup(s) with limits ->
+ *   socketpair + sync pipes -> clone3(new user/pid/mount/net/ipc/uts ns, pidfd) ->
+ *   parent writes uid_map/gid_map and attaches the child to the cgroup(s) -> "go" ->
+ *   the child runs setup.c's steps and execs ephemeral-guest -> the parent sees the error
+ *   pipe close (exec) -> the deadline is armed with the watchdog thread.
+ * destroy: SIGKILL the pid namespace's init (the kernel then kills the whole namespace),
+ *   SIGKILL whatever the cgroup still lists, reap, read the counters, rmdir the cgroups,
+ *   remove the slot record, then count what is left. The root, /tmp and /dev/shm are tmpfs
+ *   mounts of the sandbox's own mount namespace: they are freed with it, nothing of them is
+ *   ever on the host's disk.
+ */
+#include "config.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <linux/sched.h>
+#include <poll.h>
+#include <pthread.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "jail.h"
+
+#define MIB (1024ULL * 1024ULL)
+#define IDS_PER_SLOT 65536ULL
+#define SETUP_TIMEOUT_MS 10000
+
+/* ------------------------------------------------------------ configuration */
+
+static const eph_config_key_t jail_keys[] = {
+  {"memory_mib", EPH_CFG_INT, "512", "MiB",
+   "Default memory limit of a sandbox (cgroup memory limit; swap accounted, so swap cannot "
+   "hide it). Must be above scratch_mib: /tmp pages are charged to it."},
+  {"max_memory_mib", EPH_CFG_INT, "4096", "MiB",
+   "Largest memory limit a request may ask for; a larger one is refused."},
+  {"pids", EPH_CFG_INT, "256", NULL,
+   "Default process and thread limit of a sandbox (cgroup pids.max), the guest included."},
+  {"max_pids", EPH_CFG_INT, "4096", NULL, "Largest process limit a request may ask for."},
+  {"cpu_percent", EPH_CFG_INT, "100", "percent",
+   "Default CPU quota (CFS quota; 100 = one core)."},
+  {"max_cpu_percent", EPH_CFG_INT, "200", "percent",
+   "Largest CPU quota a request may ask for."},
+  {"nofile", EPH_CFG_INT, "1024", NULL,
+   "Default open files per process (RLIMIT_NOFILE given to the guest and its commands)."},
+  {"max_nofile", EPH_CFG_INT, "65536", NULL, "Largest RLIMIT_NOFILE a request may ask for."},
+  {"scratch_mib", EPH_CFG_INT, "256", "MiB",
+   "Default size of the writable /tmp tmpfs that holds scratch: when full, writes fail "
+   "with ENOSPC."},
+  {"max_scratch_mib", EPH_CFG_INT, "2048", "MiB",
+   "Largest /tmp size a request may ask for."},
+  {"shm_mib", EPH_CFG_INT, "16", "MiB", "Size of the /dev/shm tmpfs."},
+  {"uid_base", EPH_CFG_INT, "100000", NULL,
+   "Host uid/gid of slot 0's root; slot k maps inside ids 0..65535 to "
+   "uid_base + k*65536. At least 65536 so no sandbox id is a host user."},
+  {"slots", EPH_CFG_INT, "1024", NULL,
+   "How many sandboxes may exist at once on the host (each holds one id range)."},
+  {"cgroup_root", EPH_CFG_STRING, "\"/sys/fs/cgroup\"", NULL,
+   "Where the cgroup hierarchies are mounted; v2 is detected by cgroup.controllers there, "
+   "else v1 controllers memory, pids and cpu are expected beneath."},
+  {"cgroup_parent", EPH_CFG_STRING, "\"ephemeral\"", NULL,
+   "Name of the parent group holding one group per sandbox (named after the run id)."},
+  {"run_dir", EPH_CFG_STRING, "\"/run/ephemeral/jail\"", NULL,
+   "Host directory of the slot records (owner pid, run id) used by the start-up sweep."},
+  {"hostname", EPH_CFG_STRING, "\"ephemeral\"", NULL, "Host name inside the sandbox."},
+  {"etc_binds", EPH_CFG_LIST, "[\"alternatives\", \"ld.so.cache\", \"ssl\", \"localtime\"]",
+   NULL,
+   "Host /etc entries bound read-only (symlinks recreated) besides the generated passwd, "
+   "group, hostname, hosts and nsswitch.conf. resolv.conf and hosts are refused."},
+  {"guest", EPH_CFG_STRING, "\"\"", NULL,
+   "Path of the guest binary; empty = <libexec_dir>/ephemeral-guest."},
+  {0},
+};
+
+/* ------------------------------------------------------------ state */
+
+struct eph_sandbox {
+  struct eph_sandbox *next, *prev; /* the watchdog's list, under jail_t.lock */
+  char run_id[128];
+  int slot;
+  pid_t pid;
+  int pidfd;
+  int64_t created_ms;
+  int64_t deadline_ms;
+  bool deadline_hit;
+  char veth[16];    /* the egress veth pair's end in the proxy's netns, or "" */
+  int proxy_ns_fd;  /* the proxy's netns (dup of spec->proxy_netns_fd), or -1 */
+};
+
+typedef struct jail {
+  const eph_host_t *host;
+  jail_cgroups_t cg;
+  jail_plan_t plan;
+  jail_limits_t def, max;
+  uint64_t uid_base;
+  uint32_t slots;
+  char *run_dir;
+  int run_dir_fd;
+  char *guest_path;
+  int exe_fd;
+  pid_t owner_pid;
+  uint64_t owner_start;
+
+  pthread_mutex_t lock;
+  pthread_cond_t cond;
+  pthread_t watchdog;
+  bool watchdog_running, stopping;
+  struct eph_sandbox *live;
+} jail_t;
+
+/* Field 22 of /proc/<pid>/stat: start time in clock ticks since boot; with the pid it names
+ * one process for good (pids are reused). 0 when the process does not exist. */
+static uint64_t
+proc_start_time(pid_t pid)
+{
+  char path[64], buf[1024];
+  snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+  cleanup_close int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    return 0;
+  ssize_t n = read(fd, buf, sizeof buf - 1);
+  if (n <= 0)
+    return 0;
+  buf[n] = '\0';
+  const char *p = strrchr(buf, ')'); /* comm may hold spaces and parentheses */
+  if (!p)
+    return 0;
+  /* after ") ": field 3 (state) .. field 22 (starttime) */
+  unsigned long long start = 0;
+  if (sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %*u %*u %*d %*d %*d %*d "
+                    "%*d %*d %llu", &start) != 1)
+    return 0;
+  return start;
+}
+
+static int
+cfg_limit(const jail_t *j, const config_setting_t *c, const char *key, int64_t def, int64_t lo,
+          int64_t hi, int64_t *out, eph_error_t *err)
+{
+  if (j->host->cfg_int(c, key, def, out, err) < 0)
+    return -err->code;
+  if (*out < lo || *out > hi)
+    return eph_error_set(err, EPH_E_CONFIG, "backend-jail: key '%s': %" PRId64
+                         " out of range [%" PRId64 ", %" PRId64 "]", key, *out, lo, hi);
+  return 0;
+}
+
+/* Reads every key; checks each default against its maximum. */
+static int
+read_config(jail_t *j, const config_setting_t *c, const char **cg_root, const char **cg_parent,
+            const char **run_dir, const char **hostname, const char **guest, int64_t *shm_mib,
+            eph_error_t *err)
+{
+  int64_t v[10], base, slots;
+  static const struct {
+    const char *key, *max_key;
+    int64_t def, max_def, lo, hi;
+  } lim[5] = {
+    {"memory_mib", "max_memory_mib", 512, 4096, 16, 1 << 20},
+    {"pids", "max_pids", 256, 4096, 2, 1 << 22},
+    {"cpu_percent", "max_cpu_percent", 100, 200, 1, 100000},
+    {"nofile", "max_nofile", 1024, 65536, 16, 1 << 20}, /* 16: the guest's own floor */
+    {"scratch_mib", "max_scratch_mib", 256, 2048, 1, 1 << 20},
+  };
+  for (int i = 0; i < 5; i++) {
+    if (cfg_limit(j, c, lim[i].key, lim[i].def, lim[i].lo, lim[i].hi, &v[2 * i], err) < 0 ||
+        cfg_limit(j, c, lim[i].max_key, lim[i].max_def, lim[i].lo, lim[i].hi, &v[2 * i + 1],
+                  err) < 0)
+      return -err->code;
+    if (v[2 * i] > v[2 * i + 1])
+      return eph_error_set(err, EPH_E_CONFIG, "backend-jail: key '%s' (%" PRId64 ") is above "
+                           "'%s' (%" PRId64 ")", lim[i].key, v[2 * i], lim[i].max_key,
+                           v[2 * i + 1]);
+  }
+  if (v[8] >= v[0])
+    return eph_error_set(err, EPH_E_CONFIG, "backend-jail: key 'scratch_mib' (%" PRId64 ") "
+                         "must be below 'memory_mib' (%" PRId64 "): /tmp pages count as "
+                         "memory, a full /tmp must be ENOSPC and not an OOM kill", v[8], v[0]);
+  j->def = (jail_limits_t){(uint64_t)v[0] * MIB, (uint32_t)v[2], (uint32_t)v[4], (uint32_t)v[6],
+                           (uint64_t)v[8] * MIB};
+  j->max = (jail_limits_t){(uint64_t)v[1] * MIB, (uint32_t)v[3], (uint32_t)v[5], (uint32_t)v[7],
+                           (uint64_t)v[9] * MIB};
+  if (cfg_limit(j, c, "shm_mib", 16, 1, 1 << 16, shm_mib, err) < 0 ||
+      cfg_limit(j, c, "uid_base", 100000, 65536, UINT32_MAX, &base, err) < 0 ||
+      cfg_limit(j, c, "slots", 1024, 1, 1 << 16, &slots, err) < 0)
+    return -err->code;
+  if ((uint64_t)base + (uint64_t)slots * IDS_PER_SLOT > UINT32_MAX - 1ULL)
+    return eph_error_set(err, EPH_E_CONFIG, "backend-jail: uid_base + slots*65536 passes the "
+                         "largest uid (4294967294)");
+  j->uid_base = (uint64_t)base;
+  j->slots = (uint32_t)slots;
+  if (j->host->cfg_string(c, "cgroup_root", "/sys/fs/cgroup", cg_root, err) < 0 ||
+      j->host->cfg_string(c, "cgroup_parent", "ephemeral", cg_parent, err) < 0 ||
+      j->host->cfg_string(c, "run_dir", "/run/ephemeral/jail", run_dir, err) < 0 ||
+      j->host->cfg_string(c, "hostname", "ephemeral", hostname, err) < 0 ||
+      j->host->cfg_string(c, "guest", "", guest, err) < 0)
+    return -err->code;
+  if (!**cg_parent || strchr(*cg_parent, '/') || **run_dir != '/' || !**hostname ||
+      strlen(*hostname) > 64)
+    return eph_error_set(err, EPH_E_CONFIG, "backend-jail: cgroup_parent must be a plain "
+                         "name, run_dir an absolute path, hostname 1-64 characters");
+  return 0;
+}
+
+/* etc_binds as a NULL-terminated array of borrowed strings (or the default). */
+static int
+read_etc_binds(const config_setting_t *c, const char ***out, eph_error_t *err)
+{
+  static const char *defaults[] = {"alternatives", "ld.so.cache", "ssl", "localtime", NULL};
+  const config_setting_t *l = c ? config_setting_get_member(c, "etc_binds") : NULL;
+  if (!l) {
+    *out = defaults;
+    return 0;
+  }
+  if (!config_setting_is_aggregate(l))
+    return eph_error_set(err, EPH_E_CONFIG, "%s:%d: key 'etc_binds': expected a list of "
+                         "strings", config_setting_source_file(l) ? config_setting_source_file(l)
+                         : "?", config_setting_source_line(l));
+  int n = config_setting_length(l);
+  const char **a = calloc((size_t)n + 1, sizeof *a);
+  if (!a)
+    return eph_error_set(err, ENOMEM, "etc_binds: out of memory");
+  for (int i = 0; i < n; i++) {
+    a[i] = config_setting_get_string_elem(l, i);
+    if (!a[i]) {
+      free(a);
+      return eph_error_set(err, EPH_E_CONFIG, "%s:%d: key 'etc_binds': element %d is not a "
+                           "string", config_setting_source_file(l) ?
+                           config_setting_source_file(l) : "?", config_setting_source_line(l), i);
+    }
+  }
+  *out = a;
+  return 0;
+}
+
+static int
+open_guest(jail_t *j, eph_error_t *err)
+{
+  if (j->exe_fd >= 0)
+    return 0;
+  j->exe_fd = open(j->guest_path, O_PATH | O_CLOEXEC);
+  if (j->exe_fd < 0)
+    return eph_error_set(err, errno, "guest binary %s: %s", j->guest_path, strerror(errno));
+  return 0;
+}
+
+static void jail_fini(void *state);
+
+static int
+jail_init(const eph_host_t *host, const config_setting_t *config, void **state, eph_error_t *err)
+{
+  jail_t *j = calloc(1, sizeof *j);
+  if (!j)
+    return eph_error_set(err, ENOMEM, "backend-jail: out of memory");
+  j->host = host;
+  j->run_dir_fd = j->exe_fd = -1;
+  for (int i = 0; i < JAIL_CG_N; i++)
+    j->cg.parent_fd[i] = -1;
+  pthread_mutex_init(&j->lock, NULL);
+  pthread_condattr_t ca;
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC); /* deadlines are CLOCK_MONOTONIC ms */
+  pthread_cond_init(&j->cond, &ca);
+  pthread_condattr_destroy(&ca);
+
+  const char *cg_root, *cg_parent, *run_dir, *hostname, *guest;
+  const char **etc_binds = NULL;
+  int64_t shm_mib;
+  int r = read_config(j, config, &cg_root, &cg_parent, &run_dir, &hostname, &guest, &shm_mib,
+                      err);
+  if (r < 0 || (r = read_etc_binds(config, &etc_binds, err)) < 0)
+    goto fail;
+  r = jail_plan_build(&j->plan, hostname, (uint64_t)shm_mib * MIB, etc_binds, err);
+  if (config && config_setting_get_member(config, "etc_binds"))
+    free(etc_binds);
+  if (r < 0)
+    goto fail;
+  if ((r = jail_cg_init(&j->cg, cg_root, cg_parent, err)) < 0)
+    goto fail;
+
+  /* The slot records: created once here, then only openat()ed per sandbox. */
+  char path[4096];
+  snprintf(path, sizeof path, "%s", run_dir);
+  for (char *s = path + 1; *s; s++) {
+    if (*s != '/')
+      continue;
+    *s = '\0';
+    (void)mkdir(path, 0755);
+    *s = '/';
+  }
+  if (mkdir(run_dir, 0700) < 0 && errno != EEXIST) {
+    r = eph_error_set(err, errno, "mkdir %s: %s", run_dir, strerror(errno));
+    goto fail;
+  }
+  j->run_dir = strdup(run_dir);
+  j->run_dir_fd = open(run_dir, O_PATH | O_DIRECTORY | O_CLOEXEC);
+  if (!j->run_dir || j->run_dir_fd < 0) {
+    r = eph_error_set(err, errno ? errno : ENOMEM, "open %s: %s", run_dir, strerror(errno));
+    goto fail;
+  }
+
+  if (*guest)
+    j->guest_path = strdup(guest);
+  else if (asprintf(&j->guest_path, "%s/ephemeral-guest",
+                    host->libexec_dir ? host->libexec_dir : ".") < 0)
+    j->guest_path = NULL;
+  if (!j->guest_path) {
+    r = eph_error_set(err, ENOMEM, "backend-jail: out of memory");
+    goto fail;
+  }
+  eph_error_t gerr = {0};
+  if (open_guest(j, &gerr) < 0) /* not fatal: the guest may be built after the plugin */
+    host->log(EPH_LOG_WARN, "%s (sandboxes cannot start until it exists)", gerr.message);
+
+  j->owner_pid = getpid();
+  j->owner_start = proc_start_time(j->owner_pid);
+  host->log(EPH_LOG_DEBUG, "cgroup %s, uid_base %" PRIu64 ", %u slots, run_dir %s",
+            j->cg.v2 ? "v2" : "v1", j->uid_base, j->slots, j->run_dir);
+  *state = j;
+  return 0;
+fail:
+  jail_fini(j);
+  return r;
+}
+
+static void
+jail_fini(void *state)
+{
+  jail_t *j = state;
+  if (!j)
+    return;
+  if (j->watchdog_running) {
+    pthread_mutex_lock(&j->lock);
+    j->stopping = true;
+    pthread_cond_signal(&j->cond);
+    pthread_mutex_unlock(&j->lock);
+    pthread_join(j->watchdog, NULL);
+  }
+  pthread_mutex_destroy(&j->lock);
+  pthread_cond_destroy(&j->cond);
+  jail_cg_fini(&j->cg);
+  jail_plan_free(&j->plan);
+  if (j->run_dir_fd >= 0)
+    close(j->run_dir_fd);
+  if (j->exe_fd >= 0)
+    close(j->exe_fd);
+  free(j->run_dir);
+  free(j->guest_path);
+  free(j);
+}
+
+/* ------------------------------------------------------------ the deadline watchdog */
+
+/* SIGKILL of the pid namespace's init: the kernel kills every process of the namespace.
+ * The cgroup pass catches anything that is in the group but not (yet) in the namespace. */
+static void
+kill_sandbox(jail_t *j, struct eph_sandbox *sb)
+{
+  if (sb->pidfd >= 0)
+    syscall(SYS_pidfd_send_signal, sb->pidfd, SIGKILL, NULL, 0);
+  jail_cg_kill_all(&j->cg, sb->run_id, 0);
+}
+
+static void *
+watchdog_main(void *arg)
+{
+  jail_t *j = arg;
+  pthread_mutex_lock(&j->lock);
+  while (!j->stopping) {
+    int64_t now = eph_now_ms(), next = INT64_MAX;
+    for (struct eph_sandbox *sb = j->live; sb; sb = sb->next) {
+      if (sb->deadline_hit || sb->deadline_ms <= 0)
+        continue;
+      if (sb->deadline_ms <= now) {
+        sb->deadline_hit = true;
+        j->host->log(EPH_LOG_INFO, "sandbox %s: deadline passed, killing it", sb->run_id);
+        kill_sandbox(j, sb);
+      } else if (sb->deadline_ms < next) {
+        next = sb->deadline_ms;
+      }
+    }
+    if (next == INT64_MAX) {
+      pthread_cond_wait(&j->cond, &j->lock);
+    } else {
+      struct timespec ts = {next / 1000, (long)(next % 1000) * 1000000L};
+      pthread_cond_timedwait(&j->cond, &j->lock, &ts);
+    }
+  }
+  pthread_mutex_unlock(&j->lock);
+  return NULL;
+}
+
+/* Started on the first sandbox rather than at init, so a daemon that forks after loading
+ * its plugins still has it. */
+static int
+watch(jail_t *j, struct eph_sandbox *sb, eph_error_t *err)
+{
+  pthread_mutex_lock(&j->lock);
+  if (!j->watchdog_running) {
+    int r = pthread_create(&j->watchdog, NULL, watchdog_main, j);
+    if (r != 0) {
+      pthread_mutex_unlock(&j->lock);
+      return eph_error_set(err, r, "starting the deadline watchdog: %s", strerror(r));
+    }
+    j->watchdog_running = true;
+  }
+  sb->next = j->live;
+  if (j->live)
+    j->live->prev = sb;
+  j->live = sb;
+  pthread_cond_signal(&j->cond);
+  pthread_mutex_unlock(&j->lock);
+  return 0;
+}
+
+static void
+unwatch(jail_t *j, struct eph_sandbox *sb)
+{
+  pthread_mutex_lock(&j->lock);
+  if (sb->prev)
+    sb->prev->next = sb->next;
+  else if (j->live == sb)
+    j->live = sb->next;
+  if (sb->next)
+    sb->next->prev = sb->prev;
+  sb->next = sb->prev = NULL;
+  pthread_mutex_unlock(&j->lock);
+}
+
+/* ------------------------------------------------------------ slot records */
+
+static int
+claim_slot(jail_t *j, const char *run_id, eph_error_t *err)
+{
+  uint32_t h = 2166136261u; /* FNV-1a: spreads concurrent runs over the slots */
+  for (const char *s = run_id; *s; s++)
+    h = (h ^ (unsigned char)*s) * 16777619u;
+  json_object *rec = json_object_new_object();
+  json_object_object_add(rec, "run_id", json_object_new_string(run_id));
+  json_object_object_add(rec, "owner_pid", json_object_new_int64(j->owner_pid));
+  json_object_object_add(rec, "owner_start", json_object_new_int64((int64_t)j->owner_start));
+  const char *text = json_object_to_json_string_ext(rec, JSON_C_TO_STRING_PLAIN);
+  for (uint32_t i = 0; i < j->slots; i++) {
+    int slot = (int)((h + i) % j->slots);
+    char name[32];
+    snprintf(name, sizeof name, "slot-%d", slot);
+    int fd = openat(j->run_dir_fd, name, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd < 0 && errno == EEXIST)
+      continue;
+    if (fd < 0) {
+      int e = errno;
+      json_object_put(rec);
+      return eph_error_set(err, e, "slot record %s/%s: %s", j->run_dir, name, strerror(e));
+    }
+    size_t len = strlen(text);
+    ssize_t n = write(fd, text, len);
+    int e = errno;
+    close(fd);
+    if (n != (ssize_t)len) {
+      unlinkat(j->run_dir_fd, name, 0);
+      json_object_put(rec);
+      return eph_error_set(err, n < 0 ? e : EIO, "write %s/%s: %s", j->run_dir, name,
+                           strerror(n < 0 ? e : EIO));
+    }
+    json_object_put(rec);
+    return slot;
+  }
+  json_object_put(rec);
+  return eph_error_set(err, EAGAIN, "all %u sandbox slots are in use (key 'slots')", j->slots);
+}
+
+static void
+release_slot(jail_t *j, int slot)
+{
+  char name[32];
+  snprintf(name, sizeof name, "slot-%d", slot);
+  unlinkat(j->run_dir_fd, name, 0);
+}
+
+/* ------------------------------------------------------------ create */
+
+static int
+check_limits(const jail_t *j, const eph_sandbox_limits_t *in, jail_limits_t *out,
+             eph_error_t *err)
+{
+  *out = j->def;
+#define TAKE(field, key)                                                                       \
+  if (in->field) {                                                                             \
+    if ((uint64_t)in->field > (uint64_t)j->max.field)                                          \
+      return eph_error_set(err, EINVAL, "limits." #field " %" PRIu64 " is above the operator " \
+                           "maximum (backend-jail key '" key "' = %" PRIu64 ")",                 \
+                           (uint64_t)in->field, (uint64_t)j->max.field);                       \
+    out->field = in->field;                                                                    \
+  }
+  TAKE(memory_bytes, "max_memory_mib")
+  TAKE(pids, "max_pids")
+  TAKE(cpu_percent, "max_cpu_percent")
+  TAKE(nofile, "max_nofile")
+  TAKE(scratch_bytes, "max_scratch_mib")
+#undef TAKE
+  if (out->pids < 2 || out->nofile < 16)
+    return eph_error_set(err, EINVAL, "limits.pids %u / limits.nofile %u: the guest needs at "
+                         "least 2 processes and 16 files", out->pids, out->nofile);
+  /* A request that lowers memory without naming scratch gets half its memory as scratch
+   * rather than a refusal; one that names both must keep scratch below memory. */
+  if (!in->scratch_bytes && out->scratch_bytes >= out->memory_bytes)
+    out->scratch_bytes = out->memory_bytes / 2;
+  if (out->scratch_bytes >= out->memory_bytes)
+    return eph_error_set(err, EINVAL, "limits.scratch_bytes %" PRIu64 " must be below "
+                         "limits.memory_bytes %" PRIu64 " (tmpfs pages count as memory)",
+                         out->scratch_bytes, out->memory_bytes);
+  return 0;
+}
+
+static bool
+valid_run_id(const char *id)
+{
+  size_t n = id ? strlen(id) : 0;
+  if (n == 0 || n > 100 || id[0] == '.')
+    return false;
+  for (size_t i = 0; i < n; i++)
+    if (!((id[i] >= 'a' && id[i] <= 'z') || (id[i] >= 'A' && id[i] <= 'Z') ||
+          (id[i] >= '0' && id[i] <= '9') || id[i] == '_' || id[i] == '-'))
+      return false;
+  return true;
+}
+
+static int
+write_proc(pid_t pid, const char *file, const char *text, eph_error_t *err)
+{
+  char path[64];
+  snprintf(path, sizeof path, "/proc/%d/%s", (int)pid, file);
+  cleanup_close int fd = open(path, O_WRONLY | O_CLOEXEC);
+  if (fd < 0)
+    return eph_error_set(err, errno, "open %s: %s", path, strerror(errno));
+  size_t len = strlen(text);
+  if (write(fd, text, len) != (ssize_t)len)
+    return eph_error_set(err, errno, "write %s: %s", path, strerror(errno));
+  return 0;
+}
+
+/* spec->network == 1 grants one route to spec->proxy_url: checked here, before anything
+ * is made; the veth pair itself is built by jail_veth_setup() between the uid maps and
+ * "go" (veth.c). */
+static int
+jail_network_grant(jail_t *j, const eph_sandbox_spec_t *spec, eph_error_t *err)
+{
+  (void)j;
+  uint32_t proxy;
+  uint16_t port;
+  if (!spec->network)
+    return 0;
+  if (spec->struct_size < offsetof(eph_sandbox_spec_t, proxy_netns_fd) + sizeof(int) ||
+      spec->proxy_netns_fd < 0)
+    return eph_error_set(err, EINVAL, "network grant without the proxy's network namespace "
+                         "(proxy_netns_fd): refused, the host's own netns is never used");
+  return jail_veth_parse_url(spec->proxy_url, &proxy, &port, err);
+}
+
+static void
+reap_child(pid_t pid, int pidfd)
+{
+  if (pidfd >= 0)
+    syscall(SYS_pidfd_send_signal, pidfd, SIGKILL, NULL, 0);
+  siginfo_t si;
+  if (pidfd >= 0)
+    waitid(P_PIDFD, (id_t)pidfd, &si, WEXITED);
+  else if (pid > 0)
+    waitpid(pid, NULL, 0);
+}
+
+static int
+jail_create(void *state, const eph_sandbox_spec_t *spec, eph_sandbox_t **out, int *guest_fd,
+            eph_error_t *err)
+{
+  jail_t *j = state;
+  int64_t start = eph_now_ms();
+  jail_limits_t lim;
+
+  if (!spec || spec->struct_size < offsetof(eph_sandbox_spec_t, proxy_url))
+    return eph_error_set(err, EINVAL, "sandbox spec missing or too small");
+  if (!valid_run_id(spec->run_id))
+    return eph_error_set(err, EINVAL, "run_id '%s': expected 1-100 of [A-Za-z0-9_-]",
+                         spec->run_id ? spec->run_id : "(null)");
+  if (spec->deadline_ms > 0 && spec->deadline_ms <= start)
+    return eph_error_set(err, ETIMEDOUT, "sandbox %s: deadline already passed", spec->run_id);
+  if (check_limits(j, &spec->limits, &lim, err) < 0 || jail_network_grant(j, spec, err) < 0 ||
+      open_guest(j, err) < 0)
+    return -err->code;
+
+  struct eph_sandbox *sb = calloc(1, sizeof *sb);
+  if (!sb)
+    return eph_error_set(err, ENOMEM, "sandbox %s: out of memory", spec->run_id);
+  snprintf(sb->run_id, sizeof sb->run_id, "%s", spec->run_id);
+  sb->pidfd = -1;
+  sb->proxy_ns_fd = -1;
+  if (spec->network && (sb->proxy_ns_fd = fcntl(spec->proxy_netns_fd, F_DUPFD_CLOEXEC, 0)) < 0) {
+    int e = errno;
+    free(sb);
+    return eph_error_set(err, e, "sandbox %s: proxy_netns_fd: %s", spec->run_id, strerror(e));
+  }
+  sb->created_ms = start;
+  sb->deadline_ms = spec->deadline_ms;
+
+  int socks[2] = {-1, -1}, go[2] = {-1, -1}, errp[2] = {-1, -1};
+  bool cg_made = false;
+  int r;
+  sb->slot = claim_slot(j, sb->run_id, err);
+  if (sb->slot < 0) {
+    if (sb->proxy_ns_fd >= 0)
+      close(sb->proxy_ns_fd);
+    free(sb);
+    return -err->code;
+  }
+  if ((r = jail_cg_create(&j->cg, sb->run_id, &lim, err)) < 0)
+    goto fail;
+  cg_made = true;
+  if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, socks) < 0 ||
+      socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, go) < 0 ||
+      pipe2(errp, O_CLOEXEC) < 0) {
+    r = eph_error_set(err, errno, "sandbox %s: socketpair/pipe: %s", sb->run_id,
+                      strerror(errno));
+    goto fail;
+  }
+
+  jail_child_args_t args = {
+    .plan = &j->plan,
+    .go_fd = go[0],
+    .err_fd = errp[1],
+    .guest_fd = socks[1],
+    .exe_fd = j->exe_fd,
+    .scratch_bytes = lim.scratch_bytes,
+    .nofile = lim.nofile,
+    .network = spec->network,
+    .close_fds = {go[1], errp[0], socks[0]},
+  };
+  struct clone_args ca;
+  memset(&ca, 0, sizeof ca);
+  ca.flags = CLONE_NEWUSER | CLONE_NEWPID | CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC |
+             CLONE_NEWUTS | CLONE_PIDFD;
+  ca.pidfd = (uint64_t)(uintptr_t)&sb->pidfd;
+  ca.exit_signal = SIGCHLD;
+  long pid = syscall(SYS_clone3, &ca, sizeof ca);
+  if (pid == 0)
+    jail_child_main(&args); /* never returns */
+  if (pid < 0) {
+    r = eph_error_set(err, errno, "sandbox %s: clone3(new user, pid, mount, net, ipc, uts "
+                      "namespaces): %s", sb->run_id, strerror(errno));
+    goto fail;
+  }
+  sb->pid = (pid_t)pid;
+  close(go[0]);
+  close(errp[1]);
+  close(socks[1]);
+  go[0] = errp[1] = socks[1] = -1;
+
+  /* The child waits on `go` while we map its ids and put it in its cgroups. */
+  char map[64];
+  uint64_t host_id = j->uid_base + (uint64_t)sb->slot * IDS_PER_SLOT;
+  snprintf(map, sizeof map, "0 %" PRIu64 " %llu\n", host_id, IDS_PER_SLOT);
+  if ((r = write_proc(sb->pid, "uid_map", map, err)) < 0 ||
+      (r = write_proc(sb->pid, "gid_map", map, err)) < 0 ||
+      (r = jail_cg_attach(&j->cg, sb->run_id, sb->pid, err)) < 0) {
+    goto fail;
+  }
+  if (spec->network &&
+      (r = jail_veth_setup(sb->slot, sb->pid, spec->proxy_url, sb->proxy_ns_fd, sb->veth,
+                           err)) < 0) {
+    eph_error_wrap(err, "sandbox %s: egress network", sb->run_id);
+    goto fail;
+  }
+  if (send(go[1], "g", 1, MSG_NOSIGNAL) != 1) {
+    r = eph_error_set(err, errno, "sandbox %s: waking the child: %s", sb->run_id,
+                      strerror(errno));
+    goto fail;
+  }
+
+  /* The error pipe closes on exec (CLOEXEC) or carries the failed step. */
+  jail_child_error_t ce;
+  struct pollfd pf = {.fd = errp[0], .events = POLLIN};
+  int64_t limit = start + SETUP_TIMEOUT_MS;
+  if (spec->deadline_ms > 0 && spec->deadline_ms < limit)
+    limit = spec->deadline_ms;
+  int pr;
+  do {
+    int64_t wait = limit - eph_now_ms();
+    pr = poll(&pf, 1, wait > 0 ? (int)wait : 0);
+  } while (pr < 0 && errno == EINTR);
+  if (pr == 0) {
+    r = eph_error_set(err, ETIMEDOUT, "sandbox %s: set-up did not finish in time", sb->run_id);
+    goto fail;
+  }
+  ssize_t n = read(errp[0], &ce, sizeof ce);
+  if (n > 0) {
+    ce.step[sizeof ce.step - 1] = '\0';
+    r = eph_error_set(err, ce.errnum, "sandbox %s: set-up step '%s' failed: %s", sb->run_id,
+                      ce.step, strerror(ce.errnum));
+    goto fail;
+  }
+  siginfo_t si;
+  memset(&si, 0, sizeof si);
+  if (waitid(P_PIDFD, (id_t)sb->pidfd, &si, WEXITED | WNOHANG | WNOWAIT) == 0 && si.si_pid) {
+    r = eph_error_set(err, ECHILD, "sandbox %s: the child died during set-up (status %d)",
+                      sb->run_id, si.si_status);
+    goto fail;
+  }
+  close(go[1]);
+  close(errp[0]);
+  if ((r = watch(j, sb, err)) < 0) {
+    go[1] = errp[0] = -1;
+    goto fail;
+  }
+  *guest_fd = socks[0];
+  *out = sb;
+  return 0;
+
+fail:
+  if (sb->pid > 0)
+    reap_child(sb->pid, sb->pidfd);
+  jail_veth_remove(sb->proxy_ns_fd, sb->veth);
+  if (sb->proxy_ns_fd >= 0)
+    close(sb->proxy_ns_fd);
+  if (cg_made) {
+    jail_cg_kill_all(&j->cg, sb->run_id, 1000);
+    jail_cg_remove(&j->cg, sb->run_id, 1000);
+  }
+  release_slot(j, sb->slot);
+  for (int i = 0; i < 2; i++) {
+    if (socks[i] >= 0)
+      close(socks[i]);
+    if (go[i] >= 0)
+      close(go[i]);
+    if (errp[i] >= 0)
+      close(errp[i]);
+  }
+  if (sb->pidfd >= 0)
+    close(sb->pidfd);
+  if (sb->proxy_ns_fd >= 0)
+    close(sb->proxy_ns_fd);
+  free(sb);
+  return r;
+}
+
+/* ------------------------------------------------------------ stats, destroy */
+
+static int
+jail_stats(void *state, eph_sandbox_t *sb, eph_sandbox_report_t *out, eph_error_t *err)
+{
+  jail_t *j = state;
+  jail_counters_t c;
+  if (jail_cg_counters(&j->cg, sb->run_id, &c, err) < 0)
+    return -err->code;
+  uint32_t size = out->struct_size ? out->struct_size : sizeof *out;
+  eph_sandbox_report_t rep = {.struct_size = size};
+  rep.lifetime_ms = eph_now_ms() - sb->created_ms;
+  rep.memory_peak_bytes = c.memory_peak_bytes;
+  rep.oom_kills = c.oom_kills;
+  rep.pids_refused = c.pids_refused;
+  rep.processes_left = jail_cg_count(&j->cg, sb->run_id);
+  memcpy(out, &rep, size < sizeof rep ? size : sizeof rep);
+  return 0;
+}
+
+static bool
+slot_record_exists(jail_t *j, int slot)
+{
+  char name[32];
+  snprintf(name, sizeof name, "slot-%d", slot);
+  return faccessat(j->run_dir_fd, name, F_OK, 0) == 0;
+}
+
+static int
+jail_destroy(void *state, eph_sandbox_t *sb, eph_sandbox_report_t *report, eph_error_t *err)
+{
+  jail_t *j = state;
+  if (!sb)
+    return 0;
+  unwatch(j, sb);
+
+  /* 1. Kill init of the pid namespace: the kernel kills the rest, and init's exit completes
+   * only after every process of its namespace is gone (the pidfd turns readable then).
+   * 2. SIGKILL whatever the cgroup still lists (normally nothing by now), reap init. */
+  syscall(SYS_pidfd_send_signal, sb->pidfd, SIGKILL, NULL, 0);
+  struct pollfd pf = {.fd = sb->pidfd, .events = POLLIN};
+  bool init_gone = poll(&pf, 1, 5000) > 0;
+  int listed = jail_cg_kill_all(&j->cg, sb->run_id, 2000);
+  siginfo_t si;
+  memset(&si, 0, sizeof si);
+  if (init_gone)
+    init_gone = waitid(P_PIDFD, (id_t)sb->pidfd, &si, WEXITED | WNOHANG) == 0 && si.si_pid;
+
+  /* 3. Counters, before the groups go. */
+  jail_counters_t c = {0};
+  eph_error_t cerr = {0};
+  (void)jail_cg_counters(&j->cg, sb->run_id, &c, &cerr);
+
+  /* 4. Remove the egress veth (the netns takes it along, but asynchronously: the slot's
+   * name must be free before the slot is), the groups and the slot record. */
+  jail_veth_remove(sb->proxy_ns_fd, sb->veth);
+  int veth_left = jail_veth_exists(sb->proxy_ns_fd, sb->veth) ? 1 : 0;
+  int groups_left = jail_cg_remove(&j->cg, sb->run_id, 1000);
+  if (groups_left == 0)
+    release_slot(j, sb->slot);
+
+  /* 5. Check, then report. */
+  eph_sandbox_report_t rep = {.struct_size = sizeof rep};
+  rep.processes_left = jail_cg_count(&j->cg, sb->run_id) + (init_gone ? 0 : 1);
+  rep.files_left = groups_left + veth_left + (slot_record_exists(j, sb->slot) ? 1 : 0);
+  rep.lifetime_ms = eph_now_ms() - sb->created_ms;
+  rep.memory_peak_bytes = c.memory_peak_bytes;
+  rep.oom_kills = c.oom_kills;
+  rep.pids_refused = c.pids_refused;
+  if (report) {
+    uint32_t size = report->struct_size ? report->struct_size : sizeof rep;
+    memcpy(report, &rep, size < sizeof rep ? size : sizeof rep);
+    report->struct_size = size < sizeof rep ? size : sizeof rep;
+  }
+  int r = 0;
+  if (rep.processes_left || rep.files_left)
+    r = eph_error_set(err, EBUSY, "sandbox %s: %d process(es) and %d file(s) left after "
+                      "destroy (%d listed at kill time)", sb->run_id, rep.processes_left,
+                      rep.files_left, listed);
+  close(sb->pidfd);
+  if (sb->proxy_ns_fd >= 0)
+    close(sb->proxy_ns_fd);
+  free(sb);
+  return r;
+}
+
+/* ------------------------------------------------------------ sweep */
+
+/* Calls fn(opaque, record file name, run id or NULL, owner alive) for each slot record. */
+static void
+scan_records(jail_t *j, void (*fn)(void *, const char *, const char *, bool), void *opaque)
+{
+  int fd = openat(j->run_dir_fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0)
+    return;
+  DIR *d = fdopendir(fd);
+  if (!d) {
+    close(fd);
+    return;
+  }
+  struct dirent *de;
+  while ((de = readdir(d))) {
+    if (strncmp(de->d_name, "slot-", 5) != 0)
+      continue;
+    char path[4200];
+    snprintf(path, sizeof path, "%s/%s", j->run_dir, de->d_name);
+    json_object *rec = json_object_from_file(path);
+    json_object *id = NULL, *opid = NULL, *ostart = NULL;
+    const char *run_id = NULL;
+    bool alive = false;
+    if (rec && json_object_object_get_ex(rec, "run_id", &id) &&
+        json_object_object_get_ex(rec, "owner_pid", &opid) &&
+        json_object_object_get_ex(rec, "owner_start", &ostart)) {
+      run_id = json_object_get_string(id);
+      pid_t pid = (pid_t)json_object_get_int64(opid);
+      alive = pid > 0 && proc_start_time(pid) == (uint64_t)json_object_get_int64(ostart);
+    } else {
+      /* Unreadable or half written: the claim is being written right now, or its owner died
+       * mid-write. A fresh one is left alone. */
+      struct stat st;
+      alive = fstatat(j->run_dir_fd, de->d_name, &st, 0) == 0 && st.st_mtime + 10 > time(NULL);
+    }
+    fn(opaque, de->d_name, run_id, alive);
+    if (rec)
+      json_object_put(rec);
+  }
+  closedir(d);
+}
+
+typedef struct sweep_ctx {
+  jail_t *j;
+  const char *want; /* live_owner(): the run id looked for */
+  bool found;
+  char **reaped;    /* run ids reaped so far */
+  size_t n_reaped;
+} sweep_ctx_t;
+
+static void
+match_live(void *opaque, const char *file, const char *run_id, bool alive)
+{
+  sweep_ctx_t *s = opaque;
+  (void)file;
+  if (alive && run_id && !strcmp(run_id, s->want))
+    s->found = true;
+}
+
+/* Re-read at the moment a group is judged: a record is written before its group is made,
+ * so a concurrent create is seen here and not reaped. */
+static bool
+live_owner(jail_t *j, const char *run_id)
+{
+  sweep_ctx_t s = {.j = j, .want = run_id};
+  scan_records(j, match_live, &s);
+  return s.found;
+}
+
+static bool
+already_reaped(const sweep_ctx_t *s, const char *run_id)
+{
+  for (size_t i = 0; i < s->n_reaped; i++)
+    if (!strcmp(s->reaped[i], run_id))
+      return true;
+  return false;
+}
+
+static void
+note_reaped(sweep_ctx_t *s, const char *run_id)
+{
+  char **r = realloc(s->reaped, (s->n_reaped + 1) * sizeof *r);
+  if (!r)
+    return;
+  s->reaped = r;
+  s->reaped[s->n_reaped] = strdup(run_id);
+  if (s->reaped[s->n_reaped])
+    s->n_reaped++;
+}
+
+static void
+reap_group(void *opaque, const char *run_id)
+{
+  sweep_ctx_t *s = opaque;
+  if (already_reaped(s, run_id) || live_owner(s->j, run_id))
+    return;
+  int left = jail_cg_kill_all(&s->j->cg, run_id, 2000);
+  int groups = jail_cg_remove(&s->j->cg, run_id, 2000);
+  s->j->host->log(groups ? EPH_LOG_WARN : EPH_LOG_INFO,
+                  "sweep: sandbox %s of a dead owner: %s (%d process(es) still listed)", run_id,
+                  groups ? "could not remove its cgroups" : "reaped", left);
+  note_reaped(s, run_id);
+}
+
+static void
+drop_dead_record(void *opaque, const char *file, const char *run_id, bool alive)
+{
+  sweep_ctx_t *s = opaque;
+  if (alive)
+    return;
+  /* Its group (if any) was reaped above; one still present means it could not be removed,
+   * and the record stays so the next sweep retries. */
+  if (run_id && valid_run_id(run_id) && jail_cg_remove(&s->j->cg, run_id, 0) > 0)
+    return;
+  if (unlinkat(s->j->run_dir_fd, file, 0) == 0 && run_id && !already_reaped(s, run_id))
+    note_reaped(s, run_id);
+}
+
+static int
+jail_sweep(void *state, eph_error_t *err)
+{
+  jail_t *j = state;
+  sweep_ctx_t s = {.j = j};
+  if (faccessat(j->run_dir_fd, ".", F_OK, 0) < 0)
+    return eph_error_set(err, errno, "sweep: %s: %s", j->run_dir, strerror(errno));
+  /* Groups first, then records: a record outlives its group, never the reverse. */
+  jail_cg_list(&j->cg, reap_group, &s);
+  scan_records(j, drop_dead_record, &s);
+  int n = (int)s.n_reaped;
+  for (size_t i = 0; i < s.n_reaped; i++)
+    free(s.reaped[i]);
+  free(s.reaped);
+  return n;
+}
+
+/* ------------------------------------------------------------ descriptor */
+
+static const eph_backend_ops_t jail_ops = {
+  .struct_size = sizeof(eph_backend_ops_t),
+  .source = "Sandbox",
+  .noun = "sandbox",
+  .create = jail_create,
+  .stats = jail_stats,
+  .destroy = jail_destroy,
+  .sweep = jail_sweep,
+};
+
+EPH_PLUGIN_EXPORT = {
+  .abi_major = EPH_ABI_MAJOR,
+  .abi_minor = EPH_ABI_MINOR,
+  .struct_size = sizeof(eph_plugin_t),
+  .name = "backend-jail",
+  .kind = EPH_KIND_BACKEND,
+  .version = "0.1.0",
+  .description = "Sandbox of Linux namespaces (user, pid, mount, net, ipc, uts, cgroup) with "
+                 "a tmpfs root, cgroup limits and ephemeral-guest as PID 1",
+  .config_keys = jail_keys,
+  .init = jail_init,
+  .fini = jail_fini,
+  .ops = &jail_ops,
+};

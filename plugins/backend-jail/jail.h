@@ -1,0 +1,159 @@
+/* backend-jail internals: shared between jail.c (the plugin: config, lifecycle, watchdog,
+ * sweep), cgroup.c (cgroup v1/v2 limits and counters) and setup.c (the sandbox set-up run
+ * by the cloned child, in plain order). Nothing here is exported: the plugin's only public
+ * symbol is `eph_plugin`. */
+#ifndef EPH_JAIL_H
+#define EPH_JAIL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+#include <ephemeral/plugin.h>
+
+/* Plugin-local cleanup helpers (plugins do not link the core's util.c). */
+static inline void jail_freep(void *p) { free(*(void **)p); }
+static inline void jail_closep(int *fd) { if (*fd >= 0) close(*fd); }
+#define cleanup_free __attribute__((cleanup(jail_freep)))
+#define cleanup_close __attribute__((cleanup(jail_closep)))
+#define steal_pointer(pp) ({ __typeof__(*(pp)) _p = *(pp); *(pp) = NULL; _p; })
+#define steal_fd(fdp) ({ int _fd = *(fdp); *(fdp) = -1; _fd; })
+
+/* ------------------------------------------------------------ cgroups (cgroup.c) */
+
+enum { JAIL_CG_MEMORY = 0, JAIL_CG_PIDS = 1, JAIL_CG_CPU = 2, JAIL_CG_N = 3 };
+
+/* The cgroup layout detected once at init. v1: one hierarchy per controller
+ * (<root>/memory/<parent>, <root>/pids/<parent>, <root>/cpu/<parent>); v2: one
+ * (<root>/<parent>), then n_dirs == 1. parent_fd[] are O_PATH|O_DIRECTORY fds of the
+ * `ephemeral` parents so a create only does mkdirat/openat relative to them. */
+typedef struct jail_cgroups {
+  bool v2;
+  bool memsw;                 /* v1 memory.memsw.* present (swap accounting) */
+  bool swap_max;              /* v2 memory.swap.max present */
+  bool has_kill;              /* v2 cgroup.kill present */
+  int n_dirs;                 /* 3 (v1) or 1 (v2) */
+  char *parent_path[JAIL_CG_N]; /* owned */
+  int parent_fd[JAIL_CG_N];
+} jail_cgroups_t;
+
+/* Limits after defaults and operator maxima were applied. */
+typedef struct jail_limits {
+  uint64_t memory_bytes;
+  uint32_t pids;
+  uint32_t cpu_percent;
+  uint32_t nofile;
+  uint64_t scratch_bytes;
+} jail_limits_t;
+
+typedef struct jail_counters {
+  uint64_t memory_peak_bytes;
+  uint64_t oom_kills;
+  uint64_t pids_refused;
+} jail_counters_t;
+
+/* Detects v1/v2 under root ("/sys/fs/cgroup"), creates the `parent` group in each
+ * controller used (memory, pids, cpu) and enables controllers for v2. 0 or negative+err. */
+int jail_cg_init(jail_cgroups_t *cg, const char *root, const char *parent, eph_error_t *err);
+void jail_cg_fini(jail_cgroups_t *cg);
+/* Creates the run's group(s) and writes the limits. On failure removes what it made. */
+int jail_cg_create(jail_cgroups_t *cg, const char *name, const jail_limits_t *lim,
+                   eph_error_t *err);
+/* Moves pid into the run's group(s). */
+int jail_cg_attach(jail_cgroups_t *cg, const char *name, pid_t pid, eph_error_t *err);
+/* Reads the counters (missing files read as 0). */
+int jail_cg_counters(jail_cgroups_t *cg, const char *name, jail_counters_t *out,
+                     eph_error_t *err);
+/* SIGKILLs every process listed in the run's group(s) until none is left or timeout_ms
+ * passed. Returns how many processes are still listed (0 = empty), or 0 when the group does
+ * not exist. */
+int jail_cg_kill_all(jail_cgroups_t *cg, const char *name, int timeout_ms);
+/* Number of processes listed in the run's group(s) (max over controllers); 0 when absent. */
+int jail_cg_count(jail_cgroups_t *cg, const char *name);
+/* rmdir()s the run's group(s), retrying EBUSY for up to timeout_ms. Returns how many group
+ * directories still exist afterwards. */
+int jail_cg_remove(jail_cgroups_t *cg, const char *name, int timeout_ms);
+/* Calls fn for every run group found under the parent(s) (deduplicated by name). */
+int jail_cg_list(jail_cgroups_t *cg, void (*fn)(void *opaque, const char *name), void *opaque);
+
+/* ------------------------------------------------------------ egress (veth.c) */
+
+/* "http://A.B.C.D:PORT" with A.B.C.D the first host of a /30 (host order out). */
+int jail_veth_parse_url(const char *url, uint32_t *proxy, uint16_t *port, eph_error_t *err);
+/* The veth pair of a sandbox whose run grants web, between the sandbox's netns (of pid)
+ * and the proxy's (see veth.c for every rule). Called after the uid maps, before "go". On
+ * success host_if (IFNAMSIZ bytes) names the end in the proxy's netns; on failure nothing
+ * of the pair is left and host_if is "". */
+int jail_veth_setup(int slot, pid_t pid, const char *proxy_url, int proxy_ns_fd,
+                    char *host_if, eph_error_t *err);
+/* Deletes the pair by its end in the proxy's netns (no-op when already gone); exists: true
+ * while it is still there. */
+void jail_veth_remove(int proxy_ns_fd, const char *host_if);
+bool jail_veth_exists(int proxy_ns_fd, const char *host_if);
+
+/* ------------------------------------------------------------ set-up plan (setup.c) */
+
+/* One step of building the new root, precomputed at init so the cloned child only does
+ * system calls (it is a fork of a possibly multi-threaded process: no malloc, no stdio). */
+typedef enum jail_op_kind {
+  JAIL_OP_DIR = 1,      /* mkdir target */
+  JAIL_OP_SYMLINK = 2,  /* symlink(source -> target) */
+  JAIL_OP_BIND_RO = 3,  /* bind mount host source on target (dir or file), read-only */
+  JAIL_OP_BIND_DEV = 4, /* bind a host device node on target (file), nosuid, noexec */
+  JAIL_OP_FILE = 5,     /* write data to target, mode 0644 */
+} jail_op_kind_t;
+
+typedef struct jail_op {
+  jail_op_kind_t kind;
+  bool is_dir;          /* for binds: the source is a directory */
+  unsigned long keep;   /* for binds: MS_* flags of the source mount that must be kept */
+  char *source;         /* host path or symlink text; owned */
+  char *target;         /* path inside the new root, absolute ("/usr"); owned */
+  char *data;           /* JAIL_OP_FILE content; owned */
+  size_t bytes;
+} jail_op_t;
+
+typedef struct jail_plan {
+  jail_op_t *ops;
+  size_t n_ops;
+  char *newroot;        /* where the root tmpfs is mounted in the child's mount ns */
+  char *hostname;
+  uint32_t shm_bytes;
+  unsigned char lo_msg[256]; /* RTM_NEWLINK "lo up" built once with libnl's rtnl_link */
+  size_t lo_msg_bytes;
+} jail_plan_t;
+
+/* Builds the plan: binds of /usr, /bin.. (symlinks recreated), /etc basics, /dev nodes;
+ * `etc_binds` extra /etc entries (NULL-terminated). 0 or negative + err. */
+int jail_plan_build(jail_plan_t *plan, const char *hostname, uint64_t shm_bytes,
+                    const char *const *etc_binds, eph_error_t *err);
+void jail_plan_free(jail_plan_t *plan);
+
+/* What the child needs beyond the plan; all of it set before clone(). */
+typedef struct jail_child_args {
+  const jail_plan_t *plan;
+  int go_fd;            /* socket: the parent sends one byte once maps and cgroups are set */
+  int err_fd;           /* write end, CLOEXEC: a jail_child_error_t on failure, EOF on exec */
+  int guest_fd;         /* the sandbox end of the socketpair: becomes fd JAIL_GUEST_FD */
+  int exe_fd;           /* O_PATH fd of the ephemeral-guest binary */
+  uint64_t scratch_bytes;
+  uint32_t nofile;
+  int network;
+  int close_fds[3];     /* the parent's ends, inherited by clone: closed first */
+} jail_child_args_t;
+
+#define JAIL_GUEST_FD 3
+
+typedef struct jail_child_error {
+  int errnum;
+  char step[200];
+} jail_child_error_t;
+
+/* The child's whole life: runs the set-up steps in order and execs the guest as PID 1.
+ * Never returns; reports the failed step on err_fd and _exit()s. */
+__attribute__((noreturn)) void jail_child_main(const jail_child_args_t *a);
+
+#endif

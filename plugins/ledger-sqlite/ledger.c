@@ -1,0 +1,790 @@
+/*
+ * ledger-sqlite: the money. Implements eph_ledger_ops_t over one SQLite file.
+ *
+ * Model. `entries` is the journal: an append-only list of credit, reserve, charge and settle
+ * rows (UPDATE and DELETE are refused by triggers). Two small tables are derived from it by
+ * AFTER INSERT triggers in the same statement, so no code path can append an entry without
+ * updating them, and their CHECK constraints are the last line of defence for the
+ * invariants:
+ *   organisations.balance_micros >= 0                    (a balance never goes negative)
+ *   reservations.billed_micros <= reserved_micros        (a charge never passes the cap)
+ *   settled => billed_micros + released_micros = reserved_micros
+ *   billed_micros = model_micros + web_micros + compute_micros
+ *   every amount is an SQLite integer (SQLite turns an overflowing integer sum into a REAL;
+ *   typeof() checks refuse that, and the C code checks for overflow first anyway).
+ * The C code checks the same rules first so the caller gets the documented error codes
+ * (-EPH_E_BUDGET, -EPH_E_INSUFFICIENT, ...); the constraints catch anything that slips by.
+ *
+ * Available balance = credits - reservations + releases. Charges move money inside a
+ * reservation and do not change the balance: the whole reservation was taken at reserve.
+ *
+ * Concurrency. Each operation is one BEGIN IMMEDIATE transaction, so the balance check and
+ * the reservation happen under SQLite's write lock: two processes sharing the file cannot
+ * both pass the check. Inside one process all threads share one connection behind a mutex:
+ * SQLite admits one writer at a time anyway, and a mutex hands the lock over at once, where
+ * per-thread connections would contend on the WAL write lock and wait in SQLite's busy
+ * handler, which sleeps in coarse steps. Every operation is a few prepared statements
+ * (tens of microseconds), so a read-only path on its own connection would buy nothing.
+ * busy_timeout still covers a second process (CLI + daemon) on the same file.
+ *
+ * Durability. journal_mode=WAL with synchronous=FULL by default: the WAL is fsync()ed at
+ * every commit, so a charge that returned 0 survives power loss, not only a crash of our
+ * process. synchronous=NORMAL (configurable) is also crash-safe for the process and never
+ * corrupts, but the last commits before an OS crash or power cut may roll back; an operator
+ * may choose it for throughput. See bench/ledger-bench.c for both figures.
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+
+#include <errno.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+
+#include <sqlite3.h>
+
+#include <ephemeral/plugin.h>
+
+/* The plugin does not link the core: its own scope-bound helpers. */
+static inline void
+ledger_freep(void *p)
+{
+  free(*(void **)p);
+}
+#define cleanup_free __attribute__((cleanup(ledger_freep)))
+
+#define SCHEMA_VERSION 1
+#define MAX_NAME_BYTES 128 /* org and run_id */
+#define MAX_MEMO_BYTES 256 /* longer memos are cut at a UTF-8 boundary */
+
+static const char schema_v1[] =
+  "CREATE TABLE organisations ("
+  "  org TEXT PRIMARY KEY NOT NULL,"
+  "  credited_micros INTEGER NOT NULL DEFAULT 0"
+  "    CHECK (typeof(credited_micros) = 'integer' AND credited_micros >= 0),"
+  "  balance_micros INTEGER NOT NULL DEFAULT 0"
+  "    CHECK (typeof(balance_micros) = 'integer' AND balance_micros >= 0),"
+  "  created_us INTEGER NOT NULL"
+  ");"
+  "CREATE TABLE reservations ("
+  "  run_id TEXT PRIMARY KEY NOT NULL,"
+  "  org TEXT NOT NULL REFERENCES organisations(org),"
+  "  reserved_micros INTEGER NOT NULL"
+  "    CHECK (typeof(reserved_micros) = 'integer' AND reserved_micros > 0),"
+  "  billed_micros INTEGER NOT NULL DEFAULT 0 CHECK (typeof(billed_micros) = 'integer'),"
+  "  model_micros INTEGER NOT NULL DEFAULT 0 CHECK (typeof(model_micros) = 'integer'),"
+  "  web_micros INTEGER NOT NULL DEFAULT 0 CHECK (typeof(web_micros) = 'integer'),"
+  "  compute_micros INTEGER NOT NULL DEFAULT 0 CHECK (typeof(compute_micros) = 'integer'),"
+  "  released_micros INTEGER NOT NULL DEFAULT 0 CHECK (typeof(released_micros) = 'integer'),"
+  "  settled INTEGER NOT NULL DEFAULT 0 CHECK (settled IN (0, 1)),"
+  "  CHECK (billed_micros >= 0 AND billed_micros <= reserved_micros),"
+  "  CHECK (billed_micros = model_micros + web_micros + compute_micros),"
+  "  CHECK ((settled = 0 AND released_micros = 0) OR"
+  "         (settled = 1 AND billed_micros + released_micros = reserved_micros))"
+  ");"
+  "CREATE INDEX reservations_open ON reservations(settled) WHERE settled = 0;"
+  "CREATE TABLE entries ("
+  "  seq INTEGER PRIMARY KEY AUTOINCREMENT,"
+  "  t_us INTEGER NOT NULL,"
+  "  org TEXT NOT NULL REFERENCES organisations(org),"
+  "  run_id TEXT,"
+  "  kind TEXT NOT NULL CHECK (kind IN ('credit', 'reserve', 'charge', 'settle')),"
+  "  category TEXT CHECK (category IN ('model', 'web', 'compute')),"
+  "  micros INTEGER NOT NULL CHECK (typeof(micros) = 'integer' AND micros >= 0),"
+  "  memo TEXT,"
+  "  CHECK ((kind = 'charge') = (category IS NOT NULL)),"
+  "  CHECK ((kind = 'credit') = (run_id IS NULL)),"
+  "  CHECK (kind NOT IN ('credit', 'reserve') OR micros > 0)"
+  ");"
+  "CREATE INDEX entries_run ON entries(run_id) WHERE run_id IS NOT NULL;"
+  /* The journal is append-only. */
+  "CREATE TRIGGER entries_no_update BEFORE UPDATE ON entries BEGIN"
+  "  SELECT RAISE(ABORT, 'ledger entries are append-only: UPDATE refused');"
+  "END;"
+  "CREATE TRIGGER entries_no_delete BEFORE DELETE ON entries BEGIN"
+  "  SELECT RAISE(ABORT, 'ledger entries are append-only: DELETE refused');"
+  "END;"
+  /* Derived state, maintained by the same INSERT. */
+  "CREATE TRIGGER entries_credit AFTER INSERT ON entries WHEN NEW.kind = 'credit' BEGIN"
+  "  UPDATE organisations SET credited_micros = credited_micros + NEW.micros,"
+  "    balance_micros = balance_micros + NEW.micros WHERE org = NEW.org;"
+  "END;"
+  "CREATE TRIGGER entries_reserve AFTER INSERT ON entries WHEN NEW.kind = 'reserve' BEGIN"
+  "  INSERT INTO reservations(run_id, org, reserved_micros)"
+  "    VALUES (NEW.run_id, NEW.org, NEW.micros);"
+  "  UPDATE organisations SET balance_micros = balance_micros - NEW.micros"
+  "    WHERE org = NEW.org;"
+  "END;"
+  "CREATE TRIGGER entries_charge AFTER INSERT ON entries WHEN NEW.kind = 'charge' BEGIN"
+  "  SELECT RAISE(ABORT, 'ledger: charge on a missing or settled reservation')"
+  "    WHERE NOT EXISTS (SELECT 1 FROM reservations"
+  "                      WHERE run_id = NEW.run_id AND org = NEW.org AND settled = 0);"
+  "  UPDATE reservations SET billed_micros = billed_micros + NEW.micros,"
+  "    model_micros = model_micros + (CASE NEW.category WHEN 'model' THEN NEW.micros ELSE 0 END),"
+  "    web_micros = web_micros + (CASE NEW.category WHEN 'web' THEN NEW.micros ELSE 0 END),"
+  "    compute_micros = compute_micros"
+  "      + (CASE NEW.category WHEN 'compute' THEN NEW.micros ELSE 0 END)"
+  "    WHERE run_id = NEW.run_id;"
+  "END;"
+  "CREATE TRIGGER entries_settle AFTER INSERT ON entries WHEN NEW.kind = 'settle' BEGIN"
+  "  SELECT RAISE(ABORT, 'ledger: settle must release exactly reserved - billed')"
+  "    WHERE NOT EXISTS (SELECT 1 FROM reservations"
+  "                      WHERE run_id = NEW.run_id AND org = NEW.org AND settled = 0"
+  "                        AND reserved_micros - billed_micros = NEW.micros);"
+  "  UPDATE reservations SET settled = 1, released_micros = NEW.micros"
+  "    WHERE run_id = NEW.run_id;"
+  "  UPDATE organisations SET balance_micros = balance_micros + NEW.micros"
+  "    WHERE org = NEW.org;"
+  "END;";
+
+enum {
+  ST_BEGIN,
+  ST_COMMIT,
+  ST_ROLLBACK,
+  ST_ORG_ENSURE,
+  ST_ORG_GET,
+  ST_RES_GET,
+  ST_ENTRY_ADD,
+  ST_OPEN_LIST,
+  ST_COUNT
+};
+
+static const char *const statement_sql[ST_COUNT] = {
+  [ST_BEGIN] = "BEGIN IMMEDIATE",
+  [ST_COMMIT] = "COMMIT",
+  [ST_ROLLBACK] = "ROLLBACK",
+  [ST_ORG_ENSURE] = "INSERT INTO organisations(org, created_us) VALUES (?1, ?2)"
+                    " ON CONFLICT(org) DO NOTHING",
+  [ST_ORG_GET] = "SELECT credited_micros, balance_micros FROM organisations WHERE org = ?1",
+  [ST_RES_GET] = "SELECT org, reserved_micros, billed_micros, released_micros, model_micros,"
+                 " web_micros, compute_micros, settled FROM reservations WHERE run_id = ?1",
+  [ST_ENTRY_ADD] = "INSERT INTO entries(t_us, org, run_id, kind, category, micros, memo)"
+                   " VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+  [ST_OPEN_LIST] = "SELECT run_id FROM reservations WHERE settled = 0 ORDER BY run_id",
+};
+
+typedef struct ledger {
+  const eph_host_t *host;
+  char *path;
+  sqlite3 *db;
+  sqlite3_stmt *st[ST_COUNT];
+  pthread_mutex_t lock; /* one connection, one user at a time: see the top comment */
+} ledger_t;
+
+/* One reservation row as read back. */
+typedef struct reservation {
+  char org[MAX_NAME_BYTES + 1];
+  eph_ledger_totals_t t;
+} reservation_t;
+
+static const eph_config_key_t ledger_keys[] = {
+  {"path", EPH_CFG_STRING, "\"<state_dir>/ledger.sqlite\"", NULL,
+   "The ledger's SQLite file. A relative path is taken relative to the state directory."},
+  {"busy_timeout_ms", EPH_CFG_INT, "5000", "ms",
+   "How long an operation waits for another process holding the file's write lock before "
+   "failing with EBUSY."},
+  {"synchronous", EPH_CFG_STRING, "\"full\"", NULL,
+   "\"full\": every committed entry is fsync()ed and survives power loss; \"normal\": "
+   "faster, survives a crash of the process but the last entries may roll back after an OS "
+   "crash or power cut."},
+  {0},
+};
+
+static int64_t
+wall_us(void)
+{
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
+/* SQLITE_CONSTRAINT means a schema CHECK or trigger refused an entry the C checks let
+ * through: a bug or a foreign writer, reported as EINVAL with SQLite's message. */
+static int
+db_error(ledger_t *l, int rc, const char *what, eph_error_t *err)
+{
+  int code = (rc & 0xff) == SQLITE_BUSY || (rc & 0xff) == SQLITE_LOCKED ? EBUSY
+             : (rc & 0xff) == SQLITE_FULL                               ? ENOSPC
+             : (rc & 0xff) == SQLITE_CONSTRAINT                         ? EINVAL
+                                                                        : EIO;
+  return eph_error_set(err, code, "%s: %s: %s", l->path, what, sqlite3_errmsg(l->db));
+}
+
+static const char *
+cost_name(eph_cost_t c)
+{
+  switch (c) {
+  case EPH_COST_MODEL:
+    return "model";
+  case EPH_COST_WEB:
+    return "web";
+  case EPH_COST_COMPUTE:
+    return "compute";
+  }
+  return NULL;
+}
+
+static int
+check_name(const char *what, const char *s, eph_error_t *err)
+{
+  if (!s || !*s)
+    return eph_error_set(err, EINVAL, "%s: empty", what);
+  if (strlen(s) > MAX_NAME_BYTES)
+    return eph_error_set(err, EINVAL, "%s: longer than %d bytes", what, MAX_NAME_BYTES);
+  return 0;
+}
+
+/* Runs a statement that returns no row (or whose rows are ignored) and resets it. */
+static int
+step_done(ledger_t *l, int which, const char *what, eph_error_t *err)
+{
+  sqlite3_stmt *s = l->st[which];
+  int rc;
+  while ((rc = sqlite3_step(s)) == SQLITE_ROW)
+    ;
+  int r = rc == SQLITE_DONE ? 0 : db_error(l, sqlite3_extended_errcode(l->db), what, err);
+  sqlite3_reset(s);
+  sqlite3_clear_bindings(s);
+  return r;
+}
+
+static int
+tx_begin(ledger_t *l, eph_error_t *err)
+{
+  return step_done(l, ST_BEGIN, "BEGIN IMMEDIATE", err);
+}
+
+static int
+tx_commit(ledger_t *l, eph_error_t *err)
+{
+  return step_done(l, ST_COMMIT, "COMMIT", err);
+}
+
+static void
+tx_rollback(ledger_t *l)
+{
+  if (!sqlite3_get_autocommit(l->db))
+    step_done(l, ST_ROLLBACK, "ROLLBACK", NULL);
+}
+
+/* Ends the transaction: commits when r >= 0, else rolls back; returns r or the commit's
+ * error. Called with the lock held; releases it. */
+static int
+tx_end(ledger_t *l, int r, eph_error_t *err)
+{
+  if (r >= 0) {
+    int c = tx_commit(l, err);
+    if (c < 0) {
+      tx_rollback(l);
+      r = c;
+    }
+  } else {
+    tx_rollback(l);
+  }
+  pthread_mutex_unlock(&l->lock);
+  return r;
+}
+
+/* Reads one reservation. Returns 1 found, 0 absent, negative on error. */
+static int
+reservation_get(ledger_t *l, const char *run_id, reservation_t *out, eph_error_t *err)
+{
+  sqlite3_stmt *s = l->st[ST_RES_GET];
+  sqlite3_bind_text(s, 1, run_id, -1, SQLITE_STATIC);
+  int rc = sqlite3_step(s);
+  int r = 0;
+  if (rc == SQLITE_ROW) {
+    memset(out, 0, sizeof *out);
+    snprintf(out->org, sizeof out->org, "%s", (const char *)sqlite3_column_text(s, 0));
+    out->t.reserved_micros = sqlite3_column_int64(s, 1);
+    out->t.billed_micros = sqlite3_column_int64(s, 2);
+    out->t.released_micros = sqlite3_column_int64(s, 3);
+    out->t.model_micros = sqlite3_column_int64(s, 4);
+    out->t.web_micros = sqlite3_column_int64(s, 5);
+    out->t.compute_micros = sqlite3_column_int64(s, 6);
+    out->t.settled = sqlite3_column_int(s, 7);
+    r = 1;
+  } else if (rc != SQLITE_DONE) {
+    r = db_error(l, sqlite3_extended_errcode(l->db), "reading the reservation", err);
+  }
+  sqlite3_reset(s);
+  sqlite3_clear_bindings(s);
+  return r;
+}
+
+/* Reads an organisation's balance. Returns 1 found, 0 absent, negative on error. */
+static int
+org_get(ledger_t *l, const char *org, int64_t *credited, int64_t *balance, eph_error_t *err)
+{
+  sqlite3_stmt *s = l->st[ST_ORG_GET];
+  sqlite3_bind_text(s, 1, org, -1, SQLITE_STATIC);
+  int rc = sqlite3_step(s);
+  int r = 0;
+  if (rc == SQLITE_ROW) {
+    if (credited)
+      *credited = sqlite3_column_int64(s, 0);
+    if (balance)
+      *balance = sqlite3_column_int64(s, 1);
+    r = 1;
+  } else if (rc != SQLITE_DONE) {
+    r = db_error(l, sqlite3_extended_errcode(l->db), "reading the organisation", err);
+  }
+  sqlite3_reset(s);
+  sqlite3_clear_bindings(s);
+  return r;
+}
+
+static int
+entry_add(ledger_t *l, const char *org, const char *run_id, const char *kind,
+          const char *category, int64_t micros, const char *memo, eph_error_t *err)
+{
+  sqlite3_stmt *s = l->st[ST_ENTRY_ADD];
+  sqlite3_bind_int64(s, 1, wall_us());
+  sqlite3_bind_text(s, 2, org, -1, SQLITE_STATIC);
+  if (run_id)
+    sqlite3_bind_text(s, 3, run_id, -1, SQLITE_STATIC);
+  sqlite3_bind_text(s, 4, kind, -1, SQLITE_STATIC);
+  if (category)
+    sqlite3_bind_text(s, 5, category, -1, SQLITE_STATIC);
+  sqlite3_bind_int64(s, 6, micros);
+  if (memo) {
+    size_t n = strlen(memo);
+    if (n > MAX_MEMO_BYTES) {
+      n = MAX_MEMO_BYTES;
+      while (n > 0 && ((unsigned char)memo[n] & 0xC0) == 0x80)
+        n--; /* do not cut a UTF-8 sequence */
+    }
+    sqlite3_bind_text(s, 7, memo, (int)n, SQLITE_STATIC);
+  }
+  return step_done(l, ST_ENTRY_ADD, "appending a ledger entry", err);
+}
+
+/* ---------------------------------------------------------------- operations */
+
+static int
+ledger_credit(void *state, const char *org, int64_t micros, eph_error_t *err)
+{
+  ledger_t *l = state;
+  int r = check_name("organisation", org, err);
+  if (r < 0)
+    return r;
+  if (micros <= 0)
+    return eph_error_set(err, EINVAL, "credit: micros must be positive (got %" PRId64 ")",
+                         micros);
+  pthread_mutex_lock(&l->lock);
+  if ((r = tx_begin(l, err)) < 0) {
+    pthread_mutex_unlock(&l->lock);
+    return r;
+  }
+  int64_t credited = 0, balance = 0;
+  sqlite3_bind_text(l->st[ST_ORG_ENSURE], 1, org, -1, SQLITE_STATIC);
+  sqlite3_bind_int64(l->st[ST_ORG_ENSURE], 2, wall_us());
+  r = step_done(l, ST_ORG_ENSURE, "creating the organisation", err);
+  if (r >= 0)
+    r = org_get(l, org, &credited, &balance, err);
+  if (r >= 0 && (credited > INT64_MAX - micros || balance > INT64_MAX - micros))
+    r = eph_error_set(err, EOVERFLOW, "credit: organisation '%s' would pass %" PRId64
+                      " micros", org, INT64_MAX);
+  if (r >= 0)
+    r = entry_add(l, org, NULL, "credit", NULL, micros, NULL, err);
+  return tx_end(l, r < 0 ? r : 0, err);
+}
+
+static int
+ledger_balance(void *state, const char *org, int64_t *micros, eph_error_t *err)
+{
+  ledger_t *l = state;
+  int r = check_name("organisation", org, err);
+  if (r < 0)
+    return r;
+  int64_t balance = 0;
+  pthread_mutex_lock(&l->lock);
+  r = org_get(l, org, NULL, &balance, err);
+  pthread_mutex_unlock(&l->lock);
+  if (r < 0)
+    return r;
+  *micros = r == 1 ? balance : 0; /* an unknown organisation has nothing */
+  return 0;
+}
+
+static int
+ledger_reserve(void *state, const char *org, const char *run_id, int64_t micros,
+               eph_error_t *err)
+{
+  ledger_t *l = state;
+  int r = check_name("organisation", org, err);
+  if (r < 0 || (r = check_name("run_id", run_id, err)) < 0)
+    return r;
+  if (micros <= 0)
+    return eph_error_set(err, EINVAL, "reserve: micros must be positive (got %" PRId64 ")",
+                         micros);
+  pthread_mutex_lock(&l->lock);
+  if ((r = tx_begin(l, err)) < 0) {
+    pthread_mutex_unlock(&l->lock);
+    return r;
+  }
+  reservation_t res;
+  int64_t balance = 0;
+  r = reservation_get(l, run_id, &res, err);
+  if (r == 1)
+    r = eph_error_set(err, EEXIST, "reserve: run %s already has a reservation", run_id);
+  if (r >= 0) {
+    r = org_get(l, org, NULL, &balance, err);
+    if (r == 0)
+      r = eph_error_set(err, EPH_E_INSUFFICIENT, "reserve: organisation '%s' has no credit",
+                        org);
+  }
+  if (r >= 0 && balance < micros)
+    r = eph_error_set(err, EPH_E_INSUFFICIENT,
+                      "reserve: organisation '%s' has %" PRId64 " micros available, the run "
+                      "asks for %" PRId64, org, balance, micros);
+  if (r >= 0)
+    r = entry_add(l, org, run_id, "reserve", NULL, micros, NULL, err);
+  return tx_end(l, r < 0 ? r : 0, err);
+}
+
+static int
+ledger_charge(void *state, const char *run_id, eph_cost_t category, int64_t micros,
+              const char *memo, eph_error_t *err)
+{
+  ledger_t *l = state;
+  int r = check_name("run_id", run_id, err);
+  if (r < 0)
+    return r;
+  const char *cat = cost_name(category);
+  if (!cat)
+    return eph_error_set(err, EINVAL, "charge: unknown cost category %d", (int)category);
+  if (micros < 0)
+    return eph_error_set(err, EINVAL, "charge: micros must not be negative (got %" PRId64 ")",
+                         micros);
+  pthread_mutex_lock(&l->lock);
+  if ((r = tx_begin(l, err)) < 0) {
+    pthread_mutex_unlock(&l->lock);
+    return r;
+  }
+  reservation_t res;
+  r = reservation_get(l, run_id, &res, err);
+  if (r == 0)
+    r = eph_error_set(err, ENOENT, "charge: run %s has no reservation", run_id);
+  else if (r == 1 && res.t.settled)
+    r = eph_error_set(err, EALREADY, "charge: run %s is already settled", run_id);
+  /* Written as a subtraction so it cannot overflow: both sides are within [0, reserved]. */
+  else if (r == 1 && micros > res.t.reserved_micros - res.t.billed_micros)
+    r = eph_error_set(err, EPH_E_BUDGET,
+                      "charge: %" PRId64 " micros of %s would pass the reservation of run %s "
+                      "(%" PRId64 " of %" PRId64 " micros billed)",
+                      micros, cat, run_id, res.t.billed_micros, res.t.reserved_micros);
+  if (r >= 0)
+    r = entry_add(l, res.org, run_id, "charge", cat, micros, memo, err);
+  return tx_end(l, r < 0 ? r : 0, err);
+}
+
+/* Settles inside an open transaction. Returns 1 when it settled now, 0 when it already
+ * was settled, negative on error. */
+static int
+settle_locked(ledger_t *l, const char *run_id, eph_ledger_totals_t *totals, eph_error_t *err)
+{
+  reservation_t res;
+  int r = reservation_get(l, run_id, &res, err);
+  if (r < 0)
+    return r;
+  if (r == 0)
+    return eph_error_set(err, ENOENT, "settle: run %s has no reservation", run_id);
+  if (!res.t.settled) {
+    int64_t released = res.t.reserved_micros - res.t.billed_micros;
+    if ((r = entry_add(l, res.org, run_id, "settle", NULL, released, NULL, err)) < 0)
+      return r;
+    res.t.released_micros = released;
+    res.t.settled = 1;
+    r = 1;
+  }
+  if (totals)
+    *totals = res.t;
+  return r;
+}
+
+static int
+ledger_settle(void *state, const char *run_id, eph_ledger_totals_t *totals, eph_error_t *err)
+{
+  ledger_t *l = state;
+  int r = check_name("run_id", run_id, err);
+  if (r < 0)
+    return r;
+  pthread_mutex_lock(&l->lock);
+  if ((r = tx_begin(l, err)) < 0) {
+    pthread_mutex_unlock(&l->lock);
+    return r;
+  }
+  r = settle_locked(l, run_id, totals, err);
+  return tx_end(l, r < 0 ? r : 0, err);
+}
+
+static int
+ledger_totals(void *state, const char *run_id, eph_ledger_totals_t *totals, eph_error_t *err)
+{
+  ledger_t *l = state;
+  int r = check_name("run_id", run_id, err);
+  if (r < 0)
+    return r;
+  reservation_t res;
+  pthread_mutex_lock(&l->lock);
+  r = reservation_get(l, run_id, &res, err);
+  pthread_mutex_unlock(&l->lock);
+  if (r == 0)
+    return eph_error_set(err, ENOENT, "totals: run %s has no reservation", run_id);
+  if (r < 0)
+    return r;
+  *totals = res.t;
+  return 0;
+}
+
+static int
+ledger_settle_open(void *state, eph_error_t *err)
+{
+  ledger_t *l = state;
+  int r;
+  pthread_mutex_lock(&l->lock);
+  if ((r = tx_begin(l, err)) < 0) {
+    pthread_mutex_unlock(&l->lock);
+    return r;
+  }
+  /* Collect first: settling writes to the table the list reads. */
+  size_t n = 0, cap = 0;
+  char **ids = NULL;
+  sqlite3_stmt *s = l->st[ST_OPEN_LIST];
+  int rc;
+  while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
+    if (n == cap) {
+      cap = cap ? 2 * cap : 16;
+      char **grown = realloc(ids, cap * sizeof *ids);
+      if (!grown) {
+        rc = SQLITE_NOMEM;
+        break;
+      }
+      ids = grown;
+    }
+    if (!(ids[n] = strdup((const char *)sqlite3_column_text(s, 0)))) {
+      rc = SQLITE_NOMEM;
+      break;
+    }
+    n++;
+  }
+  if (rc == SQLITE_NOMEM)
+    r = eph_error_set(err, ENOMEM, "settle_open: out of memory");
+  else if (rc != SQLITE_DONE)
+    r = db_error(l, sqlite3_extended_errcode(l->db), "listing open reservations", err);
+  sqlite3_reset(s);
+  int settled = 0;
+  for (size_t i = 0; i < n && r >= 0; i++) {
+    r = settle_locked(l, ids[i], NULL, err);
+    if (r > 0)
+      settled++;
+  }
+  for (size_t i = 0; i < n; i++)
+    free(ids[i]);
+  free(ids);
+  r = tx_end(l, r < 0 ? r : 0, err);
+  if (r < 0)
+    return r;
+  if (settled > 0 && l->host && l->host->log)
+    l->host->log(EPH_LOG_WARN, "settled %d reservation(s) left open by an earlier process",
+                 settled);
+  return settled;
+}
+
+/* ---------------------------------------------------------------- lifecycle */
+
+static void
+ledger_close(ledger_t *l)
+{
+  if (!l)
+    return;
+  for (int i = 0; i < ST_COUNT; i++)
+    sqlite3_finalize(l->st[i]);
+  if (l->db)
+    sqlite3_close(l->db);
+  pthread_mutex_destroy(&l->lock);
+  free(l->path);
+  free(l);
+}
+
+static int
+exec_sql(ledger_t *l, const char *sql, const char *what, eph_error_t *err)
+{
+  char *msg = NULL;
+  int rc = sqlite3_exec(l->db, sql, NULL, NULL, &msg);
+  if (rc == SQLITE_OK)
+    return 0;
+  int r = eph_error_set(err, (rc & 0xff) == SQLITE_BUSY ? EBUSY : EIO, "%s: %s: %s", l->path,
+                        what, msg ? msg : sqlite3_errstr(rc));
+  sqlite3_free(msg);
+  return r;
+}
+
+static int
+pragma_int(ledger_t *l, const char *sql, int *out, eph_error_t *err)
+{
+  sqlite3_stmt *s = NULL;
+  int rc = sqlite3_prepare_v2(l->db, sql, -1, &s, NULL);
+  if (rc == SQLITE_OK && (rc = sqlite3_step(s)) == SQLITE_ROW) {
+    *out = sqlite3_column_int(s, 0);
+    rc = SQLITE_OK;
+  }
+  int r = rc == SQLITE_OK ? 0 : db_error(l, rc, sql, err);
+  sqlite3_finalize(s);
+  return r;
+}
+
+/* Creates or checks the schema, under the write lock so two processes starting together
+ * cannot both create it. */
+static int
+migrate(ledger_t *l, eph_error_t *err)
+{
+  int r = exec_sql(l, "BEGIN IMMEDIATE", "starting the schema check", err);
+  if (r < 0)
+    return r;
+  int version = 0;
+  r = pragma_int(l, "PRAGMA user_version", &version, err);
+  if (r >= 0 && version > SCHEMA_VERSION)
+    r = eph_error_set(err, EPH_E_CONFIG,
+                      "%s: schema version %d is newer than this plugin's (%d); refusing to "
+                      "touch it", l->path, version, SCHEMA_VERSION);
+  if (r >= 0 && version < 1) {
+    r = exec_sql(l, schema_v1, "creating the ledger schema", err);
+    if (r >= 0)
+      r = exec_sql(l, "PRAGMA user_version = 1", "setting the schema version", err);
+  }
+  /* Future versions: `if (version < 2) { ALTER ...; PRAGMA user_version = 2; }` */
+  if (r < 0) {
+    exec_sql(l, "ROLLBACK", "rolling back the schema", NULL);
+    return r;
+  }
+  return exec_sql(l, "COMMIT", "committing the schema", err);
+}
+
+static int
+ledger_init(const eph_host_t *host, const config_setting_t *config, void **state,
+            eph_error_t *err)
+{
+  const char *path = NULL, *sync = NULL;
+  int64_t busy_ms = 5000;
+  int r;
+  if (host->cfg_string && (r = host->cfg_string(config, "path", NULL, &path, err)) < 0)
+    return r;
+  if (host->cfg_int && (r = host->cfg_int(config, "busy_timeout_ms", 5000, &busy_ms, err)) < 0)
+    return r;
+  if (host->cfg_string &&
+      (r = host->cfg_string(config, "synchronous", "full", &sync, err)) < 0)
+    return r;
+  if (!sync)
+    sync = "full";
+  if (strcasecmp(sync, "full") != 0 && strcasecmp(sync, "normal") != 0)
+    return eph_error_set(err, EPH_E_CONFIG,
+                         "ledger-sqlite: key 'synchronous': \"%s\" is neither \"full\" nor "
+                         "\"normal\"", sync);
+  if (busy_ms < 0 || busy_ms > INT_MAX)
+    return eph_error_set(err, EPH_E_CONFIG,
+                         "ledger-sqlite: key 'busy_timeout_ms': %" PRId64 " out of range",
+                         busy_ms);
+
+  ledger_t *l = calloc(1, sizeof *l);
+  if (!l)
+    return eph_error_set(err, ENOMEM, "ledger-sqlite: out of memory");
+  pthread_mutex_init(&l->lock, NULL);
+  l->host = host;
+  if (path && path[0] == '/')
+    l->path = strdup(path);
+  else if (host->state_dir && asprintf(&l->path, "%s/%s", host->state_dir,
+                                       path && *path ? path : "ledger.sqlite") < 0)
+    l->path = NULL;
+  if (!l->path) {
+    ledger_close(l);
+    return eph_error_set(err, path || host->state_dir ? ENOMEM : EPH_E_CONFIG,
+                         "ledger-sqlite: no path configured and no state directory");
+  }
+
+  /* NOMUTEX: our own mutex serialises every use of the connection. */
+  int rc = sqlite3_open_v2(l->path, &l->db,
+                           SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX,
+                           NULL);
+  if (rc != SQLITE_OK) {
+    r = eph_error_set(err, EIO, "%s: opening the ledger: %s", l->path,
+                      l->db ? sqlite3_errmsg(l->db) : sqlite3_errstr(rc));
+    ledger_close(l);
+    return r;
+  }
+  sqlite3_extended_result_codes(l->db, 1);
+  sqlite3_busy_timeout(l->db, (int)busy_ms);
+  char pragmas[128];
+  snprintf(pragmas, sizeof pragmas,
+           "PRAGMA foreign_keys = ON; PRAGMA synchronous = %s;",
+           strcasecmp(sync, "full") == 0 ? "FULL" : "NORMAL");
+  /* journal_mode returns the mode it ended in: check it really is WAL. */
+  sqlite3_stmt *s = NULL;
+  const char *mode = NULL;
+  rc = sqlite3_prepare_v2(l->db, "PRAGMA journal_mode = WAL", -1, &s, NULL);
+  if (rc == SQLITE_OK && sqlite3_step(s) == SQLITE_ROW)
+    mode = (const char *)sqlite3_column_text(s, 0);
+  if (!mode || strcasecmp(mode, "wal") != 0) {
+    r = eph_error_set(err, EIO, "%s: cannot switch to WAL mode (got %s): %s", l->path,
+                      mode ? mode : "nothing", sqlite3_errmsg(l->db));
+    sqlite3_finalize(s);
+    ledger_close(l);
+    return r;
+  }
+  sqlite3_finalize(s);
+  if ((r = exec_sql(l, pragmas, "setting pragmas", err)) < 0 || (r = migrate(l, err)) < 0) {
+    ledger_close(l);
+    return r;
+  }
+  for (int i = 0; i < ST_COUNT; i++) {
+    rc = sqlite3_prepare_v3(l->db, statement_sql[i], -1, SQLITE_PREPARE_PERSISTENT, &l->st[i],
+                            NULL);
+    if (rc != SQLITE_OK) {
+      r = db_error(l, rc, statement_sql[i], err);
+      ledger_close(l);
+      return r;
+    }
+  }
+  *state = l;
+  return 0;
+}
+
+static void
+ledger_fini(void *state)
+{
+  ledger_close(state);
+}
+
+static const eph_ledger_ops_t ledger_ops = {
+  .struct_size = sizeof(eph_ledger_ops_t),
+  .credit = ledger_credit,
+  .balance = ledger_balance,
+  .reserve = ledger_reserve,
+  .charge = ledger_charge,
+  .settle = ledger_settle,
+  .totals = ledger_totals,
+  .settle_open = ledger_settle_open,
+};
+
+EPH_PLUGIN_EXPORT = {
+  .abi_major = EPH_ABI_MAJOR,
+  .abi_minor = EPH_ABI_MINOR,
+  .struct_size = sizeof(eph_plugin_t),
+  .name = "ledger-sqlite",
+  .kind = EPH_KIND_LEDGER,
+  .version = "0.1.0",
+  .description = "Append-only ledger of organisations, reservations and charges in SQLite",
+  .config_keys = ledger_keys,
+  .init = ledger_init,
+  .fini = ledger_fini,
+  .ops = &ledger_ops,
+};

@@ -1,0 +1,437 @@
+/* model-replay: answers model calls from a recorded transcript instead of a model API.
+ *
+ * A transcript is JSONL: one Chat Completions response body per line, exactly what
+ * model-openai returns in resp->raw (and what `--record` writes). The plugin keeps no
+ * per-run state: the response to give is line N+1 where N is the number of assistant
+ * messages already in req->messages, so any number of runs can replay concurrently and a
+ * run can be replayed again from the start.
+ *
+ * Before answering it checks that the run still follows the transcript, and fails with
+ * -EPH_E_DIVERGED naming the transcript line when it does not:
+ *  - the transcript has no line N+1 (exhausted);
+ *  - an earlier assistant message differs from the recorded response (content, or a tool
+ *    call's name or arguments; arguments are compared as JSON values);
+ *  - a tool call of an earlier response has no tool message answering its id.
+ * A recorded tool call naming a tool the run does not offer is NOT a divergence: the
+ * answer is returned as recorded and the core's gate denies the call.
+ *
+ * The transcript is `transcript` from the config block, or, when the request's model is
+ * "replay:PATH", PATH (absolute or relative to the current directory). */
+#include "config.h" /* autoconf: _GNU_SOURCE, PACKAGE_VERSION */
+
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <ephemeral/plugin.h>
+
+#include "../model-openai/chat.h"
+
+#define MODEL_PREFIX "replay:"
+#define TRANSCRIPT_MAX_BYTES (64u << 20)
+
+static const eph_config_key_t replay_keys[] = {
+  {"transcript", EPH_CFG_STRING, "\"\"", NULL,
+   "Transcript replayed when the request's model is not \"replay:PATH\": JSONL, one Chat "
+   "Completions response body per line. A relative path is looked up under the data "
+   "directory first, then the current directory."},
+  {"pace", EPH_CFG_BOOL, "false", NULL,
+   "Sleep each line's recorded x_latency_ms before answering, so a replay keeps the "
+   "original run's timing (never past the call's deadline)."},
+  {0},
+};
+
+typedef struct replay {
+  const eph_host_t *host;
+  char *transcript; /* configured transcript, resolved; NULL when unset */
+  int pace;
+} replay_t;
+
+/* One transcript: parsed lines with their line numbers in the file. */
+typedef struct transcript {
+  const char *path;
+  json_object **lines;
+  size_t *lineno;
+  size_t n;
+} transcript_t;
+
+static void
+transcript_free(transcript_t *t)
+{
+  for (size_t i = 0; i < t->n; i++)
+    json_object_put(t->lines[i]);
+  free(t->lines);
+  free(t->lineno);
+  t->lines = NULL;
+  t->lineno = NULL;
+  t->n = 0;
+}
+
+static bool
+blank(const char *s)
+{
+  for (; *s; s++)
+    if (*s != ' ' && *s != '\t' && *s != '\r' && *s != '\n')
+      return false;
+  return true;
+}
+
+static int
+transcript_load(transcript_t *t, const char *path, eph_error_t *err)
+{
+  FILE *f = fopen(path, "re");
+  char *line = NULL;
+  size_t cap = 0, no = 0, total = 0;
+  ssize_t len;
+  int r = 0;
+
+  t->path = path;
+  t->n = 0;
+  if (!f)
+    return eph_error_set(err, errno == ENOENT ? EPH_E_CONFIG : errno, "transcript %s: %s", path,
+                         strerror(errno));
+  while ((len = getline(&line, &cap, f)) >= 0) {
+    no++;
+    total += (size_t)len;
+    if (total > TRANSCRIPT_MAX_BYTES) {
+      r = eph_error_set(err, EFBIG, "transcript %s: larger than %u MiB", path,
+                        TRANSCRIPT_MAX_BYTES >> 20);
+      break;
+    }
+    if (blank(line))
+      continue;
+    enum json_tokener_error jerr;
+    json_object *o = json_tokener_parse_verbose(line, &jerr);
+    if (!o || !json_object_is_type(o, json_type_object)) {
+      if (o)
+        json_object_put(o);
+      r = eph_error_set(err, EPH_E_PROTOCOL, "%s:%zu: not a JSON object (%s)", path, no,
+                        o ? "another JSON value" : json_tokener_error_desc(jerr));
+      break;
+    }
+    json_object **nl = realloc(t->lines, (t->n + 1) * sizeof *nl);
+    size_t *nn = nl ? realloc(t->lineno, (t->n + 1) * sizeof *nn) : NULL;
+    if (nl)
+      t->lines = nl;
+    if (nn)
+      t->lineno = nn;
+    if (!nl || !nn) {
+      json_object_put(o);
+      r = eph_error_set(err, ENOMEM, "transcript %s: out of memory", path);
+      break;
+    }
+    t->lines[t->n] = o;
+    t->lineno[t->n] = no;
+    t->n++;
+  }
+  free(line);
+  fclose(f);
+  if (r < 0)
+    transcript_free(t);
+  return r;
+}
+
+/* A JSON text shortened for messages. */
+static void
+shorten(const char *s, char *out, size_t size)
+{
+  size_t n = strlen(s);
+  if (n < size) {
+    memcpy(out, s, n + 1);
+    return;
+  }
+  memcpy(out, s, size - 4);
+  memcpy(out + size - 4, "...", 4);
+}
+
+static const char *
+content_of(json_object *msg)
+{
+  const char *c = eph_chat_get_string(msg, "content");
+  return c ? c : "";
+}
+
+static json_object *
+tool_calls_of(json_object *msg)
+{
+  json_object *v = NULL;
+  if (json_object_object_get_ex(msg, "tool_calls", &v) && json_object_is_type(v, json_type_array))
+    return v;
+  return NULL;
+}
+
+static json_object *
+function_of(json_object *call)
+{
+  json_object *f = NULL;
+  if (call && json_object_object_get_ex(call, "function", &f) &&
+      json_object_is_type(f, json_type_object))
+    return f;
+  return NULL;
+}
+
+/* Arguments are a JSON text: compare values, so whitespace or key order is no divergence. */
+static bool
+arguments_equal(const char *a, const char *b)
+{
+  if (strcmp(a, b) == 0)
+    return true;
+  json_object *ja = json_tokener_parse(a), *jb = json_tokener_parse(b);
+  bool eq = ja && jb && json_object_equal(ja, jb);
+  if (ja)
+    json_object_put(ja);
+  if (jb)
+    json_object_put(jb);
+  return eq;
+}
+
+/* Compares the run's k-th assistant message with the recorded one (normalised). */
+static int
+compare_assistant(json_object *live, json_object *rec, size_t k, const char *where,
+                  eph_error_t *err)
+{
+  char a[160], b[160];
+  if (strcmp(content_of(live), content_of(rec)) != 0) {
+    shorten(content_of(live), a, sizeof a);
+    shorten(content_of(rec), b, sizeof b);
+    return eph_error_set(err, EPH_E_DIVERGED,
+                         "%s: the run's assistant message %zu has content \"%s\", the transcript "
+                         "recorded \"%s\"",
+                         where, k + 1, a, b);
+  }
+  json_object *lc = tool_calls_of(live), *rc = tool_calls_of(rec);
+  size_t ln = lc ? json_object_array_length(lc) : 0, rn = rc ? json_object_array_length(rc) : 0;
+  if (ln != rn)
+    return eph_error_set(err, EPH_E_DIVERGED,
+                         "%s: the run's assistant message %zu has %zu tool calls, the transcript "
+                         "recorded %zu",
+                         where, k + 1, ln, rn);
+  for (size_t i = 0; i < ln; i++) {
+    json_object *lf = function_of(json_object_array_get_idx(lc, i));
+    json_object *rf = function_of(json_object_array_get_idx(rc, i));
+    const char *lname = eph_chat_get_string(lf, "name"), *rname = eph_chat_get_string(rf, "name");
+    const char *largs = eph_chat_get_string(lf, "arguments");
+    const char *rargs = eph_chat_get_string(rf, "arguments");
+    if (!lname || !largs)
+      return eph_error_set(err, EPH_E_DIVERGED,
+                           "%s: the run's assistant message %zu tool call %zu has no function "
+                           "name or arguments",
+                           where, k + 1, i + 1);
+    if (strcmp(lname, rname) != 0)
+      return eph_error_set(err, EPH_E_DIVERGED,
+                           "%s: the run's assistant message %zu tool call %zu is \"%s\", the "
+                           "transcript recorded \"%s\"",
+                           where, k + 1, i + 1, lname, rname);
+    if (!arguments_equal(largs, rargs)) {
+      shorten(largs, a, sizeof a);
+      shorten(rargs, b, sizeof b);
+      return eph_error_set(err, EPH_E_DIVERGED,
+                           "%s: the run's assistant message %zu tool call %zu (%s) has arguments "
+                           "%s, the transcript recorded %s",
+                           where, k + 1, i + 1, lname, a, b);
+    }
+  }
+  return 0;
+}
+
+/* Every tool call of the assistant message at index `at` must be answered by a tool message
+ * carrying its id before the next assistant message. */
+static int
+check_tool_results(json_object *messages, size_t at, size_t k, const char *where,
+                   eph_error_t *err)
+{
+  json_object *calls = tool_calls_of(json_object_array_get_idx(messages, at));
+  size_t total = json_object_array_length(messages);
+  size_t end = at + 1;
+  while (end < total) {
+    const char *role = eph_chat_get_string(json_object_array_get_idx(messages, end), "role");
+    if (role && strcmp(role, "assistant") == 0)
+      break;
+    end++;
+  }
+  for (size_t i = 0; calls && i < json_object_array_length(calls); i++) {
+    json_object *call = json_object_array_get_idx(calls, i);
+    const char *id = eph_chat_get_string(call, "id");
+    const char *name = eph_chat_get_string(function_of(call), "name");
+    bool found = false;
+    for (size_t m = at + 1; id && m < end && !found; m++) {
+      json_object *msg = json_object_array_get_idx(messages, m);
+      const char *role = eph_chat_get_string(msg, "role");
+      const char *tid = eph_chat_get_string(msg, "tool_call_id");
+      found = role && tid && strcmp(role, "tool") == 0 && strcmp(tid, id) == 0;
+    }
+    if (!found)
+      return eph_error_set(err, EPH_E_DIVERGED,
+                           "%s: no tool message answers tool call %s (%s) of assistant message "
+                           "%zu",
+                           where, id ? id : "(no id)", name ? name : "?", k + 1);
+  }
+  return 0;
+}
+
+static int
+replay_answer(replay_t *s, const transcript_t *t, const eph_model_request_t *req,
+              eph_model_response_t *resp, eph_error_t *err)
+{
+  char where[4096];
+  size_t total = json_object_array_length(req->messages), k = 0;
+  int r;
+
+  for (size_t m = 0; m < total; m++) {
+    json_object *msg = json_object_array_get_idx(req->messages, m);
+    const char *role = eph_chat_get_string(msg, "role");
+    if (!role || strcmp(role, "assistant") != 0)
+      continue;
+    if (k >= t->n)
+      return eph_error_set(err, EPH_E_DIVERGED,
+                           "%s: the run holds more assistant messages than the transcript's %zu "
+                           "responses",
+                           t->path, t->n);
+    snprintf(where, sizeof where, "%s:%zu", t->path, t->lineno[k]);
+    eph_model_response_t rec = {.struct_size = sizeof rec};
+    if ((r = eph_chat_parse_response(t->lines[k], where, &rec, err)) < 0)
+      return r;
+    r = compare_assistant(msg, rec.message, k, where, err);
+    eph_model_response_clear(&rec);
+    if (r < 0 || (r = check_tool_results(req->messages, m, k, where, err)) < 0)
+      return r;
+    k++;
+  }
+  if (k >= t->n)
+    return eph_error_set(err, EPH_E_DIVERGED,
+                         "%s: transcript exhausted: it holds %zu responses and the run asks for "
+                         "response %zu",
+                         t->path, t->n, k + 1);
+
+  snprintf(where, sizeof where, "%s:%zu", t->path, t->lineno[k]);
+  if ((r = eph_chat_parse_response(t->lines[k], where, resp, err)) < 0)
+    return r;
+
+  json_object *lat = NULL;
+  if (s->pace && json_object_object_get_ex(t->lines[k], "x_latency_ms", &lat) &&
+      json_object_is_type(lat, json_type_int)) {
+    int64_t ms = json_object_get_int64(lat);
+    bool late = req->deadline_ms > 0 && eph_now_ms() + ms > req->deadline_ms;
+    if (late)
+      ms = req->deadline_ms - eph_now_ms();
+    if (ms > 0) {
+      struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000};
+      while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
+        ;
+    }
+    if (late) {
+      eph_model_response_clear(resp);
+      return eph_error_set(err, ETIMEDOUT,
+                           "%s: the recorded latency (%lld ms) passes the run deadline", where,
+                           (long long)json_object_get_int64(lat));
+    }
+  }
+  resp->raw = json_object_get(t->lines[k]);
+  if (s->host && s->host->log)
+    s->host->log(EPH_LOG_DEBUG, "replayed %s (%llu+%llu tokens, %s)", where,
+                 (unsigned long long)resp->input_tokens,
+                 (unsigned long long)resp->output_tokens, resp->finish_reason);
+  return 0;
+}
+
+static int
+replay_complete(void *state, const eph_model_request_t *req, eph_model_response_t *resp,
+                eph_error_t *err)
+{
+  replay_t *s = state;
+  const char *path;
+
+  resp->message = resp->raw = NULL;
+  resp->finish_reason[0] = '\0';
+  resp->input_tokens = resp->output_tokens = 0;
+  if (!req || !req->messages || !json_object_is_type(req->messages, json_type_array))
+    return eph_error_set(err, EINVAL, "model request: a messages array is required");
+  if (req->model && strncmp(req->model, MODEL_PREFIX, strlen(MODEL_PREFIX)) == 0) {
+    path = req->model + strlen(MODEL_PREFIX);
+    if (!*path)
+      return eph_error_set(err, EINVAL, "model \"%s\": no transcript path after \"%s\"",
+                           req->model, MODEL_PREFIX);
+  } else {
+    path = s->transcript;
+    if (!path)
+      return eph_error_set(err, EPH_E_CONFIG,
+                           "no transcript to replay: set `transcript` in the model-replay block "
+                           "or use the model \"replay:PATH\"");
+  }
+
+  transcript_t t = {0};
+  int r = transcript_load(&t, path, err);
+  if (r < 0)
+    return r;
+  r = replay_answer(s, &t, req, resp, err);
+  transcript_free(&t);
+  return r;
+}
+
+static void
+replay_fini(void *state)
+{
+  replay_t *s = state;
+  if (!s)
+    return;
+  free(s->transcript);
+  free(s);
+}
+
+static int
+replay_init(const eph_host_t *host, const config_setting_t *config, void **state, eph_error_t *err)
+{
+  const char *path = NULL;
+  int pace = 0, r;
+  if ((r = host->cfg_string(config, "transcript", "", &path, err)) < 0 ||
+      (r = host->cfg_bool(config, "pace", 0, &pace, err)) < 0)
+    return r;
+
+  replay_t *s = calloc(1, sizeof *s);
+  if (!s)
+    return eph_error_set(err, ENOMEM, "out of memory");
+  s->host = host;
+  s->pace = pace;
+  if (*path) {
+    struct stat st;
+    char *under_data = NULL;
+    /* Shipped transcripts live in the data directory; a relative path names one of them
+     * when it exists there, otherwise a file relative to the current directory. */
+    if (path[0] != '/' && host->data_dir &&
+        asprintf(&under_data, "%s/%s", host->data_dir, path) < 0)
+      under_data = NULL;
+    if (under_data && stat(under_data, &st) == 0) {
+      s->transcript = under_data;
+    } else {
+      free(under_data);
+      s->transcript = strdup(path);
+    }
+    if (!s->transcript) {
+      free(s);
+      return eph_error_set(err, ENOMEM, "out of memory");
+    }
+  }
+  *state = s;
+  return 0;
+}
+
+static const eph_model_ops_t replay_ops = {
+  .struct_size = sizeof(eph_model_ops_t),
+  .complete = replay_complete,
+};
+
+EPH_PLUGIN_EXPORT = {
+  .abi_major = EPH_ABI_MAJOR,
+  .abi_minor = EPH_ABI_MINOR,
+  .struct_size = sizeof(eph_plugin_t),
+  .name = "model-replay",
+  .kind = EPH_KIND_MODEL,
+  .version = PACKAGE_VERSION,
+  .description = "Replays a recorded Chat Completions transcript (JSONL) with divergence checks",
+  .config_keys = replay_keys,
+  .init = replay_init,
+  .fini = replay_fini,
+  .ops = &replay_ops,
+};

@@ -1,0 +1,599 @@
+/* Outbound HTTP policy and the pinned libcurl fetch; see net.h for the why. */
+#include "config.h"
+
+#include <arpa/inet.h>
+#include <ctype.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "net.h"
+#include "plugin-util.h"
+
+/* ---------------------------------------------------------------- policy */
+
+static void
+free_list(char **v, size_t n)
+{
+  for (size_t i = 0; i < n; i++)
+    free(v[i]);
+  free(v);
+}
+
+static char *
+normalise_domain(const char *s)
+{
+  while (*s == '*' || *s == '.')
+    s++;
+  char *d = strdup(s);
+  if (!d)
+    return NULL;
+  size_t n = strlen(d);
+  while (n > 0 && d[n - 1] == '.')
+    d[--n] = 0;
+  for (char *c = d; *c; c++)
+    *c = (char)tolower((unsigned char)*c);
+  return d;
+}
+
+static int
+load_list(const config_setting_t *block, const char *key, char ***out, size_t *n,
+          eph_error_t *err)
+{
+  *out = NULL;
+  *n = 0;
+  if (!block)
+    return 0;
+  config_setting_t *l = config_setting_get_member(block, key);
+  if (!l)
+    return 0;
+  if (!config_setting_is_aggregate(l))
+    return eph_error_set(err, EPH_E_CONFIG, "%s:%d: key '%s': expected a list of strings",
+                         config_setting_source_file(l) ? config_setting_source_file(l) : "?",
+                         config_setting_source_line(l), key);
+  int count = config_setting_length(l);
+  char **v = calloc((size_t)count + 1, sizeof *v);
+  if (!v)
+    return eph_error_set(err, ENOMEM, "out of memory");
+  for (int i = 0; i < count; i++) {
+    const char *s = config_setting_get_string_elem(l, i);
+    if (!s || !*s) {
+      free_list(v, (size_t)i);
+      return eph_error_set(err, EPH_E_CONFIG, "%s:%d: key '%s': element %d is not a name",
+                           config_setting_source_file(l) ? config_setting_source_file(l) : "?",
+                           config_setting_source_line(l), key, i);
+    }
+    if (!(v[i] = normalise_domain(s))) {
+      free_list(v, (size_t)i);
+      return eph_error_set(err, ENOMEM, "out of memory");
+    }
+  }
+  *out = v;
+  *n = (size_t)count;
+  return 0;
+}
+
+int
+eph_net_policy_load(eph_net_policy_t *p, const eph_host_t *host, const config_setting_t *block,
+                    eph_error_t *err)
+{
+  memset(p, 0, sizeof *p);
+  int r;
+  if ((r = load_list(block, "allow_domains", &p->allow, &p->n_allow, err)) < 0)
+    return r;
+  if ((r = load_list(block, "deny_domains", &p->deny, &p->n_deny, err)) < 0)
+    goto fail;
+  if ((r = host->cfg_bool(block, "allow_private_addresses", 0, &p->allow_private, err)) < 0)
+    goto fail;
+  if ((r = host->cfg_bool(block, "allow_loopback", 0, &p->allow_loopback, err)) < 0)
+    goto fail;
+  return 0;
+fail:
+  eph_net_policy_free(p);
+  return r;
+}
+
+void
+eph_net_policy_free(eph_net_policy_t *p)
+{
+  free_list(p->allow, p->n_allow);
+  free_list(p->deny, p->n_deny);
+  memset(p, 0, sizeof *p);
+}
+
+/* "a.example.com" matches "example.com" on a label boundary. */
+static bool
+domain_matches(const char *host, const char *pattern)
+{
+  size_t h = strlen(host), n = strlen(pattern);
+  if (n == 0 || h < n)
+    return false;
+  if (strcasecmp(host + h - n, pattern) != 0)
+    return false;
+  return h == n || host[h - n - 1] == '.';
+}
+
+const char *
+eph_net_host_refusal(const eph_net_policy_t *p, const char *host)
+{
+  char buf[256];
+  size_t n = strlen(host);
+  if (n >= sizeof buf || n == 0)
+    return "host name is empty or too long";
+  if (host[0] == '[' && host[n - 1] == ']') {
+    memcpy(buf, host + 1, n - 2);
+    buf[n - 2] = 0;
+  } else
+    memcpy(buf, host, n + 1);
+  n = strlen(buf);
+  while (n > 0 && buf[n - 1] == '.')
+    buf[--n] = 0;
+  for (size_t i = 0; i < p->n_deny; i++)
+    if (domain_matches(buf, p->deny[i]))
+      return "domain is on the deny list";
+  if (p->n_allow == 0)
+    return NULL;
+  for (size_t i = 0; i < p->n_allow; i++)
+    if (domain_matches(buf, p->allow[i]))
+      return NULL;
+  return "domain is not on the allow list";
+}
+
+/* ---------------------------------------------------------------- addresses */
+
+static const char *
+v4_refusal(const eph_net_policy_t *p, uint32_t a /* host order */)
+{
+#define IN_NET(net, bits) ((bits) == 0 || (a >> (32 - (bits))) == ((uint32_t)(net) >> (32 - (bits))))
+  if (IN_NET(0x7f000000, 8))
+    return p->allow_loopback ? NULL : "loopback address";
+  if (IN_NET(0x00000000, 8))
+    return "unspecified address (0.0.0.0/8)";
+  if (IN_NET(0xa9fe0000, 16))
+    return "link-local address (169.254/16, cloud metadata)";
+  if (IN_NET(0xe0000000, 4))
+    return "multicast address";
+  if (IN_NET(0xf0000000, 4))
+    return "reserved or broadcast address";
+  if (IN_NET(0x0a000000, 8) || IN_NET(0xac100000, 12) || IN_NET(0xc0a80000, 16))
+    return p->allow_private ? NULL : "private address (RFC 1918)";
+  if (IN_NET(0x64400000, 10))
+    return p->allow_private ? NULL : "shared address space (CGNAT 100.64/10)";
+  if (IN_NET(0xc0000000, 24))
+    return "IETF protocol assignment address (192.0.0/24)";
+  if (IN_NET(0xc6120000, 15))
+    return "benchmarking address (198.18/15)";
+  if (IN_NET(0xc0000200, 24) || IN_NET(0xc6336400, 24) || IN_NET(0xcb007100, 24))
+    return "documentation address";
+#undef IN_NET
+  return NULL;
+}
+
+static const char *
+v6_refusal(const eph_net_policy_t *p, const struct in6_addr *a6)
+{
+  const uint8_t *b = a6->s6_addr;
+  static const uint8_t zero[16];
+  static const uint8_t nat64[12] = {0x00, 0x64, 0xff, 0x9b};
+  if (memcmp(b, zero, 16) == 0)
+    return "unspecified address (::)";
+  if (memcmp(b, zero, 15) == 0 && b[15] == 1)
+    return p->allow_loopback ? NULL : "loopback address (::1)";
+  /* Forms that carry an IPv4 address: judge the IPv4. */
+  if (IN6_IS_ADDR_V4MAPPED(a6) || IN6_IS_ADDR_V4COMPAT(a6) || memcmp(b, nat64, 12) == 0) {
+    uint32_t v4 = (uint32_t)b[12] << 24 | (uint32_t)b[13] << 16 | (uint32_t)b[14] << 8 | b[15];
+    return v4_refusal(p, v4);
+  }
+  if (b[0] == 0x20 && b[1] == 0x02) { /* 6to4 2002:V4ADDR::/48 */
+    uint32_t v4 = (uint32_t)b[2] << 24 | (uint32_t)b[3] << 16 | (uint32_t)b[4] << 8 | b[5];
+    return v4_refusal(p, v4);
+  }
+  if (b[0] == 0xff)
+    return "multicast address (ff00::/8)";
+  if (b[0] == 0xfe && (b[1] & 0xc0) == 0x80)
+    return "link-local address (fe80::/10)";
+  if (b[0] == 0xfe && (b[1] & 0xc0) == 0xc0)
+    return p->allow_private ? NULL : "site-local address (fec0::/10)";
+  if ((b[0] & 0xfe) == 0xfc)
+    return p->allow_private ? NULL : "unique local address (fc00::/7)";
+  if (b[0] == 0x20 && b[1] == 0x01 && b[2] == 0x0d && b[3] == 0xb8)
+    return "documentation address (2001:db8::/32)";
+  if (b[0] == 0x20 && b[1] == 0x01 && b[2] == 0 && b[3] == 0)
+    return "Teredo address (2001::/32)";
+  if (b[0] == 0x01 && b[1] == 0 && memcmp(b + 2, zero, 6) == 0)
+    return "discard-only address (100::/64)";
+  if (b[0] == 0 && memcmp(b, zero, 10) == 0)
+    return "reserved address (::/8)";
+  return NULL;
+}
+
+const char *
+eph_net_addr_refusal(const eph_net_policy_t *p, const struct sockaddr *sa)
+{
+  if (sa->sa_family == AF_INET)
+    return v4_refusal(p, ntohl(((const struct sockaddr_in *)sa)->sin_addr.s_addr));
+  if (sa->sa_family == AF_INET6)
+    return v6_refusal(p, &((const struct sockaddr_in6 *)sa)->sin6_addr);
+  return "not an internet address";
+}
+
+static void
+addr_text(const struct sockaddr *sa, char *out, size_t size)
+{
+  const void *a = sa->sa_family == AF_INET6 ? (const void *)&((const struct sockaddr_in6 *)sa)->sin6_addr
+                                            : (const void *)&((const struct sockaddr_in *)sa)->sin_addr;
+  if (!inet_ntop(sa->sa_family, a, out, (socklen_t)size))
+    snprintf(out, size, "?");
+}
+
+static bool
+same_addr(const struct sockaddr *a, const struct sockaddr_storage *b)
+{
+  if (a->sa_family != b->ss_family)
+    return false;
+  if (a->sa_family == AF_INET) {
+    const struct sockaddr_in *x = (const void *)a, *y = (const void *)b;
+    return x->sin_addr.s_addr == y->sin_addr.s_addr && x->sin_port == y->sin_port;
+  }
+  if (a->sa_family == AF_INET6) {
+    const struct sockaddr_in6 *x = (const void *)a, *y = (const void *)b;
+    return memcmp(&x->sin6_addr, &y->sin6_addr, 16) == 0 && x->sin6_port == y->sin6_port;
+  }
+  return false;
+}
+
+int
+eph_net_resolve_checked(const eph_net_policy_t *p, const char *host, int port,
+                        struct sockaddr_storage *out, char *text, eph_error_t *err)
+{
+  struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *res = NULL;
+  char portbuf[16];
+  snprintf(portbuf, sizeof portbuf, "%d", port);
+  int rc = getaddrinfo(host, portbuf, &hints, &res);
+  if (rc != 0)
+    return eph_error_set(err, EHOSTUNREACH, "could not resolve host '%s': %s", host,
+                         gai_strerror(rc));
+  int r = -EHOSTUNREACH;
+  bool have = false;
+  for (struct addrinfo *ai = res; ai; ai = ai->ai_next) {
+    char t[INET6_ADDRSTRLEN];
+    if (ai->ai_family != AF_INET && ai->ai_family != AF_INET6)
+      continue;
+    addr_text(ai->ai_addr, t, sizeof t);
+    const char *why = eph_net_addr_refusal(p, ai->ai_addr);
+    if (why) {
+      r = eph_error_set(err, EPH_E_DENIED, "host '%s' resolves to %s: %s", host, t, why);
+      freeaddrinfo(res);
+      return r;
+    }
+    if (!have) {
+      memset(out, 0, sizeof *out);
+      memcpy(out, ai->ai_addr, ai->ai_addrlen);
+      snprintf(text, INET6_ADDRSTRLEN, "%s", t);
+      have = true;
+    }
+  }
+  freeaddrinfo(res);
+  if (!have)
+    return eph_error_set(err, EHOSTUNREACH, "host '%s' has no internet address", host);
+  return 0;
+}
+
+/* ---------------------------------------------------------------- URLs */
+
+static int
+parse_url(const char *url, CURLU **out, char **host, int *port, eph_error_t *err)
+{
+  CURLU *u = curl_url();
+  char *scheme = NULL, *h = NULL, *user = NULL, *pw = NULL, *zone = NULL, *portstr = NULL;
+  int r = 0;
+  if (!u)
+    return eph_error_set(err, ENOMEM, "out of memory");
+  if (curl_url_set(u, CURLUPART_URL, url, 0) != CURLUE_OK) {
+    r = eph_error_set(err, EINVAL, "not a valid absolute URL");
+    goto out;
+  }
+  if (curl_url_get(u, CURLUPART_SCHEME, &scheme, 0) != CURLUE_OK ||
+      (strcasecmp(scheme, "http") != 0 && strcasecmp(scheme, "https") != 0)) {
+    r = eph_error_set(err, EINVAL, "only http:// and https:// URLs are allowed");
+    goto out;
+  }
+  if (curl_url_get(u, CURLUPART_USER, &user, 0) == CURLUE_OK ||
+      curl_url_get(u, CURLUPART_PASSWORD, &pw, 0) == CURLUE_OK) {
+    r = eph_error_set(err, EINVAL, "URLs with credentials (user@host) are not allowed");
+    goto out;
+  }
+  if (curl_url_get(u, CURLUPART_ZONEID, &zone, 0) == CURLUE_OK) {
+    r = eph_error_set(err, EINVAL, "IPv6 zone identifiers are not allowed");
+    goto out;
+  }
+  if (curl_url_get(u, CURLUPART_HOST, &h, 0) != CURLUE_OK || !*h) {
+    r = eph_error_set(err, EINVAL, "URL has no host");
+    goto out;
+  }
+  if (curl_url_get(u, CURLUPART_PORT, &portstr, CURLU_DEFAULT_PORT) != CURLUE_OK) {
+    r = eph_error_set(err, EINVAL, "URL has no port");
+    goto out;
+  }
+  *port = atoi(portstr);
+  size_t n = strlen(h);
+  if (h[0] == '[' && n >= 2 && h[n - 1] == ']') {
+    memmove(h, h + 1, n - 2);
+    h[n - 2] = 0;
+  }
+  for (char *c = h; *c; c++)
+    *c = (char)tolower((unsigned char)*c);
+  *host = strdup(h);
+  if (!*host)
+    r = eph_error_set(err, ENOMEM, "out of memory");
+out:
+  curl_free(scheme);
+  curl_free(h);
+  curl_free(user);
+  curl_free(pw);
+  curl_free(zone);
+  curl_free(portstr);
+  if (r == 0 && out)
+    *out = u;
+  else
+    curl_url_cleanup(u);
+  return r;
+}
+
+int
+eph_net_url_host(const char *url, char **host, int *port, eph_error_t *err)
+{
+  return parse_url(url, NULL, host, port, err);
+}
+
+/* ---------------------------------------------------------------- one hop */
+
+typedef struct hop {
+  const eph_net_policy_t *policy;
+  struct sockaddr_storage pinned;
+  int socket_refused;
+  eph_net_response_t *resp;
+  size_t max_bytes;
+  size_t cap; /* allocated */
+} hop_t;
+
+static curl_socket_t
+open_socket(void *opaque, curlsocktype purpose, struct curl_sockaddr *a)
+{
+  hop_t *h = opaque;
+  if (purpose != CURLSOCKTYPE_IPCXN || eph_net_addr_refusal(h->policy, &a->addr) ||
+      !same_addr(&a->addr, &h->pinned)) {
+    h->socket_refused = 1;
+    return CURL_SOCKET_BAD;
+  }
+  return socket(a->family, a->socktype | SOCK_CLOEXEC, a->protocol);
+}
+
+static size_t
+on_body(char *data, size_t size, size_t nmemb, void *opaque)
+{
+  hop_t *h = opaque;
+  eph_net_response_t *r = h->resp;
+  size_t n = size * nmemb, room = h->max_bytes - r->body_bytes;
+  size_t take = n < room ? n : room;
+  if (r->body_bytes + take + 1 > h->cap) {
+    size_t cap = h->cap ? h->cap : 16384;
+    while (cap < r->body_bytes + take + 1)
+      cap *= 2;
+    char *b = realloc(r->body, cap);
+    if (!b)
+      return 0;
+    r->body = b;
+    h->cap = cap;
+  }
+  memcpy(r->body + r->body_bytes, data, take);
+  r->body_bytes += take;
+  r->body[r->body_bytes] = 0;
+  if (take < n) {
+    r->truncated = 1;
+    return 0; /* stop the transfer: CURLE_WRITE_ERROR, recognised by `truncated` */
+  }
+  return n;
+}
+
+static size_t
+on_header(char *data, size_t size, size_t nmemb, void *opaque)
+{
+  hop_t *h = opaque;
+  size_t n = size * nmemb;
+  if (n >= 5 && strncmp(data, "HTTP/", 5) == 0) { /* a new response (100 Continue, ...) */
+    json_object_put(h->resp->headers);
+    h->resp->headers = json_object_new_object();
+    return n;
+  }
+  const char *colon = memchr(data, ':', n);
+  if (!colon || colon == data)
+    return n;
+  char name[128];
+  size_t nl = (size_t)(colon - data);
+  if (nl >= sizeof name)
+    return n;
+  for (size_t i = 0; i < nl; i++)
+    name[i] = (char)tolower((unsigned char)data[i]);
+  name[nl] = 0;
+  const char *v = colon + 1, *end = data + n;
+  while (v < end && (*v == ' ' || *v == '\t'))
+    v++;
+  while (end > v && (end[-1] == '\r' || end[-1] == '\n' || end[-1] == ' '))
+    end--;
+  json_object *prev = NULL;
+  if (json_object_object_get_ex(h->resp->headers, name, &prev)) {
+    cleanup_free char *joined = NULL;
+    if (asprintf(&joined, "%s, %.*s", json_object_get_string(prev), (int)(end - v), v) < 0)
+      return 0;
+    json_object_object_add(h->resp->headers, name, json_object_new_string(joined));
+  } else {
+    json_object_object_add(h->resp->headers, name,
+                           json_object_new_string_len(v, (int)(end - v)));
+  }
+  return n;
+}
+
+static int
+do_hop(const eph_net_policy_t *p, const eph_net_request_t *req, const char *url,
+       const char *method, int send_body, int hop_no, int64_t end_ms, eph_net_response_t *resp,
+       char **redirect_to, eph_error_t *err)
+{
+  cleanup_free char *host = NULL;
+  int port = 0, r;
+  CURLU *u = NULL;
+  if ((r = parse_url(url, &u, &host, &port, err)) < 0)
+    return r;
+  curl_url_cleanup(u);
+  if (req->check_domains) {
+    const char *why = eph_net_host_refusal(p, host);
+    if (why)
+      return eph_error_set(err, EPH_E_DENIED, "host '%s' refused: %s", host, why);
+  }
+  /* Charged before any I/O, name resolution included. */
+  if (req->before_request && (r = req->before_request(req->opaque, method, url, hop_no, err)) < 0)
+    return r;
+  hop_t h = {.policy = p, .resp = resp, .max_bytes = req->max_response_bytes};
+  char addr[INET6_ADDRSTRLEN];
+  if ((r = eph_net_resolve_checked(p, host, port, &h.pinned, addr, err)) < 0)
+    return r;
+  snprintf(resp->addr, sizeof resp->addr, "%s", addr);
+
+  int64_t left = end_ms - eph_now_ms();
+  if (left <= 0)
+    return eph_error_set(err, ETIMEDOUT, "request timed out");
+
+  /* Reset what a previous hop left. */
+  free(resp->body);
+  resp->body = NULL;
+  resp->body_bytes = 0;
+  resp->truncated = 0;
+  json_object_put(resp->headers);
+  resp->headers = json_object_new_object();
+
+  CURL *c = curl_easy_init();
+  if (!c)
+    return eph_error_set(err, ENOMEM, "curl_easy_init failed");
+  char pin[512], errbuf[CURL_ERROR_SIZE] = "";
+  bool v6 = h.pinned.ss_family == AF_INET6;
+  bool literal = strchr(host, ':') != NULL;
+  snprintf(pin, sizeof pin, "%s%s%s:%d:%s%s%s", literal ? "[" : "", host, literal ? "]" : "", port,
+           v6 ? "[" : "", addr, v6 ? "]" : "");
+  struct curl_slist *resolve = curl_slist_append(NULL, pin);
+  curl_easy_setopt(c, CURLOPT_URL, url);
+  curl_easy_setopt(c, CURLOPT_RESOLVE, resolve);
+  curl_easy_setopt(c, CURLOPT_OPENSOCKETFUNCTION, open_socket);
+  curl_easy_setopt(c, CURLOPT_OPENSOCKETDATA, &h);
+  curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
+  curl_easy_setopt(c, CURLOPT_PROXY, "");
+  curl_easy_setopt(c, CURLOPT_FOLLOWLOCATION, 0L);
+#if LIBCURL_VERSION_NUM >= 0x075500
+  curl_easy_setopt(c, CURLOPT_PROTOCOLS_STR, "http,https");
+#else
+  curl_easy_setopt(c, CURLOPT_PROTOCOLS, (long)(CURLPROTO_HTTP | CURLPROTO_HTTPS));
+#endif
+  curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, (long)left);
+  curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS, (long)(left < 10000 ? left : 10000));
+  curl_easy_setopt(c, CURLOPT_ACCEPT_ENCODING, "");
+  curl_easy_setopt(c, CURLOPT_USERAGENT, "ephemeral/" PACKAGE_VERSION);
+  curl_easy_setopt(c, CURLOPT_ERRORBUFFER, errbuf);
+  curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
+  curl_easy_setopt(c, CURLOPT_WRITEDATA, &h);
+  curl_easy_setopt(c, CURLOPT_HEADERFUNCTION, on_header);
+  curl_easy_setopt(c, CURLOPT_HEADERDATA, &h);
+  if (req->headers)
+    curl_easy_setopt(c, CURLOPT_HTTPHEADER, req->headers);
+  if (strcmp(method, "HEAD") == 0)
+    curl_easy_setopt(c, CURLOPT_NOBODY, 1L);
+  else if (strcmp(method, "GET") != 0)
+    curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, method);
+  if (send_body && req->body) {
+    curl_easy_setopt(c, CURLOPT_POSTFIELDS, req->body);
+    curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)req->body_bytes);
+    if (strcmp(method, "POST") != 0)
+      curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, method);
+  }
+
+  CURLcode cc = curl_easy_perform(c);
+  if (cc != CURLE_OK && !(cc == CURLE_WRITE_ERROR && resp->truncated)) {
+    if (h.socket_refused)
+      r = eph_error_set(err, EPH_E_DENIED, "connection to a refused address blocked");
+    else if (cc == CURLE_OPERATION_TIMEDOUT)
+      r = eph_error_set(err, ETIMEDOUT, "request timed out");
+    else
+      r = eph_error_set(err, EPH_E_UPSTREAM, "request failed: %s",
+                        errbuf[0] ? errbuf : curl_easy_strerror(cc));
+    goto out;
+  }
+  curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &resp->status);
+  char *ct = NULL, *loc = NULL;
+  curl_easy_getinfo(c, CURLINFO_CONTENT_TYPE, &ct);
+  free(resp->content_type);
+  resp->content_type = ct ? strdup(ct) : NULL;
+  free(resp->final_url);
+  resp->final_url = strdup(url);
+  if (resp->status >= 300 && resp->status < 400 &&
+      curl_easy_getinfo(c, CURLINFO_REDIRECT_URL, &loc) == CURLE_OK && loc)
+    *redirect_to = strdup(loc);
+  r = 0;
+out:
+  curl_easy_cleanup(c);
+  curl_slist_free_all(resolve);
+  return r;
+}
+
+int
+eph_net_fetch(const eph_net_policy_t *p, const eph_net_request_t *req, eph_net_response_t *resp,
+              eph_error_t *err)
+{
+  memset(resp, 0, sizeof *resp);
+  int64_t end_ms = eph_now_ms() + (req->timeout_ms > 0 ? req->timeout_ms : 30000);
+  cleanup_free char *url = strdup(req->url);
+  char method[32];
+  snprintf(method, sizeof method, "%s", req->method ? req->method : "GET");
+  int send_body = 1;
+  for (int hop_no = 0;; hop_no++) {
+    char *next = NULL;
+    int r = do_hop(p, req, url, method, send_body, hop_no, end_ms, resp, &next, err);
+    if (r < 0) {
+      free(next);
+      eph_net_response_clear(resp);
+      return r;
+    }
+    if (!next)
+      return 0;
+    if (req->max_redirects <= 0) {
+      resp->location = next;
+      return 0;
+    }
+    if (hop_no >= req->max_redirects) {
+      free(next);
+      eph_net_response_clear(resp);
+      return eph_error_set(err, EPH_E_UPSTREAM, "too many redirects (more than %d)",
+                           req->max_redirects);
+    }
+    /* As browsers do: 303 turns anything but HEAD into GET; 301/302 turn POST into GET. */
+    if ((resp->status == 303 && strcmp(method, "HEAD") != 0) ||
+        ((resp->status == 301 || resp->status == 302) && strcmp(method, "POST") == 0)) {
+      snprintf(method, sizeof method, "GET");
+      send_body = 0;
+    }
+    free(url);
+    url = next;
+    resp->redirects = hop_no + 1;
+  }
+}
+
+void
+eph_net_response_clear(eph_net_response_t *r)
+{
+  free(r->content_type);
+  free(r->final_url);
+  free(r->location);
+  free(r->body);
+  json_object_put(r->headers);
+  memset(r, 0, sizeof *r);
+}

@@ -1,0 +1,108 @@
+/* Outbound HTTP for the host-side tools (web_fetch, web_search, the connection broker and
+ * the sandbox egress proxy): which hosts and addresses may be reached, and a libcurl fetch
+ * that connects only to an address it resolved and checked itself.
+ *
+ * Why resolve ourselves: a name the policy allows may resolve to 127.0.0.1, to a private
+ * network or to the cloud metadata address 169.254.169.254 (SSRF). Every address a name
+ * resolves to is checked; the connection is pinned to the checked address with
+ * CURLOPT_RESOLVE and CURLOPT_OPENSOCKETFUNCTION re-checks the very sockaddr curl is about
+ * to connect to, which closes the DNS rebinding window (no second resolution). Redirects
+ * are followed here, hop by hop, each hop re-checked; libcurl's own following is off.
+ * Environment proxies are ignored (CURLOPT_PROXY "").
+ *
+ * Internal to the plugins that compile net.c (symbols hidden by -fvisibility=hidden). */
+#ifndef EPH_PLUGIN_NET_H
+#define EPH_PLUGIN_NET_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/socket.h>
+
+#include <curl/curl.h>
+#include <ephemeral/plugin.h>
+
+/* Where outbound requests may go. Domain lists hold lowercase names without trailing dot;
+ * "example.com" matches example.com and any name ending in ".example.com" (whole labels
+ * only: "badexample.com" does not match). deny wins over allow; an empty allow list
+ * allows every name not denied. */
+typedef struct eph_net_policy {
+  char **allow;
+  size_t n_allow;
+  char **deny;
+  size_t n_deny;
+  int allow_private;  /* RFC 1918, CGNAT 100.64/10, IPv6 ULA fc00::/7 and site-local */
+  int allow_loopback; /* 127/8 and ::1 */
+} eph_net_policy_t;
+
+/* Reads `allow_domains`, `deny_domains` (lists of strings), `allow_private_addresses` and
+ * `allow_loopback` (bools) from a plugin's config block (NULL block: defaults). Entries
+ * are lowercased and a leading "*." or "." and a trailing "." are dropped. Returns 0 or
+ * -EPH_E_CONFIG naming file:line. Free with eph_net_policy_free(). */
+int eph_net_policy_load(eph_net_policy_t *p, const eph_host_t *host, const config_setting_t *block,
+                        eph_error_t *err);
+void eph_net_policy_free(eph_net_policy_t *p);
+
+/* NULL when the host name passes the domain lists, else a static reason. host may carry
+ * IPv6 brackets; matching is case-insensitive. */
+const char *eph_net_host_refusal(const eph_net_policy_t *p, const char *host);
+
+/* NULL when the address may be connected to, else a static reason ("loopback address",
+ * "private address", "link-local address", ...). IPv4-mapped, IPv4-compatible, NAT64
+ * (64:ff9b::/96) and 6to4 (2002::/16) IPv6 forms are judged by the IPv4 they carry.
+ * Always refused, whatever the policy: unspecified, link-local (169.254/16 with the cloud
+ * metadata address, fe80::/10), multicast, broadcast and reserved ranges. */
+const char *eph_net_addr_refusal(const eph_net_policy_t *p, const struct sockaddr *sa);
+
+/* getaddrinfo(host, port) and checks every address. On success copies the first address
+ * to *out (and its text to addr_text, INET6_ADDRSTRLEN bytes). Errors: -EPH_E_DENIED when
+ * any address is refused (message names the address and reason), -EHOSTUNREACH when the
+ * name does not resolve. */
+int eph_net_resolve_checked(const eph_net_policy_t *p, const char *host, int port,
+                            struct sockaddr_storage *out, char *addr_text, eph_error_t *err);
+
+/* One request; all pointers borrowed for the call. */
+typedef struct eph_net_request {
+  const char *url;            /* absolute http:// or https:// URL */
+  const char *method;         /* "GET", "HEAD", ...; upper case */
+  const struct curl_slist *headers; /* extra request headers, or NULL */
+  const void *body;           /* request body, or NULL */
+  size_t body_bytes;
+  size_t max_response_bytes;  /* body bytes kept; the transfer stops there (truncated) */
+  int64_t timeout_ms;         /* whole request including redirects */
+  int max_redirects;          /* 0: a 3xx is returned as it is */
+  int check_domains;          /* apply the policy's domain lists to every hop */
+  /* Called after a hop's URL and domain checks and before any of its I/O (name
+   * resolution included): to charge and emit. A negative return aborts the request with
+   * that error. hop 0 is the first request. */
+  int (*before_request)(void *opaque, const char *method, const char *url, int hop,
+                        eph_error_t *err);
+  void *opaque;
+} eph_net_request_t;
+
+/* What came back. Strings owned by the response; eph_net_response_clear() frees them. */
+typedef struct eph_net_response {
+  long status;
+  char *content_type;    /* or NULL */
+  char *final_url;       /* URL of the last hop */
+  char *location;        /* Location of an unfollowed 3xx, or NULL */
+  json_object *headers;  /* {"lower-case-name": "value", ...} of the last hop */
+  char *body;            /* NUL-terminated for convenience; body_bytes excludes the NUL */
+  size_t body_bytes;
+  int truncated;         /* the body passed max_response_bytes */
+  int redirects;         /* how many were followed */
+  char addr[64];         /* the address of the last hop's connection */
+} eph_net_response_t;
+
+/* Performs the request under policy p. Errors (nothing in *resp to use): -EPH_E_DENIED (a
+ * host or address refused; message says which), -EINVAL (not an http(s) URL, credentials
+ * in the URL), -EPH_E_UPSTREAM (transfer failed, too many redirects), -ETIMEDOUT, or what
+ * before_request returned. An HTTP error status is a success with resp->status set. */
+int eph_net_fetch(const eph_net_policy_t *p, const eph_net_request_t *req,
+                  eph_net_response_t *resp, eph_error_t *err);
+void eph_net_response_clear(eph_net_response_t *r);
+
+/* Host and port of an http(s) URL (host without IPv6 brackets, lower case). Returns 0 and a
+ * heap *host owned by the caller, or -EINVAL. */
+int eph_net_url_host(const char *url, char **host, int *port, eph_error_t *err);
+
+#endif

@@ -1,0 +1,200 @@
+#include <config.h>
+
+#include "model-harness.h"
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "context.h"
+#include "host.h"
+#include "log.h"
+#include "util.h"
+
+eph_host_t test_host;
+static eph_ctx_t test_ctx;
+
+const char *
+builddir(void)
+{
+  const char *b = getenv("EPH_BUILDDIR");
+  return b ? b : EPH_BUILDDIR;
+}
+
+const char *
+srcdir(void)
+{
+  const char *s = getenv("EPH_SRCDIR");
+  return s ? s : EPH_SRCDIR;
+}
+
+void
+harness_init(void)
+{
+  /* The fake server is on 127.0.0.1: a proxy from the environment must not intercept. */
+  unsetenv("http_proxy");
+  unsetenv("HTTP_PROXY");
+  unsetenv("https_proxy");
+  unsetenv("HTTPS_PROXY");
+  unsetenv("ALL_PROXY");
+  unsetenv("all_proxy");
+  signal(SIGPIPE, SIG_IGN);
+  test_ctx.state_dir = "/tmp";
+  eph_host_init(&test_host, &test_ctx);
+}
+
+void
+fake_start(fake_t *f, const char *key, const char *const *steps)
+{
+  int out[2], in[2];
+  const char *argv[64];
+  size_t n = 0;
+  cleanup_free char *prog = eph_xasprintf("%s/tests/fake-openai", builddir());
+
+  memset(f, 0, sizeof *f);
+  snprintf(f->dir, sizeof f->dir, "/tmp/eph-fake-openai-XXXXXX");
+  assert_non_null(mkdtemp(f->dir));
+  snprintf(f->record, sizeof f->record, "%s/requests.jsonl", f->dir);
+  argv[n++] = prog;
+  argv[n++] = "--record";
+  argv[n++] = f->record;
+  if (key) {
+    argv[n++] = "--key";
+    argv[n++] = key;
+  }
+  for (size_t i = 0; steps && steps[i] && n < 62; i++)
+    argv[n++] = steps[i];
+  argv[n] = NULL;
+
+  assert_int_equal(pipe2(out, O_CLOEXEC), 0);
+  assert_int_equal(pipe2(in, O_CLOEXEC), 0);
+  f->pid = fork();
+  assert_true(f->pid >= 0);
+  if (f->pid == 0) {
+    dup2(in[0], 0);
+    dup2(out[1], 1);
+    execv(prog, (char *const *)argv);
+    _exit(127);
+  }
+  close(out[1]);
+  close(in[0]);
+  f->stdin_fd = in[1];
+  char buf[32] = {0};
+  ssize_t got = 0, r;
+  while (got < (ssize_t)sizeof buf - 1 && (r = read(out[0], buf + got, sizeof buf - 1 - got)) > 0) {
+    got += r;
+    if (memchr(buf, '\n', (size_t)got))
+      break;
+  }
+  close(out[0]);
+  f->port = atoi(buf);
+  if (f->port <= 0)
+    fail_msg("fake-openai (%s) did not print its port", prog);
+}
+
+void
+fake_stop(fake_t *f)
+{
+  int status;
+  if (f->pid <= 0)
+    return;
+  close(f->stdin_fd);
+  waitpid(f->pid, &status, 0);
+  f->pid = 0;
+  unlink(f->record);
+  rmdir(f->dir);
+}
+
+json_object *
+fake_requests(const fake_t *f)
+{
+  json_object *arr = json_object_new_array();
+  FILE *fp = fopen(f->record, "r");
+  char *line = NULL;
+  size_t cap = 0;
+  if (!fp)
+    return arr;
+  while (getline(&line, &cap, fp) > 0) {
+    json_object *o = json_tokener_parse(line);
+    assert_non_null(o);
+    json_object_array_add(arr, o);
+  }
+  free(line);
+  fclose(fp);
+  return arr;
+}
+
+int
+plugin_load(loaded_t *l, const char *name, const char *conf, eph_error_t *err)
+{
+  memset(l, 0, sizeof *l);
+  config_init(&l->cfg);
+  cleanup_free char *text = eph_xasprintf("%s: { %s };\n", name, conf ? conf : "");
+  if (config_read_string(&l->cfg, text) != CONFIG_TRUE)
+    fail_msg("test config does not parse: %s: %s", config_error_text(&l->cfg), text);
+  cleanup_free char *path = eph_xasprintf("%s/plugins/.libs/%s.so", builddir(), name);
+  int r = eph_plugin_load_file(&l->ps, path, config_lookup(&l->cfg, name), &test_host, NULL, err);
+  if (r == 0) {
+    l->slot = eph_plugins_find(&l->ps, name);
+    assert_non_null(l->slot);
+    assert_int_equal(l->slot->desc->kind, EPH_KIND_MODEL);
+    l->ops = l->slot->desc->ops;
+    assert_true(EPH_OPS_HAS(l->ops, eph_model_ops_t, complete));
+  }
+  return r;
+}
+
+void
+plugin_unload(loaded_t *l)
+{
+  eph_plugins_unload(&l->ps);
+  config_destroy(&l->cfg);
+}
+
+int
+model_call(loaded_t *l, const eph_model_request_t *req, eph_model_response_t *resp,
+           eph_error_t *err)
+{
+  memset(resp, 0, sizeof *resp);
+  resp->struct_size = sizeof *resp;
+  return EPH_WITH_PLUGIN(l->slot, l->ops->complete(l->slot->state, req, resp, err));
+}
+
+static int saved_stderr = -1;
+static char capture_path[64];
+
+void
+capture_begin(void)
+{
+  snprintf(capture_path, sizeof capture_path, "/tmp/eph-model-stderr-XXXXXX");
+  int fd = mkstemp(capture_path);
+  assert_true(fd >= 0);
+  fflush(stderr);
+  saved_stderr = dup(2);
+  dup2(fd, 2);
+  close(fd);
+}
+
+char *
+capture_end(void)
+{
+  char *text = NULL;
+  eph_error_t err = {0};
+  fflush(stderr);
+  dup2(saved_stderr, 2);
+  close(saved_stderr);
+  saved_stderr = -1;
+  if (eph_read_file(capture_path, 1 << 20, &text, NULL, &err) < 0)
+    fail_msg("%s", err.message);
+  unlink(capture_path);
+  return text;
+}
