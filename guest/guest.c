@@ -27,6 +27,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/random.h>
+#include <sys/ioctl.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/reboot.h>
@@ -71,6 +73,7 @@ typedef struct guest {
   gid_t gid;
   char rundir[PATH_MAX];
   char scratch[PATH_MAX + 16];
+  const char *tmp; /* where run directories are made (--tmp) */
   guest_fs_t fs;
   uint32_t default_timeout_ms;
   rlim_t nofile;
@@ -659,6 +662,74 @@ op_shutdown(guest_t *g, json_object *req, int64_t id)
   shutdown_and_exit(g, 0);
 }
 
+static int make_scratch(guest_t *g, const char *tmp);
+static void send_hello(guest_t *g);
+
+/* After a microVM snapshot restore every copy of the guest holds the same kernel CRNG state,
+ * wall clock and scratch name. The host's reseed gives this copy its own: the entropy is
+ * added to the pool and the CRNG reseeded from it at once (RNDADDENTROPY, RNDRESEEDCRNG),
+ * the clock is set, the old run directory is replaced by a fresh mkdtemp one, and the
+ * answer is a new hello, the one the host's client reads as the session's first frame. */
+static void
+op_reseed(guest_t *g, json_object *req, int64_t id)
+{
+  (void)id;
+  if (g->job) {
+    send_error(g, req, EBUSY, "reseed while a command runs", false);
+    return;
+  }
+  void *seed = NULL;
+  size_t n = 0;
+  int r = eph_proto_get_b64(req, "entropy", 4096, &seed, &n);
+  if (r < 0 || n < 32) {
+    free(seed);
+    send_error(g, req, r < 0 ? -r : EINVAL, "reseed: 'entropy' must be 32..4096 bytes", true);
+    shutdown_and_exit(g, 1);
+  }
+  struct rand_pool_info *info = malloc(sizeof *info + n);
+  int fd = open("/dev/urandom", O_WRONLY | O_CLOEXEC);
+  bool ok = info && fd >= 0;
+  if (ok) {
+    info->entropy_count = (int)(n * 8);
+    info->buf_size = (int)n;
+    memcpy(info->buf, seed, n);
+    ok = ioctl(fd, RNDADDENTROPY, info) == 0 && ioctl(fd, RNDRESEEDCRNG) == 0;
+  }
+  int e = errno;
+  if (fd >= 0)
+    close(fd);
+  if (info)
+    explicit_bzero(info, sizeof *info + n);
+  explicit_bzero(seed, n);
+  free(info);
+  free(seed);
+  if (!ok) {
+    send_error(g, req, e ? e : EIO, "reseed: adding entropy failed", true);
+    shutdown_and_exit(g, 1);
+  }
+  int64_t ns;
+  if (eph_proto_int(req, "realtime_ns", &ns) && ns > 0) {
+    struct timespec ts = {.tv_sec = ns / 1000000000LL, .tv_nsec = ns % 1000000000LL};
+    if (clock_settime(CLOCK_REALTIME, &ts) < 0)
+      logmsg("reseed: clock_settime: %s", strerror(errno));
+  }
+  kill_everything(g);
+  if (g->rundir[0])
+    nftw(g->rundir, rm_entry, 16, FTW_DEPTH | FTW_PHYS | FTW_MOUNT);
+  g->rundir[0] = '\0';
+  if (g->fs.scratch_fd >= 0)
+    close(g->fs.scratch_fd);
+  g->fs.scratch_fd = -1;
+  r = make_scratch(g, g->tmp);
+  if (r < 0) {
+    char why[256];
+    snprintf(why, sizeof why, "reseed: new scratch in %s: %s", g->tmp, strerror(-r));
+    send_error(g, NULL, -r, why, true);
+    shutdown_and_exit(g, 1);
+  }
+  send_hello(g);
+}
+
 static void
 handle_frame(guest_t *g, json_object *req)
 {
@@ -681,6 +752,8 @@ handle_frame(guest_t *g, json_object *req)
     op_kill(g, req);
   } else if (strcmp(type, "shutdown") == 0) {
     op_shutdown(g, req, id);
+  } else if (strcmp(type, "reseed") == 0) {
+    op_reseed(g, req, id);
   } else if (strcmp(type, "ping") == 0) {
     send_frame(g, new_msg("pong", id, true));
   } else if (!strcmp(type, "write_file") || !strcmp(type, "read_file") ||
@@ -850,6 +923,22 @@ make_scratch(guest_t *g, const char *tmp)
 }
 
 static void
+send_hello(guest_t *g)
+{
+  struct utsname u;
+  uname(&u);
+  json_object *hello = new_msg("hello", 0, false);
+  json_object_object_add(hello, "version", json_object_new_int(EPH_PROTO_VERSION));
+  json_object_object_add(hello, "kernel", json_object_new_string(u.release));
+  json_object_object_add(hello, "scratch", json_object_new_string(g->scratch));
+  json_object_object_add(hello, "uid", json_object_new_int((int)g->uid));
+  json_object_object_add(hello, "gid", json_object_new_int((int)g->gid));
+  json_object_object_add(hello, "pid1", json_object_new_boolean(g->pid1));
+  json_object_object_add(hello, "max_frame_bytes", json_object_new_int(EPH_PROTO_MAX_FRAME_BYTES));
+  send_frame(g, hello);
+}
+
+static void
 usage(FILE *f)
 {
   fputs("usage: ephemeral-guest (--fd N | --device PATH) [options]\n"
@@ -925,6 +1014,7 @@ main(int argc, char **argv)
     return 2;
   }
   g.pid1 = getpid() == 1;
+  g.tmp = tmp;
 
   /* Nobody may ptrace us or read our fds through /proc, and we never dump core. */
   prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
@@ -978,17 +1068,7 @@ main(int argc, char **argv)
     shutdown_and_exit(&g, 1);
   }
 
-  struct utsname u;
-  uname(&u);
-  json_object *hello = new_msg("hello", 0, false);
-  json_object_object_add(hello, "version", json_object_new_int(EPH_PROTO_VERSION));
-  json_object_object_add(hello, "kernel", json_object_new_string(u.release));
-  json_object_object_add(hello, "scratch", json_object_new_string(g.scratch));
-  json_object_object_add(hello, "uid", json_object_new_int((int)g.uid));
-  json_object_object_add(hello, "gid", json_object_new_int((int)g.gid));
-  json_object_object_add(hello, "pid1", json_object_new_boolean(g.pid1));
-  json_object_object_add(hello, "max_frame_bytes", json_object_new_int(EPH_PROTO_MAX_FRAME_BYTES));
-  send_frame(&g, hello);
+  send_hello(&g);
   loop(&g);
   return 0;
 }
