@@ -190,18 +190,19 @@ kill_everything(guest_t *g)
   snprintf(path, sizeof path, "/proc/self/task/%d/children", (int)getpid());
   for (;;) {
     bool any = false;
-    if (g->pid1) {
-      any = kill(-1, SIGKILL) == 0;
-    } else {
-      FILE *f = fopen(path, "re");
-      if (f) {
-        int child;
-        while (fscanf(f, "%d", &child) == 1) {
-          kill(child, SIGKILL);
-          any = true;
-        }
-        fclose(f);
+    /* kill(-1) cannot say when everything is gone: in a microVM it also "signals" the
+     * kernel threads and so always succeeds. Orphans are re-parented to us (PID 1 or
+     * subreaper), so our children list is the truth in both cases. */
+    if (g->pid1)
+      kill(-1, SIGKILL);
+    FILE *f = fopen(path, "re");
+    if (f) {
+      int child;
+      while (fscanf(f, "%d", &child) == 1) {
+        kill(child, SIGKILL);
+        any = true;
       }
+      fclose(f);
     }
     int st;
     pid_t pid;
@@ -713,7 +714,6 @@ op_reseed(guest_t *g, json_object *req, int64_t id)
     if (clock_settime(CLOCK_REALTIME, &ts) < 0)
       logmsg("reseed: clock_settime: %s", strerror(errno));
   }
-  kill_everything(g);
   if (g->rundir[0])
     nftw(g->rundir, rm_entry, 16, FTW_DEPTH | FTW_PHYS | FTW_MOUNT);
   g->rundir[0] = '\0';
