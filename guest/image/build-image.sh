@@ -13,7 +13,7 @@
 # slowest step of unpacking; a plain cpio is copied, not inflated, and needs no block driver,
 # filesystem module or switch_root. /init remounts the root read-only before it hands over
 # to the guest, so the worker's only writable place is the size-capped tmpfs the guest
-# mounts on /tmp (size from eph_scratch_bytes= on the kernel command line).
+# mounts on /tmp (size from eph_tmp_mib= on the kernel command line).
 #
 # Reproducible: the same packages and the same guest binary give the same bytes
 # (SOURCE_DATE_EPOCH stamps every file, the cpio is written in sorted order with
@@ -30,6 +30,7 @@ while [ $# -gt 0 ]; do
   esac
 done
 guest_bin=${1:?usage: build-image.sh [--state-dir DIR] GUEST_BINARY}
+guest_bin=$(readlink -f "$guest_bin" 2>/dev/null || echo "$guest_bin")
 [ -x "$guest_bin" ] || { echo "build-image.sh: $guest_bin: not an executable" >&2; exit 1; }
 if ! file -b "$guest_bin" 2>/dev/null | grep -q 'statically linked' &&
    ldd "$guest_bin" >/dev/null 2>&1; then
@@ -154,14 +155,15 @@ cp "$guest_bin" usr/sbin/ephemeral-guest
 chmod 0755 usr/sbin/ephemeral-guest
 {
   echo '#!/bin/busybox sh'
-  echo '# Kernel parameters without a dot arrive here as environment: eph_scratch_bytes,'
+  echo '# Kernel parameters without a dot arrive here as environment: eph_tmp_mib (size of'
+  echo '# the /tmp tmpfs the guest mounts),'
   echo '# eph_init (tests replace the guest with it). Module order matters: each needs the last.'
   echo 'export PATH=/usr/bin:/usr/sbin'
   for m in $mods; do echo "insmod /lib/modules/$kver/$(basename "$m")"; done
   echo '# busybox finds the mount to change in /proc/mounts; the guest mounts its own /proc'
   echo 'mount -t proc proc /proc && mount -o remount,ro / && umount /proc ||'
   echo '  { echo "init: cannot make / read-only" >&2; exit 1; }'
-  echo 'exec ${eph_init:-/usr/sbin/ephemeral-guest} --vm --device /dev/hvc0 ${eph_scratch_bytes:+--scratch-bytes $eph_scratch_bytes}'
+  echo 'exec ${eph_init:-/usr/sbin/ephemeral-guest} --vm --device /dev/hvc0 ${eph_tmp_mib:+--tmp-size-mib $eph_tmp_mib}'
 } > init
 chmod 0755 init
 
