@@ -60,6 +60,7 @@ typedef struct job {
   int64_t start_ms, deadline_ms;
   uint64_t bytes[3]; /* per stream, index 1 and 2 */
   bool timed_out, killed, enospc_seen;
+  uint64_t oom_kills_before; /* --vm: the kernel's oom_kill count when the command started */
   char carry[ENOSPC_CARRY];
   size_t carry_len;
 } job_t;
@@ -144,6 +145,22 @@ send_error(guest_t *g, json_object *req, int err_no, const char *message, bool f
 }
 
 /* ---------------------------------------------------------------- processes */
+
+/* --vm: the whole kernel is the sandbox's, so its OOM kill counter (/proc/vmstat
+ * oom_kill) says whether the memory limit ended a command. 0 when unreadable. */
+static uint64_t
+oom_kills(void)
+{
+  FILE *f = fopen("/proc/vmstat", "re");
+  char line[128];
+  unsigned long long n = 0;
+  while (f && fgets(line, sizeof line, f))
+    if (sscanf(line, "oom_kill %llu", &n) == 1)
+      break;
+  if (f)
+    fclose(f);
+  return n;
+}
 
 static void
 job_free(job_t *j)
@@ -344,6 +361,9 @@ finish_job(guest_t *g)
     reason = "timeout";
   else if (failed && (j->enospc_seen || scratch_full(g)))
     reason = "disk_full";
+  else if (g->vm && WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL &&
+           oom_kills() > j->oom_kills_before)
+    reason = "oom";
   json_object_object_add(o, "reason", json_object_new_string(reason));
   json_object_object_add(o, "duration_ms", json_object_new_int64(now_ms() - j->start_ms));
   json_object_object_add(o, "stdout_bytes", json_object_new_int64((int64_t)j->bytes[1]));
@@ -598,6 +618,8 @@ op_exec(guest_t *g, json_object *req, int64_t id)
     j->in_fd = -1;
   }
   j->start_ms = start;
+  if (g->vm)
+    j->oom_kills_before = oom_kills();
   j->deadline_ms = start + timeout_ms;
   g->job = j;
 out:

@@ -178,6 +178,7 @@ install -m 0644 "$work/initrd.cpio" "$out/initrd.cpio.new"
 mv -f "$out/vmlinuz.new" "$out/vmlinuz"
 mv -f "$out/initrd.cpio.new" "$out/initrd.cpio"
 echo "$kver" > "$out/kernel-release"
+sha256sum < "$guest_bin" | cut -d' ' -f1 > "$out/guest.sha256"  # lets tests spot a stale image
 ( cd "$out" && sha256sum vmlinuz initrd.cpio kernel-release > image.sha256 )
 # snapshots of an older image are stale now
 rm -rf "$state_dir/qemu/snapshots"
