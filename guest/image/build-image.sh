@@ -161,7 +161,12 @@ chmod 0755 usr/sbin/ephemeral-guest
   echo 'export PATH=/usr/bin:/usr/sbin'
   for m in $mods; do echo "insmod /lib/modules/$kver/$(basename "$m")"; done
   echo '# busybox finds the mount to change in /proc/mounts; the guest mounts its own /proc'
-  echo 'mount -t proc proc /proc && mount -o remount,ro / && umount /proc ||'
+  echo '# eph_pids: the worker'"'"'s process limit (RLIMIT_NPROC counts every process of uid 1000;'
+  echo '# the guest, root, is exempt). min_free_kbytes: the console allocates atomically, and a'
+  echo '# guest out of memory would drop frames instead of sending them.'
+  echo '[ -n "${eph_pids:-}" ] && ulimit -u "$eph_pids"'
+  echo 'mount -t proc proc /proc && echo 8192 > /proc/sys/vm/min_free_kbytes &&'
+  echo '  mount -o remount,ro / && umount /proc ||'
   echo '  { echo "init: cannot make / read-only" >&2; exit 1; }'
   echo 'exec ${eph_init:-/usr/sbin/ephemeral-guest} --vm --device /dev/hvc0 ${eph_tmp_mib:+--tmp-size-mib $eph_tmp_mib}'
 } > init

@@ -82,6 +82,10 @@ static const eph_config_key_t qemu_keys[] = {
    "Default size of the guest's /tmp tmpfs (holds scratch; full = ENOSPC). Passed on "
    "the kernel command line as eph_tmp_mib."},
   {"max_scratch_mib", EPH_CFG_INT, "2048", "MiB", "Largest /tmp a request may ask for."},
+  {"pids", EPH_CFG_INT, "256", NULL,
+   "Default process limit of the worker (RLIMIT_NPROC of uid 1000 in the guest, set by /init "
+   "from eph_pids on the kernel command line)."},
+  {"max_pids", EPH_CFG_INT, "4096", NULL, "Largest process limit a request may ask for."},
   {"snapshot", EPH_CFG_BOOL, "true", NULL,
    "Start sandboxes from a saved ready guest (one cold boot per image and limits, saved "
    "under <state_dir>/qemu/snapshots) instead of booting each; false = always cold boot."},
@@ -99,7 +103,7 @@ typedef struct qemu_cfg {
   const char *qemu, *accel, *append;
   char *image_dir;
   int64_t kvm_probe_ms, memory_mib, min_memory_mib, max_memory_mib, max_vcpus;
-  int64_t scratch_mib, max_scratch_mib, uid, gid;
+  int64_t scratch_mib, max_scratch_mib, pids, max_pids, uid, gid;
   int snapshot, console_log;
 } qemu_cfg_t;
 
@@ -136,6 +140,7 @@ typedef struct launch {
   uint64_t memory_mib;
   unsigned vcpus;
   uint64_t tmp_mib;
+  unsigned pids;
   int incoming_fd;        /* snapshot to restore, or -1 */
   int log_fd;             /* QEMU's stdout/stderr (and the console when console_log) */
 } launch_t;
@@ -335,6 +340,8 @@ read_config(qemu_t *q, const config_setting_t *c, eph_error_t *err)
       (r = h->cfg_int(c, "max_vcpus", 2, &k->max_vcpus, err)) < 0 ||
       (r = h->cfg_int(c, "scratch_mib", 128, &k->scratch_mib, err)) < 0 ||
       (r = h->cfg_int(c, "max_scratch_mib", 2048, &k->max_scratch_mib, err)) < 0 ||
+      (r = h->cfg_int(c, "pids", 256, &k->pids, err)) < 0 ||
+      (r = h->cfg_int(c, "max_pids", 4096, &k->max_pids, err)) < 0 ||
       (r = h->cfg_bool(c, "snapshot", 1, &k->snapshot, err)) < 0 ||
       (r = h->cfg_int(c, "uid", 64290, &k->uid, err)) < 0 ||
       (r = h->cfg_int(c, "gid", 64290, &k->gid, err)) < 0 ||
@@ -452,8 +459,9 @@ build_argv(const qemu_t *q, const launch_t *l, char **argv, size_t max, char sto
   if (strcmp(l->accel, "tcg") == 0 && q->tsc_khz > 0)
     snprintf(tsc, sizeof tsc, "tsc_early_khz=%" PRId64 " tsc=reliable ", q->tsc_khz);
   ARG("-append");
-  ARGF("%s%s panic=-1 no_timer_check i8042.noaux i8042.nokbd eph_tmp_mib=%" PRIu64 " %s",
-       q->cfg.console_log ? "console=ttyS0 " : "quiet ", tsc, l->tmp_mib, q->cfg.append);
+  ARGF("%s%s panic=-1 no_timer_check i8042.noaux i8042.nokbd eph_tmp_mib=%" PRIu64
+       " eph_pids=%u %s", q->cfg.console_log ? "console=ttyS0 " : "quiet ", tsc, l->tmp_mib,
+       l->pids, q->cfg.append);
   if (q->cfg.console_log) {
     ARG("-serial");
     ARG("stdio");
@@ -781,8 +789,9 @@ snapshot_path(const qemu_t *q, const launch_t *l, char *out, size_t size)
   read_small(path, sha, sizeof sha);
   struct stat st = {0};
   stat(q->qemu_path, &st);
-  snprintf(key, sizeof key, "%s|%s|%" PRIu64 "|%u|%" PRIu64 "|%s|%" PRId64 "|%s|%lld|%lld|%d",
-           sha, l->accel, l->memory_mib, l->vcpus, l->tmp_mib, q->cfg.append, q->tsc_khz / 1000,
+  snprintf(key, sizeof key, "%s|%s|%" PRIu64 "|%u|%" PRIu64 "|%u|%s|%" PRId64 "|%s|%lld|%lld|%d",
+           sha, l->accel, l->memory_mib, l->vcpus, l->tmp_mib, l->pids, q->cfg.append,
+           q->tsc_khz / 1000,
            q->qemu_path, (long long)st.st_size, (long long)st.st_mtime, q->cfg.console_log);
   snprintf(out, size, "%s/%016" PRIx64 ".vmstate", q->snap_dir, fnv1a(key));
 }
@@ -965,6 +974,10 @@ qemu_create(void *state, const eph_sandbox_spec_t *spec, eph_sandbox_t **out, in
   if (tmp > (uint64_t)k->max_scratch_mib)
     return eph_error_set(err, EINVAL, "scratch %" PRIu64 " MiB is above max_scratch_mib %" PRId64,
                          tmp, k->max_scratch_mib);
+  uint64_t pids = spec->limits.pids ? spec->limits.pids : (uint64_t)k->pids;
+  if (pids > (uint64_t)k->max_pids)
+    return eph_error_set(err, EINVAL, "pids %" PRIu64 " is above max_pids %" PRId64, pids,
+                         k->max_pids);
   unsigned vcpus = spec->limits.cpu_percent ? (spec->limits.cpu_percent + 99) / 100 : 1;
   if (vcpus > (unsigned)k->max_vcpus)
     vcpus = (unsigned)k->max_vcpus;
@@ -988,6 +1001,7 @@ qemu_create(void *state, const eph_sandbox_spec_t *spec, eph_sandbox_t **out, in
   char name[128];
   snprintf(name, sizeof name, "ephemeral-%s", s->run_id);
   launch_t l = {.name = name, .memory_mib = mem, .vcpus = vcpus, .tmp_mib = tmp,
+                .pids = (unsigned)pids,
                 .incoming_fd = -1, .log_fd = -1};
   l.accel = "tcg";
   l.accel = resolve_accel(q, &l);
@@ -1002,8 +1016,14 @@ qemu_create(void *state, const eph_sandbox_spec_t *spec, eph_sandbox_t **out, in
     char snap[PATH_MAX];
     snapshot_path(q, &l, snap, sizeof snap);
     eph_error_t serr = {0};
-    if (ensure_snapshot(q, &l, snap, deadline, &serr) < 0)
+    if (ensure_snapshot(q, &l, snap, deadline, &serr) < 0) {
+      if (eph_now_ms() >= deadline) {
+        r = eph_error_set(err, ETIMEDOUT, "the guest sent no hello before the run deadline "
+                          "(while saving its snapshot): %s", serr.message);
+        goto fail;
+      }
       q->host->log(EPH_LOG_WARN, "snapshot unavailable, cold boot: %s", serr.message);
+    }
     else if ((snap_fd = open(snap, O_RDONLY | O_CLOEXEC)) < 0)
       q->host->log(EPH_LOG_WARN, "%s: %s; cold boot", snap, strerror(errno));
     l.incoming_fd = snap_fd;
@@ -1012,6 +1032,7 @@ qemu_create(void *state, const eph_sandbox_spec_t *spec, eph_sandbox_t **out, in
   if (snap_fd >= 0)
     close(snap_fd);
   close(log_fd);
+  log_fd = -1;
   if (r < 0)
     goto fail;
   s->restored = l.incoming_fd >= 0;
@@ -1049,6 +1070,8 @@ fail:;
   log_tail(s->dir, tail, sizeof tail);
   if (tail[0])
     eph_error_wrap(err, "QEMU log: %s", tail);
+  if (log_fd >= 0)
+    close(log_fd);
   if (qfd >= 0)
     close(qfd);
   if (gfd >= 0)
