@@ -50,6 +50,65 @@ settle_abandoned(eph_ctx_t *ctx)
   flock(ctx->live_lock_fd, LOCK_SH);
 }
 
+/* Ranges of the core's numbers. A value outside is an error naming file:line, never a
+ * silent surprise: a negative price made runs free, a max_cost_micros of -1 refused every
+ * request with a confusing message. The upper bounds keep the money arithmetic of a run
+ * (budget * 1e6, tokens * price) inside int64. */
+static const struct {
+  const char *key;
+  int64_t lo, hi;
+} core_ranges[] = {
+    {"max_timeout_seconds", 1, 2147483},
+    {"max_cost_micros", 1, 1000000000000LL},
+    {"max_steps", 1, 100000},
+    {"max_output_tokens", 1, 10000000},
+    {"compute_meter_ms", 10, 3600000},
+    {"retention_days", 0, 36500},
+    {"cli_credit_micros", 0, 1000000000000LL},
+    {"max_inline_files_bytes", 0, 1073741824},
+};
+
+static int
+check_range(const config_setting_t *block, const char *key, int64_t lo, int64_t hi,
+            eph_error_t *err)
+{
+  int64_t v = 0;
+  int r = eph_cfg_int(block, key, lo, &v, err);
+  if (r < 0)
+    return r;
+  if (v >= lo && v <= hi)
+    return 0;
+  char where[512];
+  return eph_error_set(err, EPH_E_CONFIG, "%s: key '%s': %lld is outside %lld..%lld",
+                       eph_cfg_where(config_setting_get_member(block, key), where, sizeof where),
+                       key, (long long)v, (long long)lo, (long long)hi);
+}
+
+static int
+check_core_ranges(const config_setting_t *core, eph_error_t *err)
+{
+  int r;
+  if (!core)
+    return 0;
+  for (size_t i = 0; i < sizeof core_ranges / sizeof core_ranges[0]; i++)
+    if ((r = check_range(core, core_ranges[i].key, core_ranges[i].lo, core_ranges[i].hi,
+                         err)) < 0)
+      return r;
+  const config_setting_t *pricing = config_setting_get_member(core, "pricing");
+  if (!pricing)
+    return 0;
+  if ((r = check_range(pricing, "compute_micros_per_second", 0, 1000000000, err)) < 0)
+    return r;
+  const config_setting_t *models = config_setting_get_member(pricing, "models");
+  for (int i = 0; models && i < config_setting_length(models); i++) {
+    const config_setting_t *m = config_setting_get_elem(models, (unsigned)i);
+    if ((r = check_range(m, "input_micros_per_mtok", 0, 100000000000LL, err)) < 0 ||
+        (r = check_range(m, "output_micros_per_mtok", 0, 100000000000LL, err)) < 0)
+      return r;
+  }
+  return 0;
+}
+
 static int
 resolve_state_dir(eph_ctx_t *ctx, const eph_ctx_options_t *opt, eph_error_t *err)
 {
@@ -119,6 +178,9 @@ eph_ctx_open(eph_ctx_t *ctx, const eph_ctx_options_t *opt, eph_error_t *err)
                                     where, sizeof where));
     goto fail;
   }
+  r = check_core_ranges(ctx->config.core, err);
+  if (r < 0)
+    goto fail;
   /* -v on the command line wins over the config's level. */
   if (level && eph_log_get_level() == EPH_LOG_WARN)
     eph_log_set_level((eph_log_level_t)eph_log_level_parse(level));

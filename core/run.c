@@ -244,6 +244,21 @@ remaining_micros(eph_run_t *run)
   return left;
 }
 
+/* Micros of one model call, rounded up. The token counts come from the model's answer
+ * (or a transcript): absurd counts must not overflow int64 into a negative, free call, so
+ * the cost saturates at INT64_MAX and charge_capped() bills what the reservation has left. */
+static int64_t
+model_call_cost(const eph_run_t *run, uint64_t input_tokens, uint64_t output_tokens)
+{
+  int64_t in_x, out_x, sum;
+  if (input_tokens > INT64_MAX || output_tokens > INT64_MAX ||
+      __builtin_mul_overflow((int64_t)input_tokens, run->in_price_mtok, &in_x) ||
+      __builtin_mul_overflow((int64_t)output_tokens, run->out_price_mtok, &out_x) ||
+      __builtin_add_overflow(in_x, out_x, &sum) || __builtin_add_overflow(sum, 999999, &sum))
+    return INT64_MAX;
+  return sum / 1000000;
+}
+
 /* Compute is charged continuously so a crash loses at most one interval, and the meter
  * wakes early enough to stop the sandbox before compute could pass the cap. */
 static void
@@ -775,9 +790,7 @@ agent_loop(eph_run_t *run)
            err.message);
       return;
     }
-    int64_t cost = ((int64_t)resp.input_tokens * run->in_price_mtok +
-                    (int64_t)resp.output_tokens * run->out_price_mtok + 999999) /
-                   1000000;
+    int64_t cost = model_call_cost(run, resp.input_tokens, resp.output_tokens);
     charge_capped(run, EPH_COST_MODEL, cost, "model call");
     pthread_mutex_lock(&run->lock);
     run->model_calls++;
