@@ -361,8 +361,7 @@ finish_job(guest_t *g)
     reason = "timeout";
   else if (failed && (j->enospc_seen || scratch_full(g)))
     reason = "disk_full";
-  else if (g->vm && WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL &&
-           oom_kills() > j->oom_kills_before)
+  else if (g->vm && failed && oom_kills() > j->oom_kills_before)
     reason = "oom";
   json_object_object_add(o, "reason", json_object_new_string(reason));
   json_object_object_add(o, "duration_ms", json_object_new_int64(now_ms() - j->start_ms));
