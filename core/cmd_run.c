@@ -291,6 +291,7 @@ eph_cmd_run(eph_ctx_t *ctx, int argc, char **argv)
     eph_error("%s", err.message);
     return err.code == EPH_E_INSUFFICIENT ? 4 : (err.code == EINVAL ? 2 : 1);
   }
+  /* Before attaching: attaching replays the events so far (Queued) to the printer. */
   if (!json) {
     cleanup_json json_object *head = eph_run_to_json(run, false);
     json_object *req_obj = NULL, *model = NULL, *be = NULL;
@@ -319,8 +320,8 @@ eph_cmd_run(eph_ctx_t *ctx, int argc, char **argv)
   else
     print_summary(stdout, obj);
   json_object_put(obj);
-  eph_run_free(run);
   eph_runstore_detach(run);
+  eph_run_free(run);
   eph_store_close(store);
   return eph_run_status_exit_code(status);
 }

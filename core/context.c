@@ -2,6 +2,7 @@
 
 #include "context.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,40 +15,114 @@
 #include "store.h"
 #include "util.h"
 
-/* Reservations left open by a process that died (kill -9) are settled at the next start:
- * compute charged so far stays billed, the rest is released. Every process that may hold
- * live runs keeps a shared lock on <state_dir>/live.lock; only a process that can take it
- * exclusively knows no run is live, so it alone settles, then joins the others as shared. */
+/* Reservations left open by a process that died (kill -9) are settled at the next start of
+ * any process: compute charged so far stays billed, the rest is released, and the run is
+ * recorded as failed. Each live run holds an exclusive flock on <state_dir>/runs/<id>.lock
+ * (eph_run_new takes it before reserving); a lock file that can be locked here belongs to a
+ * dead process, whatever else is running — a long-lived daemon included. */
 static void
 settle_abandoned(eph_ctx_t *ctx)
 {
-  cleanup_free char *path = eph_xasprintf("%s/live.lock", ctx->state_dir);
-  ctx->live_lock_fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-  if (ctx->live_lock_fd < 0) {
-    eph_warn("%s: %s (open reservations of crashed runs are not settled)", path,
-             strerror(errno));
-    return;
-  }
   const eph_plugin_slot_t *ledger = eph_plugins_first(&ctx->plugins, EPH_KIND_LEDGER);
-  const eph_ledger_ops_t *ops = ledger ? ledger->desc->ops : NULL;
-  if (ops && EPH_OPS_HAS(ops, eph_ledger_ops_t, settle_open) &&
-      flock(ctx->live_lock_fd, LOCK_EX | LOCK_NB) == 0) {
+  if (!ledger)
+    return;
+  const eph_ledger_ops_t *ops = ledger->desc->ops;
+  cleanup_free char *dir = eph_xasprintf("%s/runs", ctx->state_dir);
+  DIR *d = opendir(dir);
+  if (!d)
+    return;
+  eph_store_t *store = NULL;
+  struct dirent *de;
+  while ((de = readdir(d))) {
+    size_t n = strlen(de->d_name);
+    if (n < 6 || strcmp(de->d_name + n - 5, ".lock") != 0 || strncmp(de->d_name, "run_", 4))
+      continue;
+    cleanup_free char *path = eph_xasprintf("%s/%s", dir, de->d_name);
+    cleanup_close int fd = open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0 || flock(fd, LOCK_EX | LOCK_NB) < 0)
+      continue; /* its process is alive */
+    cleanup_free char *run_id = eph_xstrndup(de->d_name, n - 5);
     eph_error_t e = {0};
-    int n = EPH_WITH_PLUGIN(ledger, ops->settle_open(ledger->state, &e));
-    if (n < 0)
-      eph_warn("settling open reservations: %s", e.message);
-    else if (n > 0)
-      eph_info("settled %d reservation(s) left open by a process that died", n);
-    /* Their runs can never end by themselves now: record them as failed. */
-    cleanup_free char *db = eph_xasprintf("%s/ephemeral.sqlite", ctx->state_dir);
-    eph_store_t *store = NULL;
-    if (n > 0 && eph_store_open(db, NULL, &store, &e) == 0) {
-      if (eph_store_runs_fail_unfinished(store, &e) < 0)
-        eph_warn("marking crashed runs failed: %s", e.message);
-      eph_store_close(store);
+    eph_ledger_totals_t totals = {0};
+    int r = EPH_WITH_PLUGIN(ledger, ops->settle(ledger->state, run_id, &totals, &e));
+    if (r < 0 && e.code != ENOENT) {
+      eph_warn("settling %s left by a process that died: %s", run_id, e.message);
+      continue; /* keep the lock file: the next start tries again */
     }
+    if (r == 0)
+      eph_info("settled %s left by a process that died: %lld billed, %lld released", run_id,
+               (long long)totals.billed_micros, (long long)totals.released_micros);
+    /* Its run can never end by itself now: record it as failed. */
+    cleanup_free char *db = eph_xasprintf("%s/ephemeral.sqlite", ctx->state_dir);
+    if (!store && eph_store_open(db, NULL, &store, &e) < 0)
+      eph_warn("%s", e.message);
+    if (store && eph_store_run_update(store, run_id, "failed", NULL, NULL, &e) < 0 &&
+        e.code != ENOENT)
+      eph_warn("marking %s failed: %s", run_id, e.message);
+    unlink(path);
   }
-  flock(ctx->live_lock_fd, LOCK_SH);
+  closedir(d);
+  if (store)
+    eph_store_close(store);
+}
+
+/* Ranges of the core's numbers. A value outside is an error naming file:line, never a
+ * silent surprise: a negative price made runs free, a max_cost_micros of -1 refused every
+ * request with a confusing message. The upper bounds keep the money arithmetic of a run
+ * (budget * 1e6, tokens * price) inside int64. */
+static const struct {
+  const char *key;
+  int64_t lo, hi;
+} core_ranges[] = {
+    {"max_timeout_seconds", 1, 2147483},
+    {"max_cost_micros", 1, 1000000000000LL},
+    {"max_steps", 1, 100000},
+    {"max_output_tokens", 1, 10000000},
+    {"compute_meter_ms", 10, 3600000},
+    {"retention_days", 0, 36500},
+    {"cli_credit_micros", 0, 1000000000000LL},
+    {"max_inline_files_bytes", 0, 1073741824},
+};
+
+static int
+check_range(const config_setting_t *block, const char *key, int64_t lo, int64_t hi,
+            eph_error_t *err)
+{
+  int64_t v = 0;
+  int r = eph_cfg_int(block, key, lo, &v, err);
+  if (r < 0)
+    return r;
+  if (v >= lo && v <= hi)
+    return 0;
+  char where[512];
+  return eph_error_set(err, EPH_E_CONFIG, "%s: key '%s': %lld is outside %lld..%lld",
+                       eph_cfg_where(config_setting_get_member(block, key), where, sizeof where),
+                       key, (long long)v, (long long)lo, (long long)hi);
+}
+
+static int
+check_core_ranges(const config_setting_t *core, eph_error_t *err)
+{
+  int r;
+  if (!core)
+    return 0;
+  for (size_t i = 0; i < sizeof core_ranges / sizeof core_ranges[0]; i++)
+    if ((r = check_range(core, core_ranges[i].key, core_ranges[i].lo, core_ranges[i].hi,
+                         err)) < 0)
+      return r;
+  const config_setting_t *pricing = config_setting_get_member(core, "pricing");
+  if (!pricing)
+    return 0;
+  if ((r = check_range(pricing, "compute_micros_per_second", 0, 1000000000, err)) < 0)
+    return r;
+  const config_setting_t *models = config_setting_get_member(pricing, "models");
+  for (int i = 0; models && i < config_setting_length(models); i++) {
+    const config_setting_t *m = config_setting_get_elem(models, (unsigned)i);
+    if ((r = check_range(m, "input_micros_per_mtok", 0, 100000000000LL, err)) < 0 ||
+        (r = check_range(m, "output_micros_per_mtok", 0, 100000000000LL, err)) < 0)
+      return r;
+  }
+  return 0;
 }
 
 static int
@@ -81,7 +156,6 @@ int
 eph_ctx_open(eph_ctx_t *ctx, const eph_ctx_options_t *opt, eph_error_t *err)
 {
   memset(ctx, 0, sizeof *ctx);
-  ctx->live_lock_fd = -1;
   ctx->daemon = opt->daemon;
   int r = eph_paths_init(&ctx->paths);
   if (r < 0)
@@ -119,6 +193,9 @@ eph_ctx_open(eph_ctx_t *ctx, const eph_ctx_options_t *opt, eph_error_t *err)
                                     where, sizeof where));
     goto fail;
   }
+  r = check_core_ranges(ctx->config.core, err);
+  if (r < 0)
+    goto fail;
   /* -v on the command line wins over the config's level. */
   if (level && eph_log_get_level() == EPH_LOG_WARN)
     eph_log_set_level((eph_log_level_t)eph_log_level_parse(level));
@@ -137,7 +214,6 @@ eph_ctx_open(eph_ctx_t *ctx, const eph_ctx_options_t *opt, eph_error_t *err)
     goto fail;
 
   eph_host_init(&ctx->host, ctx);
-  ctx->live_lock_fd = -1;
 
   if (opt->load_plugins) {
     r = eph_plugins_load(&ctx->plugins, &ctx->config, ctx->plugin_dir, &ctx->host, err);
@@ -170,8 +246,6 @@ void
 eph_ctx_close(eph_ctx_t *ctx)
 {
   eph_plugins_unload(&ctx->plugins);
-  if (ctx->live_lock_fd > 0)
-    close(ctx->live_lock_fd);
   eph_config_free(&ctx->config);
   eph_paths_free(&ctx->paths);
   free(ctx->state_dir);

@@ -27,7 +27,6 @@ typedef struct eph_ctx {
   char *state_dir;  /* absolute, created 0700; owned */
   char *plugin_dir; /* owned */
   bool daemon;
-  int live_lock_fd; /* shared flock on <state_dir>/live.lock while runs may be live */
 } eph_ctx_t;
 
 /* Resolves paths, loads the config, creates the state directory, builds the host table and

@@ -285,6 +285,9 @@ eph_request_parse(const char *json, size_t len, const eph_request_limits_t *limi
   if (field)
     *field = NULL;
   json_tokener *tok = json_tokener_new();
+  /* Invalid UTF-8 would reach the model API (which refuses it after the budget is
+   * reserved and the sandbox booted), the store and every JSON client of the timeline. */
+  json_tokener_set_flags(tok, JSON_TOKENER_VALIDATE_UTF8);
   json_object *root = json_tokener_parse_ex(tok, json, (int)len);
   enum json_tokener_error jerr = json_tokener_get_error(tok);
   size_t consumed = tok->char_offset;
@@ -292,8 +295,10 @@ eph_request_parse(const char *json, size_t len, const eph_request_limits_t *limi
   if (!root || jerr != json_tokener_success) {
     if (root)
       json_object_put(root);
+    /* json-c reports input that ends inside a value as "continue" (it waits for more). */
     return eph_error_set(err, EBADMSG, "malformed JSON at byte %zu: %s", consumed,
-                         json_tokener_error_desc(jerr));
+                         jerr == json_tokener_continue ? "unexpected end of input"
+                                                       : json_tokener_error_desc(jerr));
   }
   while (consumed < len && strchr(" \t\r\n", json[consumed]))
     consumed++;

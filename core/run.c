@@ -9,6 +9,9 @@
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
 
 #include "egress.h"
 #include "gate.h"
@@ -65,6 +68,9 @@ struct eph_run {
   char *answer;
   json_object *output_files;
   FILE *record;
+
+  int owner_fd;    /* flock held on lock_path while the reservation may be open */
+  char *lock_path; /* <state_dir>/runs/<id>.lock */
 };
 
 
@@ -244,6 +250,21 @@ remaining_micros(eph_run_t *run)
   return left;
 }
 
+/* Micros of one model call, rounded up. The token counts come from the model's answer
+ * (or a transcript): absurd counts must not overflow int64 into a negative, free call, so
+ * the cost saturates at INT64_MAX and charge_capped() bills what the reservation has left. */
+static int64_t
+model_call_cost(const eph_run_t *run, uint64_t input_tokens, uint64_t output_tokens)
+{
+  int64_t in_x, out_x, sum;
+  if (input_tokens > INT64_MAX || output_tokens > INT64_MAX ||
+      __builtin_mul_overflow((int64_t)input_tokens, run->in_price_mtok, &in_x) ||
+      __builtin_mul_overflow((int64_t)output_tokens, run->out_price_mtok, &out_x) ||
+      __builtin_add_overflow(in_x, out_x, &sum) || __builtin_add_overflow(sum, 999999, &sum))
+    return INT64_MAX;
+  return sum / 1000000;
+}
+
 /* Compute is charged continuously so a crash loses at most one interval, and the meter
  * wakes early enough to stop the sandbox before compute could pass the cap. */
 static void
@@ -350,6 +371,92 @@ price_for_model(eph_run_t *run, eph_error_t *err)
   return 0;
 }
 
+/* True when a loaded tool plugin offers a tool of permission row p. */
+static bool
+tool_loaded_for(const eph_ctx_t *ctx, eph_permission_t p)
+{
+  for (size_t i = 0; i < ctx->plugins.n; i++) {
+    const eph_plugin_slot_t *s = &ctx->plugins.slots[i];
+    if (s->desc->kind != EPH_KIND_TOOL)
+      continue;
+    const eph_tool_ops_t *ops = s->desc->ops;
+    if (!EPH_OPS_HAS(ops, eph_tool_ops_t, call))
+      continue;
+    for (size_t j = 0; j < ops->n_tools; j++)
+      if (ops->tools[j].permission == p)
+        return true;
+  }
+  return false;
+}
+
+/* A granted row no loaded plugin serves (its plugin disabled or refused at load) would
+ * reserve, boot, report "shell on" and then deny every call as an unknown tool: refused
+ * before anything is reserved instead. */
+static int
+check_grants_served(const eph_ctx_t *ctx, const eph_gate_t *g, eph_error_t *err)
+{
+  static const struct {
+    eph_permission_t p;
+    const char *field, *plugin;
+  } rows[] = {
+      {EPH_PERM_SHELL, "shell", "tool-shell"},
+      {EPH_PERM_WEB, "web", "tool-web"},
+      {EPH_PERM_FILES, "files", "tool-file"},
+      {EPH_PERM_CONNECTIONS, "connections", "tool-connection"},
+  };
+  for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+    bool granted = rows[i].p == EPH_PERM_SHELL ? g->shell
+                   : rows[i].p == EPH_PERM_WEB  ? g->web
+                   : rows[i].p == EPH_PERM_FILES ? g->files
+                                                 : g->n_connections > 0;
+    if (granted && !tool_loaded_for(ctx, rows[i].p))
+      return eph_error_set(err, EINVAL, "field '%s': granted, but no loaded plugin provides "
+                           "it (is %s enabled and loading? see `ephemeral plugins`)",
+                           rows[i].field, rows[i].plugin);
+  }
+  return 0;
+}
+
+/* Marks this run as owned by a live process: an exclusive flock on <state_dir>/runs/<id>.lock,
+ * taken before the reservation and dropped after settle, so a process that finds the file
+ * lockable knows the owner died and settles the reservation (context.c). The lock is taken on
+ * a private name first and renamed into place, so the file is never seen unlocked. */
+static int
+take_owner_lock(eph_run_t *run, eph_error_t *err)
+{
+  cleanup_free char *dir = eph_xasprintf("%s/runs", run->ctx->state_dir);
+  int r = eph_mkdir_p(dir, 0700, err);
+  if (r < 0)
+    return r;
+  cleanup_free char *tmp = eph_xasprintf("%s/.%s.%d", dir, run->id, (int)getpid());
+  int fd = open(tmp, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (fd < 0)
+    return eph_error_set(err, errno, "%s: %s", tmp, strerror(errno));
+  run->lock_path = eph_xasprintf("%s/%s.lock", dir, run->id);
+  if (flock(fd, LOCK_EX) < 0 || rename(tmp, run->lock_path) < 0) {
+    r = eph_error_set(err, errno, "%s: %s", run->lock_path, strerror(errno));
+    unlink(tmp);
+    close(fd);
+    free(run->lock_path);
+    run->lock_path = NULL;
+    return r;
+  }
+  run->owner_fd = fd;
+  return 0;
+}
+
+static void
+drop_owner_lock(eph_run_t *run)
+{
+  if (run->lock_path)
+    unlink(run->lock_path);
+  if (run->owner_fd >= 0)
+    close(run->owner_fd);
+  run->owner_fd = -1;
+  free(run->lock_path);
+  run->lock_path = NULL;
+}
+
 int
 eph_run_new(eph_ctx_t *ctx, eph_request_t *req, const eph_run_options_t *opt,
             eph_run_t **out, eph_error_t *err)
@@ -364,6 +471,7 @@ eph_run_new(eph_ctx_t *ctx, eph_request_t *req, const eph_run_options_t *opt,
   pthread_cond_init(&run->cond, &ca);
   pthread_condattr_destroy(&ca);
   run->ctx = ctx;
+  run->owner_fd = -1;
   run->req = *req;
   memset(req, 0, sizeof *req);
   run->org = eph_xstrdup(opt->org ? opt->org : "local");
@@ -415,6 +523,8 @@ eph_run_new(eph_ctx_t *ctx, eph_request_t *req, const eph_run_options_t *opt,
   if ((r = price_for_model(run, err)) < 0)
     goto fail;
   eph_gate_init(&run->gate, &run->req, ctx);
+  if ((r = check_grants_served(ctx, &run->gate, err)) < 0)
+    goto fail;
   if (opt->record_path) {
     run->record = fopen(opt->record_path, "a");
     if (!run->record) {
@@ -424,6 +534,8 @@ eph_run_new(eph_ctx_t *ctx, eph_request_t *req, const eph_run_options_t *opt,
   }
 
   /* The reservation is the last step: any failure above reserved nothing. */
+  if ((r = take_owner_lock(run, err)) < 0)
+    goto fail;
   r = EPH_WITH_PLUGIN(run->ledger,
                       ledger_ops(run)->reserve(run->ledger->state, run->org, run->id,
                                                run->req.max_cost_micros, err));
@@ -775,9 +887,7 @@ agent_loop(eph_run_t *run)
            err.message);
       return;
     }
-    int64_t cost = ((int64_t)resp.input_tokens * run->in_price_mtok +
-                    (int64_t)resp.output_tokens * run->out_price_mtok + 999999) /
-                   1000000;
+    int64_t cost = model_call_cost(run, resp.input_tokens, resp.output_tokens);
     charge_capped(run, EPH_COST_MODEL, cost, "model call");
     pthread_mutex_lock(&run->lock);
     run->model_calls++;
@@ -932,6 +1042,9 @@ end_and_settle(eph_run_t *run)
   emit(run, "Worker destroyed", "settled", false, sd, "%s billed, %s released",
        eph_format_dollars(totals.billed_micros, billed, sizeof billed),
        eph_format_dollars(totals.released_micros, released, sizeof released));
+  /* A failed settle keeps the lock file: the next start of any process settles it. */
+  if (r == 0)
+    drop_owner_lock(run);
   pthread_mutex_lock(&run->lock);
   run->settled = true;
   pthread_cond_broadcast(&run->cond);
@@ -1153,6 +1266,16 @@ eph_run_free(eph_run_t *run)
 {
   if (!run)
     return;
+  if (run->owner_fd >= 0) {
+    /* Never reserved (eph_run_new failed): nothing to settle, the file goes. Reserved but
+     * not settled: the file stays for the next start to settle. */
+    if (run->reserved == 0)
+      drop_owner_lock(run);
+    else {
+      close(run->owner_fd);
+      free(run->lock_path);
+    }
+  }
   for (size_t i = 0; i < run->n_events; i++) {
     free(run->events[i].source);
     free(run->events[i].kind);

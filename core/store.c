@@ -1045,25 +1045,3 @@ eph_store_purge(eph_store_t *s, int retention_days, eph_error_t *err)
   r = tx_end(s, r, err);
   return r < 0 ? r : deleted;
 }
-
-int
-eph_store_runs_fail_unfinished(eph_store_t *s, eph_error_t *err)
-{
-  static const char sql[] =
-      "UPDATE runs SET status = 'failed', updated_at_us = ?1 "
-      "WHERE status IN ('queued', 'running')";
-  pthread_mutex_lock(&s->lock);
-  sqlite3_stmt *st = NULL;
-  int r = sqlite3_prepare_v2(s->db, sql, -1, &st, NULL) == SQLITE_OK
-              ? 0
-              : eph_error_set(err, EIO, "store: %s", sqlite3_errmsg(s->db));
-  if (r == 0) {
-    sqlite3_bind_int64(st, 1, eph_wall_us());
-    r = step_done(s, st, "failing unfinished runs", err);
-    if (r >= 0)
-      r = sqlite3_changes(s->db);
-  }
-  sqlite3_finalize(st);
-  pthread_mutex_unlock(&s->lock);
-  return r;
-}

@@ -170,9 +170,4 @@ int eph_store_idem_release(eph_store_t *store, const char *org, const char *key,
  * idempotency keys older than idempotency_hours. Returns the number of runs deleted. */
 int eph_store_purge(eph_store_t *store, int retention_days, eph_error_t *err);
 
-/* Marks every run still `queued` or `running` as `failed`: called only by a process that
- * knows no run is live (it holds <state_dir>/live.lock exclusively), after the ledger settled
- * their reservations. Returns how many runs it marked. */
-int eph_store_runs_fail_unfinished(eph_store_t *store, eph_error_t *err);
-
 #endif

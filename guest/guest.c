@@ -27,6 +27,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/random.h>
+#include <sys/ioctl.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/reboot.h>
@@ -58,6 +60,7 @@ typedef struct job {
   int64_t start_ms, deadline_ms;
   uint64_t bytes[3]; /* per stream, index 1 and 2 */
   bool timed_out, killed, enospc_seen;
+  uint64_t oom_kills_before; /* --vm: the kernel's oom_kill count when the command started */
   char carry[ENOSPC_CARRY];
   size_t carry_len;
 } job_t;
@@ -71,6 +74,7 @@ typedef struct guest {
   gid_t gid;
   char rundir[PATH_MAX];
   char scratch[PATH_MAX + 16];
+  const char *tmp; /* where run directories are made (--tmp) */
   guest_fs_t fs;
   uint32_t default_timeout_ms;
   rlim_t nofile;
@@ -142,6 +146,22 @@ send_error(guest_t *g, json_object *req, int err_no, const char *message, bool f
 
 /* ---------------------------------------------------------------- processes */
 
+/* --vm: the whole kernel is the sandbox's, so its OOM kill counter (/proc/vmstat
+ * oom_kill) says whether the memory limit ended a command. 0 when unreadable. */
+static uint64_t
+oom_kills(void)
+{
+  FILE *f = fopen("/proc/vmstat", "re");
+  char line[128];
+  unsigned long long n = 0;
+  while (f && fgets(line, sizeof line, f))
+    if (sscanf(line, "oom_kill %llu", &n) == 1)
+      break;
+  if (f)
+    fclose(f);
+  return n;
+}
+
 static void
 job_free(job_t *j)
 {
@@ -187,18 +207,19 @@ kill_everything(guest_t *g)
   snprintf(path, sizeof path, "/proc/self/task/%d/children", (int)getpid());
   for (;;) {
     bool any = false;
-    if (g->pid1) {
-      any = kill(-1, SIGKILL) == 0;
-    } else {
-      FILE *f = fopen(path, "re");
-      if (f) {
-        int child;
-        while (fscanf(f, "%d", &child) == 1) {
-          kill(child, SIGKILL);
-          any = true;
-        }
-        fclose(f);
+    /* kill(-1) cannot say when everything is gone: in a microVM it also "signals" the
+     * kernel threads and so always succeeds. Orphans are re-parented to us (PID 1 or
+     * subreaper), so our children list is the truth in both cases. */
+    if (g->pid1)
+      kill(-1, SIGKILL);
+    FILE *f = fopen(path, "re");
+    if (f) {
+      int child;
+      while (fscanf(f, "%d", &child) == 1) {
+        kill(child, SIGKILL);
+        any = true;
       }
+      fclose(f);
     }
     int st;
     pid_t pid;
@@ -340,6 +361,8 @@ finish_job(guest_t *g)
     reason = "timeout";
   else if (failed && (j->enospc_seen || scratch_full(g)))
     reason = "disk_full";
+  else if (g->vm && failed && oom_kills() > j->oom_kills_before)
+    reason = "oom";
   json_object_object_add(o, "reason", json_object_new_string(reason));
   json_object_object_add(o, "duration_ms", json_object_new_int64(now_ms() - j->start_ms));
   json_object_object_add(o, "stdout_bytes", json_object_new_int64((int64_t)j->bytes[1]));
@@ -594,6 +617,8 @@ op_exec(guest_t *g, json_object *req, int64_t id)
     j->in_fd = -1;
   }
   j->start_ms = start;
+  if (g->vm)
+    j->oom_kills_before = oom_kills();
   j->deadline_ms = start + timeout_ms;
   g->job = j;
 out:
@@ -659,6 +684,73 @@ op_shutdown(guest_t *g, json_object *req, int64_t id)
   shutdown_and_exit(g, 0);
 }
 
+static int make_scratch(guest_t *g, const char *tmp);
+static void send_hello(guest_t *g);
+
+/* After a microVM snapshot restore every copy of the guest holds the same kernel CRNG state,
+ * wall clock and scratch name. The host's reseed gives this copy its own: the entropy is
+ * added to the pool and the CRNG reseeded from it at once (RNDADDENTROPY, RNDRESEEDCRNG),
+ * the clock is set, the old run directory is replaced by a fresh mkdtemp one, and the
+ * answer is a new hello, the one the host's client reads as the session's first frame. */
+static void
+op_reseed(guest_t *g, json_object *req, int64_t id)
+{
+  (void)id;
+  if (g->job) {
+    send_error(g, req, EBUSY, "reseed while a command runs", false);
+    return;
+  }
+  void *seed = NULL;
+  size_t n = 0;
+  int r = eph_proto_get_b64(req, "entropy", 4096, &seed, &n);
+  if (r < 0 || n < 32) {
+    free(seed);
+    send_error(g, req, r < 0 ? -r : EINVAL, "reseed: 'entropy' must be 32..4096 bytes", true);
+    shutdown_and_exit(g, 1);
+  }
+  struct rand_pool_info *info = malloc(sizeof *info + n);
+  int fd = open("/dev/urandom", O_WRONLY | O_CLOEXEC);
+  bool ok = info && fd >= 0;
+  if (ok) {
+    info->entropy_count = (int)(n * 8);
+    info->buf_size = (int)n;
+    memcpy(info->buf, seed, n);
+    ok = ioctl(fd, RNDADDENTROPY, info) == 0 && ioctl(fd, RNDRESEEDCRNG) == 0;
+  }
+  int e = errno;
+  if (fd >= 0)
+    close(fd);
+  if (info)
+    explicit_bzero(info, sizeof *info + n);
+  explicit_bzero(seed, n);
+  free(info);
+  free(seed);
+  if (!ok) {
+    send_error(g, req, e ? e : EIO, "reseed: adding entropy failed", true);
+    shutdown_and_exit(g, 1);
+  }
+  int64_t ns;
+  if (eph_proto_int(req, "realtime_ns", &ns) && ns > 0) {
+    struct timespec ts = {.tv_sec = ns / 1000000000LL, .tv_nsec = ns % 1000000000LL};
+    if (clock_settime(CLOCK_REALTIME, &ts) < 0)
+      logmsg("reseed: clock_settime: %s", strerror(errno));
+  }
+  if (g->rundir[0])
+    nftw(g->rundir, rm_entry, 16, FTW_DEPTH | FTW_PHYS | FTW_MOUNT);
+  g->rundir[0] = '\0';
+  if (g->fs.scratch_fd >= 0)
+    close(g->fs.scratch_fd);
+  g->fs.scratch_fd = -1;
+  r = make_scratch(g, g->tmp);
+  if (r < 0) {
+    char why[256];
+    snprintf(why, sizeof why, "reseed: new scratch in %s: %s", g->tmp, strerror(-r));
+    send_error(g, NULL, -r, why, true);
+    shutdown_and_exit(g, 1);
+  }
+  send_hello(g);
+}
+
 static void
 handle_frame(guest_t *g, json_object *req)
 {
@@ -681,6 +773,8 @@ handle_frame(guest_t *g, json_object *req)
     op_kill(g, req);
   } else if (strcmp(type, "shutdown") == 0) {
     op_shutdown(g, req, id);
+  } else if (strcmp(type, "reseed") == 0) {
+    op_reseed(g, req, id);
   } else if (strcmp(type, "ping") == 0) {
     send_frame(g, new_msg("pong", id, true));
   } else if (!strcmp(type, "write_file") || !strcmp(type, "read_file") ||
@@ -850,6 +944,22 @@ make_scratch(guest_t *g, const char *tmp)
 }
 
 static void
+send_hello(guest_t *g)
+{
+  struct utsname u;
+  uname(&u);
+  json_object *hello = new_msg("hello", 0, false);
+  json_object_object_add(hello, "version", json_object_new_int(EPH_PROTO_VERSION));
+  json_object_object_add(hello, "kernel", json_object_new_string(u.release));
+  json_object_object_add(hello, "scratch", json_object_new_string(g->scratch));
+  json_object_object_add(hello, "uid", json_object_new_int((int)g->uid));
+  json_object_object_add(hello, "gid", json_object_new_int((int)g->gid));
+  json_object_object_add(hello, "pid1", json_object_new_boolean(g->pid1));
+  json_object_object_add(hello, "max_frame_bytes", json_object_new_int(EPH_PROTO_MAX_FRAME_BYTES));
+  send_frame(g, hello);
+}
+
+static void
 usage(FILE *f)
 {
   fputs("usage: ephemeral-guest (--fd N | --device PATH) [options]\n"
@@ -925,6 +1035,7 @@ main(int argc, char **argv)
     return 2;
   }
   g.pid1 = getpid() == 1;
+  g.tmp = tmp;
 
   /* Nobody may ptrace us or read our fds through /proc, and we never dump core. */
   prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
@@ -978,17 +1089,7 @@ main(int argc, char **argv)
     shutdown_and_exit(&g, 1);
   }
 
-  struct utsname u;
-  uname(&u);
-  json_object *hello = new_msg("hello", 0, false);
-  json_object_object_add(hello, "version", json_object_new_int(EPH_PROTO_VERSION));
-  json_object_object_add(hello, "kernel", json_object_new_string(u.release));
-  json_object_object_add(hello, "scratch", json_object_new_string(g.scratch));
-  json_object_object_add(hello, "uid", json_object_new_int((int)g.uid));
-  json_object_object_add(hello, "gid", json_object_new_int((int)g.gid));
-  json_object_object_add(hello, "pid1", json_object_new_boolean(g.pid1));
-  json_object_object_add(hello, "max_frame_bytes", json_object_new_int(EPH_PROTO_MAX_FRAME_BYTES));
-  send_frame(&g, hello);
+  send_hello(&g);
   loop(&g);
   return 0;
 }

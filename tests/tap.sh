@@ -24,12 +24,14 @@ ok() {
   fi
 }
 
-# check DESCRIPTION: records the status of the last command ($?) as a test.
+# check DESCRIPTION: records the status of the last command ($?) as a test, and returns it.
 check() {
   local status=$? desc=$1
   _tap_n=$((_tap_n + 1))
   if [ "$status" -eq 0 ]; then echo "ok $_tap_n - $desc"; else
     echo "not ok $_tap_n - $desc"; _tap_failed=$((_tap_failed + 1)); fi
+  # Returned so `check "..." || diag ...` prints its diagnostics on a failure.
+  return "$status"
 }
 
 skip() { _tap_n=$((_tap_n + 1)); echo "ok $_tap_n - $2 # SKIP $1"; }

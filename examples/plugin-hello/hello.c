@@ -1,5 +1,6 @@
 /* plugin-hello: the smallest out-of-tree ephemeral plugin, built against the installed SDK:
- *   cc $(pkg-config --cflags ephemeral-plugin) -shared -fPIC -o hello.so hello.c
+ *   cc $(pkg-config --cflags ephemeral-plugin) $(pkg-config --variable=plugin_cflags \
+ *      ephemeral-plugin) -shared -o hello.so hello.c $(pkg-config --libs ephemeral-plugin)
  * It offers one tool, `hello`, that greets whoever the model names. */
 #include <ephemeral/plugin.h>
 #include <stdlib.h>

@@ -319,6 +319,65 @@ scan_procs(int parent_fd, const char *name, bool kill_them)
   return n;
 }
 
+/* The parent pid of pid from /proc/<pid>/stat, or -1. */
+static pid_t
+parent_of(pid_t pid)
+{
+  char path[64], buf[512];
+  snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    return -1;
+  ssize_t n = read(fd, buf, sizeof buf - 1);
+  close(fd);
+  if (n <= 0)
+    return -1;
+  buf[n] = '\0';
+  /* The command name may hold spaces and parentheses: fields resume after the last ')'. */
+  char *p = strrchr(buf, ')');
+  int ppid = -1;
+  char state;
+  if (!p || sscanf(p + 1, " %c %d", &state, &ppid) != 2)
+    return -1;
+  return (pid_t)ppid;
+}
+
+bool
+jail_cg_has_live_parent(jail_cgroups_t *cg, const char *name)
+{
+  int i = cg->v2 ? 0 : JAIL_CG_PIDS;
+  char file[300];
+  snprintf(file, sizeof file, "%s/cgroup.procs", name);
+  int fd = openat(cg->parent_fd[i], file, O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    return false;
+  FILE *f = fdopen(fd, "r");
+  if (!f) {
+    close(fd);
+    return false;
+  }
+  pid_t pids[4096];
+  size_t n = 0;
+  int pid;
+  while (n < sizeof pids / sizeof pids[0] && fscanf(f, "%d", &pid) == 1)
+    pids[n++] = (pid_t)pid;
+  fclose(f);
+  for (size_t k = 0; k < n; k++) {
+    pid_t pp = parent_of(pids[k]);
+    if (pp <= 1)
+      continue;
+    bool inside = false;
+    for (size_t m = 0; m < n && !inside; m++)
+      inside = pids[m] == pp;
+    /* The sandbox's init hangs off the host process that created it; once that process
+     * dies the init is killed (PDEATHSIG) or reparented to 1. A parent outside the group
+     * that is alive means the owner is alive. */
+    if (!inside && kill(pp, 0) == 0)
+      return true;
+  }
+  return false;
+}
+
 int
 jail_cg_kill_all(jail_cgroups_t *cg, const char *name, int timeout_ms)
 {

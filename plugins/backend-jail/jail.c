@@ -884,6 +884,9 @@ scan_records(jail_t *j, void (*fn)(void *, const char *, const char *, bool), vo
        * mid-write. A fresh one is left alone. */
       struct stat st;
       alive = fstatat(j->run_dir_fd, de->d_name, &st, 0) == 0 && st.st_mtime + 10 > time(NULL);
+      /* A record that exists but cannot be read (EACCES, EMFILE) is not evidence of death. */
+      if (!rec && faccessat(j->run_dir_fd, de->d_name, R_OK, 0) < 0 && errno != ENOENT)
+        alive = true;
     }
     fn(opaque, de->d_name, run_id, alive);
     if (rec)
@@ -944,7 +947,10 @@ static void
 reap_group(void *opaque, const char *run_id)
 {
   sweep_ctx_t *s = opaque;
-  if (already_reaped(s, run_id) || live_owner(s->j, run_id))
+  /* The record is one witness; the process tree is another, so a lost or unreadable
+   * record never gets a live sandbox killed. */
+  if (already_reaped(s, run_id) || live_owner(s->j, run_id) ||
+      jail_cg_has_live_parent(&s->j->cg, run_id))
     return;
   int left = jail_cg_kill_all(&s->j->cg, run_id, 2000);
   int groups = jail_cg_remove(&s->j->cg, run_id, 2000);

@@ -71,6 +71,9 @@ int jail_cg_counters(jail_cgroups_t *cg, const char *name, jail_counters_t *out,
  * passed. Returns how many processes are still listed (0 = empty), or 0 when the group does
  * not exist. */
 int jail_cg_kill_all(jail_cgroups_t *cg, const char *name, int timeout_ms);
+/* True when a process of the group has a live parent outside it (other than pid 1): the
+ * host process that owns the sandbox is alive, whatever its slot record says. */
+bool jail_cg_has_live_parent(jail_cgroups_t *cg, const char *name);
 /* Number of processes listed in the run's group(s) (max over controllers); 0 when absent. */
 int jail_cg_count(jail_cgroups_t *cg, const char *name);
 /* rmdir()s the run's group(s), retrying EBUSY for up to timeout_ms. Returns how many group
