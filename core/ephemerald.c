@@ -34,7 +34,8 @@ usage(FILE *out)
           "  -c, --config FILE       ephemeral.conf to use (its conf.d/ beside it)\n"
           "      --plugin-dir DIR    load plugins from DIR\n"
           "      --state-dir DIR     state directory (also EPHEMERAL_STATE_DIR)\n"
-          "  -v, --verbose           log more (repeat for debug)\n"
+          "  -v, --verbose           log debug messages too (default: info)\n"
+          "  -q, --quiet             log errors only\n"
           "      --routes            print the routes served and exit\n"
           "  -h, --help              show this help\n"
           "  -V, --version           show the version\n"
@@ -69,7 +70,8 @@ main(int argc, char **argv)
   static const struct option options[] = {
       {"listen", required_argument, NULL, 'l'},  {"config", required_argument, NULL, 'c'},
       {"plugin-dir", required_argument, NULL, 'P'}, {"state-dir", required_argument, NULL, 'S'},
-      {"verbose", no_argument, NULL, 'v'},       {"routes", no_argument, NULL, 'R'},
+      {"verbose", no_argument, NULL, 'v'},       {"quiet", no_argument, NULL, 'q'},
+      {"routes", no_argument, NULL, 'R'},
       {"help", no_argument, NULL, 'h'},          {"version", no_argument, NULL, 'V'},
       {0},
   };
@@ -78,7 +80,7 @@ main(int argc, char **argv)
   int verbose = 0, c;
   eph_log_set_program("ephemerald");
   signal(SIGPIPE, SIG_IGN);
-  while ((c = getopt_long(argc, argv, "l:c:vhV", options, NULL)) != -1) {
+  while ((c = getopt_long(argc, argv, "l:c:vqhV", options, NULL)) != -1) {
     switch (c) {
     case 'l':
       listen = optarg;
@@ -94,6 +96,9 @@ main(int argc, char **argv)
       break;
     case 'v':
       verbose++;
+      break;
+    case 'q':
+      verbose = -1;
       break;
     case 'R':
       eph_server_print_routes(stdout);
@@ -114,7 +119,7 @@ main(int argc, char **argv)
     return 2;
   }
   /* The daemon says what it does: info by default, debug with -v. */
-  eph_log_set_level(verbose > 0 ? EPH_LOG_DEBUG : EPH_LOG_INFO);
+  eph_log_set_level(verbose > 0 ? EPH_LOG_DEBUG : verbose < 0 ? EPH_LOG_ERROR : EPH_LOG_INFO);
   /* Event times are milliseconds as seconds: "0.025", not json-c's "%.17g"
    * "0.025000000000000001". */
   json_c_set_serialization_double_format("%.15g", JSON_C_OPTION_GLOBAL);
