@@ -599,6 +599,7 @@ eph_server_start(eph_ctx_t *ctx, const eph_server_options_t *opt, eph_server_t *
   pthread_cond_init(&srv->cond, &ca);
   pthread_condattr_destroy(&ca);
 
+  cleanup_free char *path = NULL; /* before the first goto: fail: frees it */
   /* Request limits: the same operator maxima as the CLI's. */
   int64_t files_max = 0;
   const config_setting_t *core = ctx->config.core;
@@ -613,7 +614,7 @@ eph_server_start(eph_ctx_t *ctx, const eph_server_options_t *opt, eph_server_t *
     goto fail;
   srv->limits.max_files_total_bytes = (size_t)files_max;
 
-  cleanup_free char *path = eph_xasprintf("%s/ephemeral.sqlite", ctx->state_dir);
+  path = eph_xasprintf("%s/ephemeral.sqlite", ctx->state_dir);
   eph_store_options_t so = {.idempotency_hours = opt->idempotency_hours};
   if ((r = eph_store_open(path, &so, &srv->store, err)) < 0)
     goto fail;
