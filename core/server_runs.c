@@ -51,9 +51,10 @@ unlink_locked(eph_server_t *srv, live_t *l)
 static void
 live_free(live_t *l)
 {
-  eph_run_t *run = l->run;
-  eph_run_free(run);
-  eph_runstore_detach(run);
+  /* Detached first: the list is keyed by the run's address, which another thread's new run
+   * may get as soon as it is freed. The run is settled: no event can reach the link. */
+  eph_runstore_detach(l->run);
+  eph_run_free(l->run);
   free(l->org);
   free(l);
 }
