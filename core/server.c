@@ -575,6 +575,8 @@ on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
   if (!req)
     return;
   eph_srv_req_done(srv, req);
+  if (req->created)
+    json_object_put(req->created);
   free(req->org);
   free(req->body);
   free(req);

@@ -66,6 +66,7 @@ typedef struct conn_req {
   live_t *live;         /* a ref while waiting */
   char run_id[40];
   int64_t wait_until_ms;
+  json_object *created; /* the run as admitted (status queued): the answer without ?wait */
   waiter_t waiter;
 } conn_req_t;
 

@@ -524,7 +524,11 @@ eph_srv_runs_continue(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *r
   }
   json_object *o = NULL;
   eph_error_t err = {0};
-  if (l) {
+  if (req->created && !req->wait_until_ms) {
+    /* Without ?wait the answer is the run as admitted, whatever a worker did since. */
+    eph_srv_live_put(l);
+    o = steal_pointer(&req->created);
+  } else if (l) {
     o = eph_run_to_json(l->run, true);
     eph_srv_live_put(l);
   } else {
@@ -697,6 +701,7 @@ eph_srv_runs_create(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req
     snprintf(msg, sizeof msg, "the store failed; see the daemon's log");
     goto refused;
   }
+  req->created = eph_run_to_json(run, true);
   pthread_mutex_lock(&srv->lock);
   unsigned b = bucket_of(l->id);
   l->bucket_next = srv->table[b];
