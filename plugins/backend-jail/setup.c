@@ -367,6 +367,10 @@ mount_tmpfs(const jail_child_args_t *a, const char *target, const char *mode, ui
   cat(opts, sizeof opts, mode);
   cat(opts, sizeof opts, ",size=");
   cat_u64(opts, sizeof opts, bytes);
+  /* Inodes are capped too (one per 4 KiB of size): a flood of empty files then ends in
+   * ENOSPC inside the sandbox, not in an OOM kill of kernel memory charged to it. */
+  cat(opts, sizeof opts, ",nr_inodes=");
+  cat_u64(opts, sizeof opts, bytes / 4096 > 1024 ? bytes / 4096 : 1024);
   if (mount("tmpfs", dst, "tmpfs", flags, opts) < 0)
     die(a, "mount tmpfs on", target);
 }
