@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -116,8 +117,11 @@ ledger_slot(eph_ctx_t *ctx)
   return l;
 }
 
-/* The CLI's organisation gets its starting credit once per state directory. The marker
- * is created first (O_EXCL) so a crash can never credit twice. */
+/* The CLI's organisation gets its starting credit once per state directory. A marker file,
+ * locked while the credit is made and written only after it, makes that once even with
+ * several CLIs starting on a new directory at the same moment (none reserves before the
+ * credit exists). A crash between the credit and the marker's write credits again: the
+ * CLI's own demo credit, never a customer's money. */
 static int
 ensure_cli_credit(eph_ctx_t *ctx, const eph_plugin_slot_t *ledger, const char *org)
 {
@@ -128,16 +132,23 @@ ensure_cli_credit(eph_ctx_t *ctx, const eph_plugin_slot_t *ledger, const char *o
     return -1;
   }
   cleanup_free char *marker = eph_xasprintf("%s/cli-credit-%s", ctx->state_dir, org);
-  int fd = open(marker, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-  if (fd < 0)
-    return errno == EEXIST ? 0 : -1;
-  close(fd);
-  if (credit <= 0)
-    return 0;
-  const eph_ledger_ops_t *ops = ledger->desc->ops;
-  if (EPH_WITH_PLUGIN(ledger, ops->credit(ledger->state, org, credit, &err)) < 0) {
-    unlink(marker);
-    eph_error("crediting %s: %s", org, err.message);
+  cleanup_close int fd = open(marker, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (fd < 0 || flock(fd, LOCK_EX) < 0) {
+    eph_error("%s: %s", marker, strerror(errno));
+    return -1;
+  }
+  struct stat st;
+  if (fstat(fd, &st) == 0 && st.st_size > 0)
+    return 0; /* credited before */
+  if (credit > 0) {
+    const eph_ledger_ops_t *ops = ledger->desc->ops;
+    if (EPH_WITH_PLUGIN(ledger, ops->credit(ledger->state, org, credit, &err)) < 0) {
+      eph_error("crediting %s: %s", org, err.message);
+      return -1;
+    }
+  }
+  if (write(fd, "credited\n", 9) != 9 || fsync(fd) < 0) {
+    eph_error("%s: %s", marker, strerror(errno));
     return -1;
   }
   return 0;

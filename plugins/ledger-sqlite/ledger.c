@@ -670,6 +670,37 @@ migrate(ledger_t *l, eph_error_t *err)
   return exec_sql(l, "COMMIT", "committing the schema", err);
 }
 
+
+/* PRAGMA journal_mode = WAL, retried: when two processes open a new file at once, SQLite
+ * answers SQLITE_BUSY here without calling the busy handler (it would deadlock on the lock
+ * upgrade), so the wait is ours. Returns the mode the file ended in, or NULL. The string
+ * is copied into buf. */
+static const char *
+switch_to_wal(sqlite3 *db, int timeout_ms, char *buf, size_t size)
+{
+  sqlite3_stmt *st = NULL;
+  if (sqlite3_prepare_v2(db, "PRAGMA journal_mode = WAL", -1, &st, NULL) != SQLITE_OK)
+    return NULL;
+  const char *mode = NULL;
+  for (int waited = 0;; waited += 10) {
+    int rc = sqlite3_step(st);
+    if (rc == SQLITE_ROW) {
+      snprintf(buf, size, "%s", (const char *)sqlite3_column_text(st, 0));
+      mode = buf;
+      break;
+    }
+    if ((rc & 0xff) != SQLITE_BUSY && (rc & 0xff) != SQLITE_LOCKED)
+      break;
+    if (waited >= timeout_ms)
+      break;
+    sqlite3_reset(st);
+    struct timespec ts = {0, 10 * 1000000};
+    nanosleep(&ts, NULL);
+  }
+  sqlite3_finalize(st);
+  return mode;
+}
+
 static int
 ledger_init(const eph_host_t *host, const config_setting_t *config, void **state,
             eph_error_t *err)
@@ -728,19 +759,14 @@ ledger_init(const eph_host_t *host, const config_setting_t *config, void **state
            "PRAGMA foreign_keys = ON; PRAGMA synchronous = %s;",
            strcasecmp(sync, "full") == 0 ? "FULL" : "NORMAL");
   /* journal_mode returns the mode it ended in: check it really is WAL. */
-  sqlite3_stmt *s = NULL;
-  const char *mode = NULL;
-  rc = sqlite3_prepare_v2(l->db, "PRAGMA journal_mode = WAL", -1, &s, NULL);
-  if (rc == SQLITE_OK && sqlite3_step(s) == SQLITE_ROW)
-    mode = (const char *)sqlite3_column_text(s, 0);
+  char mode_buf[32];
+  const char *mode = switch_to_wal(l->db, (int)busy_ms, mode_buf, sizeof mode_buf);
   if (!mode || strcasecmp(mode, "wal") != 0) {
     r = eph_error_set(err, EIO, "%s: cannot switch to WAL mode (got %s): %s", l->path,
                       mode ? mode : "nothing", sqlite3_errmsg(l->db));
-    sqlite3_finalize(s);
     ledger_close(l);
     return r;
   }
-  sqlite3_finalize(s);
   if ((r = exec_sql(l, pragmas, "setting pragmas", err)) < 0 || (r = migrate(l, err)) < 0) {
     ledger_close(l);
     return r;
