@@ -25,7 +25,8 @@ const eph_config_key_t eph_core_config_keys[] = {
      "Backend plugin used when a request or command does not name one."},
     {"model_plugin", EPH_CFG_STRING, "\"model-openai\"", NULL,
      "Model plugin serving model calls; model names starting with \"replay:\" always go to "
-     "model-replay. \"model-replay\" makes every run replay model-replay's configured "
+     "model-replay (ephemerald refuses them from requests unless this is \"model-replay\"). "
+     "\"model-replay\" makes every run replay model-replay's configured "
      "transcript (an offline daemon: demos, tests)."},
     {"default_model", EPH_CFG_STRING, "\"openai/gpt-6-luna\"", NULL,
      "Model used when the request does not name one (the product page's model)."},

@@ -615,6 +615,10 @@ eph_server_start(eph_ctx_t *ctx, const eph_server_options_t *opt, eph_server_t *
                           err)) < 0)
     goto fail;
   srv->limits.max_files_total_bytes = (size_t)files_max;
+  const char *model_plugin = NULL;
+  if ((r = eph_cfg_string(core, "model_plugin", "model-openai", &model_plugin, err)) < 0)
+    goto fail;
+  srv->replay_models = strcmp(model_plugin, "model-replay") == 0;
 
   path = eph_xasprintf("%s/ephemeral.sqlite", ctx->state_dir);
   eph_store_options_t so = {.idempotency_hours = opt->idempotency_hours};

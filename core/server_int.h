@@ -78,6 +78,9 @@ struct eph_server {
   int listen_fd;
   char url[320];
   eph_request_limits_t limits;
+  /* Requests may name a transcript ("replay:PATH", a host path the daemon opens) only on a
+   * daemon whose operator made it an offline replayer (model_plugin = "model-replay"). */
+  bool replay_models;
 
   pthread_mutex_t lock; /* table, queue, waiters, counters */
   pthread_cond_t cond;  /* workers: queue; drain: runs ended */

@@ -587,6 +587,14 @@ eph_srv_runs_create(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req
                         &err) < 0)
     return eph_srv_error(c, srv, MHD_HTTP_BAD_REQUEST, "invalid_request", field, "%s",
                          err.message);
+  /* "replay:PATH" makes the daemon (root) open PATH: a file-existence oracle, any JSONL
+   * on the host replayed as answers, free model calls. Only an offline daemon serves it. */
+  if (!srv->replay_models && strncmp(rq.model, "replay:", 7) == 0) {
+    eph_request_free(&rq);
+    return eph_srv_error(c, srv, MHD_HTTP_BAD_REQUEST, "invalid_request", "model",
+                         "field 'model': replay transcripts are not served by this daemon "
+                         "(model_plugin is not \"model-replay\")");
+  }
   char sha[65];
   if (idem && eph_sha256_hex(req->body ? req->body : "", req->body_len, sha, &err) < 0) {
     eph_request_free(&rq);

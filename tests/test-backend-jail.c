@@ -451,8 +451,10 @@ test_sweep_after_kill9(void **ctx)
   waitpid(owner, NULL, 0);
 
   eph_error_t err = {0};
+  /* Any process's start-up sweep (another test, a daemon started meanwhile) may reap the
+   * victim first, so this sweep may find 0: what must hold is that the victim is gone. */
   int reaped = l->ops->sweep(l->state, &err);
-  assert_true(reaped >= 1);
+  assert_true(reaped >= 0);
   assert_int_equal(access(cg_path("memory", run_id, NULL, path, sizeof path), F_OK), -1);
   assert_int_equal(access(cg_path("pids", run_id, NULL, path, sizeof path), F_OK), -1);
   assert_int_equal(access(cg_path("cpu", run_id, NULL, path, sizeof path), F_OK), -1);

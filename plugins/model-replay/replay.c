@@ -19,7 +19,11 @@
  * "replay:PATH", PATH (absolute or relative to the current directory). */
 #include "config.h" /* autoconf: _GNU_SOURCE, PACKAGE_VERSION */
 
+#include <errno.h>
+#include <fcntl.h>
 #include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -81,7 +85,6 @@ blank(const char *s)
 static int
 transcript_load(transcript_t *t, const char *path, eph_error_t *err)
 {
-  FILE *f = fopen(path, "re");
   char *line = NULL;
   size_t cap = 0, no = 0, total = 0;
   ssize_t len;
@@ -89,9 +92,31 @@ transcript_load(transcript_t *t, const char *path, eph_error_t *err)
 
   t->path = path;
   t->n = 0;
-  if (!f)
+  /* The path may come from a request ("replay:PATH"): a FIFO would block this model call
+   * (and the run, and a daemon's drain) in open() where no deadline reaches it, and a
+   * device such as /dev/zero is one endless line that getline() grows without bound.
+   * Only a regular file no larger than the cap is read; O_NONBLOCK makes open() of a
+   * FIFO return at once so that fstat() can refuse it. */
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+  if (fd < 0)
     return eph_error_set(err, errno == ENOENT ? EPH_E_CONFIG : errno, "transcript %s: %s", path,
                          strerror(errno));
+  struct stat st;
+  if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
+    close(fd);
+    return eph_error_set(err, EINVAL, "transcript %s: not a regular file", path);
+  }
+  if ((uint64_t)st.st_size > TRANSCRIPT_MAX_BYTES) {
+    close(fd);
+    return eph_error_set(err, EFBIG, "transcript %s: larger than %u MiB", path,
+                         TRANSCRIPT_MAX_BYTES >> 20);
+  }
+  FILE *f = fdopen(fd, "r");
+  if (!f) {
+    r = eph_error_set(err, errno, "transcript %s: %s", path, strerror(errno));
+    close(fd);
+    return r;
+  }
   while ((len = getline(&line, &cap, f)) >= 0) {
     no++;
     total += (size_t)len;
