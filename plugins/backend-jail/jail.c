@@ -947,11 +947,18 @@ static void
 reap_group(void *opaque, const char *run_id)
 {
   sweep_ctx_t *s = opaque;
-  /* The record is one witness; the process tree is another, so a lost or unreadable
-   * record never gets a live sandbox killed. */
-  if (already_reaped(s, run_id) || live_owner(s->j, run_id) ||
-      jail_cg_has_live_parent(&s->j->cg, run_id))
+  if (already_reaped(s, run_id) || live_owner(s->j, run_id))
     return;
+  /* The record is one witness; the process tree is another, so a lost or unreadable record
+   * never gets a live sandbox killed. A sandbox whose owner just died still shows a parent
+   * for a moment (reparented to a subreaper while its PDEATHSIG kill completes): give it
+   * half a second to go before trusting the tree. */
+  for (int waited = 0; jail_cg_has_live_parent(&s->j->cg, run_id); waited += 20) {
+    if (waited >= 500)
+      return;
+    struct timespec ts = {0, 20 * 1000000};
+    nanosleep(&ts, NULL);
+  }
   int left = jail_cg_kill_all(&s->j->cg, run_id, 2000);
   int groups = jail_cg_remove(&s->j->cg, run_id, 2000);
   s->j->host->log(groups ? EPH_LOG_WARN : EPH_LOG_INFO,
