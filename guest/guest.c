@@ -27,12 +27,17 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
 #include <linux/random.h>
+#include <net/if.h>
+#include <net/route.h>
+#include <netinet/in.h>
 #include <sys/ioctl.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/reboot.h>
 #include <sys/signalfd.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <sys/utsname.h>
@@ -901,6 +906,99 @@ vm_setup(const char *hostname, uint64_t tmp_mib)
 }
 
 static int
+write_sysctl(const char *path, const char *value)
+{
+  int fd = open(path, O_WRONLY | O_CLOEXEC);
+  if (fd < 0)
+    return errno == ENOENT ? 0 : -errno; /* a kernel without IPv6 has nothing to disable */
+  ssize_t n = write(fd, value, strlen(value));
+  int e = errno;
+  close(fd);
+  return n == (ssize_t)strlen(value) ? 0 : -(e ? e : EIO);
+}
+
+/* --net ADDR/32,PROXY (from eph_net= on the kernel command line, when the run grants web):
+ * the microVM's virtio-net NIC eth0, whose only peer is a tap in the proxy's netns. As in
+ * the jail (plugins/backend-jail/veth.c): ADDR/32 on eth0, up, one route PROXY/32 dev eth0,
+ * no default route (every other destination is "Network is unreachable"), IPv6 disabled
+ * before the link comes up (so no link-local address ever appears), no resolver (the image
+ * has no /etc/resolv.conf). Plain ioctls (netdevice(7), SIOCADDRT of route(8)): a handful
+ * of calls, no netlink library in the static guest. Any failure fails the boot: the host
+ * then sees no hello and the create fails closed. */
+static int
+vm_net(const char *spec)
+{
+  char addr[INET_ADDRSTRLEN], gw[INET_ADDRSTRLEN];
+  int used = 0;
+  struct in_addr a, p;
+  if (sscanf(spec, "%15[0-9.]/32,%15[0-9.]%n", addr, gw, &used) != 2 || spec[used] ||
+      inet_pton(AF_INET, addr, &a) != 1 || inet_pton(AF_INET, gw, &p) != 1) {
+    logmsg("--net '%s': expected ADDR/32,PROXY", spec);
+    return -EINVAL;
+  }
+  static const char *const v6[] = {"all", "default", "lo", "eth0", NULL};
+  for (size_t i = 0; v6[i]; i++) {
+    char path[96];
+    snprintf(path, sizeof path, "/proc/sys/net/ipv6/conf/%s/disable_ipv6", v6[i]);
+    int r = write_sysctl(path, "1");
+    if (r < 0) {
+      logmsg("%s: %s", path, strerror(-r));
+      return r;
+    }
+  }
+  int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) {
+    logmsg("socket: %s", strerror(errno));
+    return -errno;
+  }
+  struct ifreq ifr;
+  memset(&ifr, 0, sizeof ifr);
+  snprintf(ifr.ifr_name, sizeof ifr.ifr_name, "eth0");
+  struct sockaddr_in *sin = (struct sockaddr_in *)&ifr.ifr_addr;
+  sin->sin_family = AF_INET;
+  sin->sin_addr = a;
+  const char *step = "SIOCSIFADDR eth0";
+  int r = ioctl(fd, SIOCSIFADDR, &ifr);
+  if (r == 0) {
+    /* SIOCSIFADDR gave a classful mask; /32 keeps the link free of any prefix route */
+    step = "SIOCSIFNETMASK eth0";
+    sin->sin_addr.s_addr = htonl(0xffffffffu);
+    r = ioctl(fd, SIOCSIFNETMASK, &ifr);
+  }
+  if (r == 0) {
+    /* and its classful broadcast address would add a broadcast route: none */
+    step = "SIOCSIFBRDADDR eth0";
+    sin->sin_addr.s_addr = 0;
+    r = ioctl(fd, SIOCSIFBRDADDR, &ifr);
+  }
+  if (r == 0 && (step = "SIOCGIFFLAGS eth0", r = ioctl(fd, SIOCGIFFLAGS, &ifr)) == 0) {
+    step = "SIOCSIFFLAGS eth0";
+    ifr.ifr_flags |= IFF_UP;
+    r = ioctl(fd, SIOCSIFFLAGS, &ifr);
+  }
+  if (r == 0) {
+    struct rtentry rt;
+    memset(&rt, 0, sizeof rt);
+    struct sockaddr_in *dst = (struct sockaddr_in *)&rt.rt_dst;
+    struct sockaddr_in *mask = (struct sockaddr_in *)&rt.rt_genmask;
+    dst->sin_family = mask->sin_family = AF_INET;
+    dst->sin_addr = p;
+    mask->sin_addr.s_addr = htonl(0xffffffffu);
+    rt.rt_flags = RTF_UP | RTF_HOST;
+    rt.rt_dev = (char *)"eth0";
+    step = "SIOCADDRT (the proxy's /32 via eth0)";
+    r = ioctl(fd, SIOCADDRT, &rt);
+  }
+  int e = errno;
+  close(fd);
+  if (r < 0) {
+    logmsg("%s: %s", step, strerror(e));
+    return -e;
+  }
+  return 0;
+}
+
+static int
 open_device(const char *path)
 {
   int fd = open(path, O_RDWR | O_NOCTTY | O_CLOEXEC);
@@ -971,6 +1069,8 @@ usage(FILE *f)
         "  --tmp DIR               where the run directory is created (default /tmp)\n"
         "  --tmp-size-mib N        size of /tmp in --vm mode (default 256)\n"
         "  --hostname NAME         hostname in --vm mode (default ephemeral)\n"
+        "  --net ADDR/32,PROXY     --vm mode: eth0 gets ADDR/32 and one route to PROXY/32,\n"
+        "                          IPv6 off (a run granting web)\n"
         "  --default-timeout-ms N  per-command timeout when a request sets none (300000)\n"
         "  --nofile N              RLIMIT_NOFILE ceiling of worker commands (1024)\n",
         f);
@@ -994,9 +1094,9 @@ main(int argc, char **argv)
 {
   static guest_t g = {.ctl = -1, .sigfd = -1, .uid = 1000, .gid = 1000,
                       .default_timeout_ms = DEFAULT_TIMEOUT_MS, .nofile = DEFAULT_NOFILE};
-  const char *device = NULL, *tmp = "/tmp", *hostname = "ephemeral";
+  const char *device = NULL, *tmp = "/tmp", *hostname = "ephemeral", *net = NULL;
   long long tmp_mib = 256;
-  enum { O_UID = 256, O_GID, O_TMP, O_TMPSIZE, O_HOST, O_TIMEOUT, O_NOFILE };
+  enum { O_UID = 256, O_GID, O_TMP, O_TMPSIZE, O_HOST, O_TIMEOUT, O_NOFILE, O_NET };
   static const struct option opts[] = {
       {"fd", required_argument, NULL, 'f'},
       {"device", required_argument, NULL, 'd'},
@@ -1008,6 +1108,7 @@ main(int argc, char **argv)
       {"hostname", required_argument, NULL, O_HOST},
       {"default-timeout-ms", required_argument, NULL, O_TIMEOUT},
       {"nofile", required_argument, NULL, O_NOFILE},
+      {"net", required_argument, NULL, O_NET},
       {"help", no_argument, NULL, 'h'},
       {0},
   };
@@ -1022,6 +1123,7 @@ main(int argc, char **argv)
     case O_TMP: tmp = optarg; break;
     case O_TMPSIZE: tmp_mib = num_arg("--tmp-size-mib", optarg, 1, 1 << 20); break;
     case O_HOST: hostname = optarg; break;
+    case O_NET: net = optarg; break;
     case O_TIMEOUT:
       g.default_timeout_ms = (uint32_t)num_arg("--default-timeout-ms", optarg, 1, 86400000);
       break;
@@ -1045,7 +1147,11 @@ main(int argc, char **argv)
   if (!g.pid1)
     prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
 
-  if (g.vm && vm_setup(hostname, (uint64_t)tmp_mib) < 0)
+  if (net && !g.vm) {
+    logmsg("--net needs --vm (the jail's network is set up by the host)");
+    return 2;
+  }
+  if (g.vm && (vm_setup(hostname, (uint64_t)tmp_mib) < 0 || (net && vm_net(net) < 0)))
     shutdown_and_exit(&g, 1);
   for (int fd = 0; fd < 3; fd++)
     if (fcntl(fd, F_GETFD) < 0 && open("/dev/null", O_RDWR) != fd)

@@ -129,7 +129,11 @@ python3.11 -m compileall -q -j1 --invalidation-mode unchecked-hash -d /usr/lib/p
 # ---- the kernel's virtio modules, in load order
 mods="kernel/drivers/virtio/virtio_ring.ko kernel/drivers/virtio/virtio.ko
 kernel/drivers/virtio/virtio_mmio.ko kernel/drivers/char/virtio_console.ko"
-for m in $mods; do
+# the NIC of a run granting web (virtio_net needs net_failover, which needs failover: the
+# cloud kernel's modules.dep); loaded by /init only when eph_net= is on the command line
+netmods="kernel/net/core/failover.ko kernel/drivers/net/net_failover.ko
+kernel/drivers/net/virtio_net.ko"
+for m in $mods $netmods; do
   cp "$work/k/lib/modules/$kver/$m" "usr/lib/modules/$kver/"
 done
 cp "$work/k/boot/vmlinuz-$kver" "$work/vmlinuz"
@@ -160,6 +164,8 @@ chmod 0755 usr/sbin/ephemeral-guest
   echo '# eph_init (tests replace the guest with it). Module order matters: each needs the last.'
   echo 'export PATH=/usr/bin:/usr/sbin'
   for m in $mods; do echo "insmod /lib/modules/$kver/$(basename "$m")"; done
+  echo '# eph_net=ADDR/32,PROXY: the run grants web; the guest gives eth0 ADDR and one route.'
+  printf '[ -n "${eph_net:-}" ] && { %s; }\n' "$(for m in $netmods; do printf 'insmod /lib/modules/%s/%s && ' "$kver" "$(basename "$m")"; done; echo :)"
   echo '# busybox finds the mount to change in /proc/mounts; the guest mounts its own /proc'
   echo '# eph_pids: the worker'"'"'s process limit (RLIMIT_NPROC counts every process of uid 1000;'
   echo '# the guest, root, is exempt). min_free_kbytes: the console allocates atomically, and a'
@@ -168,7 +174,7 @@ chmod 0755 usr/sbin/ephemeral-guest
   echo 'mount -t proc proc /proc && echo 8192 > /proc/sys/vm/min_free_kbytes &&'
   echo '  mount -o remount,ro / && umount /proc ||'
   echo '  { echo "init: cannot make / read-only" >&2; exit 1; }'
-  echo 'exec ${eph_init:-/usr/sbin/ephemeral-guest} --vm --device /dev/hvc0 ${eph_tmp_mib:+--tmp-size-mib $eph_tmp_mib}'
+  echo 'exec ${eph_init:-/usr/sbin/ephemeral-guest} --vm --device /dev/hvc0 ${eph_tmp_mib:+--tmp-size-mib $eph_tmp_mib} ${eph_net:+--net $eph_net}'
 } > init
 chmod 0755 init
 

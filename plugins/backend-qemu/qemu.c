@@ -8,7 +8,9 @@
  *      reads (qemu pid, owner pid and its start time) and QEMU's log;
  *   3. socketpairs for the guest's virtio console and for QMP, the kernel, initramfs and
  *      snapshot opened here and inherited (QEMU reads /proc/self/fd/N, so the unprivileged
- *      QEMU never needs a path into the state directory);
+ *      QEMU never needs a path into the state directory); for a run granting web, the tap
+ *      of its NIC, made in the proxy's netns (tap.c), inherited as well (no snapshot then:
+ *      one saved without a NIC cannot be restored with one);
  *   4. fork; in the child: new session, fds placed, supplementary groups dropped,
  *      setresgid/setresuid to the dedicated ids, no_new_privs, exec QEMU with
  *      -sandbox on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny;
@@ -22,8 +24,11 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <grp.h>
+#include <arpa/inet.h>
 #include <inttypes.h>
+#include <net/if.h>
 #include <limits.h>
+#include <stddef.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdbool.h>
@@ -50,7 +55,7 @@
 #define QMP_TIMEOUT_MS 10000
 #define SNAPSHOT_SAVE_MS 60000
 /* Inherited fds of the QEMU child, in this order. */
-enum { FD_GUEST = 3, FD_QMP, FD_KERNEL, FD_INITRD, FD_INCOMING, FD_FIRST_FREE };
+enum { FD_GUEST = 3, FD_QMP, FD_KERNEL, FD_INITRD, FD_INCOMING, FD_TAP, FD_FIRST_FREE };
 
 static inline void qfreep(void *p) { free(*(void **)p); }
 static inline void qclosep(int *fd) { if (*fd >= 0) close(*fd); }
@@ -131,6 +136,8 @@ struct eph_sandbox {
   pthread_mutex_t m;
   pthread_cond_t cond;
   bool stop, deadline_hit;
+  int proxy_ns_fd;     /* a dup of spec->proxy_netns_fd when the microVM has a NIC, else -1 */
+  char tap[IFNAMSIZ];  /* the NIC's tap in that netns ("" without one) */
 };
 
 /* What one QEMU start needs. */
@@ -143,6 +150,9 @@ typedef struct launch {
   unsigned pids;
   int incoming_fd;        /* snapshot to restore, or -1 */
   int log_fd;             /* QEMU's stdout/stderr (and the console when console_log) */
+  int tap_fd;             /* the NIC's tap (tap.c), or -1: no NIC */
+  char net[64];           /* with a tap: "eph_net=GUEST/32,PROXY" for the guest's eth0 */
+  char mac[18];           /* with a tap: the NIC's MAC, locally administered */
 } launch_t;
 
 /* ------------------------------------------------------------ small helpers */
@@ -460,8 +470,8 @@ build_argv(const qemu_t *q, const launch_t *l, char **argv, size_t max, char sto
     snprintf(tsc, sizeof tsc, "tsc_early_khz=%" PRId64 " tsc=reliable ", q->tsc_khz);
   ARG("-append");
   ARGF("%s%s panic=-1 no_timer_check i8042.noaux i8042.nokbd eph_tmp_mib=%" PRIu64
-       " eph_pids=%u %s", q->cfg.console_log ? "console=ttyS0 " : "quiet ", tsc, l->tmp_mib,
-       l->pids, q->cfg.append);
+       " eph_pids=%u %s%s%s", q->cfg.console_log ? "console=ttyS0 " : "quiet ", tsc, l->tmp_mib,
+       l->pids, l->tap_fd >= 0 ? l->net : "", l->tap_fd >= 0 ? " " : "", q->cfg.append);
   if (q->cfg.console_log) {
     ARG("-serial");
     ARG("stdio");
@@ -477,6 +487,13 @@ build_argv(const qemu_t *q, const launch_t *l, char **argv, size_t max, char sto
   ARGF("socket,id=qmp,fd=%d", FD_QMP);
   ARG("-mon");
   ARG("chardev=qmp,mode=control");
+  if (l->tap_fd >= 0) {
+    /* The NIC's only peer is the tap in the proxy's netns (tap.c). */
+    ARG("-netdev");
+    ARGF("tap,id=n0,fd=%d", FD_TAP);
+    ARG("-device");
+    ARGF("virtio-net-device,netdev=n0,mac=%s", l->mac);
+  }
   if (l->incoming_fd >= 0) {
     ARG("-incoming");
     ARGF("fd:%d", FD_INCOMING);
@@ -565,7 +582,7 @@ launch_qemu(const qemu_t *q, const launch_t *l, pid_t *pid, int *guest_fd, int *
   struct stat st;
   if (drop && strcmp(l->accel, "kvm") == 0 && stat("/dev/kvm", &st) == 0)
     kvm_gid = st.st_gid; /* Debian's udev makes /dev/kvm root:kvm 0660 */
-  int src[] = {gp[1], mp[1], kfd, ifd, l->incoming_fd};
+  int src[] = {gp[1], mp[1], kfd, ifd, l->incoming_fd, l->tap_fd};
   pid_t child = fork();
   if (child < 0) {
     int e = errno;
@@ -573,7 +590,7 @@ launch_qemu(const qemu_t *q, const launch_t *l, pid_t *pid, int *guest_fd, int *
     return eph_error_set(err, e, "fork: %s", strerror(e));
   }
   if (child == 0)
-    child_exec(q, argv, src, 5, l->log_fd, drop, kvm_gid);
+    child_exec(q, argv, src, 6, l->log_fd, drop, kvm_gid);
   close(gp[1]);
   close(mp[1]);
   *pid = child;
@@ -707,6 +724,7 @@ resolve_accel(qemu_t *q, const launch_t *base)
       l.name = name;
       l.accel = "kvm";
       l.incoming_fd = -1;
+      l.tap_fd = -1;
       l.log_fd = log_fd;
       pid_t pid = -1;
       int gfd = -1;
@@ -822,6 +840,7 @@ ensure_snapshot(const qemu_t *q, const launch_t *base, const char *path, int64_t
   launch_t l = *base;
   l.name = name;
   l.incoming_fd = -1;
+  l.tap_fd = -1;
   l.log_fd = log_fd;
   pid_t pid = -1;
   int gfd = -1;
@@ -933,21 +952,46 @@ sandbox_free(eph_sandbox_t *s)
   pthread_mutex_destroy(&s->m);
   pthread_cond_destroy(&s->cond);
   qmp_close(&s->qmp);
+  if (s->proxy_ns_fd >= 0)
+    close(s->proxy_ns_fd);
   free(s);
 }
 
 /* ------------------------------------------------------------ create / destroy */
 
-/* Documented hook for egress: a microVM would get a virtio-net device whose host side
- * (a tap in spec->proxy_netns_fd) reaches only the proxy. Not built yet, so a request for
- * network is refused rather than silently given none. */
+/* A run granting web: a virtio-net NIC whose host side is a tap in the proxy's netns
+ * (tap.c), and the guest's address on the kernel command line. On success l->tap_fd is the
+ * tap (the caller closes its copy once QEMU has it), s->tap its name and s->proxy_ns_fd a
+ * dup of the proxy's netns, kept to check at destroy that the tap went with QEMU. */
 static int
-add_network(const eph_sandbox_spec_t *spec, eph_error_t *err)
+add_network(const eph_sandbox_spec_t *spec, eph_sandbox_t *s, launch_t *l, eph_error_t *err)
 {
   if (!spec->network)
     return 0;
-  return eph_error_set(err, ENOTSUP, "backend-qemu: network egress for microVMs is not "
-                       "implemented (use the jail backend for runs with web or connections)");
+  if (spec->struct_size < offsetof(eph_sandbox_spec_t, proxy_netns_fd) + sizeof(int))
+    return eph_error_set(err, ENOTSUP, "backend-qemu: network=1 from a core without "
+                         "proxy_netns_fd: refused");
+  uint32_t proxy;
+  int fd = qemu_tap_open(spec->proxy_netns_fd, spec->proxy_url, &proxy, s->tap, err);
+  if (fd < 0)
+    return eph_error_wrap(err, "the microVM's NIC");
+  s->proxy_ns_fd = fcntl(spec->proxy_netns_fd, F_DUPFD_CLOEXEC, 0);
+  unsigned char m[3];
+  if (s->proxy_ns_fd < 0 || getrandom(m, sizeof m, 0) != (ssize_t)sizeof m) {
+    int e = errno;
+    close(fd);
+    s->tap[0] = '\0';
+    return eph_error_set(err, e, "backend-qemu: the microVM's NIC: %s", strerror(e));
+  }
+  struct in_addr p = {htonl(proxy)}, g = {htonl(proxy + 1)};
+  char ps[INET_ADDRSTRLEN], gs[INET_ADDRSTRLEN];
+  inet_ntop(AF_INET, &p, ps, sizeof ps);
+  inet_ntop(AF_INET, &g, gs, sizeof gs);
+  snprintf(l->net, sizeof l->net, "eph_net=%s/32,%s", gs, ps);
+  /* 02: locally administered, unicast */
+  snprintf(l->mac, sizeof l->mac, "02:eb:00:%02x:%02x:%02x", m[0], m[1], m[2]);
+  l->tap_fd = fd;
+  return 0;
 }
 
 static int
@@ -959,9 +1003,7 @@ qemu_create(void *state, const eph_sandbox_spec_t *spec, eph_sandbox_t **out, in
   int64_t t0 = eph_now_ms();
   *out = NULL;
   *guest_fd = -1;
-  int r = add_network(spec, err);
-  if (r < 0)
-    return r;
+  int r;
   uint64_t mem = spec->limits.memory_bytes ? spec->limits.memory_bytes / MIB
                                            : (uint64_t)k->memory_mib;
   if (mem > (uint64_t)k->max_memory_mib)
@@ -988,6 +1030,7 @@ qemu_create(void *state, const eph_sandbox_spec_t *spec, eph_sandbox_t **out, in
     return eph_error_set(err, ENOMEM, "out of memory");
   s->qmp.fd = -1;
   s->pid = -1;
+  s->proxy_ns_fd = -1;
   s->created_ms = t0;
   s->deadline_ms = spec->deadline_ms;
   pthread_mutex_init(&s->m, NULL);
@@ -1002,17 +1045,24 @@ qemu_create(void *state, const eph_sandbox_spec_t *spec, eph_sandbox_t **out, in
   snprintf(name, sizeof name, "ephemeral-%s", s->run_id);
   launch_t l = {.name = name, .memory_mib = mem, .vcpus = vcpus, .tmp_mib = tmp,
                 .pids = (unsigned)pids,
-                .incoming_fd = -1, .log_fd = -1};
+                .incoming_fd = -1, .log_fd = -1, .tap_fd = -1};
   l.accel = "tcg";
   l.accel = resolve_accel(q, &l);
+  if ((r = add_network(spec, s, &l, err)) < 0) {
+    sandbox_free(s);
+    return r;
+  }
 
   int log_fd = -1, gfd = -1, qfd = -1, snap_fd = -1;
   if ((r = make_run_dir(q, s->run_id, s->dir, sizeof s->dir, &log_fd, err)) < 0) {
+    if (l.tap_fd >= 0)
+      close(l.tap_fd);
     sandbox_free(s);
     return r;
   }
   l.log_fd = log_fd;
-  if (k->snapshot) {
+  /* A snapshot was saved without a NIC and cannot be restored with one: web runs boot. */
+  if (k->snapshot && l.tap_fd < 0) {
     char snap[PATH_MAX];
     snapshot_path(q, &l, snap, sizeof snap);
     eph_error_t serr = {0};
@@ -1031,6 +1081,8 @@ qemu_create(void *state, const eph_sandbox_spec_t *spec, eph_sandbox_t **out, in
   r = launch_qemu(q, &l, &s->pid, &gfd, &qfd, err);
   if (snap_fd >= 0)
     close(snap_fd);
+  if (l.tap_fd >= 0)
+    close(l.tap_fd); /* QEMU holds the tap now; it goes when QEMU does */
   close(log_fd);
   log_fd = -1;
   if (r < 0)
@@ -1120,13 +1172,18 @@ qemu_destroy(void *state, eph_sandbox_t *s, eph_sandbox_report_t *report, eph_er
   if (rep->processes_left < 0)
     rep->processes_left = 0;
   rep->files_left = count_files(s->dir);
-  char dir[PATH_MAX];
+  /* The tap is not persistent: QEMU's exit closed its last fd and removed it. */
+  bool tap_left = qemu_tap_exists(s->proxy_ns_fd, s->tap);
+  rep->files_left += tap_left;
+  char dir[PATH_MAX], tap[IFNAMSIZ + 40] = "";
   snprintf(dir, sizeof dir, "%s", s->dir);
+  if (tap_left)
+    snprintf(tap, sizeof tap, " (the tap %s is still there)", s->tap);
   sandbox_free(s);
   if (rep->processes_left || rep->files_left)
-    return eph_error_set(err, EBUSY, "%d QEMU process(es) and %d file(s) under %s left%s",
+    return eph_error_set(err, EBUSY, "%d QEMU process(es) and %d file(s) under %s left%s%s",
                          rep->processes_left, rep->files_left, dir,
-                         rm < 0 ? " (removal failed)" : "");
+                         rm < 0 ? " (removal failed)" : "", tap);
   if (deadline_hit)
     q->host->log(EPH_LOG_WARN, "%s: the microVM was killed at the run deadline", name);
   return 0;

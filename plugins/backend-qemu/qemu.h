@@ -36,4 +36,21 @@ int qmp_wait_status(qmp_t *q, const char *const *while_in, int64_t deadline_ms,
 /* Polls query-migrate until the outgoing migration completed (0) or failed (-EIO). */
 int qmp_wait_migration(qmp_t *q, int64_t deadline_ms, uint64_t *bytes, eph_error_t *err);
 
+/* tap.c: the microVM's NIC when a run grants web. */
+
+/* Parses proxy_url "http://A.B.C.D:PORT" into *proxy (host order); A.B.C.D must be the
+ * first host of a /30. -EINVAL with the url in err otherwise. */
+int qemu_tap_parse_url(const char *url, uint32_t *proxy, eph_error_t *err);
+
+/* Creates a non-persistent tap (IFF_TAP | IFF_NO_PI) in the network namespace proxy_ns_fd,
+ * gives it the proxy's address P/30 (from proxy_url) and brings it up. Returns the tap's
+ * fd (O_CLOEXEC, owned by the caller: closing the last copy removes the tap), *proxy = P
+ * in host order and name (>= IFNAMSIZ bytes) = the tap's name in that netns. On failure
+ * nothing is left and a negative errno is returned with err set. */
+int qemu_tap_open(int proxy_ns_fd, const char *proxy_url, uint32_t *proxy, char *name,
+                  eph_error_t *err);
+
+/* True when an interface `name` exists in the network namespace proxy_ns_fd. */
+bool qemu_tap_exists(int proxy_ns_fd, const char *name);
+
 #endif
