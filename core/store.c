@@ -14,6 +14,8 @@
 #include <openssl/evp.h>
 #include <sqlite3.h>
 
+#include "sqlite_util.h"
+
 #include "util.h"
 
 #define MAX_ID_BYTES 128
@@ -377,36 +379,6 @@ eph_store_close(eph_store_t *s)
   free(s);
 }
 
-/* PRAGMA journal_mode = WAL, retried: when two processes open a new file at once, SQLite
- * answers SQLITE_BUSY here without calling the busy handler (it would deadlock on the lock
- * upgrade), so the wait is ours. Returns the mode the file ended in, or NULL. The string
- * is copied into buf. */
-static const char *
-switch_to_wal(sqlite3 *db, int timeout_ms, char *buf, size_t size)
-{
-  sqlite3_stmt *st = NULL;
-  if (sqlite3_prepare_v2(db, "PRAGMA journal_mode = WAL", -1, &st, NULL) != SQLITE_OK)
-    return NULL;
-  const char *mode = NULL;
-  for (int waited = 0;; waited += 10) {
-    int rc = sqlite3_step(st);
-    if (rc == SQLITE_ROW) {
-      snprintf(buf, size, "%s", (const char *)sqlite3_column_text(st, 0));
-      mode = buf;
-      break;
-    }
-    if ((rc & 0xff) != SQLITE_BUSY && (rc & 0xff) != SQLITE_LOCKED)
-      break;
-    if (waited >= timeout_ms)
-      break;
-    sqlite3_reset(st);
-    struct timespec ts = {0, 10 * 1000000};
-    nanosleep(&ts, NULL);
-  }
-  sqlite3_finalize(st);
-  return mode;
-}
-
 int
 eph_store_open(const char *path, const eph_store_options_t *opt, eph_store_t **out,
                eph_error_t *err)
@@ -443,7 +415,7 @@ eph_store_open(const char *path, const eph_store_options_t *opt, eph_store_t **o
   sqlite3_extended_result_codes(s->db, 1);
   sqlite3_busy_timeout(s->db, busy_ms);
   char mode_buf[32];
-  const char *mode = switch_to_wal(s->db, busy_ms, mode_buf, sizeof mode_buf);
+  const char *mode = eph_sqlite_switch_to_wal(s->db, busy_ms, mode_buf, sizeof mode_buf);
   if (!mode || strcmp(mode, "wal") != 0) {
     r = eph_error_set(err, EIO, "%s: cannot switch to WAL mode: %s", path,
                       sqlite3_errmsg(s->db));

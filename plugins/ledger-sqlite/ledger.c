@@ -51,6 +51,8 @@
 
 #include <sqlite3.h>
 
+#include "sqlite_util.h"
+
 #include <ephemeral/plugin.h>
 
 /* The plugin does not link the core: its own scope-bound helpers. */
@@ -671,36 +673,6 @@ migrate(ledger_t *l, eph_error_t *err)
 }
 
 
-/* PRAGMA journal_mode = WAL, retried: when two processes open a new file at once, SQLite
- * answers SQLITE_BUSY here without calling the busy handler (it would deadlock on the lock
- * upgrade), so the wait is ours. Returns the mode the file ended in, or NULL. The string
- * is copied into buf. */
-static const char *
-switch_to_wal(sqlite3 *db, int timeout_ms, char *buf, size_t size)
-{
-  sqlite3_stmt *st = NULL;
-  if (sqlite3_prepare_v2(db, "PRAGMA journal_mode = WAL", -1, &st, NULL) != SQLITE_OK)
-    return NULL;
-  const char *mode = NULL;
-  for (int waited = 0;; waited += 10) {
-    int rc = sqlite3_step(st);
-    if (rc == SQLITE_ROW) {
-      snprintf(buf, size, "%s", (const char *)sqlite3_column_text(st, 0));
-      mode = buf;
-      break;
-    }
-    if ((rc & 0xff) != SQLITE_BUSY && (rc & 0xff) != SQLITE_LOCKED)
-      break;
-    if (waited >= timeout_ms)
-      break;
-    sqlite3_reset(st);
-    struct timespec ts = {0, 10 * 1000000};
-    nanosleep(&ts, NULL);
-  }
-  sqlite3_finalize(st);
-  return mode;
-}
-
 static int
 ledger_init(const eph_host_t *host, const config_setting_t *config, void **state,
             eph_error_t *err)
@@ -760,7 +732,7 @@ ledger_init(const eph_host_t *host, const config_setting_t *config, void **state
            strcasecmp(sync, "full") == 0 ? "FULL" : "NORMAL");
   /* journal_mode returns the mode it ended in: check it really is WAL. */
   char mode_buf[32];
-  const char *mode = switch_to_wal(l->db, (int)busy_ms, mode_buf, sizeof mode_buf);
+  const char *mode = eph_sqlite_switch_to_wal(l->db, (int)busy_ms, mode_buf, sizeof mode_buf);
   if (!mode || strcasecmp(mode, "wal") != 0) {
     r = eph_error_set(err, EIO, "%s: cannot switch to WAL mode (got %s): %s", l->path,
                       mode ? mode : "nothing", sqlite3_errmsg(l->db));
