@@ -26,13 +26,44 @@
 
 /* ------------------------------------------------------------------ printing */
 
+/* What the model wrote (command text, answers, file names) reaches the operator's terminal
+ * through these printers, so it is shown, never interpreted: a model could otherwise clear
+ * the screen, retitle the window or write the clipboard (OSC 52). Every C0 control but
+ * newline and tab, DEL, and the C1 controls (U+0080..U+009F, UTF-8 C2 80..C2 9F: a CSI
+ * alone is C2 9B) come out as `\xHH` per byte; other bytes, UTF-8 included, pass unchanged.
+ * Applied to every human-readable line whatever stdout is (a log viewed later with `cat` or
+ * `less -R` interprets escapes too); `--json` output is JSON-escaped by json-c instead.
+ * Returns a new string the caller frees; never NULL (aborts on out of memory, as
+ * eph_xasprintf does). */
+static char *
+shown(const char *s)
+{
+  if (!s)
+    s = "";
+  size_t n = strlen(s);
+  char *out = eph_xmalloc(n * 4 + 1), *o = out;
+  for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+    bool c1 = p[0] == 0xc2 && p[1] >= 0x80 && p[1] <= 0x9f;
+    if ((*p < 0x20 && *p != '\n' && *p != '\t') || *p == 0x7f || c1) {
+      o += sprintf(o, "\\x%02x", *p);
+      if (c1)
+        o += sprintf(o, "\\x%02x", *++p);
+    } else {
+      *o++ = (char)*p;
+    }
+  }
+  *o = '\0';
+  return out;
+}
+
 static void
 print_event_line(FILE *out, double t, const char *source, const char *kind, const char *text)
 {
+  cleanup_free char *src = shown(source), *txt = shown(text);
   if (strcmp(kind, "tool_result") == 0)
-    fprintf(out, "%6s  %-17s   -> %s\n", "", "", text);
+    fprintf(out, "%6s  %-17s   -> %s\n", "", "", txt);
   else
-    fprintf(out, "%6.2f  %-17s %s\n", t, source, text);
+    fprintf(out, "%6.2f  %-17s %s\n", t, src, txt);
   fflush(out);
 }
 
@@ -76,17 +107,20 @@ print_summary(FILE *out, json_object *run)
   fprintf(out, "\n%s  %s  %s of %s\n", word, id ? json_object_get_string(id) : "",
           eph_format_dollars(jint(usage, "billed_micros"), billed, sizeof billed),
           eph_format_dollars(jint(usage, "reserved_micros"), reserved, sizeof reserved));
-  if (error)
-    fprintf(out, "error: %s\n", json_object_get_string(error));
+  if (error) {
+    cleanup_free char *e = shown(json_object_get_string(error));
+    fprintf(out, "error: %s\n", e);
+  }
   if (answer) {
-    fprintf(out, "\nSaved output:\n%s\n", json_object_get_string(answer));
+    cleanup_free char *a = shown(json_object_get_string(answer));
+    fprintf(out, "\nSaved output:\n%s\n", a);
   }
   for (size_t i = 0; files && i < json_object_array_length(files); i++) {
     json_object *f = json_object_array_get_idx(files, i), *p = NULL, *b = NULL;
     json_object_object_get_ex(f, "path", &p);
     json_object_object_get_ex(f, "bytes", &b);
-    fprintf(out, "output file %s: %" PRId64 " bytes\n", p ? json_object_get_string(p) : "?",
-            b ? json_object_get_int64(b) : 0);
+    cleanup_free char *path = shown(p ? json_object_get_string(p) : "?");
+    fprintf(out, "output file %s: %" PRId64 " bytes\n", path, b ? json_object_get_int64(b) : 0);
   }
   fprintf(out, "\nModel %s · Web %s · Compute %s\n",
           eph_format_dollars(jint(usage, "model_micros"), model, sizeof model),
@@ -309,8 +343,8 @@ eph_cmd_run(eph_ctx_t *ctx, int argc, char **argv)
     json_object_object_get_ex(head, "request", &req_obj);
     json_object_object_get_ex(req_obj, "model", &model);
     json_object_object_get_ex(head, "backend", &be);
-    printf("Run %s · %s · %s\n\n", eph_run_id(run), json_object_get_string(model),
-           json_object_get_string(be));
+    cleanup_free char *m = shown(json_object_get_string(model));
+    printf("Run %s · %s · %s\n\n", eph_run_id(run), m, json_object_get_string(be));
     fflush(stdout);
   }
   eph_run_observer_t printer = {.on_event = json ? NULL : print_event, .opaque = stdout};
