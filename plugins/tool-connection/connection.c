@@ -3,10 +3,10 @@
  * table names the connections it may use and may narrow their methods. The tool call names
  * a connection, a method and a path; everything is decided here, on the host, BEFORE any
  * network I/O: grant, method (operator ∩ grant), path (normalised, under an allowed
- * prefix), headers (the caller cannot place or override the credential). The credential
- * is read at init, added per request, and scrubbed (raw, base64, URL-encoded and JSON-escaped
- * forms)
- * from everything that leaves: results, events, logs. Redirects are never followed: a
+ * prefix), headers (only the connection's allow-list; the caller cannot place or override
+ * the credential, nor override the method or URL). The credential is read at init, added per
+ * request, and scrubbed in every form the scrubber knows (see "the scrubber") from
+ * everything that leaves: results, events, logs. Redirects are never followed: a
  * credential must not travel to a Location the operator did not name. In the spirit of
  * OpenSSH's monitor: the side holding secrets serves a fixed table of allowed requests. */
 #include "config.h"
@@ -65,10 +65,16 @@ static const eph_config_key_t broker_keys[] = {
     {"connections", EPH_CFG_LIST, "()", NULL,
      "The connections, a list of groups: name, base_url, credential_file or credential_env, "
      "apply (\"bearer\" | \"basic\" | \"header\" | \"query\"), header_name / query_param, "
-     "methods (list), path_prefixes (list), allow_private_addresses (bool: also allows "
-     "loopback). Empty: the broker offers nothing."},
+     "methods (list), path_prefixes (list), allowed_headers (list: the only caller headers "
+     "that go out, case-insensitive; default Accept, Accept-Language, Content-Type, "
+     "User-Agent, If-Match, If-None-Match, If-Modified-Since, If-Unmodified-Since; others are "
+     "dropped with a header_dropped event; credential, transport, Accept-Encoding, Range and "
+     "method/URL override headers cannot be listed), allow_private_addresses (bool: also "
+     "allows loopback). Empty: the broker offers nothing."},
     {"max_response_bytes", EPH_CFG_INT, "1048576", "bytes",
-     "Response body bytes read at most; the transfer stops there."},
+     "Response body bytes kept, at most 1073741824. The broker reads a little further (about "
+     "32 times the credential's length) so that a form of the credential the cut falls into "
+     "is scrubbed whole before the body is cut here."},
     {"timeout_ms", EPH_CFG_INT, "30000", "milliseconds", "Time limit of one request."},
     {"price_micros_per_request", EPH_CFG_INT, "0", "micros",
      "Charged to the run (category web) before each request."},
