@@ -1227,7 +1227,15 @@ broker_call(void *state, const eph_tool_call_t *call, json_object **result, eph_
     cleanup_free char *k = scrub_str(c, rk);
     cleanup_free char *v = scrub_str(c, json_object_get_string(rv));
     clean = clean && k && v;
-    if (k && v)
+    json_object *prev = NULL;
+    if (k && v && json_object_object_get_ex(outh, k, &prev)) {
+      /* Two names scrubbed to the same text: keep both values, as repeated headers are. */
+      cleanup_free char *joined = NULL;
+      if (asprintf(&joined, "%s, %s", json_object_get_string(prev), v) < 0)
+        joined = NULL;
+      clean = clean && joined;
+      json_object_object_add(outh, k, json_object_new_string(joined ? joined : ""));
+    } else if (k && v)
       json_object_object_add(outh, k, json_object_new_string(v));
   }
   json_object_object_add(res, "headers", outh);
