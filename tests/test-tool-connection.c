@@ -509,7 +509,17 @@ hostile_handle(void *cls, struct MHD_Connection *conn, const char *url, const ch
   cleanup_free char *t = transform(form ? form : "raw", auth);
   cleanup_free char *body = NULL;
   struct MHD_Response *r;
-  if (strcmp(url, "/hname") == 0) {
+  if (strcmp(url, "/split") == 0) {
+    /* The secret (without "Bearer ") in two halves: two headers, and two places in the body. */
+    const char *sp = strchr(auth, ' ');
+    const char *sec = sp ? sp + 1 : auth;
+    size_t half = strlen(sec) / 2;
+    cleanup_free char *a = eph_xstrndup(sec, half);
+    body = eph_xasprintf("first=%s; then some text; second=%s", a, sec + half);
+    r = MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_MUST_COPY);
+    MHD_add_response_header(r, "X-Part-1", a);
+    MHD_add_response_header(r, "X-Part-2", sec + half);
+  } else if (strcmp(url, "/hname") == 0) {
     /* The secret (without "Bearer ") as a header name. */
     const char *sp = strchr(auth, ' ');
     cleanup_free char *name = transform(form ? form : "raw", sp ? sp + 1 : auth);
@@ -738,6 +748,24 @@ test_hostile_header_names(void **state)
   }
 }
 
+/* Finding 5, beyond the brief: the secret split in halves (two headers, two places in the
+ * body). Each half is longer than the scrubber's window, so each goes. */
+static void
+test_hostile_split(void **state)
+{
+  const eph_plugin_slot_t *s = load_hostile(1048576);
+  json_object *r = request(s, "{\"connection\":\"evil\",\"method\":\"GET\",\"path\":\"/split\"}",
+                           EVIL_GRANT);
+  assert_null(str_of(r, "error"));
+  json_object *h = NULL;
+  assert_true(json_object_object_get_ex(r, "headers", &h));
+  assert_string_equal(str_of(h, "x-part-1"), "[REDACTED]");
+  assert_string_equal(str_of(h, "x-part-2"), "[REDACTED]");
+  assert_string_equal(str_of(r, "body"), "first=[REDACTED]; then some text; second=[REDACTED]");
+  assert_clean(r);
+  json_object_put(r);
+}
+
 /* Finding 5: a response cut at max_response_bytes inside the reflected value leaks no part
  * of it: it is scrubbed before the cut. Cut 1 character in, half way, and before the last. */
 static void
@@ -881,6 +909,29 @@ test_body_on_get_refused(void **state)
   json_object_put(r);
 }
 
+/* The scrubber leaves innocent content alone and keeps up with a full-size body: 1 MiB (the
+ * default cap) comes back byte for byte, not marked truncated. */
+static void
+test_large_body_untouched(void **state)
+{
+  const eph_plugin_slot_t *s = load_broker();
+  int64_t t0 = eph_now_ms();
+  json_object *r = request(s, "{\"connection\":\"hdr\",\"method\":\"GET\",\"path\":\"/big\"}",
+                           NULL);
+  int64_t ms = eph_now_ms() - t0;
+  assert_null(str_of(r, "error"));
+  const char *body = str_of(r, "body");
+  assert_non_null(body);
+  assert_int_equal(strlen(body), 1 << 20);
+  assert_true(strspn(body, "x") == 1 << 20);
+  json_object *tr = NULL;
+  assert_true(json_object_object_get_ex(r, "truncated", &tr));
+  assert_false(json_object_get_boolean(tr));
+  print_message("# 1 MiB through the broker (fetch + scrub + final check): %lld ms\n",
+                (long long)ms);
+  json_object_put(r);
+}
+
 int
 main(void)
 {
@@ -901,10 +952,12 @@ main(void)
       cmocka_unit_test_setup_teardown(test_budget_refused_before_io, setup, teardown),
       cmocka_unit_test_setup_teardown(test_hostile_encodings, setup, teardown),
       cmocka_unit_test_setup_teardown(test_hostile_header_names, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_hostile_split, setup, teardown),
       cmocka_unit_test_setup_teardown(test_hostile_truncation, setup, teardown),
       cmocka_unit_test_setup_teardown(test_override_headers_dropped, setup, teardown),
       cmocka_unit_test_setup_teardown(test_allowed_headers_config, setup, teardown),
       cmocka_unit_test_setup_teardown(test_body_on_get_refused, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_large_body_untouched, setup, teardown),
   };
   int r = cmocka_run_group_tests_name("tool-connection", tests, NULL, NULL);
   th_httpd_stop(httpd);

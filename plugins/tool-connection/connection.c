@@ -255,6 +255,10 @@ enum { VIEW_PLAIN = 0, VIEW_DECODED = 1 };
 
 static const char redacted_mark[] = "[REDACTED]";
 
+/* Fragments of the secret at least this long are removed wherever they appear; shorter ones
+ * cannot be told from innocent text. */
+#define SCRUB_WINDOW_BYTES 12
+
 typedef struct view {
   unsigned char *b;    /* normalised bytes */
   uint32_t *from, *to; /* b[i] came from original bytes [from[i], to[i]) */
@@ -463,6 +467,8 @@ add_form(conn_t *c, const char *raw, size_t len, size_t min)
 static int
 add_target(conn_t *c, const char *t, size_t tl)
 {
+  if (tl == 0)
+    return 0;
   int r = add_form(c, t, tl, 4);
   char *buf = malloc(2 * tl + 3), *enc = NULL;
   if (!buf)
@@ -500,6 +506,18 @@ add_target(conn_t *c, const char *t, size_t tl)
   explicit_bzero(buf, 2 * tl + 3);
   free(buf);
   return r;
+}
+
+/* Adds every SCRUB_WINDOW_BYTES-long piece of t as a form: a fragment of the secret that
+ * long is removed wherever it appears (an upstream that splits the secret over two headers,
+ * or any cut), in both views, so escaped fragments too. */
+static int
+add_windows(conn_t *c, const char *t, size_t tl)
+{
+  for (size_t i = 0; tl > SCRUB_WINDOW_BYTES && i + SCRUB_WINDOW_BYTES <= tl; i++)
+    if (add_form(c, t + i, SCRUB_WINDOW_BYTES, SCRUB_WINDOW_BYTES) < 0)
+      return -1;
+  return 0;
 }
 
 typedef struct span {
@@ -763,9 +781,13 @@ conn_load(const eph_host_t *host, const config_setting_t *g, conn_t *c, eph_erro
      * wire; with query, the escaped form that goes in the URL. Each in all its forms. */
     size_t sl = strlen(c->secret);
     r = add_target(c, c->secret, sl);
+    if (r == 0)
+      r = add_windows(c, c->secret, sl);
     const char *colon = c->apply == APPLY_BASIC ? strchr(c->secret, ':') : NULL;
     if (r == 0 && colon)
       r = add_target(c, colon + 1, strlen(colon + 1));
+    if (r == 0 && colon)
+      r = add_windows(c, colon + 1, strlen(colon + 1));
     if (r == 0 && c->apply == APPLY_BASIC) {
       size_t el = 0;
       char *enc = pu_b64_encode(c->secret, sl, &el);
@@ -783,9 +805,11 @@ conn_load(const eph_host_t *host, const config_setting_t *g, conn_t *c, eph_erro
     }
     if (r < 0)
       return eph_error_set(err, ENOMEM, "out of memory");
-    if (c->n_forms[VIEW_PLAIN] == 0)
-      host->log(EPH_LOG_WARN, "connection '%s': the credential is too short to be scrubbed "
-                              "from responses", name);
+    if (sl < 16)
+      host->log(EPH_LOG_WARN, "connection '%s': the credential is %zu bytes long: too short "
+                              "to be scrubbed reliably from responses (encoded forms of fewer "
+                              "than 8 characters and credentials under 4 are not matched)",
+                name, sl);
   }
   return 0;
 }
