@@ -948,11 +948,15 @@ before_request(void *opaque, const char *method, const char *url, int hop, eph_e
   json_object_object_add(data, "connection", json_object_new_string(x->c->name));
   json_object_object_add(data, "method", json_object_new_string(method));
   cleanup_free char *text = NULL;
+  /* The path is the caller's, but nothing is stored that the scrubber has not seen. */
+  cleanup_free char *path = scrub_str(x->c, x->path);
+  if (!path)
+    return eph_error_set(err, ENOMEM, "out of memory");
   if (x->call->zero_data_retention)
     r = asprintf(&text, "%s %s (path withheld: zero data retention)", method, x->c->name);
   else {
-    json_object_object_add(data, "path", json_object_new_string(x->path));
-    r = asprintf(&text, "%s %s %s", method, x->c->name, x->path);
+    json_object_object_add(data, "path", json_object_new_string(path));
+    r = asprintf(&text, "%s %s %s", method, x->c->name, path);
   }
   if (r < 0)
     return eph_error_set(err, ENOMEM, "out of memory");
@@ -994,17 +998,21 @@ emit_dropped(broker_t *b, const eph_tool_call_t *call, const conn_t *c, const ch
                  n == 1 ? "" : "s") < 0)
       text = NULL;
   } else {
-    json_object *copy = NULL;
-    json_object_deep_copy(dropped, &copy, NULL);
-    json_object_object_add(data, "headers", copy);
+    /* The names are the caller's, but nothing is stored that the scrubber has not seen. */
+    json_object *list = json_object_new_array();
     size_t len = 0;
-    for (size_t i = 0; i < n; i++)
-      len += strlen(json_object_get_string(json_object_array_get_idx(dropped, i))) + 2;
+    for (size_t i = 0; i < n; i++) {
+      char *name = scrub_str(c, json_object_get_string(json_object_array_get_idx(dropped, i)));
+      json_object_array_add(list, json_object_new_string(name ? name : "?"));
+      len += (name ? strlen(name) : 1) + 2;
+      free(name);
+    }
+    json_object_object_add(data, "headers", list);
     cleanup_free char *names = calloc(1, len + 1);
     for (size_t i = 0; names && i < n; i++) {
       if (i)
         strcat(names, ", ");
-      strcat(names, json_object_get_string(json_object_array_get_idx(dropped, i)));
+      strcat(names, json_object_get_string(json_object_array_get_idx(list, i)));
     }
     if (asprintf(&text, "%s %s: header%s not allowed, dropped: %s", method, c->name,
                  n == 1 ? "" : "s", names ? names : "?") < 0)
