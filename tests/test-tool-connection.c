@@ -509,7 +509,15 @@ hostile_handle(void *cls, struct MHD_Connection *conn, const char *url, const ch
   cleanup_free char *t = transform(form ? form : "raw", auth);
   cleanup_free char *body = NULL;
   struct MHD_Response *r;
-  if (strcmp(url, "/split") == 0) {
+  if (strcmp(url, "/utf16") == 0) {
+    /* "<<" Authorization ">>" in UTF-16LE: the broker hands it on as body_base64. */
+    cleanup_free char *line = eph_xasprintf("<<%s>>", auth);
+    size_t n = strlen(line);
+    body = eph_xcalloc(2 * n, 1);
+    for (size_t i = 0; i < n; i++)
+      body[2 * i] = line[i];
+    r = MHD_create_response_from_buffer(2 * n, body, MHD_RESPMEM_MUST_COPY);
+  } else if (strcmp(url, "/split") == 0) {
     /* The secret (without "Bearer ") in two halves: two headers, and two places in the body. */
     const char *sp = strchr(auth, ' ');
     const char *sec = sp ? sp + 1 : auth;
@@ -766,6 +774,34 @@ test_hostile_split(void **state)
   json_object_put(r);
 }
 
+/* Finding 5, beyond the brief: the header in UTF-16 (a binary body, handed on as base64):
+ * decoded, it holds no form of the secret. */
+static void
+test_hostile_utf16(void **state)
+{
+  const eph_plugin_slot_t *s = load_hostile(1048576);
+  json_object *r = request(s, "{\"connection\":\"evil\",\"method\":\"GET\",\"path\":\"/utf16\"}",
+                           EVIL_GRANT);
+  assert_null(str_of(r, "error"));
+  assert_clean(r);
+  const char *b64 = str_of(r, "body_base64");
+  assert_non_null(b64);
+  unsigned char *raw = NULL;
+  size_t n = 0;
+  assert_int_equal(eph_base64_decode(b64, strlen(b64), &raw, &n), 0);
+  cleanup_free char *text = eph_xcalloc(n + 1, 1);
+  size_t w = 0;
+  for (size_t i = 0; i < n; i++)
+    if (raw[i])
+      text[w++] = (char)raw[i];
+  free(raw);
+  cleanup_free char *why = form_in("the UTF-16 body, decoded", text);
+  if (why)
+    fail_msg("%s", why);
+  assert_non_null(strstr(text, "<<Bearer [REDACTED]>>"));
+  json_object_put(r);
+}
+
 /* Finding 5: a response cut at max_response_bytes inside the reflected value leaks no part
  * of it: it is scrubbed before the cut. Cut 1 character in, half way, and before the last. */
 static void
@@ -953,6 +989,7 @@ main(void)
       cmocka_unit_test_setup_teardown(test_hostile_encodings, setup, teardown),
       cmocka_unit_test_setup_teardown(test_hostile_header_names, setup, teardown),
       cmocka_unit_test_setup_teardown(test_hostile_split, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_hostile_utf16, setup, teardown),
       cmocka_unit_test_setup_teardown(test_hostile_truncation, setup, teardown),
       cmocka_unit_test_setup_teardown(test_override_headers_dropped, setup, teardown),
       cmocka_unit_test_setup_teardown(test_allowed_headers_config, setup, teardown),

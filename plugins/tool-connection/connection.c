@@ -234,7 +234,7 @@ valid_token(const char *s)
  * An upstream may echo the credential back in any encoding. The scrubber looks for it in two
  * views of a text, each a normalised copy that remembers, byte by byte, which bytes of the
  * original it came from:
- *   VIEW_PLAIN    ASCII letters folded to lower case, whitespace dropped;
+ *   VIEW_PLAIN    ASCII letters folded to lower case, whitespace and NUL bytes dropped;
  *   VIEW_DECODED  the same after undoing one level of escaping where it appears: %XX,
  *                 &#NN; &#xNN; and the named entities of ASCII punctuation, \uXXXX, \xHH
  *                 and a backslash before punctuation (JSON's "\/").
@@ -243,7 +243,7 @@ valid_token(const char *s)
  * URL alphabets, at each of the three offsets a string can start at within a base64 stream
  * (the characters that depend on the target's bytes alone). Case folding makes hex of either
  * case and upper- or lower-cased echoes match; dropping whitespace makes spaced-out and
- * line-wrapped forms match; the decoded view makes percent-, entity- and JSON-escaped forms
+ * line-wrapped forms match, dropping NULs UTF-16 (either byte order) of an ASCII secret; the decoded view makes percent-, entity- and JSON-escaped forms
  * of all of these match. A match is replaced in the original text by the whole span of
  * original bytes it came from. The encodings are made with OpenSSL (EVP_EncodeBlock through
  * pu_b64_encode, OPENSSL_buf2hexstr_ex); the views only recognise escapes in order to find
@@ -411,7 +411,9 @@ view_build(const char *s, size_t n, int kind, view_t *v)
     }
     for (size_t k = 0; k < un; k++) {
       unsigned char ch = unit[k];
-      if (ch == ' ' || ch == '\t' || ch == '\r' || ch == '\n' || ch == '\f' || ch == '\v')
+      /* Blanks and NULs: spaced-out and wrapped forms, and UTF-16 of an ASCII secret. */
+      if (ch == ' ' || ch == '\t' || ch == '\r' || ch == '\n' || ch == '\f' || ch == '\v' ||
+          ch == 0)
         continue;
       v->b[v->n] = ch >= 'A' && ch <= 'Z' ? (unsigned char)(ch + 32) : ch;
       v->from[v->n] = (uint32_t)i;
