@@ -407,7 +407,7 @@ static const char *const forms[] = {
     "raw",     "upper",   "lower",    "b64",      "b64k1",    "b64k2",     "b64url",
     "b64urlk1", "b64urlk2", "b64hdr",  "b64mime",  "b64pct",   "hex",       "HEX",
     "hexspaced", "entdec", "enthex",   "entpunct", "pctall",   "pctlower",  "pctcurl",
-    "jsonu",   "reversed", "spaced",  NULL};
+    "jsonu",   "reversed", "spaced",  "pctpct",  "entamp",   NULL};
 
 /* The upstream's transformation `form` of in[0..n). Heap. */
 static char *
@@ -470,6 +470,10 @@ transform(const char *form, const char *in)
     return per_byte(in, n, "%%%02x", false);
   if (strcmp(form, "pctcurl") == 0)
     return per_byte(in, n, "%%%02X", true);
+  if (strcmp(form, "pctpct") == 0) /* percent-encoded twice: %2573 */
+    return per_byte(in, n, "%%25%02X", false);
+  if (strcmp(form, "entamp") == 0) /* an entity escaped again: &amp;#115; */
+    return per_byte(in, n, "&amp;#%d;", false);
   if (strcmp(form, "jsonu") == 0)
     return per_byte(in, n, "\\u%04x", false);
   if (strcmp(form, "reversed") == 0) {

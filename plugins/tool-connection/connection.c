@@ -32,6 +32,9 @@
 
 typedef enum apply { APPLY_BEARER, APPLY_BASIC, APPLY_HEADER, APPLY_QUERY } apply_t;
 
+/* The scrubber's views of a text (see "the scrubber"). */
+enum { VIEW_PLAIN = 0, VIEW_DECODED = 1, VIEW_DECODED2 = 2, N_VIEWS = 3 };
+
 typedef struct conn {
   char *name;
   char *base_url;  /* without trailing '/' */
@@ -48,9 +51,9 @@ typedef struct conn {
   size_t n_allowed_headers;
   eph_net_policy_t policy;
   /* Forms of the secret to remove from anything returned, normalised for each view of a
-   * text (see "the scrubber" below): [VIEW_PLAIN] and [VIEW_DECODED]. */
-  char **forms[2];
-  size_t n_forms[2];
+   * text (see "the scrubber" below), indexed by view (VIEW_PLAIN ...). */
+  char **forms[N_VIEWS];
+  size_t n_forms[N_VIEWS];
   size_t margin_bytes; /* read past max_response_bytes so a form cut there is still seen */
 } conn_t;
 
@@ -122,7 +125,7 @@ conn_clear(conn_t *c)
   strv_free(c->prefixes, c->n_prefixes);
   strv_free(c->allowed_headers, c->n_allowed_headers);
   eph_net_policy_free(&c->policy);
-  for (int v = 0; v < 2; v++) {
+  for (int v = 0; v < N_VIEWS; v++) {
     for (size_t i = 0; i < c->n_forms[v]; i++) {
       explicit_bzero(c->forms[v][i], strlen(c->forms[v][i]));
       free(c->forms[v][i]);
@@ -231,27 +234,29 @@ valid_token(const char *s)
 
 /* ---------------------------------------------------------------- the scrubber
  *
- * An upstream may echo the credential back in any encoding. The scrubber looks for it in two
+ * An upstream may echo the credential back in any encoding. The scrubber looks for it in three
  * views of a text, each a normalised copy that remembers, byte by byte, which bytes of the
  * original it came from:
  *   VIEW_PLAIN    ASCII letters folded to lower case, whitespace and NUL bytes dropped;
  *   VIEW_DECODED  the same after undoing one level of escaping where it appears: %XX,
  *                 &#NN; &#xNN; and the named entities of ASCII punctuation, \uXXXX, \xHH
- *                 and a backslash before punctuation (JSON's "\/").
- * In both it matches the forms of every target (the secret, the password alone, the value as
+ *                 and a backslash before punctuation (JSON's "\/");
+ *   VIEW_DECODED2 the same, twice ("%252F", "&amp;#47;": text escaped again, as when a JSON
+ *                 document is embedded in HTML).
+ * In each it matches the forms of every target (the secret, the password alone, the value as
  * it went on the wire): raw, reversed, hex, and the inner part of its base64, standard and
  * URL alphabets, at each of the three offsets a string can start at within a base64 stream
  * (the characters that depend on the target's bytes alone). Case folding makes hex of either
  * case and upper- or lower-cased echoes match; dropping whitespace makes spaced-out and
- * line-wrapped forms match, dropping NULs UTF-16 (either byte order) of an ASCII secret; the decoded view makes percent-, entity- and JSON-escaped forms
- * of all of these match. A match is replaced in the original text by the whole span of
- * original bytes it came from. The encodings are made with OpenSSL (EVP_EncodeBlock through
- * pu_b64_encode, OPENSSL_buf2hexstr_ex); the views only recognise escapes in order to find
- * the secret, they decode nothing that is handed on. What no scrubber can promise (an
- * upstream that transforms the secret arbitrarily: encrypts, splits, re-orders it) is in
- * docs/security.md. */
-
-enum { VIEW_PLAIN = 0, VIEW_DECODED = 1 };
+ * line-wrapped forms match, dropping NULs UTF-16 (either byte order) of an ASCII secret; the
+ * decoded views make percent-, entity- and JSON-escaped forms of all of these match, escaped
+ * once or twice. Every 12-byte fragment of the secret is a form too (a split or cut secret).
+ * A match is replaced in the original text by the whole span of original bytes it came
+ * from. The encodings are made with OpenSSL (EVP_EncodeBlock through pu_b64_encode,
+ * OPENSSL_buf2hexstr_ex); the views only recognise escapes in order to find the secret,
+ * they decode nothing that is handed on. What no scrubber can promise (an upstream that
+ * transforms the secret arbitrarily: encrypts, compresses, splits it small, re-orders it)
+ * is in docs/security.md. */
 
 static const char redacted_mark[] = "[REDACTED]";
 
@@ -387,9 +392,10 @@ unescape_at(const char *s, size_t n, size_t i, unsigned char *out, size_t *out_n
   return 0;
 }
 
-/* Builds view `kind` of s[0..n). Returns 0, or -1 when out of memory or s is too long. */
+/* One normalising pass over s[0..n), undoing escapes when `decode`. Returns 0, or -1 when
+ * out of memory or s is too long. */
 static int
-view_build(const char *s, size_t n, int kind, view_t *v)
+view_pass(const char *s, size_t n, bool decode, view_t *v)
 {
   memset(v, 0, sizeof *v);
   if (n >= UINT32_MAX)
@@ -404,7 +410,7 @@ view_build(const char *s, size_t n, int kind, view_t *v)
   }
   for (size_t i = 0; i < n;) {
     unsigned char unit[4];
-    size_t un = 0, used = kind == VIEW_DECODED ? unescape_at(s, n, i, unit, &un) : 0;
+    size_t un = 0, used = decode ? unescape_at(s, n, i, unit, &un) : 0;
     if (!used) {
       unit[0] = (unsigned char)s[i];
       un = used = 1;
@@ -426,12 +432,31 @@ view_build(const char *s, size_t n, int kind, view_t *v)
   return 0;
 }
 
-/* Adds raw[0..len) as a form to both views' lists when its normalised text has at least min
+/* Builds view `kind` of s[0..n). Returns 0, or -1 when out of memory or s is too long. */
+static int
+view_build(const char *s, size_t n, int kind, view_t *v)
+{
+  if (kind != VIEW_DECODED2)
+    return view_pass(s, n, kind == VIEW_DECODED, v);
+  view_t once;
+  if (view_pass(s, n, true, &once) < 0)
+    return -1;
+  int r = view_pass((const char *)once.b, once.n, true, v);
+  for (size_t i = 0; r == 0 && i < v->n; i++) { /* map back through the first pass */
+    uint32_t a = v->from[i], z = v->to[i];
+    v->from[i] = once.from[a];
+    v->to[i] = once.to[z - 1];
+  }
+  view_free(&once);
+  return r;
+}
+
+/* Adds raw[0..len) as a form to every view's list when its normalised text has at least min
  * bytes (shorter ones would match innocent text). Returns 0 or -1 (out of memory). */
 static int
 add_form(conn_t *c, const char *raw, size_t len, size_t min)
 {
-  for (int k = 0; k < 2; k++) {
+  for (int k = 0; k < N_VIEWS; k++) {
     view_t v;
     if (view_build(raw, len, k, &v) < 0)
       return -1;
@@ -512,7 +537,7 @@ add_target(conn_t *c, const char *t, size_t tl)
 
 /* Adds every SCRUB_WINDOW_BYTES-long piece of t as a form: a fragment of the secret that
  * long is removed wherever it appears (an upstream that splits the secret over two headers,
- * or any cut), in both views, so escaped fragments too. */
+ * or any cut), in every view, so escaped fragments too. */
 static int
 add_windows(conn_t *c, const char *t, size_t tl)
 {
@@ -541,7 +566,7 @@ find_spans(const conn_t *c, const char *s, size_t n, span_t **out)
   span_t *sp = NULL;
   size_t ns = 0, cap = 0;
   *out = NULL;
-  for (int k = 0; k < 2; k++) {
+  for (int k = 0; k < N_VIEWS; k++) {
     if (c->n_forms[k] == 0)
       continue;
     view_t v;
