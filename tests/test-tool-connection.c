@@ -919,6 +919,24 @@ test_allowed_headers_config(void **state)
   json_object_put(seen);
   json_object_put(r);
   th_unload(&ps);
+  /* A credential carried in a header of the default list: that header drops off the list. */
+  cleanup_free char *ua = eph_xasprintf(
+      "tool-connection: { connections = ( { name = \"ua\"; base_url = \"http://127.0.0.1:%d\";"
+      " credential_env = \"TOOLS_TEST_SECRET\"; apply = \"header\"; header_name = \"User-Agent\";"
+      " methods = [\"GET\"]; path_prefixes = [\"/\"]; allow_private_addresses = true; } ); };",
+      th_httpd_port(httpd));
+  s = th_load(&ps, "tool-connection", ua, 0, &err);
+  r = request(s,
+              "{\"connection\":\"ua\",\"method\":\"GET\",\"path\":\"/a\","
+              "\"headers\":{\"User-Agent\":\"mine\",\"Accept\":\"text/plain\"}}",
+              "{\"connections\":[\"ua\"]}");
+  seen = last_request();
+  json_object_object_get_ex(seen, "headers", &h);
+  assert_string_equal(str_of(h, "user-agent"), SECRET);
+  assert_string_equal(str_of(h, "accept"), "text/plain");
+  json_object_put(seen);
+  json_object_put(r);
+  th_unload(&ps);
   static const char *const never[] = {"X-HTTP-Method-Override", "X-Original-URL", "Authorization",
                                       "Accept-Encoding", "Range", "Host", "X-Rewrite-URL", NULL};
   for (size_t i = 0; never[i]; i++) {

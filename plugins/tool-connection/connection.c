@@ -740,14 +740,18 @@ conn_load(const eph_host_t *host, const config_setting_t *g, conn_t *c, eph_erro
                       &c->n_allowed_headers, err)) < 0)
       return r;
   } else {
-    for (size_t i = 0; default_allowed_headers[i]; i++)
-      c->n_allowed_headers++;
-    c->allowed_headers = calloc(c->n_allowed_headers + 1, sizeof *c->allowed_headers);
+    /* The default list, minus the credential's own header should it be one of them. */
+    size_t n = sizeof default_allowed_headers / sizeof default_allowed_headers[0];
+    c->allowed_headers = calloc(n, sizeof *c->allowed_headers);
     if (!c->allowed_headers)
       return eph_error_set(err, ENOMEM, "out of memory");
-    for (size_t i = 0; i < c->n_allowed_headers; i++)
-      if (!(c->allowed_headers[i] = strdup(default_allowed_headers[i])))
+    for (size_t i = 0; default_allowed_headers[i]; i++) {
+      if (header_never_allowed(c, default_allowed_headers[i]))
+        continue;
+      if (!(c->allowed_headers[c->n_allowed_headers] = strdup(default_allowed_headers[i])))
         return eph_error_set(err, ENOMEM, "out of memory");
+      c->n_allowed_headers++;
+    }
   }
   for (size_t i = 0; i < c->n_allowed_headers; i++)
     if (!valid_token(c->allowed_headers[i]) || header_never_allowed(c, c->allowed_headers[i]))
