@@ -3,10 +3,10 @@
  * table names the connections it may use and may narrow their methods. The tool call names
  * a connection, a method and a path; everything is decided here, on the host, BEFORE any
  * network I/O: grant, method (operator ∩ grant), path (normalised, under an allowed
- * prefix), headers (the caller cannot place or override the credential). The credential
- * is read at init, added per request, and scrubbed (raw, base64, URL-encoded and JSON-escaped
- * forms)
- * from everything that leaves: results, events, logs. Redirects are never followed: a
+ * prefix), headers (only the connection's allow-list; the caller cannot place or override
+ * the credential, nor override the method or URL). The credential is read at init, added per
+ * request, and scrubbed in every form the scrubber knows (see "the scrubber") from
+ * everything that leaves: results, events, logs. Redirects are never followed: a
  * credential must not travel to a Location the operator did not name. In the spirit of
  * OpenSSH's monitor: the side holding secrets serves a fixed table of allowed requests. */
 #include "config.h"
@@ -15,12 +15,15 @@
 #include <stdarg.h>
 #include <fcntl.h>
 #include <stdbool.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 #include <sys/stat.h>
+#include <sys/types.h>
 
 #include <curl/curl.h>
+#include <openssl/crypto.h>
 
 #include <ephemeral/plugin.h>
 
@@ -28,6 +31,9 @@
 #include "../tool-web/plugin-util.h"
 
 typedef enum apply { APPLY_BEARER, APPLY_BASIC, APPLY_HEADER, APPLY_QUERY } apply_t;
+
+/* The scrubber's views of a text (see "the scrubber"). */
+enum { VIEW_PLAIN = 0, VIEW_DECODED = 1, VIEW_DECODED2 = 2, N_VIEWS = 3 };
 
 typedef struct conn {
   char *name;
@@ -41,9 +47,14 @@ typedef struct conn {
   size_t n_methods;
   char **prefixes;
   size_t n_prefixes;
+  char **allowed_headers; /* lower case: the only caller headers that go out */
+  size_t n_allowed_headers;
   eph_net_policy_t policy;
-  char *scrub[8]; /* forms of the secret to remove from anything returned */
-  size_t n_scrub;
+  /* Forms of the secret to remove from anything returned, normalised for each view of a
+   * text (see "the scrubber" below), indexed by view (VIEW_PLAIN ...). */
+  char **forms[N_VIEWS];
+  size_t n_forms[N_VIEWS];
+  size_t margin_bytes; /* read past max_response_bytes so a form cut there is still seen */
 } conn_t;
 
 typedef struct broker {
@@ -57,10 +68,16 @@ static const eph_config_key_t broker_keys[] = {
     {"connections", EPH_CFG_LIST, "()", NULL,
      "The connections, a list of groups: name, base_url, credential_file or credential_env, "
      "apply (\"bearer\" | \"basic\" | \"header\" | \"query\"), header_name / query_param, "
-     "methods (list), path_prefixes (list), allow_private_addresses (bool: also allows "
-     "loopback). Empty: the broker offers nothing."},
+     "methods (list), path_prefixes (list), allowed_headers (list: the only caller headers "
+     "that go out, case-insensitive; default Accept, Accept-Language, Content-Type, "
+     "User-Agent, If-Match, If-None-Match, If-Modified-Since, If-Unmodified-Since; others are "
+     "dropped with a header_dropped event; credential, transport, Accept-Encoding, Range and "
+     "method/URL override headers cannot be listed), allow_private_addresses (bool: also "
+     "allows loopback). Empty: the broker offers nothing."},
     {"max_response_bytes", EPH_CFG_INT, "1048576", "bytes",
-     "Response body bytes read at most; the transfer stops there."},
+     "Response body bytes kept, at most 1073741824. The broker reads a little further (about "
+     "32 times the credential's length) so that a form of the credential the cut falls into "
+     "is scrubbed whole before the body is cut here."},
     {"timeout_ms", EPH_CFG_INT, "30000", "milliseconds", "Time limit of one request."},
     {"price_micros_per_request", EPH_CFG_INT, "0", "micros",
      "Charged to the run (category web) before each request."},
@@ -106,10 +123,14 @@ conn_clear(conn_t *c)
   free(c->query_param);
   strv_free(c->methods, c->n_methods);
   strv_free(c->prefixes, c->n_prefixes);
+  strv_free(c->allowed_headers, c->n_allowed_headers);
   eph_net_policy_free(&c->policy);
-  for (size_t i = 0; i < c->n_scrub; i++) {
-    explicit_bzero(c->scrub[i], strlen(c->scrub[i]));
-    free(c->scrub[i]);
+  for (int v = 0; v < N_VIEWS; v++) {
+    for (size_t i = 0; i < c->n_forms[v]; i++) {
+      explicit_bzero(c->forms[v][i], strlen(c->forms[v][i]));
+      free(c->forms[v][i]);
+    }
+    free(c->forms[v]);
   }
   memset(c, 0, sizeof *c);
 }
@@ -127,11 +148,15 @@ cfg_fail(const config_setting_t *s, eph_error_t *err, const char *fmt, ...)
                        s ? config_setting_source_line(s) : 0, msg);
 }
 
+/* A list of non-empty strings under `key` of group g; fold > 0 upper-cases, fold < 0
+ * lower-cases. A missing or empty list is an error unless allow_empty (then *n stays 0). */
 static int
-str_list(const config_setting_t *g, const char *key, bool upper, char ***out, size_t *n,
-         eph_error_t *err)
+str_list(const config_setting_t *g, const char *key, int fold, bool allow_empty, char ***out,
+         size_t *n, eph_error_t *err)
 {
   config_setting_t *l = config_setting_get_member(g, key);
+  if (allow_empty && l && config_setting_is_aggregate(l) && config_setting_length(l) == 0)
+    return 0;
   if (!l || !config_setting_is_aggregate(l) || config_setting_length(l) == 0)
     return cfg_fail(l ? l : g, err, "key '%s': a non-empty list of strings is required", key);
   int count = config_setting_length(l);
@@ -144,9 +169,8 @@ str_list(const config_setting_t *g, const char *key, bool upper, char ***out, si
       return cfg_fail(l, err, "key '%s': every element must be a non-empty string", key);
     (*out)[i] = strdup(s);
     (*n)++;
-    if (upper)
-      for (char *c = (*out)[i]; *c; c++)
-        *c = (char)toupper((unsigned char)*c);
+    for (char *c = (*out)[i]; fold && *c; c++)
+      *c = (char)(fold > 0 ? toupper((unsigned char)*c) : tolower((unsigned char)*c));
   }
   return 0;
 }
@@ -208,13 +232,472 @@ valid_token(const char *s)
   return true;
 }
 
+/* ---------------------------------------------------------------- the scrubber
+ *
+ * An upstream may echo the credential back in any encoding. The scrubber looks for it in three
+ * views of a text, each a normalised copy that remembers, byte by byte, which bytes of the
+ * original it came from:
+ *   VIEW_PLAIN    ASCII letters folded to lower case, whitespace and NUL bytes dropped;
+ *   VIEW_DECODED  the same after undoing one level of escaping where it appears: %XX,
+ *                 &#NN; &#xNN; and the named entities of ASCII punctuation, \uXXXX, \xHH
+ *                 and a backslash before punctuation (JSON's "\/");
+ *   VIEW_DECODED2 the same, twice ("%252F", "&amp;#47;": text escaped again, as when a JSON
+ *                 document is embedded in HTML).
+ * In each it matches the forms of every target (the secret, the password alone, the value as
+ * it went on the wire): raw, reversed, hex, and the inner part of its base64, standard and
+ * URL alphabets, at each of the three offsets a string can start at within a base64 stream
+ * (the characters that depend on the target's bytes alone). Case folding makes hex of either
+ * case and upper- or lower-cased echoes match; dropping whitespace makes spaced-out and
+ * line-wrapped forms match, dropping NULs UTF-16 (either byte order) of an ASCII secret; the
+ * decoded views make percent-, entity- and JSON-escaped forms of all of these match, escaped
+ * once or twice. Every 12-byte fragment of the secret is a form too (a split or cut secret).
+ * A match is replaced in the original text by the whole span of original bytes it came
+ * from. The encodings are made with OpenSSL (EVP_EncodeBlock through pu_b64_encode,
+ * OPENSSL_buf2hexstr_ex); the views only recognise escapes in order to find the secret,
+ * they decode nothing that is handed on. What no scrubber can promise (an upstream that
+ * transforms the secret arbitrarily: encrypts, compresses, splits it small, re-orders it)
+ * is in docs/security.md. */
+
+static const char redacted_mark[] = "[REDACTED]";
+
+/* Fragments of the secret at least this long are removed wherever they appear; shorter ones
+ * cannot be told from innocent text. */
+#define SCRUB_WINDOW_BYTES 12
+
+typedef struct view {
+  unsigned char *b;    /* normalised bytes */
+  uint32_t *from, *to; /* b[i] came from original bytes [from[i], to[i]) */
+  size_t n;
+} view_t;
+
 static void
-add_scrub(conn_t *c, char *form)
+view_free(view_t *v)
 {
-  if (form && strlen(form) >= 4 && c->n_scrub < sizeof c->scrub / sizeof c->scrub[0])
-    c->scrub[c->n_scrub++] = form;
+  free(v->b);
+  free(v->from);
+  free(v->to);
+  memset(v, 0, sizeof *v);
+}
+
+/* UTF-8 of code point cp into out (4 bytes); returns its length, 0 when cp is none. */
+static size_t
+utf8_put(uint32_t cp, unsigned char *out)
+{
+  if (cp < 0x80) {
+    out[0] = (unsigned char)cp;
+    return 1;
+  }
+  if (cp < 0x800) {
+    out[0] = (unsigned char)(0xc0 | cp >> 6);
+    out[1] = (unsigned char)(0x80 | (cp & 0x3f));
+    return 2;
+  }
+  if (cp < 0x10000) {
+    out[0] = (unsigned char)(0xe0 | cp >> 12);
+    out[1] = (unsigned char)(0x80 | (cp >> 6 & 0x3f));
+    out[2] = (unsigned char)(0x80 | (cp & 0x3f));
+    return 3;
+  }
+  if (cp < 0x110000) {
+    out[0] = (unsigned char)(0xf0 | cp >> 18);
+    out[1] = (unsigned char)(0x80 | (cp >> 12 & 0x3f));
+    out[2] = (unsigned char)(0x80 | (cp >> 6 & 0x3f));
+    out[3] = (unsigned char)(0x80 | (cp & 0x3f));
+    return 4;
+  }
+  return 0;
+}
+
+/* Reads up to max digits (base 10 or 16) at p[0..left): the value in *v, how many were read. */
+static size_t
+digits_at(const char *p, size_t left, int base, size_t max, uint32_t *v)
+{
+  size_t k = 0;
+  *v = 0;
+  for (; k < left && k < max; k++) {
+    int d = base == 16 ? OPENSSL_hexchar2int((unsigned char)p[k])
+                       : (p[k] >= '0' && p[k] <= '9' ? p[k] - '0' : -1);
+    if (d < 0)
+      break;
+    *v = *v * (uint32_t)base + (uint32_t)d;
+    if (*v > 0x10ffff)
+      return 0;
+  }
+  return k;
+}
+
+/* Recognises one escape at s[i] (s has n bytes): writes the bytes it stands for to out (at
+ * most 4, never more than the escape is long) and returns how many bytes of s it spans, or 0
+ * when none starts there. */
+static size_t
+unescape_at(const char *s, size_t n, size_t i, unsigned char *out, size_t *out_n)
+{
+  static const struct {
+    const char *name;
+    char ch;
+  } named[] = {{"amp", '&'},    {"lt", '<'},     {"gt", '>'},     {"quot", '"'},
+               {"apos", '\''},  {"sol", '/'},    {"bsol", '\\'},  {"plus", '+'},
+               {"equals", '='}, {"colon", ':'},  {"semi", ';'},   {"comma", ','},
+               {"period", '.'}, {"num", '#'},    {"excl", '!'},   {"quest", '?'},
+               {"lowbar", '_'}, {"dollar", '$'}, {"percnt", '%'}, {"commat", '@'},
+               {"lsqb", '['},   {"rsqb", ']'},   {"lcub", '{'},   {"rcub", '}'},
+               {"verbar", '|'}, {"grave", '`'},  {"hat", '^'},    {"ast", '*'},
+               {"lpar", '('},   {"rpar", ')'},   {"tilde", '~'},  {"hyphen", '-'},
+               {"dash", '-'},   {"nbsp", ' '}};
+  const char *p = s + i;
+  size_t left = n - i, k;
+  uint32_t cp;
+  if (p[0] == '%' && left >= 3) {
+    int h = OPENSSL_hexchar2int((unsigned char)p[1]), l = OPENSSL_hexchar2int((unsigned char)p[2]);
+    if (h < 0 || l < 0)
+      return 0;
+    out[0] = (unsigned char)(h << 4 | l);
+    *out_n = 1;
+    return 3;
+  }
+  if (p[0] == '&' && left >= 3 && p[1] == '#') {
+    int hex = p[2] == 'x' || p[2] == 'X';
+    size_t start = hex ? 3 : 2;
+    if ((k = digits_at(p + start, left - start, hex ? 16 : 10, 16, &cp)) == 0)
+      return 0;
+    k += start;
+    if (k < left && p[k] == ';') /* optional, as browsers read it */
+      k++;
+    *out_n = utf8_put(cp, out);
+    return *out_n && *out_n <= k ? k : 0;
+  }
+  if (p[0] == '&') {
+    for (size_t e = 0; e < sizeof named / sizeof named[0]; e++) {
+      size_t el = strlen(named[e].name);
+      if (left >= el + 2 && strncasecmp(p + 1, named[e].name, el) == 0 && p[1 + el] == ';') {
+        out[0] = (unsigned char)named[e].ch;
+        *out_n = 1;
+        return el + 2;
+      }
+    }
+    return 0;
+  }
+  if (p[0] == '\\' && left >= 2) {
+    if ((p[1] == 'u' || p[1] == 'x') && (k = p[1] == 'u' ? 4 : 2) &&
+        digits_at(p + 2, left - 2, 16, k, &cp) == k) {
+      *out_n = utf8_put(cp, out);
+      return *out_n ? k + 2 : 0;
+    }
+    if (ispunct((unsigned char)p[1])) {
+      out[0] = (unsigned char)p[1];
+      *out_n = 1;
+      return 2;
+    }
+  }
+  return 0;
+}
+
+/* One normalising pass over s[0..n), undoing escapes when `decode`. Returns 0, or -1 when
+ * out of memory or s is too long. */
+static int
+view_pass(const char *s, size_t n, bool decode, view_t *v)
+{
+  memset(v, 0, sizeof *v);
+  if (n >= UINT32_MAX)
+    return -1;
+  /* An escape never stands for more bytes than it spans: n + 1 bytes suffice. */
+  v->b = malloc(n + 1);
+  v->from = malloc((n + 1) * sizeof *v->from);
+  v->to = malloc((n + 1) * sizeof *v->to);
+  if (!v->b || !v->from || !v->to) {
+    view_free(v);
+    return -1;
+  }
+  for (size_t i = 0; i < n;) {
+    unsigned char unit[4];
+    size_t un = 0, used = decode ? unescape_at(s, n, i, unit, &un) : 0;
+    if (!used) {
+      unit[0] = (unsigned char)s[i];
+      un = used = 1;
+    }
+    for (size_t k = 0; k < un; k++) {
+      unsigned char ch = unit[k];
+      /* Blanks and NULs: spaced-out and wrapped forms, and UTF-16 of an ASCII secret. */
+      if (ch == ' ' || ch == '\t' || ch == '\r' || ch == '\n' || ch == '\f' || ch == '\v' ||
+          ch == 0)
+        continue;
+      v->b[v->n] = ch >= 'A' && ch <= 'Z' ? (unsigned char)(ch + 32) : ch;
+      v->from[v->n] = (uint32_t)i;
+      v->to[v->n] = (uint32_t)(i + used);
+      v->n++;
+    }
+    i += used;
+  }
+  v->b[v->n] = 0;
+  return 0;
+}
+
+/* Builds view `kind` of s[0..n). Returns 0, or -1 when out of memory or s is too long. */
+static int
+view_build(const char *s, size_t n, int kind, view_t *v)
+{
+  if (kind != VIEW_DECODED2)
+    return view_pass(s, n, kind == VIEW_DECODED, v);
+  view_t once;
+  if (view_pass(s, n, true, &once) < 0)
+    return -1;
+  int r = view_pass((const char *)once.b, once.n, true, v);
+  for (size_t i = 0; r == 0 && i < v->n; i++) { /* map back through the first pass */
+    uint32_t a = v->from[i], z = v->to[i];
+    v->from[i] = once.from[a];
+    v->to[i] = once.to[z - 1];
+  }
+  view_free(&once);
+  return r;
+}
+
+/* Adds raw[0..len) as a form to every view's list when its normalised text has at least min
+ * bytes (shorter ones would match innocent text). Returns 0 or -1 (out of memory). */
+static int
+add_form(conn_t *c, const char *raw, size_t len, size_t min)
+{
+  for (int k = 0; k < N_VIEWS; k++) {
+    view_t v;
+    if (view_build(raw, len, k, &v) < 0)
+      return -1;
+    size_t fl = strnlen((const char *)v.b, v.n);
+    char *f = fl >= min ? strndup((const char *)v.b, fl) : NULL;
+    explicit_bzero(v.b, v.n);
+    view_free(&v);
+    if (fl < min)
+      continue;
+    if (!f)
+      return -1;
+    bool dup = false;
+    for (size_t i = 0; i < c->n_forms[k] && !dup; i++)
+      dup = strcmp(c->forms[k][i], f) == 0;
+    char **grown = dup ? NULL : realloc(c->forms[k], (c->n_forms[k] + 1) * sizeof *grown);
+    if (dup || !grown) {
+      explicit_bzero(f, fl);
+      free(f);
+      if (dup)
+        continue;
+      return -1;
+    }
+    c->forms[k] = grown;
+    c->forms[k][c->n_forms[k]++] = f;
+  }
+  /* Read this far past the cap: a form starting before it is then seen whole, even when
+   * every byte of it is escaped (at most 12 bytes, "&#x0000002F;") and it is hex (x2). */
+  if (c->margin_bytes < 32 * len + 256)
+    c->margin_bytes = 32 * len + 256;
+  return 0;
+}
+
+/* Adds every form of target t (tl bytes): raw, reversed, hex, base64 (both alphabets) at the
+ * three offsets. Temporary copies are wiped. Returns 0 or -1 (out of memory). */
+static int
+add_target(conn_t *c, const char *t, size_t tl)
+{
+  if (tl == 0)
+    return 0;
+  int r = add_form(c, t, tl, 4);
+  char *buf = malloc(2 * tl + 3), *enc = NULL;
+  if (!buf)
+    return -1;
+  for (size_t i = 0; i < tl; i++)
+    buf[i] = t[tl - 1 - i];
+  if (r == 0)
+    r = add_form(c, buf, tl, 6);
+  size_t hl = 0;
+  if (r == 0)
+    r = OPENSSL_buf2hexstr_ex(buf, 2 * tl + 1, &hl, (const unsigned char *)t, tl, '\0') == 1
+            ? add_form(c, buf, hl ? hl - 1 : 0, 8)
+            : -1;
+  for (size_t k = 0; k < 3 && r == 0; k++) {
+    /* Within a base64 stream, t starting k bytes after a 3-byte boundary: the characters
+     * from ceil(8k/6) to floor(8(k+tl)/6) depend on t alone, whatever surrounds it. */
+    memset(buf, 0, k);
+    memcpy(buf + k, t, tl);
+    size_t el = 0, lo = (8 * k + 5) / 6, hi = 8 * (k + tl) / 6;
+    enc = pu_b64_encode(buf, k + tl, &el);
+    if (!enc) {
+      r = -1;
+      break;
+    }
+    if (hi > lo && hi <= el) {
+      r = add_form(c, enc + lo, hi - lo, 8);
+      for (size_t i = lo; i < hi; i++) /* the URL-safe alphabet (RFC 4648 section 5) */
+        enc[i] = enc[i] == '+' ? '-' : enc[i] == '/' ? '_' : enc[i];
+      if (r == 0)
+        r = add_form(c, enc + lo, hi - lo, 8);
+    }
+    explicit_bzero(enc, el);
+    free(enc);
+  }
+  explicit_bzero(buf, 2 * tl + 3);
+  free(buf);
+  return r;
+}
+
+/* Adds every SCRUB_WINDOW_BYTES-long piece of t as a form: a fragment of the secret that
+ * long is removed wherever it appears (an upstream that splits the secret over two headers,
+ * or any cut), in every view, so escaped fragments too. */
+static int
+add_windows(conn_t *c, const char *t, size_t tl)
+{
+  for (size_t i = 0; tl > SCRUB_WINDOW_BYTES && i + SCRUB_WINDOW_BYTES <= tl; i++)
+    if (add_form(c, t + i, SCRUB_WINDOW_BYTES, SCRUB_WINDOW_BYTES) < 0)
+      return -1;
+  return 0;
+}
+
+typedef struct span {
+  size_t from, to;
+} span_t;
+
+static int
+span_cmp(const void *a, const void *b)
+{
+  const span_t *x = a, *y = b;
+  return x->from < y->from ? -1 : x->from > y->from ? 1 : 0;
+}
+
+/* The spans of s[0..n) that carry a form of the secret, sorted and merged: *out is heap
+ * memory owned by the caller (NULL when none). Returns how many, or -1 when out of memory. */
+static ssize_t
+find_spans(const conn_t *c, const char *s, size_t n, span_t **out)
+{
+  span_t *sp = NULL;
+  size_t ns = 0, cap = 0;
+  *out = NULL;
+  for (int k = 0; k < N_VIEWS; k++) {
+    if (c->n_forms[k] == 0)
+      continue;
+    view_t v;
+    if (view_build(s, n, k, &v) < 0)
+      goto oom;
+    for (size_t f = 0; f < c->n_forms[k]; f++) {
+      const char *form = c->forms[k][f];
+      size_t fl = strlen(form), at = 0;
+      const unsigned char *hit;
+      while (at + fl <= v.n && (hit = memmem(v.b + at, v.n - at, form, fl))) {
+        size_t i = (size_t)(hit - v.b);
+        if (ns == cap) {
+          span_t *g = realloc(sp, (cap = cap ? 2 * cap : 16) * sizeof *sp);
+          if (!g) {
+            view_free(&v);
+            goto oom;
+          }
+          sp = g;
+        }
+        sp[ns++] = (span_t){v.from[i], v.to[i + fl - 1]};
+        at = i + 1;
+      }
+    }
+    view_free(&v);
+  }
+  if (ns == 0)
+    return 0;
+  qsort(sp, ns, sizeof *sp, span_cmp);
+  size_t m = 0;
+  for (size_t i = 1; i < ns; i++) {
+    if (sp[i].from <= sp[m].to) {
+      if (sp[i].to > sp[m].to)
+        sp[m].to = sp[i].to;
+    } else
+      sp[++m] = sp[i];
+  }
+  *out = sp;
+  return (ssize_t)(m + 1);
+oom:
+  free(sp);
+  return -1;
+}
+
+/* A copy of s[0..n) with every span that carries the secret replaced by "[REDACTED]", cut
+ * at `limit` bytes of the original: a span that starts before the cut is replaced whole, so
+ * a form the cut falls into leaks nothing; the cut does not split a UTF-8 sequence. Heap,
+ * NUL-terminated, its length in *out_n. NULL when out of memory: callers fail closed. */
+static char *
+scrub_copy(const conn_t *c, const char *s, size_t n, size_t limit, size_t *out_n)
+{
+  span_t *sp = NULL;
+  ssize_t ns = find_spans(c, s, n, &sp);
+  if (ns < 0)
+    return NULL;
+  if (limit < n)
+    limit = pu_utf8_clip(s, limit);
   else
-    free(form);
+    limit = n;
+  const size_t ml = sizeof redacted_mark - 1;
+  char *o = malloc(limit + (size_t)ns * ml + 1);
+  size_t on = 0, at = 0;
+  if (!o) {
+    free(sp);
+    return NULL;
+  }
+  for (ssize_t i = 0; i < ns && sp[i].from < limit; i++) {
+    memcpy(o + on, s + at, sp[i].from - at);
+    on += sp[i].from - at;
+    memcpy(o + on, redacted_mark, ml);
+    on += ml;
+    at = sp[i].to;
+  }
+  if (at < limit) {
+    memcpy(o + on, s + at, limit - at);
+    on += limit - at;
+  }
+  o[on] = 0;
+  *out_n = on;
+  free(sp);
+  return o;
+}
+
+static char *
+scrub_str(const conn_t *c, const char *s)
+{
+  size_t n = strlen(s), on = 0;
+  return scrub_copy(c, s, n, n, &on);
+}
+
+/* ---------------------------------------------------------------- headers */
+
+/* Headers no configuration may let a caller set: anything that carries or routes
+ * credentials, that the transport owns, that would make the upstream answer in a form the
+ * scrubber cannot read whole (compressed, or in ranges that split an echoed secret), or
+ * that asks the upstream to treat the request as another method or URL than the one the
+ * broker checked. */
+static bool
+header_never_allowed(const conn_t *c, const char *name)
+{
+  static const char *const no[] = {
+      "authorization", "cookie", "host", "content-length", "transfer-encoding", "connection",
+      "upgrade", "te", "trailer", "keep-alive", "expect", "forwarded", "via",
+      "accept-encoding", "content-encoding", "range", "if-range", "x-http-method",
+      "x-method", "x-host", NULL};
+  for (size_t i = 0; no[i]; i++)
+    if (strcasecmp(name, no[i]) == 0)
+      return true;
+  static const char *const prefix[] = {"proxy-", "x-forwarded-", "x-original-", "x-rewrite-",
+                                       NULL};
+  for (size_t i = 0; prefix[i]; i++)
+    if (strncasecmp(name, prefix[i], strlen(prefix[i])) == 0)
+      return true;
+  if (strcasestr(name, "override"))
+    return true;
+  return c->header_name && strcasecmp(name, c->header_name) == 0;
+}
+
+/* The caller headers a connection lets through when its config has no allowed_headers. */
+static const char *const default_allowed_headers[] = {
+    "accept",   "accept-language",   "content-type",  "user-agent",
+    "if-match", "if-none-match",     "if-modified-since", "if-unmodified-since", NULL};
+
+static bool
+header_allowed(const conn_t *c, const char *name)
+{
+  if (header_never_allowed(c, name))
+    return false;
+  for (size_t i = 0; i < c->n_allowed_headers; i++)
+    if (strcasecmp(name, c->allowed_headers[i]) == 0)
+      return true;
+  return false;
 }
 
 static int
@@ -249,9 +732,34 @@ conn_load(const eph_host_t *host, const config_setting_t *g, conn_t *c, eph_erro
   } else
     return cfg_fail(g, err, "connection '%s': apply must be bearer, basic, header or query",
                     name);
-  if ((r = str_list(g, "methods", true, &c->methods, &c->n_methods, err)) < 0 ||
-      (r = str_list(g, "path_prefixes", false, &c->prefixes, &c->n_prefixes, err)) < 0)
+  if ((r = str_list(g, "methods", 1, false, &c->methods, &c->n_methods, err)) < 0 ||
+      (r = str_list(g, "path_prefixes", 0, false, &c->prefixes, &c->n_prefixes, err)) < 0)
     return r;
+  if (config_setting_get_member(g, "allowed_headers")) {
+    if ((r = str_list(g, "allowed_headers", -1, true, &c->allowed_headers,
+                      &c->n_allowed_headers, err)) < 0)
+      return r;
+  } else {
+    /* The default list, minus the credential's own header should it be one of them. */
+    size_t n = sizeof default_allowed_headers / sizeof default_allowed_headers[0];
+    c->allowed_headers = calloc(n, sizeof *c->allowed_headers);
+    if (!c->allowed_headers)
+      return eph_error_set(err, ENOMEM, "out of memory");
+    for (size_t i = 0; default_allowed_headers[i]; i++) {
+      if (header_never_allowed(c, default_allowed_headers[i]))
+        continue;
+      if (!(c->allowed_headers[c->n_allowed_headers] = strdup(default_allowed_headers[i])))
+        return eph_error_set(err, ENOMEM, "out of memory");
+      c->n_allowed_headers++;
+    }
+  }
+  for (size_t i = 0; i < c->n_allowed_headers; i++)
+    if (!valid_token(c->allowed_headers[i]) || header_never_allowed(c, c->allowed_headers[i]))
+      return cfg_fail(config_setting_get_member(g, "allowed_headers"), err,
+                      "connection '%s': header '%s' cannot be in allowed_headers: it is not a "
+                      "header name, or it carries credentials, belongs to the transport, "
+                      "changes the response's encoding or range, or overrides the method or "
+                      "URL the broker checked", name, c->allowed_headers[i]);
   for (size_t i = 0; i < c->n_prefixes; i++)
     if (c->prefixes[i][0] != '/')
       return cfg_fail(g, err, "connection '%s': every path prefix must start with '/'", name);
@@ -300,22 +808,39 @@ conn_load(const eph_host_t *host, const config_setting_t *g, conn_t *c, eph_erro
       c->secret = NULL;
       return cfg_fail(g, err, "connection '%s': credential contains a line break", name);
     }
-    add_scrub(c, strdup(c->secret));
-    add_scrub(c, pu_b64_encode(c->secret, strlen(c->secret), NULL));
-    char *esc = curl_easy_escape(NULL, c->secret, 0);
-    if (esc && strcmp(esc, c->secret) != 0)
-      add_scrub(c, strdup(esc));
-    curl_free(esc);
-    /* As it appears inside a JSON string an API echoes back ("/" as "\/", ...). */
-    json_object *js = json_object_new_string(c->secret);
-    const char *jt = json_object_to_json_string_ext(js, JSON_C_TO_STRING_PLAIN);
-    size_t jl = strlen(jt);
-    if (jl >= 2 && (jl - 2 != strlen(c->secret) || strncmp(jt + 1, c->secret, jl - 2) != 0))
-      add_scrub(c, strndup(jt + 1, jl - 2));
-    json_object_put(js);
+    /* Targets: the secret; with basic, the password alone and the base64 that goes on the
+     * wire; with query, the escaped form that goes in the URL. Each in all its forms. */
+    size_t sl = strlen(c->secret);
+    r = add_target(c, c->secret, sl);
+    if (r == 0)
+      r = add_windows(c, c->secret, sl);
     const char *colon = c->apply == APPLY_BASIC ? strchr(c->secret, ':') : NULL;
-    if (colon)
-      add_scrub(c, strdup(colon + 1)); /* the password alone */
+    if (r == 0 && colon)
+      r = add_target(c, colon + 1, strlen(colon + 1));
+    if (r == 0 && colon)
+      r = add_windows(c, colon + 1, strlen(colon + 1));
+    if (r == 0 && c->apply == APPLY_BASIC) {
+      size_t el = 0;
+      char *enc = pu_b64_encode(c->secret, sl, &el);
+      r = enc ? add_target(c, enc, el) : -1;
+      if (enc)
+        explicit_bzero(enc, el);
+      free(enc);
+    }
+    if (r == 0 && c->apply == APPLY_QUERY) {
+      char *esc = curl_easy_escape(NULL, c->secret, 0);
+      r = esc ? add_target(c, esc, strlen(esc)) : -1;
+      if (esc)
+        explicit_bzero(esc, strlen(esc));
+      curl_free(esc);
+    }
+    if (r < 0)
+      return eph_error_set(err, ENOMEM, "out of memory");
+    if (sl < 16)
+      host->log(EPH_LOG_WARN, "connection '%s': the credential is %zu bytes long: too short "
+                              "to be scrubbed reliably from responses (encoded forms of fewer "
+                              "than 8 characters and credentials under 4 are not matched)",
+                name, sl);
   }
   return 0;
 }
@@ -430,65 +955,6 @@ path_refusal(const conn_t *c, const char *path)
   return "path is outside the connection's allowed path prefixes";
 }
 
-/* Headers the caller may never set: anything that carries or routes credentials, or that
- * the transport owns. */
-static bool
-header_forbidden(const conn_t *c, const char *name)
-{
-  static const char *const no[] = {"authorization", "cookie", "host", "content-length",
-                                   "transfer-encoding", "connection", "upgrade", "te",
-                                   "keep-alive", "expect", "forwarded", NULL};
-  for (size_t i = 0; no[i]; i++)
-    if (strcasecmp(name, no[i]) == 0)
-      return true;
-  if (strncasecmp(name, "proxy-", 6) == 0 || strncasecmp(name, "x-forwarded-", 12) == 0)
-    return true;
-  return c->header_name && strcasecmp(name, c->header_name) == 0;
-}
-
-/* Replaces every scrub form in buf (n bytes) by "[REDACTED]"-sized stars in place when it
- * fits, else builds a new buffer. Returns the (possibly reallocated) buffer. */
-static char *
-scrub(const conn_t *c, char *buf, size_t *n)
-{
-  static const char mark[] = "[REDACTED]";
-  for (size_t k = 0; k < c->n_scrub; k++) {
-    const char *s = c->scrub[k];
-    size_t sl = strlen(s);
-    char *hit;
-    size_t from = 0;
-    while (*n >= sl && (hit = memmem(buf + from, *n - from, s, sl))) {
-      size_t at = (size_t)(hit - buf), ml = sizeof mark - 1;
-      char *nb = malloc(*n - sl + ml + 1);
-      if (!nb) { /* cannot grow: blank the secret in place instead */
-        memset(hit, '*', sl);
-        from = at + sl;
-        continue;
-      }
-      memcpy(nb, buf, at);
-      memcpy(nb + at, mark, ml);
-      memcpy(nb + at + ml, buf + at + sl, *n - at - sl);
-      *n = *n - sl + ml;
-      nb[*n] = 0;
-      free(buf);
-      buf = nb;
-      from = at + ml;
-    }
-  }
-  return buf;
-}
-
-static char *
-scrub_str(const conn_t *c, const char *s)
-{
-  size_t n = strlen(s);
-  char *d = malloc(n + 1);
-  if (!d)
-    return NULL;
-  memcpy(d, s, n + 1);
-  return scrub(c, d, &n);
-}
-
 /* ---------------------------------------------------------------- the call */
 
 typedef struct req_ctx {
@@ -513,11 +979,15 @@ before_request(void *opaque, const char *method, const char *url, int hop, eph_e
   json_object_object_add(data, "connection", json_object_new_string(x->c->name));
   json_object_object_add(data, "method", json_object_new_string(method));
   cleanup_free char *text = NULL;
+  /* The path is the caller's, but nothing is stored that the scrubber has not seen. */
+  cleanup_free char *path = scrub_str(x->c, x->path);
+  if (!path)
+    return eph_error_set(err, ENOMEM, "out of memory");
   if (x->call->zero_data_retention)
     r = asprintf(&text, "%s %s (path withheld: zero data retention)", method, x->c->name);
   else {
-    json_object_object_add(data, "path", json_object_new_string(x->path));
-    r = asprintf(&text, "%s %s %s", method, x->c->name, x->path);
+    json_object_object_add(data, "path", json_object_new_string(path));
+    r = asprintf(&text, "%s %s %s", method, x->c->name, path);
   }
   if (r < 0)
     return eph_error_set(err, ENOMEM, "out of memory");
@@ -538,6 +1008,49 @@ refuse(broker_t *b, const eph_tool_call_t *call, const conn_t *c, const char *re
   json_object_object_add(res, "error", json_object_new_string(clean ? clean : reason));
   json_object_object_add(res, "reason", json_object_new_string(reason));
   return res;
+}
+
+/* The caller's headers that were not on the connection's allow-list: an event, so the
+ * timeline shows what was withheld from the upstream. Names only (never values); under zero
+ * data retention only how many. */
+static void
+emit_dropped(broker_t *b, const eph_tool_call_t *call, const conn_t *c, const char *method,
+             json_object *dropped)
+{
+  eph_error_t ignore = {0};
+  size_t n = json_object_array_length(dropped);
+  cleanup_json json_object *data = json_object_new_object();
+  json_object_object_add(data, "connection", json_object_new_string(c->name));
+  json_object_object_add(data, "method", json_object_new_string(method));
+  json_object_object_add(data, "count", json_object_new_int((int)n));
+  cleanup_free char *text = NULL;
+  if (call->zero_data_retention) {
+    if (asprintf(&text, "%s %s: %zu header%s not allowed, dropped", method, c->name, n,
+                 n == 1 ? "" : "s") < 0)
+      text = NULL;
+  } else {
+    /* The names are the caller's, but nothing is stored that the scrubber has not seen. */
+    json_object *list = json_object_new_array();
+    size_t len = 0;
+    for (size_t i = 0; i < n; i++) {
+      char *name = scrub_str(c, json_object_get_string(json_object_array_get_idx(dropped, i)));
+      json_object_array_add(list, json_object_new_string(name ? name : "?"));
+      len += (name ? strlen(name) : 1) + 2;
+      free(name);
+    }
+    json_object_object_add(data, "headers", list);
+    cleanup_free char *names = calloc(1, len + 1);
+    for (size_t i = 0; names && i < n; i++) {
+      if (i)
+        strcat(names, ", ");
+      strcat(names, json_object_get_string(json_object_array_get_idx(list, i)));
+    }
+    if (asprintf(&text, "%s %s: header%s not allowed, dropped: %s", method, c->name,
+                 n == 1 ? "" : "s", names ? names : "?") < 0)
+      text = NULL;
+  }
+  b->host->emit(call->run, "Connection", "header_dropped", text ? text : "headers dropped",
+                data, &ignore);
 }
 
 static const char *
@@ -605,7 +1118,27 @@ broker_call(void *state, const eph_tool_call_t *call, json_object **result, eph_
     return 0;
   }
 
-  /* Headers: the caller's, minus anything that could place or replace the credential. */
+  /* A body on GET or HEAD: servers and proxies disagree on whether it is part of the
+   * request or the start of the next one, so it is refused rather than sent. */
+  json_object *jb = NULL;
+  if (json_object_object_get_ex(call->args, "body", &jb) && jb) {
+    if (!json_object_is_type(jb, json_type_string)) {
+      *result = pu_error_result("argument 'body' must be a string");
+      return 0;
+    }
+    if (json_object_get_string_len(jb) > 0 &&
+        (strcmp(method, "GET") == 0 || strcmp(method, "HEAD") == 0)) {
+      char msg[128];
+      snprintf(msg, sizeof msg, "a %s request cannot carry a body: drop 'body' or use a method "
+                                "that takes one", method);
+      *result = refuse(b, call, c, "body", msg);
+      return 0;
+    }
+  }
+
+  /* Headers: only the connection's allow-list goes out; the rest are dropped (and the drop
+   * is an event). The credential, routing, encoding and method/URL override headers can
+   * never be on the list. */
   struct curl_slist *hdrs = NULL;
   json_object *jh = NULL;
   json_object *dropped = json_object_new_array();
@@ -624,7 +1157,7 @@ broker_call(void *state, const eph_tool_call_t *call, json_object **result, eph_
         *result = pu_error_result("headers must be token names with single-line string values");
         return 0;
       }
-      if (header_forbidden(c, hk)) {
+      if (!header_allowed(c, hk)) {
         json_object_array_add(dropped, json_object_new_string(hk));
         continue;
       }
@@ -701,6 +1234,8 @@ broker_call(void *state, const eph_tool_call_t *call, json_object **result, eph_
       return 0;
     }
   }
+  if (json_object_array_length(dropped) > 0)
+    emit_dropped(b, call, c, method, dropped);
   const char *body = arg_str(call->args, "body");
   int64_t t = b->timeout_ms;
   if (call->deadline_ms > 0 && call->deadline_ms - eph_now_ms() < t)
@@ -712,7 +1247,8 @@ broker_call(void *state, const eph_tool_call_t *call, json_object **result, eph_
       .headers = hdrs,
       .body = body,
       .body_bytes = body ? strlen(body) : 0,
-      .max_response_bytes = (size_t)b->max_response_bytes,
+      /* Past the cap by the longest escaped form of the secret: scrubbed, then cut. */
+      .max_response_bytes = (size_t)b->max_response_bytes + c->margin_bytes,
       .timeout_ms = t > 0 ? t : 1,
       .max_redirects = 0,
       .check_domains = 0,
@@ -739,33 +1275,67 @@ broker_call(void *state, const eph_tool_call_t *call, json_object **result, eph_
     return 0;
   }
 
+  /* Everything from the upstream passes the scrubber before it is kept: header names and
+   * values, and the body, scrubbed whole (up to the cap plus the margin) and then cut at the
+   * cap. Out of memory while scrubbing fails closed. */
   json_object *res = json_object_new_object();
   json_object_object_add(res, "connection", json_object_new_string(c->name));
   json_object_object_add(res, "status", json_object_new_int((int)resp.status));
   json_object *outh = json_object_new_object();
+  bool clean = true;
   json_object_object_foreach(resp.headers, rk, rv)
   {
     if (strcasecmp(rk, "set-cookie") == 0)
       continue; /* session material of the connection, not the run's */
+    cleanup_free char *k = scrub_str(c, rk);
     cleanup_free char *v = scrub_str(c, json_object_get_string(rv));
-    json_object_object_add(outh, rk, json_object_new_string(v ? v : ""));
+    clean = clean && k && v;
+    json_object *prev = NULL;
+    if (k && v && json_object_object_get_ex(outh, k, &prev)) {
+      /* Two names scrubbed to the same text: keep both values, as repeated headers are. */
+      cleanup_free char *joined = NULL;
+      if (asprintf(&joined, "%s, %s", json_object_get_string(prev), v) < 0)
+        joined = NULL;
+      clean = clean && joined;
+      json_object_object_add(outh, k, json_object_new_string(joined ? joined : ""));
+    } else if (k && v)
+      json_object_object_add(outh, k, json_object_new_string(v));
   }
   json_object_object_add(res, "headers", outh);
-  resp.body = resp.body ? scrub(c, resp.body, &resp.body_bytes) : NULL;
-  if (resp.body_bytes == 0)
+  size_t cap = (size_t)b->max_response_bytes, bn = 0;
+  cleanup_free char *body_out =
+      resp.body ? scrub_copy(c, resp.body, resp.body_bytes, cap, &bn) : strdup("");
+  clean = clean && body_out;
+  if (body_out && bn == 0)
     json_object_object_add(res, "body", json_object_new_string(""));
-  else if (pu_is_utf8_text((const unsigned char *)resp.body, resp.body_bytes))
-    json_object_object_add(res, "body", json_object_new_string_len(resp.body, (int)resp.body_bytes));
-  else {
-    cleanup_free char *enc = pu_b64_encode(resp.body, resp.body_bytes, NULL);
+  else if (body_out && pu_is_utf8_text((const unsigned char *)body_out, bn))
+    json_object_object_add(res, "body", json_object_new_string_len(body_out, (int)bn));
+  else if (body_out) {
+    cleanup_free char *enc = pu_b64_encode(body_out, bn, NULL);
+    clean = clean && enc;
     json_object_object_add(res, "body_base64", json_object_new_string(enc ? enc : ""));
   }
-  json_object_object_add(res, "truncated", json_object_new_boolean(resp.truncated));
+  json_object_object_add(res, "truncated",
+                         json_object_new_boolean(resp.truncated || resp.body_bytes > cap));
   if (json_object_array_length(dropped) > 0)
     json_object_object_add(res, "dropped_headers", dropped);
   else
     json_object_put(dropped);
   eph_net_response_clear(&resp);
+  /* Last look, at the very text that will be stored and shown: nothing the scrubber has not
+   * passed leaves, even if a part above was missed. */
+  const char *txt = json_object_to_json_string_ext(res, JSON_C_TO_STRING_PLAIN);
+  span_t *sp = NULL;
+  ssize_t ns = clean ? find_spans(c, txt, strlen(txt), &sp) : -1;
+  free(sp);
+  if (ns != 0) {
+    json_object_put(res);
+    *result = refuse(b, call, c, "scrub",
+                     ns < 0 ? "the response could not be scrubbed (out of memory): withheld"
+                            : "the response still carried the credential after scrubbing: "
+                              "withheld");
+    return 0;
+  }
   *result = res;
   return 0;
 }
@@ -802,9 +1372,11 @@ broker_init(const eph_host_t *host, const config_setting_t *config, void **state
       (r = host->cfg_int(config, "timeout_ms", 30000, &b->timeout_ms, err)) < 0 ||
       (r = host->cfg_int(config, "price_micros_per_request", 0, &b->price_micros, err)) < 0)
     goto fail;
-  if (b->max_response_bytes <= 0 || b->timeout_ms <= 0 || b->price_micros < 0) {
-    r = eph_error_set(err, EPH_E_CONFIG, "tool-connection: max_response_bytes and timeout_ms "
-                                         "must be positive, price_micros_per_request not negative");
+  if (b->max_response_bytes <= 0 || b->max_response_bytes > 1073741824 || b->timeout_ms <= 0 ||
+      b->price_micros < 0) {
+    r = eph_error_set(err, EPH_E_CONFIG, "tool-connection: max_response_bytes must be 1 to "
+                                         "1073741824, timeout_ms positive, "
+                                         "price_micros_per_request not negative");
     goto fail;
   }
   config_setting_t *list = config ? config_setting_get_member(config, "connections") : NULL;
