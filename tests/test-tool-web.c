@@ -294,8 +294,8 @@ test_redirect_to_loopback_refused(void **state)
 /* Issue 11 finding 7: the host's own addresses. The test's "host" namespace holds
  * 10.201.0.1 (private), 11.200.0.1 (public-looking; no packet leaves these namespaces) and
  * fd00:201::1 on its interfaces, with servers on the two IPv4 ones. Whatever
- * allow_private_addresses says, none is reachable: not directly, not in an IPv4-mapped
- * IPv6 form, not as a redirect hop; while 10.200.0.1, a private address of another
+ * allow_private_addresses says, none is reachable: not directly, not in an IPv6 form that
+ * carries the IPv4 (mapped, NAT64, 6to4), not as a redirect hop; while 10.200.0.1, a private address of another
  * machine, is. */
 static void
 test_host_own_addresses_refused(void **state)
@@ -308,8 +308,9 @@ test_host_own_addresses_refused(void **state)
   const eph_plugin_slot_t *s = th_load(&ps, "tool-web", cfg, 0, &err);
   int sp = th_httpd_port(self_httpd);
   size_t self_before = th_httpd_count(self_httpd);
-  const char *const hosts[] = {"10.201.0.1", "[::ffff:10.201.0.1]", "[fd00:201::1]"};
-  for (size_t i = 0; i < 3; i++) {
+  const char *const hosts[] = {"10.201.0.1", "[::ffff:10.201.0.1]", "[fd00:201::1]",
+                               "[64:ff9b::10.201.0.1]", "[2002:ac9:1::1]"};
+  for (size_t i = 0; i < 5; i++) {
     cleanup_free char *u = eph_xasprintf("http://%s:%d/text", hosts[i], sp);
     json_object *r = fetch(s, u, NULL);
     if (!str_of(r, "error") || !strstr(str_of(r, "error"), "this host's own interfaces"))
@@ -334,7 +335,7 @@ test_host_own_addresses_refused(void **state)
     refused += strcmp(str_of(ev, "kind"), "web_refused") == 0 &&
                strstr(json_object_to_json_string(ev), "own interfaces");
   }
-  assert_int_equal(refused, 4);
+  assert_int_equal(refused, 6);
   /* The private address of another machine stays reachable under this policy. */
   cleanup_free char *ok = eph_xasprintf("http://10.200.0.1:%d/text", th_httpd_port(private_httpd));
   r = fetch(s, ok, NULL);

@@ -268,8 +268,9 @@ eph_net_addr_refusal(const eph_net_policy_t *p, const struct sockaddr *sa)
   return "not an internet address";
 }
 
-/* The IPv4 address an AF_INET address or an IPv4-mapped/-compatible IPv6 address carries
- * (network order), or false. */
+/* The IPv4 address an AF_INET address carries, or an IPv6 form that leads to one (the
+ * forms v6_refusal judges by their IPv4: mapped, compatible, NAT64 64:ff9b::/96, 6to4
+ * 2002::/16), in network order; or false. */
 static bool
 carried_v4(const struct sockaddr *sa, uint32_t *v4)
 {
@@ -277,9 +278,16 @@ carried_v4(const struct sockaddr *sa, uint32_t *v4)
     *v4 = ((const struct sockaddr_in *)sa)->sin_addr.s_addr;
     return true;
   }
+  if (sa->sa_family != AF_INET6)
+    return false;
   const struct in6_addr *a6 = &((const struct sockaddr_in6 *)sa)->sin6_addr;
-  if (sa->sa_family == AF_INET6 && (IN6_IS_ADDR_V4MAPPED(a6) || IN6_IS_ADDR_V4COMPAT(a6))) {
+  static const uint8_t nat64[12] = {0x00, 0x64, 0xff, 0x9b};
+  if (IN6_IS_ADDR_V4MAPPED(a6) || IN6_IS_ADDR_V4COMPAT(a6) || memcmp(a6->s6_addr, nat64, 12) == 0) {
     memcpy(v4, a6->s6_addr + 12, 4);
+    return true;
+  }
+  if (a6->s6_addr[0] == 0x20 && a6->s6_addr[1] == 0x02) {
+    memcpy(v4, a6->s6_addr + 2, 4);
     return true;
   }
   return false;

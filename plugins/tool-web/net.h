@@ -66,8 +66,8 @@ const char *eph_net_port_refusal(const eph_net_policy_t *p, int port);
 /* NULL when the address is not held by an interface of the host (see
  * allow_host_addresses), else a static reason. Lists the interfaces with getifaddrs() in
  * the calling thread's network namespace on every call; when they cannot be listed the
- * answer is a refusal (fail closed). IPv4-mapped and IPv4-compatible IPv6 forms are
- * judged by the IPv4 they carry. */
+ * answer is a refusal (fail closed). IPv4-mapped, IPv4-compatible, NAT64 and 6to4 IPv6
+ * forms are judged by the IPv4 they carry. */
 const char *eph_net_host_address_refusal(const eph_net_policy_t *p, const struct sockaddr *sa);
 
 /* NULL when the address may be connected to, else a static reason ("loopback address",
