@@ -338,7 +338,7 @@ host_header_refusal(const char *headers, const char *host, int port, char *msg, 
  * into a fixed buffer by the caller), every length is checked against the bytes that
  * remain, and anything unexpected (another record type, a ClientHello split over records,
  * trailing bytes, a duplicate extension, several or non-host_name names, a name with
- * characters no host name has) is a refusal, never a guess.
+ * characters no host name has, an encrypted ClientHello) is a refusal, never a guess.
  *
  * rec/n: the whole record, header included. Returns NULL with the name in out ("" when
  * the ClientHello has no server_name extension), or a static reason. */
@@ -396,6 +396,12 @@ client_hello_sni(const uint8_t *rec, size_t n, char *out, size_t size)
     NEED(el);
     const uint8_t *ext = p, *ext_end = p + el;
     p += el;
+    /* Encrypted ClientHello: the name in the clear is only the front's public name, the
+     * real one is encrypted; it cannot be checked, so it is refused (GREASE ECH of
+     * browsers included: indistinguishable by design). 0xfe0d: RFC draft-ietf-tls-esni;
+     * 0xffce: the older encrypted_server_name. */
+    if (type == 0xfe0d || type == 0xffce)
+      return "an encrypted ClientHello (ECH/ESNI) hides the server name";
     if (type != 0 /* server_name */)
       continue;
     if (seen)
