@@ -21,6 +21,7 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <curl/curl.h>
@@ -31,6 +32,9 @@
 #define HEAD_MAX_BYTES 16384
 #define RELAY_CHUNK 16384
 #define CONNECT_TIMEOUT_MS 10000
+/* A TLS record header and the largest plaintext record (RFC 8446 5.1: 2^14 bytes). */
+#define TLS_HEADER_BYTES 5
+#define TLS_RECORD_MAX 16384
 
 struct eph_egress {
   eph_egress_options_t opt;
@@ -38,6 +42,11 @@ struct eph_egress {
   int netns_fd;  /* that netns */
   int lock_fd;   /* bound to P:port in the host's netns: the /30 is ours */
   int wake[2];
+  /* The host's network namespace (of the thread that started the proxy): connection
+   * threads must be in it, since the host-address check lists the interfaces of the
+   * calling thread's namespace. */
+  dev_t host_netns_dev;
+  ino_t host_netns_ino;
   char url[64];
   pthread_t acceptor;
   bool acceptor_running;
@@ -256,6 +265,230 @@ header_value(const char *headers, const char *name, char *out, size_t size)
   return false;
 }
 
+/* How many header lines named `name` the head has. */
+static int
+header_count(const char *headers, const char *name)
+{
+  size_t nl = strlen(name);
+  int n = 0;
+  for (const char *l = headers; *l && !(l[0] == '\r' && l[1] == '\n');) {
+    const char *eol = strstr(l, "\r\n");
+    if (!eol)
+      break;
+    /* "Host :" (space before the colon) is malformed (RFC 9112 5.1); counted so it
+     * cannot slip past as "not a Host header" to a lenient upstream. */
+    size_t k = nl;
+    while (l + k < eol && (l[k] == ' ' || l[k] == '\t'))
+      k++;
+    if ((size_t)(eol - l) > k && strncasecmp(l, name, nl) == 0 && l[k] == ':')
+      n++;
+    l = eol + 2;
+  }
+  return n;
+}
+
+/* NULL when the client's Host header names the host and port the request was checked
+ * against (or there is none: the upstream gets the checked one), else why not into msg. A
+ * plain-HTTP request to an allowed name must not carry another name for a shared
+ * upstream (virtual hosting, a CDN) to route by. */
+static const char *
+host_header_refusal(const char *headers, const char *host, int port, char *msg, size_t size)
+{
+  int n = header_count(headers, "host");
+  if (n == 0)
+    return NULL;
+  if (n > 1)
+    return "several Host headers";
+  char value[512] = "";
+  if (!header_value(headers, "host", value, sizeof value) || !*value ||
+      strpbrk(value, "/?#@\\ \t")) {
+    snprintf(msg, size, "Host header '%.200s' is not host[:port]", value);
+    return msg;
+  }
+  char *url = eph_xasprintf("http://%s/", value), *h = NULL;
+  int p = 0;
+  eph_error_t ignored = {0};
+  bool ok = eph_net_url_host(url, &h, &p, &ignored) == 0;
+  free(url);
+  size_t hl = ok ? strlen(h) : 0, cl = strlen(host);
+  while (hl > 0 && h[hl - 1] == '.')
+    h[--hl] = '\0';
+  while (cl > 0 && host[cl - 1] == '.')
+    cl--;
+  ok = ok && hl == cl && strncasecmp(h, host, cl) == 0 && p == port;
+  free(h);
+  if (ok)
+    return NULL;
+  snprintf(msg, size, "Host header '%.200s' does not name the checked host %s:%d", value, host,
+           port);
+  return msg;
+}
+
+/* ------------------------------------------------------------------ TLS ClientHello */
+
+/* The server name (SNI) a TLS ClientHello asks for, read WITHOUT terminating TLS.
+ *
+ * Why a parser of our own: the proxy must not terminate the sandbox's TLS (it has no
+ * certificate for the destinations and must not see the plaintext), and OpenSSL has no
+ * standalone ClientHello parser that works without running a handshake
+ * (SSL_client_hello_get* exist only inside a server handshake's callback). So this reads
+ * exactly one thing and nothing more: the first TLS record (RFC 8446 5.1), which must be a
+ * handshake record holding one whole ClientHello (4.1.2), and in it the server_name
+ * extension (RFC 6066 3). It is bounded: the record is at most TLS_RECORD_MAX bytes (read
+ * into a fixed buffer by the caller), every length is checked against the bytes that
+ * remain, and anything unexpected (another record type, a ClientHello split over records,
+ * trailing bytes, a duplicate extension, several or non-host_name names, a name with
+ * characters no host name has, an encrypted ClientHello) is a refusal, never a guess.
+ *
+ * rec/n: the whole record, header included. Returns NULL with the name in out ("" when
+ * the ClientHello has no server_name extension), or a static reason. */
+static const char *
+client_hello_sni(const uint8_t *rec, size_t n, char *out, size_t size)
+{
+  out[0] = '\0';
+  if (n < TLS_HEADER_BYTES || rec[0] != 22 /* handshake */)
+    return "the tunnel does not start with a TLS handshake (only TLS goes through CONNECT)";
+  size_t len = (size_t)rec[3] << 8 | rec[4];
+  if (rec[1] != 3 || rec[2] > 4 || len > TLS_RECORD_MAX || n != TLS_HEADER_BYTES + len)
+    return "malformed TLS record";
+  const uint8_t *p = rec + TLS_HEADER_BYTES, *end = p + len;
+#define NEED(k)                                                                                \
+  do {                                                                                         \
+    if ((size_t)(end - p) < (size_t)(k))                                                       \
+      return "truncated TLS ClientHello";                                                      \
+  } while (0)
+  NEED(4);
+  if (p[0] != 1 /* client_hello */)
+    return "the first TLS handshake message is not a ClientHello";
+  size_t hl = (size_t)p[1] << 16 | (size_t)p[2] << 8 | p[3];
+  p += 4;
+  if (hl > (size_t)(end - p))
+    return "the TLS ClientHello spans several records (refused: only the first is read)";
+  if (hl < (size_t)(end - p))
+    return "bytes after the TLS ClientHello in its record";
+  NEED(2 + 32 + 1); /* legacy_version, random, session id length */
+  p += 2 + 32;
+  size_t k = *p++;
+  NEED(k);
+  p += k;
+  NEED(2); /* cipher suites */
+  k = (size_t)p[0] << 8 | p[1];
+  p += 2;
+  NEED(k);
+  p += k;
+  NEED(1); /* compression methods */
+  k = *p++;
+  NEED(k);
+  p += k;
+  if (p == end)
+    return NULL; /* no extensions at all: no SNI */
+  NEED(2);
+  k = (size_t)p[0] << 8 | p[1];
+  p += 2;
+  if (k != (size_t)(end - p))
+    return "malformed TLS ClientHello extensions";
+  bool seen = false;
+  while (p < end) {
+    NEED(4);
+    unsigned type = (unsigned)p[0] << 8 | p[1];
+    size_t el = (size_t)p[2] << 8 | p[3];
+    p += 4;
+    NEED(el);
+    const uint8_t *ext = p, *ext_end = p + el;
+    p += el;
+    /* Encrypted ClientHello: the name in the clear is only the front's public name, the
+     * real one is encrypted; it cannot be checked, so it is refused (GREASE ECH of
+     * browsers included: indistinguishable by design). 0xfe0d: RFC draft-ietf-tls-esni;
+     * 0xffce: the older encrypted_server_name. */
+    if (type == 0xfe0d || type == 0xffce)
+      return "an encrypted ClientHello (ECH/ESNI) hides the server name";
+    if (type != 0 /* server_name */)
+      continue;
+    if (seen)
+      return "two server_name extensions in the TLS ClientHello";
+    seen = true;
+    if (el < 2 || ((size_t)ext[0] << 8 | ext[1]) != el - 2)
+      return "malformed TLS server_name extension";
+    for (ext += 2; ext < ext_end;) {
+      if (ext_end - ext < 3)
+        return "malformed TLS server_name extension";
+      unsigned name_type = ext[0];
+      size_t nl = (size_t)ext[1] << 8 | ext[2];
+      ext += 3;
+      if (nl > (size_t)(ext_end - ext))
+        return "malformed TLS server_name extension";
+      if (name_type != 0 /* host_name */)
+        return "a TLS server_name of another type than host_name";
+      if (out[0])
+        return "several host names in the TLS server_name extension";
+      if (nl == 0 || nl >= size || nl > 255)
+        return "a TLS server name that is empty or too long";
+      for (size_t i = 0; i < nl; i++) {
+        uint8_t c = ext[i];
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+              c == '-' || c == '.' || c == '_' || c == ':'))
+          return "a TLS server name with characters no host name has";
+      }
+      memcpy(out, ext, nl);
+      out[nl] = '\0';
+      ext += nl;
+    }
+    if (!out[0])
+      return "an empty TLS server_name extension";
+  }
+#undef NEED
+  return NULL;
+}
+
+/* Reads the client's first TLS record into rec (which already holds `have` bytes the
+ * client sent right after its CONNECT head). Returns its length, or 0 when the client
+ * went quiet, closed, or sent something that is not a TLS record (then rec holds what
+ * came, for the caller's verdict). */
+static size_t
+read_tls_record(int fd, uint8_t *rec, size_t have, int64_t idle_ms, int64_t end_ms)
+{
+  for (;;) {
+    if (have >= TLS_HEADER_BYTES) {
+      size_t want = TLS_HEADER_BYTES + ((size_t)rec[3] << 8 | rec[4]);
+      if (rec[0] != 22 || want > TLS_HEADER_BYTES + TLS_RECORD_MAX)
+        return have; /* not TLS, or too long: the parser refuses it */
+      if (have >= want)
+        return have;
+    } else if (have > 0 && rec[0] != 22) {
+      return have;
+    }
+    int64_t left = end_ms - eph_now_ms();
+    if (left <= 0)
+      return 0;
+    struct pollfd pf = {.fd = fd, .events = POLLIN};
+    int pr = poll(&pf, 1, (int)(left < idle_ms ? left : idle_ms));
+    if (pr < 0 && errno == EINTR)
+      continue;
+    if (pr <= 0)
+      return 0;
+    /* Never more than the record: what follows it is the client's and goes upstream
+     * through relay() after the verdict. */
+    size_t want = have < TLS_HEADER_BYTES
+                      ? TLS_HEADER_BYTES
+                      : TLS_HEADER_BYTES + ((size_t)rec[3] << 8 | rec[4]);
+    ssize_t r = recv(fd, rec + have, want - have, 0);
+    if (r < 0 && errno == EINTR)
+      continue;
+    if (r <= 0)
+      return 0;
+    have += (size_t)r;
+  }
+}
+
+/* Sends a fatal TLS alert (RFC 8446 6.2) so a refused client sees why, in its own
+ * protocol: the tunnel is already open. */
+static void
+tls_alert(int fd, uint8_t description)
+{
+  const char a[] = {0x15, 0x03, 0x03, 0x00, 0x02, 0x02, (char)description};
+  send_all(fd, a, sizeof a);
+}
+
 /* Rewrites an absolute-form GET/HEAD into origin form for the upstream. Heap string. */
 static char *
 rewrite_request(const char *method, const char *url, const char *host, int port,
@@ -307,7 +540,8 @@ count(eph_egress_t *e, bool ok)
   pthread_mutex_unlock(&e->lock);
 }
 
-/* Refuses with an event: the announce callback reports it, the client gets `status`. */
+/* Refuses with an event: the announce callback reports it, the client gets `status` (or,
+ * status 0, nothing more: the caller already answered in the tunnel's own protocol). */
 static void
 refuse(eph_egress_t *e, int fd, const char *method, const char *target, int status,
        const char *reason, const char *why)
@@ -315,7 +549,37 @@ refuse(eph_egress_t *e, int fd, const char *method, const char *target, int stat
   eph_error_t ignored = {0};
   e->opt.announce(e->opt.opaque, method, target, why, &ignored);
   count(e, false);
-  reply(fd, status, reason, why);
+  if (status)
+    reply(fd, status, reason, why);
+}
+
+/* Whether the calling thread is in the host's network namespace (see host_netns_ino). */
+static bool
+in_host_netns(const eph_egress_t *e)
+{
+  struct stat st;
+  return stat("/proc/thread-self/ns/net", &st) == 0 && st.st_dev == e->host_netns_dev &&
+         st.st_ino == e->host_netns_ino;
+}
+
+/* An IP literal, which a TLS server_name cannot carry (RFC 6066 3). */
+static bool
+is_ip_literal(const char *host)
+{
+  struct in6_addr a;
+  return inet_pton(AF_INET, host, &a) == 1 || inet_pton(AF_INET6, host, &a) == 1;
+}
+
+/* Whether the TLS server name names the CONNECT host (case and one trailing dot aside). */
+static bool
+same_name(const char *sni, const char *host)
+{
+  size_t a = strlen(sni), b = strlen(host);
+  if (a > 0 && sni[a - 1] == '.')
+    a--;
+  if (b > 0 && host[b - 1] == '.')
+    b--;
+  return a == b && a > 0 && strncasecmp(sni, host, a) == 0;
 }
 
 static void
@@ -324,6 +588,7 @@ serve(conn_t *c)
   eph_egress_t *e = c->e;
   int64_t end_ms = eph_now_ms() + e->opt.max_connection_ms;
   char *buf = eph_xmalloc(HEAD_MAX_BYTES);
+  uint8_t *rec = NULL;
   size_t got = 0;
   ssize_t head = read_head(c->client, buf, HEAD_MAX_BYTES, &got, e->opt.idle_ms);
   if (head <= 0) {
@@ -342,7 +607,7 @@ serve(conn_t *c)
   }
   const char *headers = line_end + 2;
   bool is_connect = strcmp(method, "CONNECT") == 0;
-  char *host = NULL, display[2100];
+  char *host = NULL, display[2100], msg[1200];
   int port = 0;
   eph_error_t err = {0};
   snprintf(display, sizeof display, "%s", target);
@@ -383,6 +648,11 @@ serve(conn_t *c)
       refuse(e, c->client, method, display, 400, "Bad Request", err.message);
       goto out;
     }
+    const char *why = host_header_refusal(headers, host, port, msg, sizeof msg);
+    if (why) {
+      refuse(e, c->client, method, display, 403, "Forbidden", why);
+      goto out;
+    }
   } else {
     refuse(e, c->client, method, display, 405, "Method Not Allowed",
            "only CONNECT, GET and HEAD go through the proxy");
@@ -391,9 +661,20 @@ serve(conn_t *c)
 
   const char *why = eph_net_host_refusal(e->opt.policy, host);
   if (why) {
-    char msg[600];
     snprintf(msg, sizeof msg, "host '%s' refused: %s", host, why);
     refuse(e, c->client, method, display, 403, "Forbidden", msg);
+    goto out;
+  }
+  if ((why = eph_net_port_refusal(e->opt.policy, port))) {
+    snprintf(msg, sizeof msg, "port %d of '%s' refused: %s", port, host, why);
+    refuse(e, c->client, method, display, 403, "Forbidden", msg);
+    goto out;
+  }
+  /* The host-address check lists the interfaces of this thread's namespace: it must be
+   * the host's, not the proxy's own (which holds only the sandbox's link). */
+  if (!in_host_netns(e)) {
+    refuse(e, c->client, method, display, 500, "Internal Server Error",
+           "the proxy's connection is not in the host's network namespace: refused");
     goto out;
   }
   /* Announced and charged before the name is resolved: resolving is already egress. */
@@ -412,12 +693,51 @@ serve(conn_t *c)
       refuse(e, c->client, method, display, 502, "Bad Gateway", err.message);
     goto out;
   }
+  size_t have = 0;
+  if (is_connect) {
+    /* The tunnel carries TLS to the name it was checked against, nothing else: the first
+     * record must be a ClientHello whose server name is the CONNECT host (a tunnel to an
+     * allowed CDN front must not ask it for evil.example). Read before any connection to
+     * the upstream is made; the TLS itself is never terminated. */
+    static const char ok[] = "HTTP/1.1 200 Connection established\r\n\r\n";
+    send_all(c->client, ok, sizeof ok - 1);
+    rec = eph_xmalloc(TLS_HEADER_BYTES + TLS_RECORD_MAX);
+    have = got - (size_t)head; /* the client did not wait for our 200 */
+    memcpy(rec, buf + head, have);
+    have = read_tls_record(c->client, rec, have, e->opt.idle_ms, end_ms);
+    if (have == 0) {
+      refuse(e, c->client, method, display, 0, NULL,
+             "the client sent no TLS ClientHello through the tunnel");
+      goto out;
+    }
+    size_t reclen = have;
+    if (have >= TLS_HEADER_BYTES && rec[0] == 22) {
+      size_t want = TLS_HEADER_BYTES + ((size_t)rec[3] << 8 | rec[4]);
+      reclen = want < have ? want : have;
+    }
+    char sni[256];
+    const char *bad = client_hello_sni(rec, reclen, sni, sizeof sni);
+    if (!bad && !sni[0] && !is_ip_literal(host))
+      bad = "the TLS ClientHello names no server (no SNI) for a CONNECT to a name";
+    if (!bad && sni[0] && !same_name(sni, host)) {
+      snprintf(msg, sizeof msg, "TLS server name '%s' is not the CONNECT host '%s'", sni, host);
+      bad = msg;
+    }
+    if (bad) {
+      if (rec[0] == 22)
+        tls_alert(c->client, 112 /* unrecognized_name */);
+      else
+        reply(c->client, 403, "Forbidden", bad);
+      refuse(e, c->client, method, display, 0, NULL, bad);
+      goto out;
+    }
+  }
   int64_t left = end_ms - eph_now_ms();
   int up = connect_to(&ss, left < CONNECT_TIMEOUT_MS ? left : CONNECT_TIMEOUT_MS, &err);
   if (up < 0) {
-    char msg[1200];
     snprintf(msg, sizeof msg, "%s (%s): %s", host, addr, err.message);
-    refuse(e, c->client, method, display, 502, "Bad Gateway", msg);
+    /* After a CONNECT's 200 the client speaks TLS: no HTTP answer, just the close. */
+    refuse(e, c->client, method, display, is_connect ? 0 : 502, "Bad Gateway", msg);
     goto out;
   }
   pthread_mutex_lock(&e->lock);
@@ -427,10 +747,7 @@ serve(conn_t *c)
   count(e, true);
   if (!stop) {
     if (is_connect) {
-      static const char ok[] = "HTTP/1.1 200 Connection established\r\n\r\n";
-      send_all(c->client, ok, sizeof ok - 1);
-      if (got > (size_t)head) /* the client did not wait for our 200 */
-        send_all(up, buf + head, got - (size_t)head);
+      send_all(up, (const char *)rec, have); /* the checked ClientHello (and what followed) */
       relay(e, c->client, up, true, end_ms);
     } else {
       cleanup_free char *req = rewrite_request(method, target, host, port, headers);
@@ -441,6 +758,7 @@ serve(conn_t *c)
     }
   }
 out:
+  free(rec);
   free(host);
   free(buf);
 }
@@ -645,6 +963,11 @@ eph_egress_start(const eph_egress_options_t *opt, eph_egress_t **out, eph_error_
 
   eph_egress_t *e = eph_xcalloc(1, sizeof *e);
   e->opt = *opt;
+  struct stat ns;
+  if (stat("/proc/thread-self/ns/net", &ns) == 0) {
+    e->host_netns_dev = ns.st_dev;
+    e->host_netns_ino = ns.st_ino;
+  } /* else every connection is refused by in_host_netns(): fail closed */
   e->listen_fd = job.listen_fd;
   e->netns_fd = job.netns_fd;
   e->lock_fd = lock;

@@ -3,16 +3,22 @@
  * One proxy per run. Its listening socket lives in a network namespace of its own, where
  * the backend puts the host end of the sandbox's veth (eph_sandbox_spec_t.proxy_url and
  * proxy_netns_fd): the proxy is the only thing a sandbox can reach. It speaks two forms:
- *   CONNECT host:port HTTP/1.1            a TCP tunnel (HTTPS); the TLS inside is never read
+ *   CONNECT host:port HTTP/1.1            a TCP tunnel (HTTPS); the TLS inside is never
+ *                                         decrypted, only its ClientHello's SNI is read
  *   GET|HEAD http://host[:port]/path ...  plain HTTP, rewritten to origin form with the
  *                                         hop-by-hop and Proxy-* headers removed
- * Every connection is checked like a web_fetch of tool-web: the host against the domain
- * lists, then the proxy resolves the name itself and checks every address (private,
- * loopback, link-local, metadata, ...) and connects to the address it checked, so a forged
- * address or a TLS name other than the CONNECT host gets nowhere. The checker is
- * plugins/tool-web/net.c, compiled into the core as well (plugins do not link the core).
- * Each connection is announced to the run (event + charge) before any name is resolved; a
- * refused charge refuses the connection.
+ * Every connection is checked like a web_fetch of tool-web: the port against allowed_ports
+ * (default 80 and 443), the host against the domain lists, then the proxy resolves the
+ * name itself and checks every address (private, loopback, link-local, metadata, and every
+ * address held by a host interface, listed afresh in the host's network namespace) and
+ * connects to the address it checked, so a forged address gets nowhere. A plain-HTTP
+ * request's Host header, if any, must name the checked host and port. A CONNECT tunnel
+ * carries TLS only: its first record must be a ClientHello whose server name (SNI) is the
+ * CONNECT host (no SNI is accepted only for an IP literal); the TLS is never terminated.
+ * The checker is plugins/tool-web/net.c, compiled into the core as well (plugins do not
+ * link the core). Each connection is announced to the run (event + charge) before any name
+ * is resolved; a refused charge refuses the connection. Every refusal is announced with
+ * its reason (an `egress` event): nothing is refused silently.
  *
  * Threads: one accept thread; one thread per connection, at most max_connections at once
  * (more are answered 503 and closed). Each connection has a byte cap (both directions
@@ -30,9 +36,11 @@
 
 typedef struct eph_egress eph_egress_t;
 
-/* Called once per connection attempt, on the connection's thread, before any I/O beyond
- * reading the request head. method: "CONNECT", "GET" or "HEAD"; target: "host:port" for
- * CONNECT, the absolute URL otherwise. refusal: NULL when the policy allowed the host, else
+/* Called on the connection's thread: once when the policy allowed the connection (before
+ * its name is resolved), and once for a refusal (policy, address, Host header, TLS server
+ * name, upstream failure), so a connection may be announced as allowed and then refused.
+ * method: "CONNECT", "GET" or "HEAD"; target: "host:port" for CONNECT, the absolute URL
+ * otherwise. refusal: NULL when the policy allowed the host, else
  * why not (then the return value is ignored; the callback only reports). For an allowed
  * one the callback charges: a negative return refuses the connection (403 with err's
  * message). May be called from several threads at once. */
@@ -56,13 +64,17 @@ typedef struct eph_egress_options {
 
 /* Reads the core's `egress` group (pool, port, max_connections, max_bytes,
  * max_connection_ms, idle_ms) into opt (defaults for missing keys) and the tool-web
- * block's policy (allow_domains, deny_domains, allow_private_addresses, allow_loopback)
+ * block's policy (allow_domains, deny_domains, allow_private_addresses, allow_loopback,
+ * allowed_ports)
  * into *policy (free with eph_net_policy_free). Errors: -EPH_E_CONFIG naming file:line. */
 int eph_egress_load_config(const eph_config_t *config, const eph_host_t *host,
                            eph_egress_options_t *opt, eph_net_policy_t *policy,
                            eph_error_t *err);
 
-/* Takes a free /30 of the pool, makes the proxy's netns, binds there (IP_FREEBIND: the
+/* Must be called in the host's network namespace: connection threads check the
+ * destination against the interfaces of the namespace eph_egress_start() ran in (and
+ * refuse everything if they find themselves elsewhere). Takes a free /30 of the pool,
+ * makes the proxy's netns, binds there (IP_FREEBIND: the
  * address appears only when the backend creates the veth), listens and starts the accept
  * thread. *out owned by the caller, released by
  * eph_egress_stop(). Errors: -EADDRNOTAVAIL when the pool is exhausted, -EINVAL for a bad

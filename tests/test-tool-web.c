@@ -1,7 +1,8 @@
 /* tool-web against a real HTTP server on 127.0.0.1, loaded through the real loader with a
  * fake host: allowed fetches work, are charged before I/O and shown on the timeline;
- * denied domains, private, loopback, link-local and IPv6 loopback addresses and redirects to
- * them are refused; no request of a refused call reaches the server. */
+ * denied domains, private, loopback, link-local and IPv6 loopback addresses, the host's own
+ * interface addresses, ports off allowed_ports and redirects to any of them are refused; no
+ * request of a refused call reaches the server. */
 #include <config.h>
 
 #include <setjmp.h>
@@ -9,16 +10,33 @@
 #include <stddef.h>
 #include <cmocka.h>
 
+#include <fcntl.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "tools-harness.h"
 #include "util.h"
 
-static th_httpd_t *httpd, *private_httpd;
+static th_httpd_t *httpd, *private_httpd, *self_httpd, *public_self_httpd;
 static eph_plugins_t ps;
+
+/* "allowed_ports = [...];" naming every test server's port (and 80): tests about other
+ * checks must not be refused for the port. Static buffer. */
+static const char *
+ports_cfg(void)
+{
+  static char buf[160];
+  th_httpd_t *all[] = {httpd, private_httpd, self_httpd, public_self_httpd};
+  int n = snprintf(buf, sizeof buf, "allowed_ports = [80");
+  for (size_t i = 0; i < 4; i++)
+    if (all[i])
+      n += snprintf(buf + n, sizeof buf - (size_t)n, ", %d", th_httpd_port(all[i]));
+  snprintf(buf + n, sizeof buf - (size_t)n, "];");
+  return buf;
+}
 
 static const char *
 str_of(json_object *o, const char *key)
@@ -42,8 +60,8 @@ load_web(const char *extra)
   eph_error_t err = {0};
   cleanup_free char *cfg = eph_xasprintf(
       "tool-web: { allow_loopback = true; price_micros_per_request = 250; max_redirects = 3;"
-      " deny_domains = [\"denied.test\"]; max_response_bytes = 65536; %s };",
-      extra ? extra : "");
+      " deny_domains = [\"denied.test\"]; max_response_bytes = 65536; %s %s };",
+      ports_cfg(), extra ? extra : "");
   return th_load(&ps, "tool-web", cfg, 0, &err);
 }
 
@@ -151,8 +169,9 @@ test_refusals(void **state)
 {
   /* Loopback NOT allowed here: the default configuration. */
   eph_error_t err = {0};
-  const eph_plugin_slot_t *s = th_load(
-      &ps, "tool-web", "tool-web: { deny_domains = [\"denied.test\"]; };", 0, &err);
+  cleanup_free char *cfg =
+      eph_xasprintf("tool-web: { deny_domains = [\"denied.test\"]; %s };", ports_cfg());
+  const eph_plugin_slot_t *s = th_load(&ps, "tool-web", cfg, 0, &err);
   int port = th_httpd_port(httpd);
   cleanup_free char *lo = eph_xasprintf("http://127.0.0.1:%d/text", port);
   expect_refused(s, lo, "loopback");
@@ -234,18 +253,19 @@ test_redirects(void **state)
   json_object_put(r);
 }
 
-/* The first hop goes to a private address (10.200.0.1 on lo of a network namespace this
- * test created), allowed by allow_private_addresses; it redirects to the loopback test
- * server, which the same configuration does not allow: the second hop is refused and the
- * loopback server never sees a request. */
+/* The first hop goes to a private address (10.200.0.1, another machine: a network
+ * namespace this test created, behind a veth), allowed by allow_private_addresses; it
+ * redirects to the loopback test server, which the same configuration does not allow: the
+ * second hop is refused and the loopback server never sees a request. */
 static void
 test_redirect_to_loopback_refused(void **state)
 {
   if (!private_httpd)
     skip();
   eph_error_t err = {0};
-  const eph_plugin_slot_t *s = th_load(
-      &ps, "tool-web", "tool-web: { allow_private_addresses = true; max_redirects = 3; };", 0, &err);
+  cleanup_free char *cfg = eph_xasprintf(
+      "tool-web: { allow_private_addresses = true; max_redirects = 3; %s };", ports_cfg());
+  const eph_plugin_slot_t *s = th_load(&ps, "tool-web", cfg, 0, &err);
   size_t lo_before = th_httpd_count(httpd), priv_before = th_httpd_count(private_httpd);
   cleanup_free char *u = eph_xasprintf(
       "http://10.200.0.1:%d/redirect?to=http%%3A%%2F%%2F127.0.0.1%%3A%d%%2Ftext",
@@ -269,6 +289,107 @@ test_redirect_to_loopback_refused(void **state)
   r = fetch(s, ok, NULL);
   assert_string_equal(str_of(r, "text"), "plain text body");
   json_object_put(r);
+}
+
+/* Issue 11 finding 7: the host's own addresses. The test's "host" namespace holds
+ * 10.201.0.1 (private), 11.200.0.1 (public-looking; no packet leaves these namespaces) and
+ * fd00:201::1 on its interfaces, with servers on the two IPv4 ones. Whatever
+ * allow_private_addresses says, none is reachable: not directly, not in an IPv6 form that
+ * carries the IPv4 (mapped, NAT64, 6to4), not as a redirect hop; while 10.200.0.1, a private address of another
+ * machine, is. */
+static void
+test_host_own_addresses_refused(void **state)
+{
+  if (!self_httpd || !private_httpd)
+    skip();
+  eph_error_t err = {0};
+  cleanup_free char *cfg = eph_xasprintf(
+      "tool-web: { allow_private_addresses = true; max_redirects = 3; %s };", ports_cfg());
+  const eph_plugin_slot_t *s = th_load(&ps, "tool-web", cfg, 0, &err);
+  int sp = th_httpd_port(self_httpd);
+  size_t self_before = th_httpd_count(self_httpd);
+  const char *const hosts[] = {"10.201.0.1", "[::ffff:10.201.0.1]", "[fd00:201::1]",
+                               "[64:ff9b::10.201.0.1]", "[2002:ac9:1::1]"};
+  for (size_t i = 0; i < 5; i++) {
+    cleanup_free char *u = eph_xasprintf("http://%s:%d/text", hosts[i], sp);
+    json_object *r = fetch(s, u, NULL);
+    if (!str_of(r, "error") || !strstr(str_of(r, "error"), "this host's own interfaces"))
+      fail_msg("%s: not refused as the host's own address: %s", u, json_object_to_json_string(r));
+    json_object_put(r);
+  }
+  /* A redirect from another machine to the host's own address is refused at that hop. */
+  size_t priv_before = th_httpd_count(private_httpd);
+  cleanup_free char *hop = eph_xasprintf(
+      "http://10.200.0.1:%d/redirect?to=http%%3A%%2F%%2F10.201.0.1%%3A%d%%2Ftext",
+      th_httpd_port(private_httpd), sp);
+  json_object *r = fetch(s, hop, NULL);
+  assert_non_null(str_of(r, "error"));
+  assert_non_null(strstr(str_of(r, "error"), "this host's own interfaces"));
+  assert_int_equal(th_httpd_count(private_httpd), priv_before + 1);
+  json_object_put(r);
+  assert_int_equal(th_httpd_count(self_httpd), self_before);
+  /* Every refusal is on the timeline. */
+  size_t refused = 0;
+  for (size_t i = 0; i < json_object_array_length(th.events); i++) {
+    json_object *ev = json_object_array_get_idx(th.events, i);
+    refused += strcmp(str_of(ev, "kind"), "web_refused") == 0 &&
+               strstr(json_object_to_json_string(ev), "own interfaces");
+  }
+  assert_int_equal(refused, 6);
+  /* The private address of another machine stays reachable under this policy. */
+  cleanup_free char *ok = eph_xasprintf("http://10.200.0.1:%d/text", th_httpd_port(private_httpd));
+  r = fetch(s, ok, NULL);
+  assert_string_equal(str_of(r, "text"), "plain text body");
+  json_object_put(r);
+  th_unload(&ps);
+  /* The default policy: a public address of the host is refused too. */
+  cleanup_free char *cfg2 = eph_xasprintf("tool-web: { %s };", ports_cfg());
+  s = th_load(&ps, "tool-web", cfg2, 0, &err);
+  size_t pub_before = th_httpd_count(public_self_httpd);
+  cleanup_free char *pub =
+      eph_xasprintf("http://11.200.0.1:%d/text", th_httpd_port(public_self_httpd));
+  r = fetch(s, pub, NULL);
+  if (!str_of(r, "error") || !strstr(str_of(r, "error"), "this host's own interfaces"))
+    fail_msg("%s: not refused: %s", pub, json_object_to_json_string(r));
+  assert_int_equal(th_httpd_count(public_self_httpd), pub_before);
+  json_object_put(r);
+}
+
+/* Ports: only allowed_ports (default 80 and 443), on the first hop and every redirect. */
+static void
+test_ports_refused(void **state)
+{
+  eph_error_t err = {0};
+  const eph_plugin_slot_t *s =
+      th_load(&ps, "tool-web", "tool-web: { allow_loopback = true; };", 0, &err);
+  int port = th_httpd_port(httpd);
+  cleanup_free char *u = eph_xasprintf("http://127.0.0.1:%d/text", port);
+  expect_refused(s, u, "allowed_ports");
+  th_unload(&ps);
+  cleanup_free char *cfg = eph_xasprintf(
+      "tool-web: { allow_loopback = true; allowed_ports = [%d]; max_redirects = 3; };", port);
+  s = th_load(&ps, "tool-web", cfg, 0, &err);
+  json_object *r = fetch(s, u, NULL);
+  assert_string_equal(str_of(r, "text"), "plain text body");
+  json_object_put(r);
+  size_t before = th_httpd_count(httpd);
+  cleanup_free char *hop =
+      eph_xasprintf("http://127.0.0.1:%d/redirect?to=http%%3A%%2F%%2F127.0.0.1%%3A2222%%2F", port);
+  r = fetch(s, hop, NULL);
+  assert_non_null(str_of(r, "error"));
+  assert_non_null(strstr(str_of(r, "error"), "port 2222"));
+  assert_int_equal(th_httpd_count(httpd), before + 1); /* only the first hop */
+  json_object_put(r);
+  /* Bad lists are configuration errors naming the key. */
+  th_unload(&ps);
+  const char *const bad[] = {"[]", "[0]", "[65536]", "[\"80\"]", "80"};
+  for (size_t i = 0; i < 5; i++) {
+    cleanup_free char *b = eph_xasprintf("tool-web: { allowed_ports = %s; };", bad[i]);
+    memset(&err, 0, sizeof err);
+    assert_null(th_load(&ps, "tool-web", b, 1, &err));
+    if (!strstr(err.message, "allowed_ports"))
+      fail_msg("allowed_ports = %s: error '%s' does not name the key", bad[i], err.message);
+  }
 }
 
 static void
@@ -363,18 +484,54 @@ test_bad_config_refused(void **state)
   assert_non_null(strstr(err.message, "search_url"));
 }
 
+/* Runs `ip` commands; false when one fails. */
+static bool
+ip(const char *fmt, ...)
+{
+  va_list ap;
+  va_start(ap, fmt);
+  cleanup_free char *cmd = NULL;
+  bool ok = vasprintf(&cmd, fmt, ap) >= 0 && system(cmd) == 0;
+  va_end(ap);
+  return ok;
+}
+
 int
 main(void)
 {
-  /* A network namespace of our own: lo up, plus 10.200.0.1 (a private address) on lo for
-   * the redirect test. Without the privilege, that test is skipped. */
+  /* Two network namespaces of our own (without the privilege, the tests that need them
+   * are skipped). "host", where the test and web_fetch run: lo up, and on lo the host's
+   * own addresses 10.201.0.1, 11.200.0.1 and fd00:201::1 with servers on the IPv4 ones.
+   * "other", another machine behind a veth: 10.200.0.1 (a private address), reached from
+   * 10.200.0.2. */
   if (unshare(CLONE_NEWNET) == 0) {
-    if (system("ip link set lo up") != 0) {
+    int host_ns = open("/proc/thread-self/ns/net", O_RDONLY | O_CLOEXEC);
+    if (host_ns < 0 || !ip("ip link set lo up")) {
       fprintf(stderr, "Bail out! cannot bring lo up in the test's network namespace\n");
       return 1;
     }
-    if (system("ip addr add 10.200.0.1/32 dev lo") == 0)
-      private_httpd = th_httpd_start("10.200.0.1");
+    if (ip("ip addr add 10.201.0.1/32 dev lo && ip addr add 11.200.0.1/32 dev lo && "
+           "ip addr add fd00:201::1/128 dev lo")) {
+      self_httpd = th_httpd_start("10.201.0.1");
+      public_self_httpd = th_httpd_start("11.200.0.1");
+    }
+    int other_ns = -1;
+    if (ip("ip link add eph-h type veth peer name eph-o && ip addr add 10.200.0.2/24 dev eph-h "
+           "&& ip link set eph-h up") &&
+        unshare(CLONE_NEWNET) == 0 &&
+        (other_ns = open("/proc/thread-self/ns/net", O_RDONLY)) >= 0 &&
+        setns(host_ns, CLONE_NEWNET) == 0 &&
+        ip("ip link set eph-o netns /proc/%d/fd/%d", (int)getpid(), other_ns) &&
+        setns(other_ns, CLONE_NEWNET) == 0 &&
+        ip("ip link set lo up && ip addr add 10.200.0.1/24 dev eph-o && ip link set eph-o up"))
+      private_httpd = th_httpd_start("10.200.0.1"); /* its socket stays in "other" */
+    if (setns(host_ns, CLONE_NEWNET) < 0) {
+      fprintf(stderr, "Bail out! cannot return to the test's network namespace\n");
+      return 1;
+    }
+    if (other_ns >= 0)
+      close(other_ns);
+    close(host_ns);
   }
   httpd = th_httpd_start(NULL);
   const struct CMUnitTest tests[] = {
@@ -384,6 +541,8 @@ main(void)
       cmocka_unit_test_setup_teardown(test_allow_list_is_label_suffix, setup, teardown),
       cmocka_unit_test_setup_teardown(test_redirects, setup, teardown),
       cmocka_unit_test_setup_teardown(test_redirect_to_loopback_refused, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_host_own_addresses_refused, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_ports_refused, setup, teardown),
       cmocka_unit_test_setup_teardown(test_budget_refused_before_io, setup, teardown),
       cmocka_unit_test_setup_teardown(test_zero_data_retention_hides_url, setup, teardown),
       cmocka_unit_test_setup_teardown(test_search, setup, teardown),
@@ -393,5 +552,7 @@ main(void)
   int r = cmocka_run_group_tests_name("tool-web", tests, NULL, NULL);
   th_httpd_stop(httpd);
   th_httpd_stop(private_httpd);
+  th_httpd_stop(self_httpd);
+  th_httpd_stop(public_self_httpd);
   return r;
 }

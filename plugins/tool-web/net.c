@@ -3,6 +3,7 @@
 
 #include <arpa/inet.h>
 #include <ctype.h>
+#include <ifaddrs.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <stdbool.h>
@@ -76,6 +77,41 @@ load_list(const config_setting_t *block, const char *key, char ***out, size_t *n
   return 0;
 }
 
+/* `allowed_ports`: a non-empty list of TCP ports; missing: 80 and 443 (plain and TLS web). */
+static int
+load_ports(const config_setting_t *block, int **out, size_t *n, eph_error_t *err)
+{
+  config_setting_t *l = block ? config_setting_get_member(block, "allowed_ports") : NULL;
+  int count = l ? config_setting_length(l) : 2;
+  const char *file = l && config_setting_source_file(l) ? config_setting_source_file(l) : "?";
+  if (l && (!config_setting_is_aggregate(l) || count < 1))
+    return eph_error_set(err, EPH_E_CONFIG,
+                         "%s:%d: key 'allowed_ports': expected a non-empty list of ports "
+                         "(e.g. [80, 443])",
+                         file, config_setting_source_line(l));
+  int *v = calloc((size_t)count, sizeof *v);
+  if (!v)
+    return eph_error_set(err, ENOMEM, "out of memory");
+  for (int i = 0; i < count; i++) {
+    config_setting_t *e = l ? config_setting_get_elem(l, (unsigned)i) : NULL;
+    long long port = e ? (config_setting_type(e) == CONFIG_TYPE_INT ||
+                                  config_setting_type(e) == CONFIG_TYPE_INT64
+                              ? config_setting_get_int64(e)
+                              : -1)
+                       : (i ? 443 : 80);
+    if (port < 1 || port > 65535) {
+      free(v);
+      return eph_error_set(err, EPH_E_CONFIG,
+                           "%s:%d: key 'allowed_ports': element %d is not a port 1..65535",
+                           file, config_setting_source_line(l), i);
+    }
+    v[i] = (int)port;
+  }
+  *out = v;
+  *n = (size_t)count;
+  return 0;
+}
+
 int
 eph_net_policy_load(eph_net_policy_t *p, const eph_host_t *host, const config_setting_t *block,
                     eph_error_t *err)
@@ -84,6 +120,8 @@ eph_net_policy_load(eph_net_policy_t *p, const eph_host_t *host, const config_se
   int r;
   if ((r = load_list(block, "allow_domains", &p->allow, &p->n_allow, err)) < 0)
     return r;
+  if ((r = load_ports(block, &p->ports, &p->n_ports, err)) < 0)
+    goto fail;
   if ((r = load_list(block, "deny_domains", &p->deny, &p->n_deny, err)) < 0)
     goto fail;
   if ((r = host->cfg_bool(block, "allow_private_addresses", 0, &p->allow_private, err)) < 0)
@@ -101,6 +139,7 @@ eph_net_policy_free(eph_net_policy_t *p)
 {
   free_list(p->allow, p->n_allow);
   free_list(p->deny, p->n_deny);
+  free(p->ports);
   memset(p, 0, sizeof *p);
 }
 
@@ -140,6 +179,15 @@ eph_net_host_refusal(const eph_net_policy_t *p, const char *host)
     if (domain_matches(buf, p->allow[i]))
       return NULL;
   return "domain is not on the allow list";
+}
+
+const char *
+eph_net_port_refusal(const eph_net_policy_t *p, int port)
+{
+  for (size_t i = 0; i < p->n_ports; i++)
+    if (p->ports[i] == port)
+      return NULL;
+  return "port is not on the allowed_ports list";
 }
 
 /* ---------------------------------------------------------------- addresses */
@@ -220,6 +268,86 @@ eph_net_addr_refusal(const eph_net_policy_t *p, const struct sockaddr *sa)
   return "not an internet address";
 }
 
+/* The IPv4 address an AF_INET address carries, or an IPv6 form that leads to one (the
+ * forms v6_refusal judges by their IPv4: mapped, compatible, NAT64 64:ff9b::/96, 6to4
+ * 2002::/16), in network order; or false. */
+static bool
+carried_v4(const struct sockaddr *sa, uint32_t *v4)
+{
+  if (sa->sa_family == AF_INET) {
+    *v4 = ((const struct sockaddr_in *)sa)->sin_addr.s_addr;
+    return true;
+  }
+  if (sa->sa_family != AF_INET6)
+    return false;
+  const struct in6_addr *a6 = &((const struct sockaddr_in6 *)sa)->sin6_addr;
+  static const uint8_t nat64[12] = {0x00, 0x64, 0xff, 0x9b};
+  if (IN6_IS_ADDR_V4MAPPED(a6) || IN6_IS_ADDR_V4COMPAT(a6) || memcmp(a6->s6_addr, nat64, 12) == 0) {
+    memcpy(v4, a6->s6_addr + 12, 4);
+    return true;
+  }
+  if (a6->s6_addr[0] == 0x20 && a6->s6_addr[1] == 0x02) {
+    memcpy(v4, a6->s6_addr + 2, 4);
+    return true;
+  }
+  return false;
+}
+
+static bool
+is_loopback(const struct sockaddr *sa)
+{
+  uint32_t v4;
+  if (carried_v4(sa, &v4))
+    return (ntohl(v4) >> 24) == 127;
+  return sa->sa_family == AF_INET6 &&
+         IN6_IS_ADDR_LOOPBACK(&((const struct sockaddr_in6 *)sa)->sin6_addr);
+}
+
+/* Whether sa is one of the addresses in the getifaddrs() list. */
+static bool
+held_by_interface(const struct ifaddrs *list, const struct sockaddr *sa)
+{
+  uint32_t v4, if4;
+  bool is4 = carried_v4(sa, &v4);
+  for (const struct ifaddrs *i = list; i; i = i->ifa_next) {
+    if (!i->ifa_addr)
+      continue;
+    if (is4) {
+      if (i->ifa_addr->sa_family == AF_INET && carried_v4(i->ifa_addr, &if4) && if4 == v4)
+        return true;
+    } else if (sa->sa_family == AF_INET6 && i->ifa_addr->sa_family == AF_INET6 &&
+               memcmp(&((const struct sockaddr_in6 *)i->ifa_addr)->sin6_addr,
+                      &((const struct sockaddr_in6 *)sa)->sin6_addr, 16) == 0) {
+      return true;
+    }
+  }
+  return false;
+}
+
+static const char *
+host_address_refusal(const eph_net_policy_t *p, const struct ifaddrs *list, bool listed,
+                     const struct sockaddr *sa)
+{
+  /* Loopback is allow_loopback's business (tests run their servers there); everything
+   * else a host interface holds is the host itself, whatever allow_private says. */
+  if (p->allow_host_addresses || is_loopback(sa))
+    return NULL;
+  if (!listed)
+    return "the host's own addresses cannot be listed (getifaddrs failed): refused";
+  return held_by_interface(list, sa) ? "address of this host's own interfaces" : NULL;
+}
+
+const char *
+eph_net_host_address_refusal(const eph_net_policy_t *p, const struct sockaddr *sa)
+{
+  struct ifaddrs *list = NULL;
+  bool listed = p->allow_host_addresses || getifaddrs(&list) == 0;
+  const char *why = host_address_refusal(p, list, listed, sa);
+  if (list)
+    freeifaddrs(list);
+  return why;
+}
+
 static void
 addr_text(const struct sockaddr *sa, char *out, size_t size)
 {
@@ -258,15 +386,23 @@ eph_net_resolve_checked(const eph_net_policy_t *p, const char *host, int port,
                          gai_strerror(rc));
   int r = -EHOSTUNREACH;
   bool have = false;
+  /* The host's interfaces, listed now: after the resolution, right before the connect, so
+   * an address added since the last request is seen. */
+  struct ifaddrs *local = NULL;
+  bool listed = p->allow_host_addresses || getifaddrs(&local) == 0;
   for (struct addrinfo *ai = res; ai; ai = ai->ai_next) {
     char t[INET6_ADDRSTRLEN];
     if (ai->ai_family != AF_INET && ai->ai_family != AF_INET6)
       continue;
     addr_text(ai->ai_addr, t, sizeof t);
     const char *why = eph_net_addr_refusal(p, ai->ai_addr);
+    if (!why)
+      why = host_address_refusal(p, local, listed, ai->ai_addr);
     if (why) {
       r = eph_error_set(err, EPH_E_DENIED, "host '%s' resolves to %s: %s", host, t, why);
       freeaddrinfo(res);
+      if (local)
+        freeifaddrs(local);
       return r;
     }
     if (!have) {
@@ -277,6 +413,8 @@ eph_net_resolve_checked(const eph_net_policy_t *p, const char *host, int port,
     }
   }
   freeaddrinfo(res);
+  if (local)
+    freeifaddrs(local);
   if (!have)
     return eph_error_set(err, EHOSTUNREACH, "host '%s' has no internet address", host);
   return 0;
@@ -452,6 +590,8 @@ do_hop(const eph_net_policy_t *p, const eph_net_request_t *req, const char *url,
     const char *why = eph_net_host_refusal(p, host);
     if (why)
       return eph_error_set(err, EPH_E_DENIED, "host '%s' refused: %s", host, why);
+    if ((why = eph_net_port_refusal(p, port)))
+      return eph_error_set(err, EPH_E_DENIED, "port %d of '%s' refused: %s", port, host, why);
   }
   /* Charged before any I/O, name resolution included. */
   if (req->before_request && (r = req->before_request(req->opaque, method, url, hop_no, err)) < 0)

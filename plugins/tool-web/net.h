@@ -32,11 +32,25 @@ typedef struct eph_net_policy {
   size_t n_deny;
   int allow_private;  /* RFC 1918, CGNAT 100.64/10, IPv6 ULA fc00::/7 and site-local */
   int allow_loopback; /* 127/8 and ::1 */
+  /* TCP ports a checked URL (web_fetch, every redirect hop) or proxy connection may use.
+   * n_ports == 0 allows none (deny by default); eph_net_policy_load() fills 80 and 443
+   * unless the block says otherwise. Not consulted for operator-configured endpoints
+   * (requests with check_domains == 0). */
+  int *ports;
+  size_t n_ports;
+  /* 0 (the default): an address held by any interface of the host (getifaddrs(), read
+   * afresh at every resolution, IPv4 and IPv6) is refused whatever allow_private says, so
+   * a wildcard-bound host service (sshd, a database, the API itself) is not reachable
+   * through its public or private address. Loopback addresses stay governed by
+   * allow_loopback alone. Set only for an operator-configured endpoint that lives on the
+   * host itself (tool-web's search_url with search_allow_private_addresses). */
+  int allow_host_addresses;
 } eph_net_policy_t;
 
-/* Reads `allow_domains`, `deny_domains` (lists of strings), `allow_private_addresses` and
- * `allow_loopback` (bools) from a plugin's config block (NULL block: defaults). Entries
- * are lowercased and a leading "*." or "." and a trailing "." are dropped. Returns 0 or
+/* Reads `allow_domains`, `deny_domains` (lists of strings), `allow_private_addresses`,
+ * `allow_loopback` (bools) and `allowed_ports` (list of ints 1..65535, default [80, 443],
+ * not empty) from a plugin's config block (NULL block: defaults). Domain entries are
+ * lowercased and a leading "*." or "." and a trailing "." are dropped. Returns 0 or
  * -EPH_E_CONFIG naming file:line. Free with eph_net_policy_free(). */
 int eph_net_policy_load(eph_net_policy_t *p, const eph_host_t *host, const config_setting_t *block,
                         eph_error_t *err);
@@ -46,6 +60,16 @@ void eph_net_policy_free(eph_net_policy_t *p);
  * IPv6 brackets; matching is case-insensitive. */
 const char *eph_net_host_refusal(const eph_net_policy_t *p, const char *host);
 
+/* NULL when the TCP port is on the policy's port list, else a static reason. */
+const char *eph_net_port_refusal(const eph_net_policy_t *p, int port);
+
+/* NULL when the address is not held by an interface of the host (see
+ * allow_host_addresses), else a static reason. Lists the interfaces with getifaddrs() in
+ * the calling thread's network namespace on every call; when they cannot be listed the
+ * answer is a refusal (fail closed). IPv4-mapped, IPv4-compatible, NAT64 and 6to4 IPv6
+ * forms are judged by the IPv4 they carry. */
+const char *eph_net_host_address_refusal(const eph_net_policy_t *p, const struct sockaddr *sa);
+
 /* NULL when the address may be connected to, else a static reason ("loopback address",
  * "private address", "link-local address", ...). IPv4-mapped, IPv4-compatible, NAT64
  * (64:ff9b::/96) and 6to4 (2002::/16) IPv6 forms are judged by the IPv4 they carry.
@@ -53,7 +77,8 @@ const char *eph_net_host_refusal(const eph_net_policy_t *p, const char *host);
  * metadata address, fe80::/10), multicast, broadcast and reserved ranges. */
 const char *eph_net_addr_refusal(const eph_net_policy_t *p, const struct sockaddr *sa);
 
-/* getaddrinfo(host, port) and checks every address. On success copies the first address
+/* getaddrinfo(host, port) and checks every address (eph_net_addr_refusal and
+ * eph_net_host_address_refusal; the port is not checked here). On success copies the first address
  * to *out (and its text to addr_text, INET6_ADDRSTRLEN bytes). Errors: -EPH_E_DENIED when
  * any address is refused (message names the address and reason), -EHOSTUNREACH when the
  * name does not resolve. */
@@ -70,7 +95,7 @@ typedef struct eph_net_request {
   size_t max_response_bytes;  /* body bytes kept; the transfer stops there (truncated) */
   int64_t timeout_ms;         /* whole request including redirects */
   int max_redirects;          /* 0: a 3xx is returned as it is */
-  int check_domains;          /* apply the policy's domain lists to every hop */
+  int check_domains;          /* apply the policy's domain and port lists to every hop */
   /* Called after a hop's URL and domain checks and before any of its I/O (name
    * resolution included): to charge and emit. A negative return aborts the request with
    * that error. hop 0 is the first request. */

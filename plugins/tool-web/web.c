@@ -43,6 +43,9 @@ static const eph_config_key_t web_keys[] = {
      "metadata), multicast and unspecified addresses stay refused."},
     {"allow_loopback", EPH_CFG_BOOL, "false", NULL,
      "Allow loopback addresses (127/8, ::1). For tests against a local server."},
+    {"allowed_ports", EPH_CFG_LIST, "[80, 443]", NULL,
+     "TCP ports web_fetch (every redirect hop) and the sandbox's egress proxy may connect "
+     "to. Not empty. The host's own interface addresses are refused on every port."},
     {"methods", EPH_CFG_LIST, "[\"GET\", \"HEAD\"]", NULL,
      "HTTP methods web_fetch accepts (upper case)."},
     {"max_response_bytes", EPH_CFG_INT, "2097152", "bytes",
@@ -552,6 +555,9 @@ web_init(const eph_host_t *host, const config_setting_t *config, void **state, e
   }
   w->search_policy.allow_private = priv || w->policy.allow_private;
   w->search_policy.allow_loopback = priv || w->policy.allow_loopback;
+  /* search_url is the operator's, not the model's: a SearXNG on the host itself is what
+   * search_allow_private_addresses is for. */
+  w->search_policy.allow_host_addresses = priv;
   if (*w->search_url) {
     cleanup_free char *h = NULL;
     int port;
