@@ -234,7 +234,7 @@ hop_by_hop(const char *name, size_t len, const char *connection_tokens)
     return true;
   /* Headers the client's Connection header lists are hop-by-hop too (RFC 9110 7.6.1). */
   for (const char *t = connection_tokens; t && *t;) {
-    while (*t == ' ' || *t == ',' || *t == '\t')
+    while (*t == ' ' || *t == ',' || *t == '\t' || *t == '\r')
       t++;
     size_t tl = strcspn(t, " ,\t\r");
     if (tl == len && tl && strncasecmp(t, name, len) == 0)
@@ -596,6 +596,19 @@ serve(conn_t *c)
       reply(c->client, 431, "Request Header Fields Too Large", "request head too large");
     free(buf);
     return;
+  }
+  /* Lines end in CRLF and nothing else: a bare CR, a bare LF or a NUL inside the head is a
+   * line break to some servers and not to this parser, so a header the proxy never checked
+   * (`X: a\rHost: other`) would reach the upstream. Refuse the head (RFC 9112 2.2 lets a
+   * recipient reject a bare CR). */
+  for (ssize_t i = 0; i < head; i++) {
+    bool bad = buf[i] == '\0' || (buf[i] == '\r' && (i + 1 >= head || buf[i + 1] != '\n')) ||
+               (buf[i] == '\n' && (i == 0 || buf[i - 1] != '\r'));
+    if (bad) {
+      reply(c->client, 400, "Bad Request", "bare CR, LF or NUL in the request head");
+      free(buf);
+      return;
+    }
   }
   char method[16], target[2048], version[16];
   const char *line_end = strstr(buf, "\r\n");
