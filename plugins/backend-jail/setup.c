@@ -14,7 +14,9 @@
  *   2. become root of the user namespace (setresgid/setgroups/setresuid): from here the
  *      host sees the sandbox's uids as the unprivileged slot range, never host root
  *   3. PR_SET_PDEATHSIG(SIGKILL), then check the parent is still there
- *   4. unshare(CLONE_NEWCGROUP): the cgroup namespace is rooted at the sandbox's own group
+ *   4. unshare(CLONE_NEWCGROUP): the cgroup namespace is rooted at the sandbox's own group;
+ *      unshare(CLONE_NEWTIME) with offsets: the guest's children see clocks that start at
+ *      zero (new_clocks)
  *   5. make every mount private: nothing propagates back to the host
  *   6. mount the root tmpfs; build /usr (the usr_binds list), /bin.., /etc, /dev from the
  *      plan
@@ -46,6 +48,7 @@
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <netlink/netlink.h>
@@ -504,6 +507,39 @@ mask_proc(const jail_child_args_t *a)
     die(a, "rmdir", "/.proc-masks");
 }
 
+/* A time namespace whose boot and monotonic clocks start near zero: /proc/uptime, the boot
+ * time in /proc/stat, process start times and CLOCK_MONOTONIC/CLOCK_BOOTTIME then tell the
+ * sandbox's age, not the host's. unshare(CLONE_NEWTIME) applies to our children only (the
+ * guest stays on the host's clocks, every command it forks gets the new ones), and the
+ * offsets can be written until the first child enters. Whole seconds, so both clocks stay
+ * positive. */
+static void
+new_clocks(const jail_child_args_t *a)
+{
+  struct timespec mono, boot;
+  if (unshare(CLONE_NEWTIME) < 0)
+    die(a, "unshare(CLONE_NEWTIME)", NULL);
+  if (clock_gettime(CLOCK_MONOTONIC, &mono) < 0 || clock_gettime(CLOCK_BOOTTIME, &boot) < 0)
+    die(a, "clock_gettime", NULL);
+  char text[128] = "monotonic -";
+  cat_u64(text, sizeof text, (uint64_t)mono.tv_sec);
+  cat(text, sizeof text, " 0\nboottime -");
+  cat_u64(text, sizeof text, (uint64_t)boot.tv_sec);
+  cat(text, sizeof text, " 0\n");
+  /* The uid change of step 2 made us non-dumpable, which hands our /proc/self files to
+   * the host's root: dumpable for this one write (exec decides it afresh anyway). */
+  if (prctl(PR_SET_DUMPABLE, 1, 0, 0, 0) < 0)
+    die(a, "prctl(PR_SET_DUMPABLE)", NULL);
+  int fd = open("/proc/self/timens_offsets", O_WRONLY | O_CLOEXEC);
+  if (fd < 0)
+    die(a, "open", "/proc/self/timens_offsets");
+  if (write(fd, text, strlen(text)) != (ssize_t)strlen(text))
+    die(a, "write", "/proc/self/timens_offsets");
+  close(fd);
+  if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) < 0)
+    die(a, "prctl(PR_SET_DUMPABLE)", NULL);
+}
+
 /* `ip link set lo up` with the message prepared at init. */
 static void
 loopback_up(const jail_child_args_t *a)
@@ -593,6 +629,7 @@ jail_child_main(const jail_child_args_t *args)
   /* 4. A cgroup namespace rooted at the sandbox's own group (we are in it now). */
   if (unshare(CLONE_NEWCGROUP) < 0)
     die(a, "unshare(CLONE_NEWCGROUP)", NULL);
+  new_clocks(a);
 
   /* 5. Nothing we mount propagates to the host. */
   if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
