@@ -36,10 +36,10 @@
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
-#include <sys/random.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
