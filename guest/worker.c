@@ -22,14 +22,17 @@
 #include <fcntl.h>
 #include <grp.h>
 #include <linux/capability.h>
+#include <linux/netlink.h>
 #include <linux/sched.h>
 #include <paths.h>
 #include <sched.h>
 #include <signal.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/syscall.h>
 #include <termios.h>
 #include <unistd.h>
@@ -56,6 +59,54 @@ static const unsigned long ns_flags[] = {
     CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC, CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET,
     CLONE_NEWCGROUP,
 };
+
+/* Address families a worker may open. Everything else fails with EAFNOSUPPORT, as on a
+ * kernel built without it: AF_VSOCK is not scoped by the network namespace (it reaches the
+ * host or other guests), AF_PACKET, AF_ALG, AF_BLUETOOTH, AF_RDS, AF_TIPC, ... are kernel
+ * attack surface no shell command needs. AF_NETLINK is kept for NETLINK_ROUTE only:
+ * glibc's getaddrinfo(AI_ADDRCONFIG) and getifaddrs() read the interfaces through it. */
+static const int allowed_families[] = {AF_UNIX, AF_INET, AF_INET6, AF_NETLINK};
+
+/* Rules on socket() and socketpair() arg0 (the family). The filter allows by default, so
+ * the complement of allowed_families is denied: every value from 0 to the largest allowed
+ * family that is not in the list, one EQ rule each, and everything above it with one GT
+ * rule. The comparison is on the whole 64-bit register, so garbage in the upper half or a
+ * negative int is above the largest family and denied too (fail closed; the kernel would
+ * have read only the low 32 bits). */
+static int
+add_socket_family_rules(scmp_filter_ctx ctx, char *why, size_t why_size)
+{
+  static const int calls[] = {SCMP_SYS(socket), SCMP_SYS(socketpair)};
+  int top = 0, r;
+  for (size_t i = 0; i < sizeof allowed_families / sizeof allowed_families[0]; i++)
+    if (allowed_families[i] > top)
+      top = allowed_families[i];
+  for (size_t c = 0; c < sizeof calls / sizeof calls[0]; c++) {
+    for (int fam = 0; fam <= top; fam++) {
+      bool allowed = false;
+      for (size_t i = 0; i < sizeof allowed_families / sizeof allowed_families[0]; i++)
+        allowed = allowed || allowed_families[i] == fam;
+      if (allowed)
+        continue;
+      if ((r = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EAFNOSUPPORT), calls[c], 1,
+                                SCMP_A0(SCMP_CMP_EQ, (scmp_datum_t)fam))) < 0)
+        goto fail;
+    }
+    if ((r = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EAFNOSUPPORT), calls[c], 1,
+                              SCMP_A0(SCMP_CMP_GT, (scmp_datum_t)top))) < 0)
+      goto fail;
+    /* Netlink: the routing family only (NETLINK_ROUTE is protocol 0). Audit, uevents,
+     * netfilter, xfrm, crypto... are refused like a missing protocol. */
+    if ((r = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPROTONOSUPPORT), calls[c], 2,
+                              SCMP_A0(SCMP_CMP_EQ, (scmp_datum_t)AF_NETLINK),
+                              SCMP_A2(SCMP_CMP_NE, (scmp_datum_t)NETLINK_ROUTE))) < 0)
+      goto fail;
+  }
+  return 0;
+fail:
+  snprintf(why, why_size, "seccomp rule socket family: %s", strerror(-r));
+  return -1;
+}
 
 scmp_filter_ctx
 guest_seccomp_build(char *why, size_t why_size)
@@ -94,6 +145,8 @@ guest_seccomp_build(char *why, size_t why_size)
       goto fail;
     }
   }
+  if (add_socket_family_rules(ctx, why, why_size) < 0)
+    goto fail;
   /* Pushing bytes into a terminal's input queue would type commands for someone else. */
   static const unsigned long tty_inject[] = {TIOCSTI, TIOCLINUX};
   for (size_t i = 0; i < 2; i++) {

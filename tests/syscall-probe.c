@@ -22,7 +22,8 @@ report(const char *name, long r)
   const char *e = r == 0 ? "ok" : errno == EPERM ? "EPERM" : errno == EACCES ? "EACCES"
                   : errno == ENOSYS ? "ENOSYS" : errno == EINVAL ? "EINVAL"
                   : errno == EFAULT ? "EFAULT" : errno == EBADF ? "EBADF"
-                  : errno == ENOENT ? "ENOENT" : "OTHER";
+                  : errno == ENOENT ? "ENOENT" : errno == EAFNOSUPPORT ? "EAFNOSUPPORT"
+                  : errno == EPROTONOSUPPORT ? "EPROTONOSUPPORT" : "OTHER";
   if (r >= 0 && r != 0)
     e = "ok";
   printf("%s %s\n", name, e);
@@ -61,5 +62,17 @@ main(void)
   errno = 0; report("unshare", syscall(SYS_unshare, (long)CLONE_NEWUSER));
   errno = 0; report("open_by_handle_at", syscall(SYS_open_by_handle_at, AT_FDCWD, handle, 0L));
   errno = 0; report("userfaultfd", syscall(SYS_userfaultfd, 0L));
+
+  /* Socket families the worker must not open (EAFNOSUPPORT expected): vsock reaches past
+   * the network namespace; AF_UNIX with garbage in the register's upper half must be
+   * refused too, though the kernel would only read the low 32 bits. A success returns an
+   * fd, reported as "ok". */
+  int sv[2];
+  errno = 0; report("socket-vsock", syscall(SYS_socket, 40L /* AF_VSOCK */, 1L, 0L));
+  errno = 0; report("socket-packet", syscall(SYS_socket, 17L /* AF_PACKET */, 3L, 0L));
+  errno = 0; report("socket-alg", syscall(SYS_socket, 38L /* AF_ALG */, 5L, 0L));
+  errno = 0; report("socketpair-vsock", syscall(SYS_socketpair, 40L, 1L, 0L, sv));
+  errno = 0; report("socket-unix-high-bits", syscall(SYS_socket, 0x100000001L, 1L, 0L));
+  errno = 0; report("socket-netlink-uevent", syscall(SYS_socket, 16L, 3L, 15L));
   return 0;
 }

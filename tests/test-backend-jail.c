@@ -297,6 +297,21 @@ test_isolation(void **ctx)
                    "test -e /etc/ephemeral || echo noconf; test -e /run || echo norun",
                    out, sizeof out), 0);
   assert_string_equal(out, "0\nnowork\nnoconf\nnorun\n");
+  /* /usr is built from the usr_binds list: no /usr/local (nor /usr/local/etc, where a
+   * default install puts ephemeral's configuration), no /usr/include. Host identifiers in
+   * /proc are masked: an empty kernel command line, a boot id of the sandbox. */
+  assert_int_equal(run(&b, 0, "ls /usr | tr '\\n' ' '; test -e /usr/local || echo nolocal; "
+                   "wc -c < /proc/cmdline; cat /proc/sys/kernel/random/boot_id; "
+                   "ip -o link show lo | grep -o 'mtu [0-9]*'", out, sizeof out), 0);
+  char host_boot[64] = "";
+  FILE *bf = fopen("/proc/sys/kernel/random/boot_id", "r");
+  assert_non_null(bf);
+  assert_non_null(fgets(host_boot, sizeof host_boot, bf));
+  fclose(bf);
+  assert_null(strstr(out, host_boot));
+  if (strncmp(out, "bin lib lib64 libexec sbin share nolocal\n0\n", 43) != 0)
+    fail_msg("/usr and /proc/cmdline inside: '%s'", out);
+  assert_non_null(strstr(out, "mtu 1500"));
   /* Its own pid namespace: PID 1 is the init, few processes. */
   assert_int_equal(run(&b, 1000, "cat /proc/1/cmdline | tr '\\0' ' '; ls /proc | grep -c '^[0-9]'",
                    out, sizeof out), 0);
@@ -326,6 +341,10 @@ test_limits_written_and_refused(void **ctx)
   if (access(cg_path("memory", b.run_id, "memory.memsw.limit_in_bytes", path, sizeof path),
              F_OK) == 0)
     assert_int_equal(read_ll(path), 200 * MIB);
+  /* TCP buffers are not part of memory.usage_in_bytes on v1: their own limit, an eighth
+   * of the memory limit, written before the sandbox's first task joined. */
+  assert_int_equal(read_ll(cg_path("memory", b.run_id, "memory.kmem.tcp.limit_in_bytes", path,
+                                   sizeof path)), 25 * MIB);
   assert_int_equal(read_ll(cg_path("pids", b.run_id, "pids.max", path, sizeof path)), 40);
   assert_int_equal(read_ll(cg_path("cpu", b.run_id, "cpu.cfs_quota_us", path, sizeof path)),
                    50000);
@@ -463,6 +482,38 @@ test_sweep_after_kill9(void **ctx)
   assert_int_equal(access(cg_path("pids", run_id, NULL, path, sizeof path), F_OK), -1);
 }
 
+/* usr_binds entries that would expose host configuration are refused at init, naming
+ * the entry; nothing is created. */
+static void
+test_usr_binds_refused(void **ctx)
+{
+  (void)ctx;
+  static const char *const bad[] = {"local", "local/etc", "etc", "../etc", "lib/../../etc",
+                                    "/usr/bin", "local/etc/ephemeral", NULL};
+  for (size_t i = 0; bad[i]; i++) {
+    config_t c;
+    config_init(&c);
+    char text[2048];
+    snprintf(text, sizeof text, "backend-jail: { guest = \"%s\"; run_dir = \"%s\"; "
+             "cgroup_parent = \"" CG_PARENT "\"; usr_binds = [\"bin\", \"%s\"]; };",
+             init_path, run_dir, bad[i]);
+    assert_int_equal(config_read_string(&c, text), CONFIG_TRUE);
+    loaded_t l;
+    l.dl = dlopen(plugin_path, RTLD_NOW | RTLD_LOCAL);
+    assert_non_null(l.dl);
+    l.p = dlsym(l.dl, EPH_PLUGIN_SYMBOL);
+    eph_error_t err = {0};
+    int r = l.p->init(&host, config_lookup(&c, "backend-jail"), &l.state, &err);
+    if (r >= 0)
+      fail_msg("usr_binds entry '%s' was accepted", bad[i]);
+    assert_int_equal(r, -EPH_E_CONFIG);
+    assert_non_null(strstr(err.message, "usr_binds"));
+    assert_non_null(strstr(err.message, bad[i]));
+    dlclose(l.dl);
+    config_destroy(&c);
+  }
+}
+
 static int
 setup(void **ctx)
 {
@@ -511,6 +562,7 @@ main(void)
     cmocka_unit_test(test_fork_bomb_oom_enospc),
     cmocka_unit_test(test_background_and_deadline),
     cmocka_unit_test(test_sweep_after_kill9),
+    cmocka_unit_test(test_usr_binds_refused),
   };
   int r = cmocka_run_group_tests_name("backend-jail", tests, setup, teardown);
   config_destroy(&cfg);

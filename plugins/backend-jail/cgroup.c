@@ -8,8 +8,19 @@
  *
  * Files written (kernel Documentation/admin-guide/cgroup-v1/{memory,pids}.rst, cgroup-v2.rst):
  *   v1: memory.limit_in_bytes, memory.memsw.limit_in_bytes (= memory: swap cannot hide
- *       memory), pids.max, cpu.cfs_period_us / cpu.cfs_quota_us
+ *       memory), memory.kmem.limit_in_bytes (= memory, where the kernel still honours it),
+ *       memory.kmem.tcp.limit_in_bytes (memory / JAIL_TCP_SHARE_DIVISOR), pids.max,
+ *       cpu.cfs_period_us / cpu.cfs_quota_us
  *   v2: memory.max, memory.swap.max = 0, pids.max, cpu.max "quota period"
+ *
+ * Socket buffers. v1 does not charge TCP buffers to memory.usage_in_bytes: without
+ * memory.kmem.tcp.limit_in_bytes a sandbox can pin any amount of kernel TCP memory on its
+ * own loopback (it counts against the host-wide tcp_mem only, and past that every TCP socket
+ * of the host fails). The tcp limit is written before any task joins the group (sockets
+ * created earlier are never accounted: the kernel turns tcp accounting on when the limit is
+ * first set) and read back; a v1 hierarchy without the file is refused at init. v2 charges
+ * socket memory to memory.max unless the kernel was booted with cgroup.memory=nosocket,
+ * which init refuses.
  * Counters read: v1 memory.oom_control "oom_kill N", memory.max_usage_in_bytes;
  *   v2 memory.events "oom_kill N", memory.peak; both pids.events "max N".
  */
@@ -93,6 +104,30 @@ keyed_value(const char *text, const char *key)
   return 0;
 }
 
+/* True when /proc/cmdline holds cgroup.memory=...nosocket...: the kernel then charges no
+ * socket memory to any v2 group (mm/memcontrol.c, cgroup_memory_nosocket). */
+static bool
+v2_sockets_uncharged(void)
+{
+  char buf[4096];
+  cleanup_close int fd = open("/proc/cmdline", O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    return false;
+  ssize_t n = read(fd, buf, sizeof buf - 1);
+  if (n <= 0)
+    return false;
+  buf[n] = '\0';
+  for (char *save = NULL, *tok = strtok_r(buf, " \n", &save); tok;
+       tok = strtok_r(NULL, " \n", &save)) {
+    if (strncmp(tok, "cgroup.memory=", 14) != 0)
+      continue;
+    for (char *s2 = NULL, *opt = strtok_r(tok + 14, ",", &s2); opt; opt = strtok_r(NULL, ",", &s2))
+      if (!strcmp(opt, "nosocket"))
+        return true;
+  }
+  return false;
+}
+
 int
 jail_cg_init(jail_cgroups_t *cg, const char *root, const char *parent, eph_error_t *err)
 {
@@ -107,6 +142,10 @@ jail_cg_init(jail_cgroups_t *cg, const char *root, const char *parent, eph_error
 
   if (cg->v2) {
     char ctl[512];
+    if (v2_sockets_uncharged())
+      return eph_error_set(err, ENOTSUP, "cgroup v2: the kernel was booted with "
+                           "cgroup.memory=nosocket, so a sandbox's socket buffers would "
+                           "escape memory.max; refusing to start");
     cleanup_close int rootfd = open(root, O_PATH | O_DIRECTORY | O_CLOEXEC);
     if (rootfd < 0)
       return eph_error_set(err, errno, "cgroup v2 root %s: %s", root, strerror(errno));
@@ -160,6 +199,13 @@ jail_cg_init(jail_cgroups_t *cg, const char *root, const char *parent, eph_error
     cg->parent_path[i] = strdup(path);
   }
   cg->memsw = exists_at(cg->parent_fd[JAIL_CG_MEMORY], "memory.memsw.limit_in_bytes");
+  cg->kmem = exists_at(cg->parent_fd[JAIL_CG_MEMORY], "memory.kmem.limit_in_bytes");
+  if (!exists_at(cg->parent_fd[JAIL_CG_MEMORY], "memory.kmem.tcp.limit_in_bytes")) {
+    jail_cg_fini(cg);
+    return eph_error_set(err, ENOTSUP, "cgroup v1 %s/memory: no memory.kmem.tcp.limit_in_bytes "
+                         "(kernel without CONFIG_MEMCG_KMEM?): a sandbox's TCP buffers would "
+                         "escape its memory limit; refusing to start", root);
+  }
   return 0;
 }
 
@@ -223,6 +269,21 @@ write_limits(jail_cgroups_t *cg, const char *name, const jail_limits_t *lim, eph
   /* memsw must be >= the memory limit, so it is written second; equal means no swap. */
   if (cg->memsw && set_limit(mem, where, "memory.memsw.limit_in_bytes", v, err) < 0)
     return -err->code;
+  /* Kernel memory is charged to memory.usage_in_bytes too; its own limit is a sub-limit
+   * that newer kernels (5.16+) accept and ignore, so a refusal is not fatal. */
+  if (cg->kmem)
+    (void)write_at(mem, "memory.kmem.limit_in_bytes", v);
+  /* TCP buffers are not: they get their own limit, before any task joins (see the top). */
+  uint64_t tcp = lim->memory_bytes / JAIL_TCP_SHARE_DIVISOR / 4096 * 4096;
+  snprintf(v, sizeof v, "%" PRIu64, tcp);
+  if (set_limit(mem, where, "memory.kmem.tcp.limit_in_bytes", v, err) < 0)
+    return -err->code;
+  char back[64] = "";
+  if (read_at(mem, "memory.kmem.tcp.limit_in_bytes", back, sizeof back) < 0 ||
+      strtoull(back, NULL, 10) != tcp)
+    return eph_error_set(err, EIO, "%s/memory.kmem.tcp.limit_in_bytes: wrote %s, read back "
+                         "'%.20s': the sandbox's TCP buffers would not be limited", where, v,
+                         back);
 
   cleanup_close int pids = open_group(cg, JAIL_CG_PIDS, name);
   snprintf(where, sizeof where, "%s/%s", cg->parent_path[JAIL_CG_PIDS], name);

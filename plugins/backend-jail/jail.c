@@ -36,6 +36,7 @@
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -89,6 +90,12 @@ static const eph_config_key_t jail_keys[] = {
    NULL,
    "Host /etc entries bound read-only (symlinks recreated) besides the generated passwd, "
    "group, hostname, hosts and nsswitch.conf. resolv.conf and hosts are refused."},
+  {"usr_binds", EPH_CFG_LIST, "[\"bin\", \"sbin\", \"lib\", \"lib64\", \"libexec\", \"share\"]",
+   NULL,
+   "The host /usr entries bound read-only into the sandbox's otherwise empty /usr (paths "
+   "relative to /usr; a missing one is skipped). /usr is never bound whole: \"local\", "
+   "\"etc\" and anything holding /usr/local/etc (where a default install puts ephemeral's "
+   "configuration) are refused; \"local/bin\" may be added."},
   {"guest", EPH_CFG_STRING, "\"\"", NULL,
    "Path of the guest binary; empty = <libexec_dir>/ephemeral-guest."},
   {0},
@@ -224,20 +231,22 @@ read_config(jail_t *j, const config_setting_t *c, const char **cg_root, const ch
   return 0;
 }
 
-/* etc_binds as a NULL-terminated array of borrowed strings (or the default). */
+/* A list key (etc_binds, usr_binds) as a NULL-terminated array of borrowed strings, or
+ * `defaults` when the key is absent. *allocated tells the caller to free() the array. */
 static int
-read_etc_binds(const config_setting_t *c, const char ***out, eph_error_t *err)
+read_list(const config_setting_t *c, const char *key, const char **defaults, const char ***out,
+          bool *allocated, eph_error_t *err)
 {
-  static const char *defaults[] = {"alternatives", "ld.so.cache", "ssl", "localtime", NULL};
-  const config_setting_t *l = c ? config_setting_get_member(c, "etc_binds") : NULL;
+  const config_setting_t *l = c ? config_setting_get_member(c, key) : NULL;
+  *allocated = false;
   if (!l) {
     *out = defaults;
     return 0;
   }
   if (!config_setting_is_aggregate(l))
-    return eph_error_set(err, EPH_E_CONFIG, "%s:%d: key 'etc_binds': expected a list of "
-                         "strings", config_setting_source_file(l) ? config_setting_source_file(l)
-                         : "?", config_setting_source_line(l));
+    return eph_error_set(err, EPH_E_CONFIG, "%s:%d: key '%s': expected a list of strings",
+                         config_setting_source_file(l) ? config_setting_source_file(l) : "?",
+                         config_setting_source_line(l), key);
   int n = config_setting_length(l);
   const char **a = calloc((size_t)n + 1, sizeof *a);
   if (!a)
@@ -246,12 +255,13 @@ read_etc_binds(const config_setting_t *c, const char ***out, eph_error_t *err)
     a[i] = config_setting_get_string_elem(l, i);
     if (!a[i]) {
       free(a);
-      return eph_error_set(err, EPH_E_CONFIG, "%s:%d: key 'etc_binds': element %d is not a "
-                           "string", config_setting_source_file(l) ?
-                           config_setting_source_file(l) : "?", config_setting_source_line(l), i);
+      return eph_error_set(err, EPH_E_CONFIG, "%s:%d: key '%s': element %d is not a string",
+                           config_setting_source_file(l) ? config_setting_source_file(l) : "?",
+                           config_setting_source_line(l), key, i);
     }
   }
   *out = a;
+  *allocated = true;
   return 0;
 }
 
@@ -286,15 +296,26 @@ jail_init(const eph_host_t *host, const config_setting_t *config, void **state, 
   pthread_condattr_destroy(&ca);
 
   const char *cg_root, *cg_parent, *run_dir, *hostname, *guest;
-  const char **etc_binds = NULL;
+  static const char *etc_default[] = {"alternatives", "ld.so.cache", "ssl", "localtime", NULL};
+  static const char *usr_default[] = {JAIL_USR_BINDS_DEFAULT, NULL};
+  const char **etc_binds = NULL, **usr_binds = NULL;
+  bool etc_alloc = false, usr_alloc = false;
   int64_t shm_mib;
   int r = read_config(j, config, &cg_root, &cg_parent, &run_dir, &hostname, &guest, &shm_mib,
                       err);
-  if (r < 0 || (r = read_etc_binds(config, &etc_binds, err)) < 0)
+  if (r < 0 || (r = read_list(config, "etc_binds", etc_default, &etc_binds, &etc_alloc,
+                              err)) < 0)
     goto fail;
-  r = jail_plan_build(&j->plan, hostname, (uint64_t)shm_mib * MIB, etc_binds, err);
-  if (config && config_setting_get_member(config, "etc_binds"))
+  if ((r = read_list(config, "usr_binds", usr_default, &usr_binds, &usr_alloc, err)) < 0) {
+    if (etc_alloc)
+      free(etc_binds);
+    goto fail;
+  }
+  r = jail_plan_build(&j->plan, hostname, (uint64_t)shm_mib * MIB, usr_binds, etc_binds, err);
+  if (etc_alloc)
     free(etc_binds);
+  if (usr_alloc)
+    free(usr_binds);
   if (r < 0)
     goto fail;
   if ((r = jail_cg_init(&j->cg, cg_root, cg_parent, err)) < 0)
@@ -579,6 +600,22 @@ jail_network_grant(jail_t *j, const eph_sandbox_spec_t *spec, eph_error_t *err)
   return jail_veth_parse_url(spec->proxy_url, &proxy, &port, err);
 }
 
+/* A random version-4 UUID, the form of /proc/sys/kernel/random/boot_id: the sandbox's own,
+ * so nothing inside can tell two sandboxes of one host boot apart from two hosts. */
+static int
+new_boot_id(char *out, size_t size, eph_error_t *err)
+{
+  unsigned char b[16];
+  if (getrandom(b, sizeof b, 0) != (ssize_t)sizeof b)
+    return eph_error_set(err, errno ? errno : EIO, "getrandom (boot_id): %s", strerror(errno));
+  b[6] = (unsigned char)((b[6] & 0x0f) | 0x40);
+  b[8] = (unsigned char)((b[8] & 0x3f) | 0x80);
+  snprintf(out, size, "%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
+           b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12],
+           b[13], b[14], b[15]);
+  return 0;
+}
+
 static void
 reap_child(pid_t pid, int pidfd)
 {
@@ -652,10 +689,13 @@ jail_create(void *state, const eph_sandbox_spec_t *spec, eph_sandbox_t **out, in
     .guest_fd = socks[1],
     .exe_fd = j->exe_fd,
     .scratch_bytes = lim.scratch_bytes,
+    .memory_bytes = lim.memory_bytes,
     .nofile = lim.nofile,
     .network = spec->network,
     .close_fds = {go[1], errp[0], socks[0]},
   };
+  if ((r = new_boot_id(args.boot_id, sizeof args.boot_id, err)) < 0)
+    goto fail;
   struct clone_args ca;
   memset(&ca, 0, sizeof ca);
   ca.flags = CLONE_NEWUSER | CLONE_NEWPID | CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC |

@@ -33,6 +33,7 @@ enum { JAIL_CG_MEMORY = 0, JAIL_CG_PIDS = 1, JAIL_CG_CPU = 2, JAIL_CG_N = 3 };
 typedef struct jail_cgroups {
   bool v2;
   bool memsw;                 /* v1 memory.memsw.* present (swap accounting) */
+  bool kmem;                  /* v1 memory.kmem.limit_in_bytes present */
   bool swap_max;              /* v2 memory.swap.max present */
   bool has_kill;              /* v2 cgroup.kill present */
   int n_dirs;                 /* 3 (v1) or 1 (v2) */
@@ -48,6 +49,15 @@ typedef struct jail_limits {
   uint32_t nofile;
   uint64_t scratch_bytes;
 } jail_limits_t;
+
+/* v1: the TCP buffer limit (memory.kmem.tcp.limit_in_bytes) of a sandbox whose memory
+ * limit is memory_bytes is memory_bytes / JAIL_TCP_SHARE_DIVISOR. On v1 socket buffers are
+ * a separate counter, not part of memory.usage_in_bytes, so an eighth of the memory limit
+ * is given to them on top. The kernel still lets each socket queue one packet past the
+ * limit (forced charges); setup.c keeps those packets small (loopback MTU and GSO size),
+ * so their sum stays below what the sockets themselves cost in the memory limit. On v2
+ * sockets are charged to memory.max itself and this is unused. */
+#define JAIL_TCP_SHARE_DIVISOR 8
 
 typedef struct jail_counters {
   uint64_t memory_peak_bytes;
@@ -129,10 +139,24 @@ typedef struct jail_plan {
   size_t lo_msg_bytes;
 } jail_plan_t;
 
-/* Builds the plan: binds of /usr, /bin.. (symlinks recreated), /etc basics, /dev nodes;
- * `etc_binds` extra /etc entries (NULL-terminated). 0 or negative + err. */
+/* The default of the `usr_binds` key: the /usr entries a guest image needs (programs,
+ * libraries, helper executables, architecture-independent data such as zoneinfo, terminfo
+ * and the CA certificates /etc/ssl points into). Never /usr/local: a default `make install`
+ * puts ephemeral's own configuration in /usr/local/etc. */
+#define JAIL_USR_BINDS_DEFAULT "bin", "sbin", "lib", "lib64", "libexec", "share"
+
+/* Checks one `usr_binds` entry: a relative path under /usr without "." or ".." parts,
+ * neither "local" nor "etc" nor anything under "local/etc" or "etc" (configuration). 0 or
+ * negative + err naming the entry. */
+int jail_usr_bind_check(const char *entry, eph_error_t *err);
+
+/* Builds the plan: an empty /usr holding read-only binds of the `usr_binds` entries
+ * (NULL-terminated, each checked with jail_usr_bind_check; a missing host path is skipped),
+ * /bin.. (symlinks recreated), /etc basics, /dev nodes; `etc_binds` extra /etc entries
+ * (NULL-terminated). 0 or negative + err. */
 int jail_plan_build(jail_plan_t *plan, const char *hostname, uint64_t shm_bytes,
-                    const char *const *etc_binds, eph_error_t *err);
+                    const char *const *usr_binds, const char *const *etc_binds,
+                    eph_error_t *err);
 void jail_plan_free(jail_plan_t *plan);
 
 /* What the child needs beyond the plan; all of it set before clone(). */
@@ -143,6 +167,8 @@ typedef struct jail_child_args {
   int guest_fd;         /* the sandbox end of the socketpair: becomes fd JAIL_GUEST_FD */
   int exe_fd;           /* O_PATH fd of the ephemeral-guest binary */
   uint64_t scratch_bytes;
+  uint64_t memory_bytes; /* shown as MemTotal in the sandbox's /proc/meminfo */
+  char boot_id[40];      /* this sandbox's /proc/sys/kernel/random/boot_id (a UUID) */
   uint32_t nofile;
   int network;
   int close_fds[3];     /* the parent's ends, inherited by clone: closed first */

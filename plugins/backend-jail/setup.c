@@ -1,8 +1,9 @@
 /* backend-jail: the new root and the cloned child's set-up, in plain order.
  *
  * jail_plan_build() runs once at init: it decides every mount, symlink and file of the new
- * root (the host's /bin, /lib.. are usrmerge symlinks on Debian 12, so they are recreated as
- * symlinks; a real directory is bound read-only) and builds the netlink "lo up" message with
+ * root (/usr holds only the `usr_binds` entries; the host's /bin, /lib.. are usrmerge
+ * symlinks on Debian 12, so they are recreated as symlinks; a real directory is bound
+ * read-only) and builds the netlink "lo up" message with
  * libnl's rtnl_link API. jail_child_main() is what the child runs after clone(); it is a
  * fork of a possibly multi-threaded host, so it only does system calls on memory prepared
  * before the clone (no malloc, no stdio, no locks). Each step names itself so a failure
@@ -13,11 +14,15 @@
  *   2. become root of the user namespace (setresgid/setgroups/setresuid): from here the
  *      host sees the sandbox's uids as the unprivileged slot range, never host root
  *   3. PR_SET_PDEATHSIG(SIGKILL), then check the parent is still there
- *   4. unshare(CLONE_NEWCGROUP): the cgroup namespace is rooted at the sandbox's own group
+ *   4. unshare(CLONE_NEWCGROUP): the cgroup namespace is rooted at the sandbox's own group;
+ *      unshare(CLONE_NEWTIME) with offsets: the guest's children see clocks that start at
+ *      zero (new_clocks)
  *   5. make every mount private: nothing propagates back to the host
- *   6. mount the root tmpfs; build /usr, /bin.., /etc, /dev from the plan
- *   7. /proc (this pid namespace's), /dev/pts (new instance), /dev/shm and /tmp tmpfs
- *      (size = scratch limit: a full disk is ENOSPC, not an OOM kill)
+ *   6. mount the root tmpfs; build /usr (the usr_binds list), /bin.., /etc, /dev from the
+ *      plan
+ *   7. /proc (this pid namespace's, host identifiers masked: mask_proc), /dev/pts (new
+ *      instance), /dev/shm and /tmp tmpfs (size = scratch limit: a full disk is ENOSPC,
+ *      not an OOM kill)
  *   8. loopback up (netlink), hostname
  *   9. pivot_root into the new root, detach the old root, remount / read-only
  *  10. RLIMIT_NOFILE, no_new_privs, close every other fd
@@ -43,6 +48,7 @@
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <netlink/netlink.h>
@@ -128,6 +134,16 @@ add_host_path(jail_plan_t *p, const char *path, eph_error_t *err)
   return 0;
 }
 
+/* Small loopback packets. A TCP socket may always queue one packet past its cgroup's TCP
+ * limit (the kernel forces the charge so a connection never stalls for good: sndbuf
+ * moderation, the first skb of an empty receive queue), and on lo a packet is a 64 KiB GSO
+ * super-packet by default: thousands of connections on the sandbox's own loopback then pin
+ * hundreds of MiB of host TCP memory past memory.kmem.tcp.limit_in_bytes. With an
+ * Ethernet-sized MTU and GSO limit the forced part is a few KiB per socket, less than the
+ * socket itself costs in the memory limit, so the memory limit bounds it. */
+#define JAIL_LO_MTU 1500
+#define JAIL_LO_GSO_MAX_BYTES 4096
+
 /* The message `ip link set lo up` sends, built with libnl's route API. lo is ifindex 1 in
  * every new network namespace (net/core/dev.c: loopback registers first). */
 static int
@@ -139,7 +155,11 @@ build_lo_up(jail_plan_t *p, eph_error_t *err)
   if (orig && change) {
     rtnl_link_set_ifindex(orig, 1);
     rtnl_link_set_flags(change, IFF_UP);
+    rtnl_link_set_mtu(change, JAIL_LO_MTU);
     r = rtnl_link_build_change_request(orig, change, 0, &msg);
+    /* libnl has no setter for the GSO limit: the attribute is appended to its message. */
+    if (r >= 0 && msg)
+      r = nla_put_u32(msg, IFLA_GSO_MAX_SIZE, JAIL_LO_GSO_MAX_BYTES);
   }
   if (r < 0 || !msg) {
     rtnl_link_put(orig);
@@ -175,8 +195,52 @@ static const char etc_nsswitch[] = "passwd: files\ngroup: files\nshadow: files\n
 static const char etc_hosts[] = "127.0.0.1\tlocalhost\n::1\tlocalhost\n";
 
 int
+jail_usr_bind_check(const char *entry, eph_error_t *err)
+{
+  size_t n = entry ? strlen(entry) : 0;
+  bool bad = n == 0 || n > 200 || entry[0] == '/' || entry[n - 1] == '/' ||
+             strstr(entry, "//") != NULL;
+  /* No "." or ".." component anywhere: the bind stays under /usr. */
+  for (const char *c = entry; !bad && c && *c; c = strchr(c, '/') ? strchr(c, '/') + 1 : NULL) {
+    size_t len = strcspn(c, "/");
+    bad = (len == 1 && c[0] == '.') || (len == 2 && c[0] == '.' && c[1] == '.');
+  }
+  if (bad)
+    return eph_error_set(err, EPH_E_CONFIG, "usr_binds: '%s' is not a relative path under /usr "
+                         "(no leading or trailing '/', no '.' or '..')", entry ? entry : "");
+  /* Configuration lives in /usr/local/etc (a default `make install` of ephemeral puts its
+   * own there) and, on some systems, /usr/etc: never bound, nor any parent of them. */
+  static const char *const forbidden[] = {"local/etc", "etc", NULL};
+  for (size_t i = 0; forbidden[i]; i++) {
+    size_t fl = strlen(forbidden[i]);
+    bool under = strncmp(entry, forbidden[i], fl) == 0 && (entry[fl] == '\0' || entry[fl] == '/');
+    bool parent = strncmp(forbidden[i], entry, n) == 0 && forbidden[i][n] == '/';
+    if (under || parent)
+      return eph_error_set(err, EPH_E_CONFIG, "usr_binds: '%s' would expose /usr/%s (host "
+                           "configuration): refused", entry, forbidden[i]);
+  }
+  return 0;
+}
+
+/* /usr/<entry> with each missing parent directory made first ("local/bin" needs /usr/local). */
+static int
+add_usr_entry(jail_plan_t *p, const char *entry, eph_error_t *err)
+{
+  char path[4096];
+  snprintf(path, sizeof path, "/usr/%s", entry);
+  for (char *s = path + 5; (s = strchr(s, '/')); s++) {
+    *s = '\0';
+    int r = add_op(p, JAIL_OP_DIR, NULL, path, NULL, err);
+    *s = '/';
+    if (r < 0)
+      return r;
+  }
+  return add_host_path(p, path, err);
+}
+
+int
 jail_plan_build(jail_plan_t *p, const char *hostname, uint64_t shm_bytes,
-                const char *const *etc_binds, eph_error_t *err)
+                const char *const *usr_binds, const char *const *etc_binds, eph_error_t *err)
 {
   memset(p, 0, sizeof *p);
   /* The child's private copy of the host /tmp is covered by the root tmpfs; the host's own
@@ -187,7 +251,14 @@ jail_plan_build(jail_plan_t *p, const char *hostname, uint64_t shm_bytes,
   if (!p->newroot || !p->hostname)
     goto oom;
 
-  static const char *const top[] = {"/usr", "/bin", "/sbin", "/lib", "/lib64", NULL};
+  /* /usr is built from the explicit list, never bound whole: the host's /usr/local (and
+   * the /usr/local/etc of a default install), /usr/include, /usr/src stay out. */
+  if (add_op(p, JAIL_OP_DIR, NULL, "/usr", NULL, err) < 0)
+    goto fail;
+  for (size_t i = 0; usr_binds && usr_binds[i]; i++)
+    if (jail_usr_bind_check(usr_binds[i], err) < 0 || add_usr_entry(p, usr_binds[i], err) < 0)
+      goto fail;
+  static const char *const top[] = {"/bin", "/sbin", "/lib", "/lib64", NULL};
   for (size_t i = 0; top[i]; i++)
     if (add_host_path(p, top[i], err) < 0)
       goto fail;
@@ -375,6 +446,100 @@ mount_tmpfs(const jail_child_args_t *a, const char *target, const char *mode, ui
     die(a, "mount tmpfs on", target);
 }
 
+/* Host identifiers and host-wide figures in the sandbox's own /proc, each covered by a
+ * read-only bind of a file written here (in the root tmpfs, unlinked once bound: the mount
+ * keeps the inode). The worker has neither the capability nor the system call (seccomp
+ * refuses umount2) to uncover them.
+ *   /proc/cmdline                        the host kernel's command line: empty
+ *   /proc/sys/kernel/random/boot_id      names the host boot: a UUID of this sandbox
+ *   /proc/loadavg                        the host's load (other tenants' activity): zeros
+ *   /proc/meminfo                        the host's RAM: this sandbox's memory limit
+ * What stays visible is listed in the security notes (uptime, /proc/stat, cpuinfo, ...). */
+static void
+mask_proc(const jail_child_args_t *a)
+{
+  char meminfo[512] = "", boot_id[64] = "", kb[24] = "";
+  cat_u64(kb, sizeof kb, a->memory_bytes / 1024);
+  static const char *const keys[] = {"MemTotal", "MemFree", "MemAvailable", "Buffers",
+                                     "Cached", "SwapCached", "SwapTotal", "SwapFree", NULL};
+  for (size_t i = 0; keys[i]; i++) {
+    cat(meminfo, sizeof meminfo, keys[i]);
+    cat(meminfo, sizeof meminfo, ":");
+    for (size_t pad = strlen(keys[i]); pad < 15; pad++)
+      cat(meminfo, sizeof meminfo, " ");
+    cat(meminfo, sizeof meminfo, i < 3 ? kb : "0");
+    cat(meminfo, sizeof meminfo, " kB\n");
+  }
+  cat(boot_id, sizeof boot_id, a->boot_id);
+  cat(boot_id, sizeof boot_id, "\n");
+  const struct {
+    const char *name, *target, *text;
+  } masks[] = {
+    {"cmdline", "/proc/cmdline", ""},
+    {"boot_id", "/proc/sys/kernel/random/boot_id", boot_id},
+    {"loadavg", "/proc/loadavg", "0.00 0.00 0.00 1/1 1\n"},
+    {"meminfo", "/proc/meminfo", meminfo},
+  };
+  char dir[4096], src[4096], dst[4096];
+  in_root(dir, sizeof dir, a->plan, "/.proc-masks");
+  if (mkdir(dir, 0700) < 0)
+    die(a, "mkdir", "/.proc-masks");
+  for (size_t i = 0; i < sizeof masks / sizeof masks[0]; i++) {
+    src[0] = '\0';
+    cat(src, sizeof src, dir);
+    cat(src, sizeof src, "/");
+    cat(src, sizeof src, masks[i].name);
+    int fd = open(src, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0444);
+    size_t len = strlen(masks[i].text);
+    if (fd < 0 || write(fd, masks[i].text, len) != (ssize_t)len)
+      die(a, "write the mask of", masks[i].target);
+    close(fd);
+    in_root(dst, sizeof dst, a->plan, masks[i].target);
+    if (mount(src, dst, NULL, MS_BIND, NULL) < 0)
+      die(a, "mask (bind over)", masks[i].target);
+    if (mount(NULL, dst, NULL, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV |
+              MS_NOEXEC, NULL) < 0)
+      die(a, "mask (remount read-only)", masks[i].target);
+    if (unlink(src) < 0)
+      die(a, "unlink the mask of", masks[i].target);
+  }
+  if (rmdir(dir) < 0)
+    die(a, "rmdir", "/.proc-masks");
+}
+
+/* A time namespace whose boot and monotonic clocks start near zero: /proc/uptime, the boot
+ * time in /proc/stat, process start times and CLOCK_MONOTONIC/CLOCK_BOOTTIME then tell the
+ * sandbox's age, not the host's. unshare(CLONE_NEWTIME) applies to our children only (the
+ * guest stays on the host's clocks, every command it forks gets the new ones), and the
+ * offsets can be written until the first child enters. Whole seconds, so both clocks stay
+ * positive. */
+static void
+new_clocks(const jail_child_args_t *a)
+{
+  struct timespec mono, boot;
+  if (unshare(CLONE_NEWTIME) < 0)
+    die(a, "unshare(CLONE_NEWTIME)", NULL);
+  if (clock_gettime(CLOCK_MONOTONIC, &mono) < 0 || clock_gettime(CLOCK_BOOTTIME, &boot) < 0)
+    die(a, "clock_gettime", NULL);
+  char text[128] = "monotonic -";
+  cat_u64(text, sizeof text, (uint64_t)mono.tv_sec);
+  cat(text, sizeof text, " 0\nboottime -");
+  cat_u64(text, sizeof text, (uint64_t)boot.tv_sec);
+  cat(text, sizeof text, " 0\n");
+  /* The uid change of step 2 made us non-dumpable, which hands our /proc/self files to
+   * the host's root: dumpable for this one write (exec decides it afresh anyway). */
+  if (prctl(PR_SET_DUMPABLE, 1, 0, 0, 0) < 0)
+    die(a, "prctl(PR_SET_DUMPABLE)", NULL);
+  int fd = open("/proc/self/timens_offsets", O_WRONLY | O_CLOEXEC);
+  if (fd < 0)
+    die(a, "open", "/proc/self/timens_offsets");
+  if (write(fd, text, strlen(text)) != (ssize_t)strlen(text))
+    die(a, "write", "/proc/self/timens_offsets");
+  close(fd);
+  if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) < 0)
+    die(a, "prctl(PR_SET_DUMPABLE)", NULL);
+}
+
 /* `ip link set lo up` with the message prepared at init. */
 static void
 loopback_up(const jail_child_args_t *a)
@@ -464,6 +629,7 @@ jail_child_main(const jail_child_args_t *args)
   /* 4. A cgroup namespace rooted at the sandbox's own group (we are in it now). */
   if (unshare(CLONE_NEWCGROUP) < 0)
     die(a, "unshare(CLONE_NEWCGROUP)", NULL);
+  new_clocks(a);
 
   /* 5. Nothing we mount propagates to the host. */
   if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
@@ -479,6 +645,7 @@ jail_child_main(const jail_child_args_t *args)
   if (mount("proc", in_root(path, sizeof path, p, "/proc"), "proc",
             MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0)
     die(a, "mount proc on", "/proc");
+  mask_proc(a);
   if (mount("devpts", in_root(path, sizeof path, p, "/dev/pts"), "devpts", MS_NOSUID | MS_NOEXEC,
             "newinstance,ptmxmode=0666,mode=0620,gid=5") < 0)
     die(a, "mount devpts on", "/dev/pts");
