@@ -812,90 +812,107 @@ header_count(struct MHD_Connection *c, const char *name)
   return hc.n;
 }
 
-/* Decides to refuse once the body has been read and thrown away (see conn_req_t). */
-static void
-refuse_later(conn_req_t *req, unsigned status, const char *type, const char *field,
-             const char *msg)
+/* The body the head announces: Content-Length, SIZE_MAX for a chunked one, 0 for none. */
+static uint64_t
+announced_body(struct MHD_Connection *c)
 {
+  if (MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_TRANSFER_ENCODING))
+    return UINT64_MAX;
+  const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+  return cl ? strtoull(cl, NULL, 10) : 0;
+}
+
+/* Refuses the request decided at its head. Without a body the answer goes at once. With
+ * one, MHD would stop reading and close the socket under an upload still arriving, and a
+ * client that sends its whole body before reading (Python's urllib, Node's fetch) sees a
+ * reset instead of the answer: so a body up to 4 times max_body_bytes is read and dropped
+ * first (within body_timeout_seconds); beyond, the answer goes at once with
+ * Connection: close. hname/hval: one extra header (hval copied), or NULL. */
+__attribute__((format(printf, 9, 10))) static MHD_RESULT
+refuse(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req, unsigned status,
+       const char *type, const char *field, const char *hname, const char *hval,
+       const char *fmt, ...)
+{
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(req->refuse_msg, sizeof req->refuse_msg, fmt, ap);
+  va_end(ap);
+  uint64_t body = announced_body(c);
+  if (body == 0 || (body != UINT64_MAX && body / 4 > srv->opt.max_body_bytes)) {
+    if (body && !hname) {
+      hname = MHD_HTTP_HEADER_CONNECTION;
+      hval = "close";
+    }
+    return eph_srv_error_h(c, srv, status, hname, hval, type, field, "%s", req->refuse_msg);
+  }
   req->refuse_status = status;
   req->refuse_type = type;
   req->refuse_field = field;
-  snprintf(req->refuse_msg, sizeof req->refuse_msg, "%s", msg);
+  req->refuse_hname = hname;
+  snprintf(req->refuse_hval, sizeof req->refuse_hval, "%s", hval ? hval : "");
   req->body_refused = true;
   free(req->body);
   req->body = NULL;
   req->body_len = req->body_cap = 0;
+  return MHD_YES;
 }
 
 /* The first call, with the complete head: route, authenticate, judge the framing and the
- * size. An answer queued here is sent at once; MHD then stops reading and closes. */
+ * size. */
 static MHD_RESULT
 on_head(eph_server_t *srv, struct MHD_Connection *c, const char *url, const char *method,
         conn_req_t *req)
 {
   req->started = true;
   track_deadline(srv, c, srv->opt.body_timeout_seconds, "body");
-  if (req->bad_uri) {
-    refuse_later(req, MHD_HTTP_BAD_REQUEST, "invalid_request", "path",
-                 "the request target must not encode '/', '\\' or NUL (%2F, %5C, %00)");
-    return MHD_YES;
-  }
   /* Two framings for one body is how requests are smuggled past a proxy: refused, and the
-   * connection is closed after the answer (refusals other than 503 say Connection: close),
-   * so whatever the second framing hid is never read as a request. */
+   * connection is closed after the answer, so whatever the second framing hid is never
+   * read as a request. */
   unsigned n_cl = header_count(c, MHD_HTTP_HEADER_CONTENT_LENGTH);
-  if (n_cl > 1 || (n_cl && header_count(c, MHD_HTTP_HEADER_TRANSFER_ENCODING))) {
-    refuse_later(req, MHD_HTTP_BAD_REQUEST, "invalid_request", "Content-Length",
-                 "Content-Length: exactly one, and not with Transfer-Encoding");
-    return MHD_YES;
-  }
+  if (n_cl > 1 || (n_cl && header_count(c, MHD_HTTP_HEADER_TRANSFER_ENCODING)))
+    return refuse(srv, c, req, MHD_HTTP_BAD_REQUEST, "invalid_request", "Content-Length",
+                  MHD_HTTP_HEADER_CONNECTION, "close",
+                  "Content-Length: exactly one, and not with Transfer-Encoding");
+  if (req->bad_uri)
+    return refuse(srv, c, req, MHD_HTTP_BAD_REQUEST, "invalid_request", "path", NULL, NULL,
+                  "the request target must not encode '/', '\\' or NUL (%%2F, %%5C, %%00)");
   char allow[64];
   req->route = route_find(method, url, req->param, sizeof req->param, allow, sizeof allow);
   if (!req->route) {
     if (allow[0])
-      return eph_srv_error_h(c, srv, MHD_HTTP_METHOD_NOT_ALLOWED, "Allow", allow,
-                             "method_not_allowed", NULL, "%s is not allowed on %s (allowed: %s)",
-                             method, url, allow);
-    return eph_srv_error(c, srv, MHD_HTTP_NOT_FOUND, "not_found", NULL, "no route %s %s",
-                         method, url);
+      return refuse(srv, c, req, MHD_HTTP_METHOD_NOT_ALLOWED, "method_not_allowed", NULL,
+                    "Allow", allow, "%s is not allowed on %s (allowed: %s)", method, url,
+                    allow);
+    return refuse(srv, c, req, MHD_HTTP_NOT_FOUND, "not_found", NULL, NULL, NULL,
+                  "no route %s %s", method, url);
   }
   if (req->route->auth && authenticate(srv, c, req) < 0)
-    return eph_srv_error_h(c, srv, MHD_HTTP_UNAUTHORIZED, MHD_HTTP_HEADER_WWW_AUTHENTICATE,
-                           "Bearer realm=\"ephemeral\"", "authentication_error", NULL,
-                           "a valid API key is required: Authorization: Bearer KEY");
+    return refuse(srv, c, req, MHD_HTTP_UNAUTHORIZED, "authentication_error", NULL,
+                  MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer realm=\"ephemeral\"",
+                  "a valid API key is required: Authorization: Bearer KEY");
   if (!req->route->body)
     return MHD_YES;
   if (!content_type_json(c))
-    return eph_srv_error(c, srv, MHD_HTTP_UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type",
-                         NULL, "Content-Type must be application/json");
+    return refuse(srv, c, req, MHD_HTTP_UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type", NULL,
+                  NULL, NULL, "Content-Type must be application/json");
   pthread_mutex_lock(&srv->lock);
   bool draining = srv->draining;
   pthread_mutex_unlock(&srv->lock);
-  if (draining) {
-    refuse_later(req, MHD_HTTP_SERVICE_UNAVAILABLE, "unavailable", NULL,
-                 "the daemon is shutting down; retry on another instance");
-    return MHD_YES;
-  }
-  const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
-  if (!cl)
-    return MHD_YES; /* chunked: counted as it comes */
-  unsigned long long declared = strtoull(cl, NULL, 10);
-  if (declared > srv->opt.max_body_bytes) {
-    char msg[96];
-    snprintf(msg, sizeof msg, "the body is larger than %zu bytes", srv->opt.max_body_bytes);
-    /* Up to 4 times the limit, the body is read and dropped so that every client reads the
-     * 413; beyond, the answer goes at once and the connection closes under the upload. */
-    if (declared / 4 > srv->opt.max_body_bytes)
-      return eph_srv_error_h(c, srv, HTTP_CONTENT_TOO_LARGE, MHD_HTTP_HEADER_CONNECTION, "close",
-                             "payload_too_large", NULL, "%s", msg);
-    refuse_later(req, HTTP_CONTENT_TOO_LARGE, "payload_too_large", NULL, msg);
-    return MHD_YES;
-  }
+  if (draining)
+    return refuse(srv, c, req, MHD_HTTP_SERVICE_UNAVAILABLE, "unavailable", NULL, NULL, NULL,
+                  "the daemon is shutting down; retry on another instance");
+  uint64_t declared = announced_body(c);
+  if (declared == UINT64_MAX)
+    return MHD_YES; /* chunked: booked as it comes */
+  if (declared > srv->opt.max_body_bytes)
+    return refuse(srv, c, req, HTTP_CONTENT_TOO_LARGE, "payload_too_large", NULL,
+                  MHD_HTTP_HEADER_CONNECTION, "close", "the body is larger than %zu bytes",
+                  srv->opt.max_body_bytes);
   /* The declared size is booked before a byte arrives: 40 clients announcing 20 MiB each
    * cannot make the daemon hold 800 MiB. */
   if (!inflight_take(srv, req, (size_t)declared))
-    refuse_later(req, MHD_HTTP_SERVICE_UNAVAILABLE, "overloaded", NULL,
-                 "too many request bodies are being received; retry later");
+    return refuse(srv, c, req, MHD_HTTP_SERVICE_UNAVAILABLE, "overloaded", NULL, NULL, NULL,
+                  "too many request bodies are being received; retry later");
   return MHD_YES;
 }
 
@@ -916,19 +933,15 @@ on_request(void *cls, struct MHD_Connection *c, const char *url, const char *met
     *upload_data_size = 0;
     if (req->body_refused || !req->route->body)
       return MHD_YES;
-    if (req->body_len + n > srv->opt.max_body_bytes) {
-      char msg[96];
-      snprintf(msg, sizeof msg, "the body is larger than %zu bytes", srv->opt.max_body_bytes);
-      refuse_later(req, HTTP_CONTENT_TOO_LARGE, "payload_too_large", NULL, msg);
-      return MHD_YES;
-    }
+    if (req->body_len + n > srv->opt.max_body_bytes)
+      return refuse(srv, c, req, HTTP_CONTENT_TOO_LARGE, "payload_too_large", NULL,
+                    MHD_HTTP_HEADER_CONNECTION, "close", "the body is larger than %zu bytes",
+                    srv->opt.max_body_bytes);
     /* Without a Content-Length (chunked) the body is booked as it grows. */
     if (req->body_len + n > req->inflight_bytes &&
-        !inflight_take(srv, req, req->body_len + n - req->inflight_bytes)) {
-      refuse_later(req, MHD_HTTP_SERVICE_UNAVAILABLE, "overloaded", NULL,
-                   "too many request bodies are being received; retry later");
-      return MHD_YES;
-    }
+        !inflight_take(srv, req, req->body_len + n - req->inflight_bytes))
+      return refuse(srv, c, req, MHD_HTTP_SERVICE_UNAVAILABLE, "overloaded", NULL, NULL, NULL,
+                    "too many request bodies are being received; retry later");
     if (req->body_len + n + 1 > req->body_cap) {
       req->body_cap = (req->body_len + n + 1) * 2;
       if (req->body_cap > srv->opt.max_body_bytes + 1)
@@ -943,14 +956,9 @@ on_request(void *cls, struct MHD_Connection *c, const char *url, const char *met
   /* The request is complete: what follows is the answer (which may wait: ?wait, SSE). */
   track_deadline(srv, c, 0, NULL);
   if (req->refuse_status)
-    return eph_srv_error_h(c, srv, req->refuse_status,
-                           req->refuse_status == MHD_HTTP_SERVICE_UNAVAILABLE
-                               ? MHD_HTTP_HEADER_RETRY_AFTER
-                               : MHD_HTTP_HEADER_CONNECTION,
-                           req->refuse_status == MHD_HTTP_SERVICE_UNAVAILABLE
-                               ? RETRY_AFTER_SECONDS
-                               : "close",
-                           req->refuse_type, req->refuse_field, "%s", req->refuse_msg);
+    return eph_srv_error_h(c, srv, req->refuse_status, req->refuse_hname,
+                           req->refuse_hname ? req->refuse_hval : NULL, req->refuse_type,
+                           req->refuse_field, "%s", req->refuse_msg);
   if (req->admitted)
     return eph_srv_runs_continue(srv, c, req);
   return req->route->fn(srv, c, req);

@@ -79,6 +79,8 @@ typedef struct conn_req {
   unsigned refuse_status;
   const char *refuse_type;
   const char *refuse_field; /* static, or NULL */
+  const char *refuse_hname; /* one extra header of the answer (static), or NULL */
+  char refuse_hval[64];
   char refuse_msg[160];
   size_t inflight_bytes; /* this request's share of srv->inflight_body_bytes */
   bool admitted;        /* POST /v1/runs: the run exists, maybe waiting */
