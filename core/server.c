@@ -378,7 +378,9 @@ error_v(struct MHD_Connection *c, eph_server_t *srv, unsigned status, const char
      * detail (the message may name files, plugins, SQLite errors of the host). */
     char ref[9];
     eph_random_hex(ref, 4);
-    eph_warn("HTTP %u %s (ref %s): %s", status, type, ref, msg);
+    /* A 503 is the daemon defending itself (draining, overloaded): expected under load. */
+    eph_log(status == MHD_HTTP_SERVICE_UNAVAILABLE ? EPH_LOG_INFO : EPH_LOG_WARN,
+            "HTTP %u %s (ref %s): %s", status, type, ref, msg);
     if (paths || strchr(msg, '/'))
       snprintf(pub, sizeof pub, "%s; the daemon's log has the details (ref %s)",
                status == MHD_HTTP_SERVICE_UNAVAILABLE ? "the service cannot take this now"
@@ -495,8 +497,13 @@ h_metrics(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req)
           "ephemeral_http_inflight_refusals_total %" PRIu64 "\n"
           "# HELP ephemeral_http_inflight_body_bytes Request body bytes booked now.\n"
           "# TYPE ephemeral_http_inflight_body_bytes gauge\n"
-          "ephemeral_http_inflight_body_bytes %zu\n",
-          srv->deadline_closes, srv->inflight_refusals, srv->inflight_body_bytes);
+          "ephemeral_http_inflight_body_bytes %zu\n"
+          "# HELP ephemeral_http_connections_refused_total Connections closed at accept: over "
+          "max_connections or max_connections_per_ip.\n"
+          "# TYPE ephemeral_http_connections_refused_total counter\n"
+          "ephemeral_http_connections_refused_total %" PRIu64 "\n",
+          srv->deadline_closes, srv->inflight_refusals, srv->inflight_body_bytes,
+          srv->connections_refused);
   pthread_mutex_unlock(&srv->conns_lock);
   fprintf(f, "# HELP ephemeral_http_responses_total HTTP responses by status class.\n"
              "# TYPE ephemeral_http_responses_total counter\n");
@@ -751,6 +758,35 @@ inflight_release(eph_server_t *srv, conn_req_t *req)
   srv->inflight_body_bytes -= req->inflight_bytes;
   req->inflight_bytes = 0;
   pthread_mutex_unlock(&srv->conns_lock);
+}
+
+/* MHD_OPTION_EXTERNAL_LOGGER: libmicrohttpd's messages go to our log at debug level, except
+ * one line per rejected connection (over max_connections or max_connections_per_ip), which
+ * a flood would turn into thousands of lines: those are counted, and said at most every 10 s. */
+static void
+on_mhd_log(void *cls, const char *fmt, va_list ap)
+{
+  eph_server_t *srv = cls;
+  if (strncmp(fmt, "Server reached connection limit", 31) != 0) {
+    char msg[512];
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    msg[strcspn(msg, "\n")] = '\0';
+    eph_debug("libmicrohttpd: %s", msg);
+    return;
+  }
+  int64_t now = eph_now_ms();
+  uint64_t n = 0;
+  pthread_mutex_lock(&srv->conns_lock);
+  srv->connections_refused++;
+  if (now - srv->refused_said_ms >= 10000) {
+    n = srv->connections_refused - srv->refused_said;
+    srv->refused_said = srv->connections_refused;
+    srv->refused_said_ms = now;
+  }
+  pthread_mutex_unlock(&srv->conns_lock);
+  if (n)
+    eph_warn("%" PRIu64 " connection(s) closed at accept: over server.max_connections or "
+             "server.max_connections_per_ip (said at most every 10 s)", n);
 }
 
 /* ------------------------------------------------------------------ requests */
@@ -1064,7 +1100,7 @@ eph_server_start(eph_ctx_t *ctx, const eph_server_options_t *opt, eph_server_t *
       MHD_OPTION_URI_LOG_CALLBACK, on_uri, srv, MHD_OPTION_CONNECTION_TIMEOUT,
       (unsigned)opt->idle_timeout_seconds, MHD_OPTION_CONNECTION_LIMIT, max_conns,
       MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)opt->max_connections_per_ip,
-      MHD_OPTION_END);
+      MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, srv, MHD_OPTION_END);
   if (!srv->mhd) {
     r = eph_error_set(err, EIO, "listen %s: libmicrohttpd refused to start", opt->listen);
     goto fail;

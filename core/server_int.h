@@ -134,6 +134,8 @@ struct eph_server {
   pthread_t guard;
   size_t inflight_body_bytes; /* under conns_lock */
   uint64_t deadline_closes, inflight_refusals; /* under conns_lock */
+  uint64_t connections_refused, refused_said; /* under conns_lock */
+  int64_t refused_said_ms;
 };
 
 /* server.c */
