@@ -760,9 +760,12 @@ inflight_release(eph_server_t *srv, conn_req_t *req)
   pthread_mutex_unlock(&srv->conns_lock);
 }
 
-/* MHD_OPTION_EXTERNAL_LOGGER: libmicrohttpd's messages go to our log at debug level, except
- * one line per rejected connection (over max_connections or max_connections_per_ip), which
- * a flood would turn into thousands of lines: those are counted, and said at most every 10 s. */
+/* MHD_OPTION_EXTERNAL_LOGGER: libmicrohttpd's messages go to our log: what one client's
+ * connection did (closed early, malformed, timed out) at debug level, so that a hostile
+ * client cannot fill the log; the rest (the daemon's own trouble: accept, epoll, threads)
+ * as warnings. One line per connection rejected over max_connections or
+ * max_connections_per_ip would be thousands for one flood: those are counted, and said at
+ * most every 10 s. */
 static void
 on_mhd_log(void *cls, const char *fmt, va_list ap)
 {
@@ -771,7 +774,9 @@ on_mhd_log(void *cls, const char *fmt, va_list ap)
     char msg[512];
     vsnprintf(msg, sizeof msg, fmt, ap);
     msg[strcspn(msg, "\n")] = '\0';
-    eph_debug("libmicrohttpd: %s", msg);
+    bool client = strcasestr(fmt, "connection") || strcasestr(fmt, "request") ||
+                  strcasestr(fmt, "header") || strcasestr(fmt, "closed");
+    eph_log(client ? EPH_LOG_DEBUG : EPH_LOG_WARN, "libmicrohttpd: %s", msg);
     return;
   }
   int64_t now = eph_now_ms();
