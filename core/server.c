@@ -879,7 +879,11 @@ refuse(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req, unsigned st
   vsnprintf(req->refuse_msg, sizeof req->refuse_msg, fmt, ap);
   va_end(ap);
   uint64_t body = announced_body(c);
-  if (body == 0 || (body != UINT64_MAX && body / 4 > srv->opt.max_body_bytes)) {
+  /* A client that sent "Expect: 100-continue" waits for a word before its body: the answer
+   * can go at once, nothing is under way to be reset. */
+  const char *expect = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_EXPECT);
+  bool waits = expect && strcasecmp(expect, "100-continue") == 0;
+  if (body == 0 || waits || (body != UINT64_MAX && body / 4 > srv->opt.max_body_bytes)) {
     if (body && !hname) {
       hname = MHD_HTTP_HEADER_CONNECTION;
       hval = "close";
