@@ -269,6 +269,7 @@ eph_cmd_run(eph_ctx_t *ctx, int argc, char **argv)
     return 2;
   }
   limits.max_files_total_bytes = (size_t)files_max;
+  limits.plugins = &ctx->plugins;
   eph_request_t req;
   const char *field = NULL;
   if (eph_request_parse(body, len, &limits, &req, &field, &err) < 0) {

@@ -68,7 +68,15 @@ const eph_config_key_t eph_core_config_keys[] = {
      "max_body_bytes (request body limit, default 25165824; more is 413); "
      "drain_grace_seconds (on SIGTERM, how long running runs may finish before they are "
      "cancelled, default 30); idempotency_hours (how long an Idempotency-Key is remembered, "
-     "at least and by default 24)."},
+     "at least and by default 24); max_inflight_body_bytes (request bodies being received at "
+     "once, all clients together, a declared Content-Length counting in full, default "
+     "100663296; more is 503 with Retry-After); max_connections (HTTP connections open at "
+     "once, default 4096, lowered to fit the open-file limit); max_connections_per_ip "
+     "(connections open at once from one client address, default 64); "
+     "header_timeout_seconds (a connection must send a complete request head within this, "
+     "default 10); body_timeout_seconds (a request body must be complete within this after "
+     "its head, default 60); idle_timeout_seconds (a connection without traffic is closed, "
+     "default 60)."},
     {0},
 };
 

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -134,7 +135,13 @@ main(int argc, char **argv)
 
   eph_ctx_t ctx;
   eph_error_t err = {0};
-  if (eph_ctx_open(&ctx, &copt, &err) < 0) {
+  /* State files (the ledger's SQLite file and its -wal/-shm, created by its plugin's init)
+   * are 0600 whoever started the daemon, by hand too; the umask goes back afterwards: the
+   * sandboxes build world-readable trees for their unprivileged worker. */
+  mode_t umask_before = umask(077);
+  int opened = eph_ctx_open(&ctx, &copt, &err);
+  umask(umask_before);
+  if (opened < 0) {
     eph_error("%s", err.message);
     return 1;
   }

@@ -5,6 +5,7 @@
 #include <getopt.h>
 #include <signal.h>
 #include <stdio.h>
+#include <sys/stat.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -108,7 +109,13 @@ main(int argc, char **argv)
       }
     eph_ctx_t ctx;
     eph_error_t err = {0};
-    if (eph_ctx_open(&ctx, &opt, &err) < 0) {
+    /* The state files opened here (the ledger's SQLite file and its -wal/-shm) are created
+     * 0600 whoever started us; the umask goes back for what runs later (sandboxes build
+     * world-readable trees for their unprivileged worker). */
+    mode_t umask_before = umask(077);
+    int opened = eph_ctx_open(&ctx, &opt, &err);
+    umask(umask_before);
+    if (opened < 0) {
       eph_error("%s", err.message);
       return cmd->config_error_status;
     }

@@ -8,6 +8,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "loader.h"
+#include "log.h"
 #include "util.h"
 
 static _Thread_local char field_buf[128];
@@ -232,6 +234,41 @@ parse_connections(json_object *v, eph_request_t *req, const char **field, eph_er
   return 0;
 }
 
+/* True when a loaded tool plugin says the operator defined connection `name`. */
+static bool
+connection_defined(const eph_plugins_t *ps, const char *name)
+{
+  for (size_t i = 0; i < ps->n; i++) {
+    const eph_plugin_slot_t *s = &ps->slots[i];
+    if (s->desc->kind != EPH_KIND_TOOL)
+      continue;
+    const eph_tool_ops_t *ops = s->desc->ops;
+    if (EPH_OPS_HAS(ops, eph_tool_ops_t, connection_defined) &&
+        EPH_WITH_PLUGIN(s, ops->connection_defined(s->state, name)) == 1)
+      return true;
+  }
+  return false;
+}
+
+/* A grant of a connection nobody defined would be admitted, reserved and billed for a run
+ * whose every call to it is refused: refused here instead, before anything exists. */
+static int
+check_connections(const eph_request_t *req, const eph_plugins_t *ps, const char **field,
+                  eph_error_t *err)
+{
+  for (size_t i = 0; i < req->n_connections; i++) {
+    if (connection_defined(ps, req->connections[i].name))
+      continue;
+    char name[64];
+    snprintf(name, sizeof name, "connections[%zu].name", i);
+    return field_error(field, err, name,
+                       "no connection '%.64s' is defined on this server (the operator defines "
+                       "connections in tool-connection's configuration)",
+                       req->connections[i].name);
+  }
+  return 0;
+}
+
 static int
 parse_outputs(json_object *v, eph_request_t *req, const char **field, eph_error_t *err)
 {
@@ -380,6 +417,8 @@ eph_request_parse(const char *json, size_t len, const eph_request_limits_t *limi
     r = field_error(field, err, "max_cost_micros", "required");
   if (r == 0 && !req->model)
     req->model = eph_xstrdup(limits->default_model ? limits->default_model : "openai/gpt-6-luna");
+  if (r == 0 && limits->plugins)
+    r = check_connections(req, limits->plugins, field, err);
 out:
   json_object_put(root);
   if (r < 0)

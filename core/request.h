@@ -59,12 +59,18 @@ typedef struct eph_request {
   json_object *metadata; /* object of strings, or NULL; owned */
 } eph_request_t;
 
+struct eph_plugins;
+
 /* Operator limits the request is checked against. */
 typedef struct eph_request_limits {
   int64_t max_timeout_seconds;
   int64_t max_cost_micros;
   size_t max_files_total_bytes;
   const char *default_model;
+  /* The loaded plugins (borrowed): every granted connection must be one a tool plugin
+   * says the operator defined (eph_tool_ops_t.connection_defined), else the field
+   * "connections[i].name" is invalid. NULL: not checked (unit tests of the shape only). */
+  const struct eph_plugins *plugins;
 } eph_request_limits_t;
 
 /* Parses and validates `json` (len bytes). On success fills *req (release with

@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -20,6 +21,8 @@
 #include "util.h"
 
 #define STATIC_MAX_BYTES (4u << 20)
+#define RETRY_AFTER_SECONDS "2"
+#define GUARD_PERIOD_MS 250
 
 typedef MHD_RESULT (*handler_fn)(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req);
 
@@ -91,6 +94,22 @@ static const eph_config_key_t server_keys[] = {
      "On SIGTERM, how long running runs may go on before they are cancelled."},
     {"idempotency_hours", EPH_CFG_INT, "24", "hours",
      "How long an Idempotency-Key is remembered per organisation (at least 24)."},
+    {"max_inflight_body_bytes", EPH_CFG_INT, "100663296", "bytes",
+     "Request bodies being received at once, all clients together (a declared Content-Length "
+     "counts in full); beyond, 503 with Retry-After."},
+    {"max_connections", EPH_CFG_INT, "4096", NULL,
+     "HTTP connections open at once (bounded by the open-file limit); more are closed."},
+    {"max_connections_per_ip", EPH_CFG_INT, "64", NULL,
+     "HTTP connections open at once from one client address; more are closed at once."},
+    {"header_timeout_seconds", EPH_CFG_INT, "10", "seconds",
+     "A connection must send a complete request head within this (from connecting, or from "
+     "its previous answer); else it is closed."},
+    {"body_timeout_seconds", EPH_CFG_INT, "60", "seconds",
+     "A request body must be complete within this after its head; else the connection is "
+     "closed."},
+    {"idle_timeout_seconds", EPH_CFG_INT, "60", "seconds",
+     "A connection without any traffic for this long is closed (SSE streams send a keep-alive "
+     "every 15 s)."},
     {0},
 };
 
@@ -101,7 +120,7 @@ eph_server_options_from_config(eph_ctx_t *ctx, eph_server_options_t *opt, eph_er
   const config_setting_t *core = ctx->config.core;
   const config_setting_t *g = core ? config_setting_get_member(core, "server") : NULL;
   const char *listen = NULL;
-  int64_t conc, queued, body, grace, idem;
+  int64_t conc, queued, body, grace, idem, inflight, conns, per_ip, head_s, body_s, idle_s;
   int r;
   if (g && (r = eph_config_check_keys(g, server_keys, "server", &ctx->config.warnings, err)) < 0)
     return r;
@@ -110,8 +129,24 @@ eph_server_options_from_config(eph_ctx_t *ctx, eph_server_options_t *opt, eph_er
       (r = server_int(g, "max_queued_runs", 64, 0, 100000, &queued, err)) < 0 ||
       (r = server_int(g, "max_body_bytes", 24 << 20, 1024, (int64_t)1 << 30, &body, err)) < 0 ||
       (r = server_int(g, "drain_grace_seconds", 30, 0, 86400, &grace, err)) < 0 ||
-      (r = server_int(g, "idempotency_hours", 24, 24, 24 * 365, &idem, err)) < 0)
+      (r = server_int(g, "idempotency_hours", 24, 24, 24 * 365, &idem, err)) < 0 ||
+      (r = server_int(g, "max_inflight_body_bytes", 96 << 20, 1024, (int64_t)1 << 40, &inflight,
+                      err)) < 0 ||
+      (r = server_int(g, "max_connections", 4096, 16, 1000000, &conns, err)) < 0 ||
+      (r = server_int(g, "max_connections_per_ip", 64, 1, 1000000, &per_ip, err)) < 0 ||
+      (r = server_int(g, "header_timeout_seconds", 10, 1, 3600, &head_s, err)) < 0 ||
+      (r = server_int(g, "body_timeout_seconds", 60, 1, 86400, &body_s, err)) < 0 ||
+      (r = server_int(g, "idle_timeout_seconds", 60, 1, 86400, &idle_s, err)) < 0)
     return r;
+  if (inflight < body) {
+    char where[512];
+    return eph_error_set(err, EPH_E_CONFIG,
+                         "%s: server.max_inflight_body_bytes = %" PRId64
+                         ": must be at least server.max_body_bytes (%" PRId64 ")",
+                         eph_cfg_where(g ? config_setting_get_member(g, "max_inflight_body_bytes")
+                                         : NULL, where, sizeof where),
+                         inflight, body);
+  }
   snprintf(opt->listen, sizeof opt->listen, "%s", listen);
   opt->max_concurrent_runs = (int)conc;
   opt->max_queued_runs = (int)queued;
@@ -120,6 +155,12 @@ eph_server_options_from_config(eph_ctx_t *ctx, eph_server_options_t *opt, eph_er
   opt->idempotency_hours = (int)idem;
   opt->live_grace_ms = 5000;
   opt->http_threads = 4;
+  opt->max_inflight_body_bytes = (size_t)inflight;
+  opt->max_connections = (int)conns;
+  opt->max_connections_per_ip = (int)per_ip;
+  opt->header_timeout_seconds = (int)head_s;
+  opt->body_timeout_seconds = (int)body_s;
+  opt->idle_timeout_seconds = (int)idle_s;
   return 0;
 }
 
@@ -222,6 +263,26 @@ eph_srv_count(eph_server_t *srv, unsigned status)
   }
 }
 
+/* Content-Security-Policy of the playground page: its own script and style files only (no
+ * inline script, no eval), fetches to this origin only, never inside a frame. */
+#define CSP_PAGE                                                                            \
+  "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; "           \
+  "img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+/* Everything else (JSON, SSE, metrics, static files) is data, never a document. */
+#define CSP_DATA "default-src 'none'; frame-ancestors 'none'; sandbox"
+
+void
+eph_srv_secure_headers(struct MHD_Response *resp, const char *content_type)
+{
+  bool page = content_type && strncmp(content_type, "text/html", 9) == 0;
+  MHD_add_response_header(resp, "Content-Security-Policy", page ? CSP_PAGE : CSP_DATA);
+  MHD_add_response_header(resp, "X-Content-Type-Options", "nosniff");
+  MHD_add_response_header(resp, "X-Frame-Options", "DENY");
+  MHD_add_response_header(resp, "Referrer-Policy", "no-referrer");
+}
+
+/* hname/hval: one extra header (or NULL). A 500 or 503 always says when to come back: a
+ * default Retry-After unless the caller gave one. */
 static MHD_RESULT
 send_buffer(struct MHD_Connection *c, eph_server_t *srv, unsigned status, const char *type,
             char *data, size_t len, const char *hname, const char *hval)
@@ -234,8 +295,12 @@ send_buffer(struct MHD_Connection *c, eph_server_t *srv, unsigned status, const 
   }
   MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, type);
   MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-store");
+  eph_srv_secure_headers(resp, type);
   if (hname && hval)
     MHD_add_response_header(resp, hname, hval);
+  if ((status == MHD_HTTP_INTERNAL_SERVER_ERROR || status == MHD_HTTP_SERVICE_UNAVAILABLE) &&
+      !(hname && strcasecmp(hname, MHD_HTTP_HEADER_RETRY_AFTER) == 0))
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_RETRY_AFTER, RETRY_AFTER_SECONDS);
   MHD_RESULT r = MHD_queue_response(c, status, resp);
   MHD_destroy_response(resp);
   eph_srv_count(srv, status);
@@ -259,15 +324,76 @@ eph_srv_json(struct MHD_Connection *c, eph_server_t *srv, unsigned status, json_
   return json_h(c, srv, status, body, NULL, NULL);
 }
 
+/* True for a character that may end a path in a message. */
+static bool
+path_end(char ch)
+{
+  return !ch || strchr(" \t\n'\"`),;:]}", ch) != NULL;
+}
+
+/* Copies msg into out with every absolute host path ("/var/lib/x/y", "'/etc/z'") replaced by
+ * "[path]": error bodies go to clients, paths of the host are the operator's business (the
+ * log has them). The API's own paths ("/v1/...", "/playground/...") stay. Returns the
+ * number of paths replaced. */
+static int
+scrub_paths(const char *msg, char *out, size_t size)
+{
+  size_t o = 0;
+  int n = 0;
+  for (size_t i = 0; msg[i] && o + 1 < size;) {
+    bool boundary = i == 0 || strchr(" \t'\"`(=:,[{", msg[i - 1]) != NULL;
+    if (msg[i] == '/' && boundary && strncmp(msg + i, "/v1/", 4) != 0 &&
+        strncmp(msg + i, "/playground/", 12) != 0) {
+      size_t end = i + 1;
+      bool nested = false;
+      while (!path_end(msg[end])) {
+        nested |= msg[end] == '/';
+        end++;
+      }
+      if (nested) {
+        int w = snprintf(out + o, size - o, "[path]");
+        o += w > 0 ? (size_t)w : 0;
+        if (o >= size)
+          o = size - 1;
+        i = end;
+        n++;
+        continue;
+      }
+    }
+    out[o++] = msg[i++];
+  }
+  out[o] = '\0';
+  return n;
+}
+
 static MHD_RESULT
 error_v(struct MHD_Connection *c, eph_server_t *srv, unsigned status, const char *hname,
         const char *hval, const char *type, const char *field, const char *fmt, va_list ap)
 {
-  char msg[1200];
+  char msg[1200], pub[1300];
   vsnprintf(msg, sizeof msg, fmt, ap);
+  int paths = scrub_paths(msg, pub, sizeof pub);
+  if (status >= 500) {
+    /* A server-side failure: the client gets a stable type and a reference, the log gets the
+     * detail (the message may name files, plugins, SQLite errors of the host). */
+    char ref[9];
+    eph_random_hex(ref, 4);
+    /* A 503 is the daemon defending itself (draining, overloaded): expected under load. */
+    eph_log(status == MHD_HTTP_SERVICE_UNAVAILABLE ? EPH_LOG_INFO : EPH_LOG_WARN,
+            "HTTP %u %s (ref %s): %s", status, type, ref, msg);
+    if (paths || strchr(msg, '/'))
+      snprintf(pub, sizeof pub, "%s; the daemon's log has the details (ref %s)",
+               status == MHD_HTTP_SERVICE_UNAVAILABLE ? "the service cannot take this now"
+                                                      : "internal error",
+               ref);
+    else
+      snprintf(pub, sizeof pub, "%s (ref %s)", msg, ref);
+  } else if (paths) {
+    eph_info("HTTP %u %s: %s", status, type, msg);
+  }
   json_object *e = json_object_new_object();
   json_object_object_add(e, "type", json_object_new_string(type));
-  json_object_object_add(e, "message", json_object_new_string(msg));
+  json_object_object_add(e, "message", json_object_new_string(pub));
   json_object_object_add(e, "field", field ? json_object_new_string(field) : NULL);
   json_object *o = json_object_new_object();
   json_object_object_add(o, "error", e);
@@ -359,6 +485,26 @@ h_metrics(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req)
           "# TYPE ephemeral_queue_full_total counter\n"
           "ephemeral_queue_full_total %" PRIu64 "\n",
           srv->idempotent_replays, srv->queue_full_refusals);
+  pthread_mutex_lock(&srv->conns_lock);
+  fprintf(f,
+          "# HELP ephemeral_http_deadline_closes_total Connections closed for a request head or "
+          "body later than its deadline.\n"
+          "# TYPE ephemeral_http_deadline_closes_total counter\n"
+          "ephemeral_http_deadline_closes_total %" PRIu64 "\n"
+          "# HELP ephemeral_http_inflight_refusals_total Requests refused with 503: too many "
+          "body bytes in flight.\n"
+          "# TYPE ephemeral_http_inflight_refusals_total counter\n"
+          "ephemeral_http_inflight_refusals_total %" PRIu64 "\n"
+          "# HELP ephemeral_http_inflight_body_bytes Request body bytes booked now.\n"
+          "# TYPE ephemeral_http_inflight_body_bytes gauge\n"
+          "ephemeral_http_inflight_body_bytes %zu\n"
+          "# HELP ephemeral_http_connections_refused_total Connections closed at accept: over "
+          "max_connections or max_connections_per_ip.\n"
+          "# TYPE ephemeral_http_connections_refused_total counter\n"
+          "ephemeral_http_connections_refused_total %" PRIu64 "\n",
+          srv->deadline_closes, srv->inflight_refusals, srv->inflight_body_bytes,
+          srv->connections_refused);
+  pthread_mutex_unlock(&srv->conns_lock);
   fprintf(f, "# HELP ephemeral_http_responses_total HTTP responses by status class.\n"
              "# TYPE ephemeral_http_responses_total counter\n");
   for (int k = 1; k <= 5; k++)
@@ -496,6 +642,325 @@ content_type_json(struct MHD_Connection *c)
   return n == 16 && strncasecmp(t, "application/json", 16) == 0;
 }
 
+/* ------------------------------------------------------------------ the connection guard */
+
+static conn_track_t *
+track_of(struct MHD_Connection *c)
+{
+  const union MHD_ConnectionInfo *ci =
+      MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+  return ci ? ci->socket_context : NULL;
+}
+
+/* Sets the connection's next deadline (seconds from now; 0 = none). */
+static void
+track_deadline(eph_server_t *srv, struct MHD_Connection *c, int seconds, const char *phase)
+{
+  conn_track_t *t = track_of(c);
+  if (!t)
+    return;
+  pthread_mutex_lock(&srv->conns_lock);
+  t->deadline_ms = seconds ? eph_now_ms() + (int64_t)seconds * 1000 : 0;
+  t->phase = phase;
+  pthread_mutex_unlock(&srv->conns_lock);
+}
+
+/* MHD_OPTION_NOTIFY_CONNECTION: lists each connection with the head's deadline. MHD calls
+ * CLOSED before it closes the socket, and the guard shuts sockets down only under
+ * conns_lock, so the guard never touches a number the kernel gave to someone else. */
+static void
+on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
+              enum MHD_ConnectionNotificationCode code)
+{
+  eph_server_t *srv = cls;
+  if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    conn_track_t *t = eph_xcalloc(1, sizeof *t);
+    t->fd = ci ? (int)ci->connect_fd : -1;
+    t->deadline_ms = eph_now_ms() + (int64_t)srv->opt.header_timeout_seconds * 1000;
+    t->phase = "head";
+    pthread_mutex_lock(&srv->conns_lock);
+    t->next = srv->conns;
+    if (srv->conns)
+      srv->conns->prev = t;
+    srv->conns = t;
+    pthread_mutex_unlock(&srv->conns_lock);
+    *socket_context = t;
+    return;
+  }
+  conn_track_t *t = *socket_context;
+  if (!t)
+    return;
+  pthread_mutex_lock(&srv->conns_lock);
+  if (t->prev)
+    t->prev->next = t->next;
+  else
+    srv->conns = t->next;
+  if (t->next)
+    t->next->prev = t->prev;
+  pthread_mutex_unlock(&srv->conns_lock);
+  free(t);
+  *socket_context = NULL;
+}
+
+/* Ends connections that are late with their head or body: shutdown() makes MHD read
+ * end-of-file and close the connection in its own thread. */
+static void *
+guard_main(void *arg)
+{
+  eph_server_t *srv = arg;
+  pthread_mutex_lock(&srv->conns_lock);
+  while (!srv->guard_stop) {
+    int64_t now = eph_now_ms();
+    for (conn_track_t *t = srv->conns; t; t = t->next) {
+      if (!t->deadline_ms || now < t->deadline_ms || t->fd < 0)
+        continue;
+      t->deadline_ms = 0;
+      srv->deadline_closes++;
+      eph_debug("closing a connection late with its request %s", t->phase);
+      shutdown(t->fd, SHUT_RDWR);
+    }
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    ts.tv_nsec += GUARD_PERIOD_MS * 1000000L;
+    if (ts.tv_nsec >= 1000000000L) {
+      ts.tv_sec++;
+      ts.tv_nsec -= 1000000000L;
+    }
+    pthread_cond_timedwait(&srv->guard_cond, &srv->conns_lock, &ts);
+  }
+  pthread_mutex_unlock(&srv->conns_lock);
+  return NULL;
+}
+
+/* Books n more bytes of request body in flight; false when the daemon-wide bound would
+ * pass. */
+static bool
+inflight_take(eph_server_t *srv, conn_req_t *req, size_t n)
+{
+  pthread_mutex_lock(&srv->conns_lock);
+  bool ok = srv->inflight_body_bytes + n <= srv->opt.max_inflight_body_bytes;
+  if (ok) {
+    srv->inflight_body_bytes += n;
+    req->inflight_bytes += n;
+  } else {
+    srv->inflight_refusals++;
+  }
+  pthread_mutex_unlock(&srv->conns_lock);
+  return ok;
+}
+
+static void
+inflight_release(eph_server_t *srv, conn_req_t *req)
+{
+  pthread_mutex_lock(&srv->conns_lock);
+  srv->inflight_body_bytes -= req->inflight_bytes;
+  req->inflight_bytes = 0;
+  pthread_mutex_unlock(&srv->conns_lock);
+}
+
+/* MHD_OPTION_EXTERNAL_LOGGER: libmicrohttpd's messages go to our log: what one client's
+ * connection did (closed early, malformed, timed out) at debug level, so that a hostile
+ * client cannot fill the log; the rest (the daemon's own trouble: accept, epoll, threads)
+ * as warnings. One line per connection rejected over max_connections or
+ * max_connections_per_ip would be thousands for one flood: those are counted, and said at
+ * most every 10 s. */
+static void
+on_mhd_log(void *cls, const char *fmt, va_list ap)
+{
+  eph_server_t *srv = cls;
+  if (strncmp(fmt, "Server reached connection limit", 31) != 0) {
+    char msg[512];
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    msg[strcspn(msg, "\n")] = '\0';
+    bool client = strcasestr(fmt, "connection") || strcasestr(fmt, "request") ||
+                  strcasestr(fmt, "header") || strcasestr(fmt, "closed");
+    eph_log(client ? EPH_LOG_DEBUG : EPH_LOG_WARN, "libmicrohttpd: %s", msg);
+    return;
+  }
+  int64_t now = eph_now_ms();
+  uint64_t n = 0;
+  pthread_mutex_lock(&srv->conns_lock);
+  srv->connections_refused++;
+  if (now - srv->refused_said_ms >= 10000) {
+    n = srv->connections_refused - srv->refused_said;
+    srv->refused_said = srv->connections_refused;
+    srv->refused_said_ms = now;
+  }
+  pthread_mutex_unlock(&srv->conns_lock);
+  if (n)
+    eph_warn("%" PRIu64 " connection(s) closed at accept: over server.max_connections or "
+             "server.max_connections_per_ip (said at most every 10 s)", n);
+}
+
+/* ------------------------------------------------------------------ requests */
+
+/* The request target's path part has "%2f", "%5c" or "%00" (any case), or its query "%00":
+ * libmicrohttpd decodes them before routing, so "/v1/runs/a%2f..%2fb" would be routed as
+ * a path of five segments and "%00" cut a value short. No route needs them: refused. */
+static bool
+uri_smuggles(const char *uri)
+{
+  bool query = false;
+  for (const char *p = uri; *p; p++) {
+    if (*p == '?')
+      query = true;
+    if (*p != '%')
+      continue;
+    if (strncmp(p + 1, "00", 2) == 0)
+      return true;
+    if (!query && (strncasecmp(p + 1, "2f", 2) == 0 || strncasecmp(p + 1, "5c", 2) == 0))
+      return true;
+  }
+  return false;
+}
+
+/* MHD_OPTION_URI_LOG_CALLBACK: sees the request target as sent, before any decoding; what it
+ * returns is the request's con_cls. */
+static void *
+on_uri(void *cls, const char *uri, struct MHD_Connection *c)
+{
+  (void)cls;
+  (void)c;
+  conn_req_t *req = eph_xcalloc(1, sizeof *req);
+  req->bad_uri = uri_smuggles(uri);
+  return req;
+}
+
+struct header_count {
+  const char *name;
+  unsigned n;
+};
+
+static MHD_RESULT
+count_header(void *cls, enum MHD_ValueKind kind, const char *key, const char *value)
+{
+  (void)kind;
+  (void)value;
+  struct header_count *hc = cls;
+  if (strcasecmp(key, hc->name) == 0)
+    hc->n++;
+  return MHD_YES;
+}
+
+/* How many times the request's head has the header `name` (MHD's lookup sees the first). */
+static unsigned
+header_count(struct MHD_Connection *c, const char *name)
+{
+  struct header_count hc = {name, 0};
+  MHD_get_connection_values(c, MHD_HEADER_KIND, count_header, &hc);
+  return hc.n;
+}
+
+/* The body the head announces: Content-Length, SIZE_MAX for a chunked one, 0 for none. */
+static uint64_t
+announced_body(struct MHD_Connection *c)
+{
+  if (MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_TRANSFER_ENCODING))
+    return UINT64_MAX;
+  const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+  return cl ? strtoull(cl, NULL, 10) : 0;
+}
+
+/* Refuses the request decided at its head. Without a body the answer goes at once. With
+ * one, MHD would stop reading and close the socket under an upload still arriving, and a
+ * client that sends its whole body before reading (Python's urllib, Node's fetch) sees a
+ * reset instead of the answer: so a body up to 4 times max_body_bytes is read and dropped
+ * first (within body_timeout_seconds); beyond, the answer goes at once with
+ * Connection: close. hname/hval: one extra header (hval copied), or NULL. */
+__attribute__((format(printf, 9, 10))) static MHD_RESULT
+refuse(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req, unsigned status,
+       const char *type, const char *field, const char *hname, const char *hval,
+       const char *fmt, ...)
+{
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(req->refuse_msg, sizeof req->refuse_msg, fmt, ap);
+  va_end(ap);
+  uint64_t body = announced_body(c);
+  /* A client that sent "Expect: 100-continue" waits for a word before its body: the answer
+   * can go at once, nothing is under way to be reset. */
+  const char *expect = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_EXPECT);
+  bool waits = expect && strcasecmp(expect, "100-continue") == 0;
+  if (body == 0 || waits || (body != UINT64_MAX && body / 4 > srv->opt.max_body_bytes)) {
+    if (body && !hname) {
+      hname = MHD_HTTP_HEADER_CONNECTION;
+      hval = "close";
+    }
+    return eph_srv_error_h(c, srv, status, hname, hval, type, field, "%s", req->refuse_msg);
+  }
+  req->refuse_status = status;
+  req->refuse_type = type;
+  req->refuse_field = field;
+  req->refuse_hname = hname;
+  snprintf(req->refuse_hval, sizeof req->refuse_hval, "%s", hval ? hval : "");
+  req->body_refused = true;
+  free(req->body);
+  req->body = NULL;
+  req->body_len = req->body_cap = 0;
+  return MHD_YES;
+}
+
+/* The first call, with the complete head: route, authenticate, judge the framing and the
+ * size. */
+static MHD_RESULT
+on_head(eph_server_t *srv, struct MHD_Connection *c, const char *url, const char *method,
+        conn_req_t *req)
+{
+  req->started = true;
+  track_deadline(srv, c, srv->opt.body_timeout_seconds, "body");
+  /* Two framings for one body is how requests are smuggled past a proxy: refused, and the
+   * connection is closed after the answer, so whatever the second framing hid is never
+   * read as a request. */
+  unsigned n_cl = header_count(c, MHD_HTTP_HEADER_CONTENT_LENGTH);
+  if (n_cl > 1 || (n_cl && header_count(c, MHD_HTTP_HEADER_TRANSFER_ENCODING)))
+    return refuse(srv, c, req, MHD_HTTP_BAD_REQUEST, "invalid_request", "Content-Length",
+                  MHD_HTTP_HEADER_CONNECTION, "close",
+                  "Content-Length: exactly one, and not with Transfer-Encoding");
+  if (req->bad_uri)
+    return refuse(srv, c, req, MHD_HTTP_BAD_REQUEST, "invalid_request", "path", NULL, NULL,
+                  "the request target must not encode '/', '\\' or NUL (%%2F, %%5C, %%00)");
+  char allow[64];
+  req->route = route_find(method, url, req->param, sizeof req->param, allow, sizeof allow);
+  if (!req->route) {
+    if (allow[0])
+      return refuse(srv, c, req, MHD_HTTP_METHOD_NOT_ALLOWED, "method_not_allowed", NULL,
+                    "Allow", allow, "%s is not allowed on %s (allowed: %s)", method, url,
+                    allow);
+    return refuse(srv, c, req, MHD_HTTP_NOT_FOUND, "not_found", NULL, NULL, NULL,
+                  "no route %s %s", method, url);
+  }
+  if (req->route->auth && authenticate(srv, c, req) < 0)
+    return refuse(srv, c, req, MHD_HTTP_UNAUTHORIZED, "authentication_error", NULL,
+                  MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer realm=\"ephemeral\"",
+                  "a valid API key is required: Authorization: Bearer KEY");
+  if (!req->route->body)
+    return MHD_YES;
+  if (!content_type_json(c))
+    return refuse(srv, c, req, MHD_HTTP_UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type", NULL,
+                  NULL, NULL, "Content-Type must be application/json");
+  pthread_mutex_lock(&srv->lock);
+  bool draining = srv->draining;
+  pthread_mutex_unlock(&srv->lock);
+  if (draining)
+    return refuse(srv, c, req, MHD_HTTP_SERVICE_UNAVAILABLE, "unavailable", NULL, NULL, NULL,
+                  "the daemon is shutting down; retry on another instance");
+  uint64_t declared = announced_body(c);
+  if (declared == UINT64_MAX)
+    return MHD_YES; /* chunked: booked as it comes */
+  if (declared > srv->opt.max_body_bytes)
+    return refuse(srv, c, req, HTTP_CONTENT_TOO_LARGE, "payload_too_large", NULL,
+                  MHD_HTTP_HEADER_CONNECTION, "close", "the body is larger than %zu bytes",
+                  srv->opt.max_body_bytes);
+  /* The declared size is booked before a byte arrives: 40 clients announcing 20 MiB each
+   * cannot make the daemon hold 800 MiB. */
+  if (!inflight_take(srv, req, (size_t)declared))
+    return refuse(srv, c, req, MHD_HTTP_SERVICE_UNAVAILABLE, "overloaded", NULL, NULL, NULL,
+                  "too many request bodies are being received; retry later");
+  return MHD_YES;
+}
+
 static MHD_RESULT
 on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
            const char *version, const char *upload_data, size_t *upload_data_size,
@@ -504,49 +969,31 @@ on_request(void *cls, struct MHD_Connection *c, const char *url, const char *met
   (void)version;
   eph_server_t *srv = cls;
   conn_req_t *req = *con_cls;
-  if (!req) {
-    req = eph_xcalloc(1, sizeof *req);
-    *con_cls = req;
-    char allow[64];
-    req->route = route_find(method, url, req->param, sizeof req->param, allow, sizeof allow);
-    if (!req->route) {
-      if (allow[0])
-        return eph_srv_error_h(c, srv, MHD_HTTP_METHOD_NOT_ALLOWED, "Allow", allow,
-                               "method_not_allowed", NULL, "%s is not allowed on %s (allowed: %s)",
-                               method, url, allow);
-      return eph_srv_error(c, srv, MHD_HTTP_NOT_FOUND, "not_found", NULL, "no route %s %s",
-                           method, url);
-    }
-    if (req->route->auth && authenticate(srv, c, req) < 0)
-      return eph_srv_error_h(c, srv, MHD_HTTP_UNAUTHORIZED, MHD_HTTP_HEADER_WWW_AUTHENTICATE,
-                             "Bearer realm=\"ephemeral\"", "authentication_error", NULL,
-                             "a valid API key is required: Authorization: Bearer KEY");
-    if (req->route->body) {
-      if (!content_type_json(c))
-        return eph_srv_error(c, srv, MHD_HTTP_UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type",
-                             NULL, "Content-Type must be application/json");
-      const char *cl =
-          MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
-      if (cl && strtoull(cl, NULL, 10) > srv->opt.max_body_bytes)
-        return eph_srv_error(c, srv, HTTP_CONTENT_TOO_LARGE, "payload_too_large", NULL,
-                             "the body is larger than %zu bytes", srv->opt.max_body_bytes);
-    }
-    return MHD_YES;
-  }
+  if (!req) /* not through on_uri (cannot happen with the callback set): be safe */
+    *con_cls = req = eph_xcalloc(1, sizeof *req);
+  if (!req->started)
+    return on_head(srv, c, url, method, req);
   if (*upload_data_size) {
     size_t n = *upload_data_size;
     *upload_data_size = 0;
-    if (!req->route->body || req->body_refused)
+    if (req->body_refused || !req->route->body)
       return MHD_YES;
-    if (req->body_len + n > srv->opt.max_body_bytes) {
-      req->body_refused = true;
-      free(req->body);
-      req->body = NULL;
-      req->body_len = 0;
-      return MHD_YES;
-    }
+    if (req->body_len + n > srv->opt.max_body_bytes)
+      return refuse(srv, c, req, HTTP_CONTENT_TOO_LARGE, "payload_too_large", NULL,
+                    MHD_HTTP_HEADER_CONNECTION, "close", "the body is larger than %zu bytes",
+                    srv->opt.max_body_bytes);
+    /* Without a Content-Length (chunked) the body is booked as it grows. */
+    if (req->body_len + n > req->inflight_bytes &&
+        !inflight_take(srv, req, req->body_len + n - req->inflight_bytes))
+      return refuse(srv, c, req, MHD_HTTP_SERVICE_UNAVAILABLE, "overloaded", NULL, NULL, NULL,
+                    "too many request bodies are being received; retry later");
     if (req->body_len + n + 1 > req->body_cap) {
-      req->body_cap = (req->body_len + n + 1) * 2;
+      /* A declared length (booked already, at most max_body_bytes): one allocation of
+       * exactly that, no doubling and no copies on the way. Chunked: doubling. */
+      uint64_t declared = announced_body(c);
+      req->body_cap = declared != UINT64_MAX && declared >= req->body_len + n
+                          ? (size_t)declared + 1
+                          : (req->body_len + n + 1) * 2;
       if (req->body_cap > srv->opt.max_body_bytes + 1)
         req->body_cap = srv->opt.max_body_bytes + 1;
       req->body = eph_xrealloc(req->body, req->body_cap);
@@ -556,9 +1003,12 @@ on_request(void *cls, struct MHD_Connection *c, const char *url, const char *met
     req->body[req->body_len] = '\0';
     return MHD_YES;
   }
-  if (req->body_refused)
-    return eph_srv_error(c, srv, HTTP_CONTENT_TOO_LARGE, "payload_too_large", NULL,
-                         "the body is larger than %zu bytes", srv->opt.max_body_bytes);
+  /* The request is complete: what follows is the answer (which may wait: ?wait, SSE). */
+  track_deadline(srv, c, 0, NULL);
+  if (req->refuse_status)
+    return eph_srv_error_h(c, srv, req->refuse_status, req->refuse_hname,
+                           req->refuse_hname ? req->refuse_hval : NULL, req->refuse_type,
+                           req->refuse_field, "%s", req->refuse_msg);
   if (req->admitted)
     return eph_srv_runs_continue(srv, c, req);
   return req->route->fn(srv, c, req);
@@ -568,13 +1018,15 @@ static void
 on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
              enum MHD_RequestTerminationCode toe)
 {
-  (void)c;
   (void)toe;
   eph_server_t *srv = cls;
   conn_req_t *req = *con_cls;
+  /* A kept-alive connection has a head's time again for its next request. */
+  track_deadline(srv, c, srv->opt.header_timeout_seconds, "head");
   if (!req)
     return;
   eph_srv_req_done(srv, req);
+  inflight_release(srv, req);
   if (req->created)
     json_object_put(req->created);
   free(req->org);
@@ -595,10 +1047,12 @@ eph_server_start(eph_ctx_t *ctx, const eph_server_options_t *opt, eph_server_t *
   srv->listen_fd = -1;
   pthread_mutex_init(&srv->lock, NULL);
   pthread_mutex_init(&srv->admit, NULL);
+  pthread_mutex_init(&srv->conns_lock, NULL);
   pthread_condattr_t ca;
   pthread_condattr_init(&ca);
   pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
   pthread_cond_init(&srv->cond, &ca);
+  pthread_cond_init(&srv->guard_cond, &ca);
   pthread_condattr_destroy(&ca);
 
   cleanup_free char *path = NULL; /* before the first goto: fail: frees it */
@@ -615,6 +1069,7 @@ eph_server_start(eph_ctx_t *ctx, const eph_server_options_t *opt, eph_server_t *
                           err)) < 0)
     goto fail;
   srv->limits.max_files_total_bytes = (size_t)files_max;
+  srv->limits.plugins = &ctx->plugins;
   const char *model_plugin = NULL;
   if ((r = eph_cfg_string(core, "model_plugin", "model-openai", &model_plugin, err)) < 0)
     goto fail;
@@ -629,17 +1084,37 @@ eph_server_start(eph_ctx_t *ctx, const eph_server_options_t *opt, eph_server_t *
   if ((r = eph_srv_runs_init(srv, err)) < 0)
     goto fail;
 
+  /* Every connection costs a descriptor: a limit the open-file limit cannot honour would
+   * turn into failing accept()s for everyone, so it is lowered to fit. */
+  unsigned max_conns = (unsigned)opt->max_connections;
+  struct rlimit nofile;
+  if (getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur != RLIM_INFINITY &&
+      nofile.rlim_cur < (rlim_t)max_conns + 256) {
+    unsigned fit = nofile.rlim_cur > 512 ? (unsigned)nofile.rlim_cur - 256 : 256;
+    eph_warn("server.max_connections = %u does not fit the open-file limit (%llu): using %u",
+             max_conns, (unsigned long long)nofile.rlim_cur, fit);
+    max_conns = fit;
+  }
+  if (pthread_create(&srv->guard, NULL, guard_main, srv) != 0) {
+    r = eph_error_set(err, EAGAIN, "starting the connection guard thread failed");
+    goto fail;
+  }
+  srv->guard_started = true;
   srv->mhd = MHD_start_daemon(
       MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME |
           MHD_USE_ERROR_LOG,
       0, NULL, NULL, on_request, srv, MHD_OPTION_LISTEN_SOCKET, srv->listen_fd,
       MHD_OPTION_THREAD_POOL_SIZE, (unsigned)opt->http_threads, MHD_OPTION_NOTIFY_COMPLETED,
-      on_completed, srv, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)300,
-      MHD_OPTION_CONNECTION_LIMIT, (unsigned)4096, MHD_OPTION_END);
+      on_completed, srv, MHD_OPTION_NOTIFY_CONNECTION, on_connection, srv,
+      MHD_OPTION_URI_LOG_CALLBACK, on_uri, srv, MHD_OPTION_CONNECTION_TIMEOUT,
+      (unsigned)opt->idle_timeout_seconds, MHD_OPTION_CONNECTION_LIMIT, max_conns,
+      MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)opt->max_connections_per_ip,
+      MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, srv, MHD_OPTION_END);
   if (!srv->mhd) {
     r = eph_error_set(err, EIO, "listen %s: libmicrohttpd refused to start", opt->listen);
     goto fail;
   }
+  srv->listen_fd = -1; /* MHD's now: MHD_stop_daemon closes it */
   *out = srv;
   return 0;
 
@@ -649,25 +1124,34 @@ fail:
   return r;
 }
 
+static void
+stop_guard(eph_server_t *srv)
+{
+  if (!srv->guard_started)
+    return;
+  pthread_mutex_lock(&srv->conns_lock);
+  srv->guard_stop = true;
+  pthread_cond_broadcast(&srv->guard_cond);
+  pthread_mutex_unlock(&srv->conns_lock);
+  pthread_join(srv->guard, NULL);
+  srv->guard_started = false;
+}
+
 void
 eph_server_drain(eph_server_t *srv, int grace_seconds)
 {
   pthread_mutex_lock(&srv->lock);
   srv->draining = true;
   pthread_mutex_unlock(&srv->lock);
-  /* No new connections: the listening socket goes first. */
-  if (srv->mhd) {
-    MHD_socket fd = MHD_quiesce_daemon(srv->mhd);
-    if (fd != MHD_INVALID_SOCKET)
-      close(fd);
-    srv->listen_fd = -1;
-  }
+  /* The listening socket stays open while runs finish: a client connecting now reads a 503
+   * with Retry-After (and can go elsewhere) rather than a refused connection. */
   eph_srv_runs_drain(srv, grace_seconds);
   eph_srv_runs_stop(srv);
   if (srv->mhd) {
     MHD_stop_daemon(srv->mhd);
     srv->mhd = NULL;
   }
+  stop_guard(srv);
 }
 
 void
@@ -677,6 +1161,7 @@ eph_server_free(eph_server_t *srv)
     return;
   if (srv->mhd)
     MHD_stop_daemon(srv->mhd);
+  stop_guard(srv);
   if (srv->listen_fd >= 0)
     close(srv->listen_fd);
   if (srv->store)
@@ -684,6 +1169,8 @@ eph_server_free(eph_server_t *srv)
   free(srv->workers);
   pthread_mutex_destroy(&srv->lock);
   pthread_mutex_destroy(&srv->admit);
+  pthread_mutex_destroy(&srv->conns_lock);
   pthread_cond_destroy(&srv->cond);
+  pthread_cond_destroy(&srv->guard_cond);
   free(srv);
 }

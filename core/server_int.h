@@ -53,14 +53,36 @@ struct live {
 
 typedef struct route route_t;
 
+/* One open client connection (MHD's socket_context), listed in srv->conns so that the guard
+ * thread can end one that misses its deadline: libmicrohttpd only knows an idle timeout, which
+ * a client sending one byte every few seconds resets forever. */
+typedef struct conn_track {
+  int fd;               /* the connection's socket (MHD's; shut down, never closed, here) */
+  int64_t deadline_ms;  /* CLOCK_MONOTONIC; 0 = none (the request is being answered) */
+  const char *phase;    /* "head" or "body": what it was late with, for the log */
+  struct conn_track *prev, *next;
+} conn_track_t;
+
 /* Per-request state (MHD's con_cls). */
 typedef struct conn_req {
+  bool started;         /* the first on_request call (complete head) happened */
+  bool bad_uri;         /* the raw request target has an encoded '/', '\\' or NUL */
   const route_t *route;
   char param[64];       /* the {id} segment */
   char *org;            /* authenticated organisation; owned */
   char *body;
   size_t body_len, body_cap;
   bool body_refused;
+  /* A refusal decided at the head but answered once the body is read and discarded: a
+   * client that is still sending (Python's urllib, Node's fetch) sees a reset instead of the
+   * answer when the connection closes under its upload. 0 = none. */
+  unsigned refuse_status;
+  const char *refuse_type;
+  const char *refuse_field; /* static, or NULL */
+  const char *refuse_hname; /* one extra header of the answer (static), or NULL */
+  char refuse_hval[64];
+  char refuse_msg[160];
+  size_t inflight_bytes; /* this request's share of srv->inflight_body_bytes */
   bool admitted;        /* POST /v1/runs: the run exists, maybe waiting */
   int status;           /* HTTP status of the first answer (201 or 200) */
   live_t *live;         /* a ref while waiting */
@@ -103,6 +125,17 @@ struct eph_server {
   uint64_t http_responses[6]; /* by first digit of the status: 1xx .. 5xx */
   uint64_t idempotent_replays;
   uint64_t queue_full_refusals;
+
+  /* The connection guard (server.c): open connections and their deadlines. */
+  pthread_mutex_t conns_lock;
+  pthread_cond_t guard_cond;
+  conn_track_t *conns;
+  bool guard_started, guard_stop;
+  pthread_t guard;
+  size_t inflight_body_bytes; /* under conns_lock */
+  uint64_t deadline_closes, inflight_refusals; /* under conns_lock */
+  uint64_t connections_refused, refused_said; /* under conns_lock */
+  int64_t refused_said_ms;
 };
 
 /* server.c */
@@ -116,6 +149,9 @@ MHD_RESULT eph_srv_error_h(struct MHD_Connection *c, eph_server_t *srv, unsigned
                            const char *field, const char *fmt, ...)
     __attribute__((format(printf, 8, 9)));
 void eph_srv_count(eph_server_t *srv, unsigned status);
+/* Adds the headers every answer carries (nosniff, no framing, a Content-Security-Policy for
+ * `content_type`). */
+void eph_srv_secure_headers(struct MHD_Response *resp, const char *content_type);
 
 /* server_runs.c */
 int eph_srv_runs_init(eph_server_t *srv, eph_error_t *err);

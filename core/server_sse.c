@@ -208,6 +208,7 @@ eph_srv_runs_events(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req
   MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream; charset=utf-8");
   MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-store");
   MHD_add_response_header(resp, "X-Accel-Buffering", "no");
+  eph_srv_secure_headers(resp, "text/event-stream");
   MHD_RESULT r = MHD_queue_response(c, MHD_HTTP_OK, resp);
   MHD_destroy_response(resp);
   eph_srv_count(srv, MHD_HTTP_OK);

@@ -9,6 +9,7 @@
 
 #include <string.h>
 
+#include "loader.h"
 #include "request.h"
 #include "util.h"
 
@@ -161,6 +162,56 @@ test_malformed_json(void **state)
   assert_int_equal(eph_request_parse("{\"a\":", 5, &limits, &req, NULL, &err), -EBADMSG);
 }
 
+/* A tool plugin of this test that defines one connection, "crm", and one of ABI 1.1 whose
+ * table ends before connection_defined (it confirms nothing). */
+static int
+fake_defined(void *state, const char *name)
+{
+  (void)state;
+  return strcmp(name, "crm") == 0;
+}
+
+static void
+test_connections_defined(void **state)
+{
+  (void)state;
+  static const eph_tool_ops_t ops = {.struct_size = sizeof ops,
+                                     .connection_defined = fake_defined};
+  static const eph_tool_ops_t old_ops = {.struct_size = offsetof(eph_tool_ops_t,
+                                                                 connection_defined),
+                                         .connection_defined = fake_defined};
+  eph_plugin_t desc = {.name = "tool-fake", .kind = EPH_KIND_TOOL, .ops = &ops};
+  eph_plugin_t old_desc = {.name = "tool-old", .kind = EPH_KIND_TOOL, .ops = &old_ops};
+  eph_plugin_slot_t slots[] = {{.desc = &old_desc}, {.desc = &desc}};
+  eph_plugins_t ps = {.slots = slots, .n = 2};
+  eph_request_limits_t with = limits;
+  with.plugins = &ps;
+  const char *ok_json = "{" BASE ",\"connections\":[\"crm\",{\"name\":\"crm\"}]}";
+  eph_request_t req;
+  eph_error_t err = {0};
+  assert_int_equal(eph_request_parse(ok_json, strlen(ok_json), &with, &req, NULL, &err), 0);
+  eph_request_free(&req);
+  /* Undefined: named, whatever the grant's form; nothing else is judged undefined. */
+  const char *bad[][2] = {
+      {"{" BASE ",\"connections\":[{\"name\":\"nosuch\"}]}", "connections[0].name"},
+      {"{" BASE ",\"connections\":[\"crm\",\"nosuch\"]}", "connections[1].name"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    const char *got = NULL;
+    assert_int_equal(eph_request_parse(bad[i][0], strlen(bad[i][0]), &with, &req, &got, &err),
+                     -EINVAL);
+    assert_string_equal(got, bad[i][1]);
+    assert_non_null(strstr(err.message, "'nosuch' is defined"));
+  }
+  /* Only the 1.1 plugin loaded: nobody confirms, so even "crm" is refused. */
+  ps.slots = slots;
+  ps.n = 1;
+  const char *got = NULL;
+  const char *crm = "{" BASE ",\"connections\":[\"crm\"]}";
+  assert_int_equal(eph_request_parse(crm, strlen(crm), &with, &req, &got, &err), -EINVAL);
+  assert_string_equal(got, "connections[0].name");
+}
+
 int
 main(void)
 {
@@ -169,6 +220,7 @@ main(void)
       cmocka_unit_test(test_full_request),
       cmocka_unit_test(test_invalid_fields),
       cmocka_unit_test(test_malformed_json),
+      cmocka_unit_test(test_connections_defined),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

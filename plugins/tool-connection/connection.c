@@ -1408,11 +1408,20 @@ fail:
   return r;
 }
 
+/* The core asks before admitting a run that grants `name` (the connections are fixed at
+ * init: nothing to lock). */
+static int
+broker_connection_defined(void *state, const char *name)
+{
+  return find_conn(state, name) ? 1 : 0;
+}
+
 static const eph_tool_ops_t broker_ops = {
     .struct_size = sizeof(eph_tool_ops_t),
     .tools = broker_tools,
     .n_tools = sizeof broker_tools / sizeof broker_tools[0],
     .call = broker_call,
+    .connection_defined = broker_connection_defined,
 };
 
 EPH_PLUGIN_EXPORT = {

@@ -45,7 +45,7 @@ extern "C" {
 #endif
 
 #define EPH_ABI_MAJOR 1
-#define EPH_ABI_MINOR 1
+#define EPH_ABI_MINOR 2
 
 /* Name of the one symbol every plugin exports. */
 #define EPH_PLUGIN_SYMBOL "eph_plugin"
@@ -373,6 +373,12 @@ typedef struct eph_tool_ops {
    * exit, refused path) is a success with {"error": "..."} in *result; a negative return
    * means the tool itself broke (host_error). */
   int (*call)(void *state, const eph_tool_call_t *call, json_object **result, eph_error_t *err);
+  /* ABI 1.2. Whether the operator defined the connection `name` (borrowed) for this plugin's
+   * tools: 1 = defined, 0 = not. Asked before a run that grants the connection is admitted,
+   * so a grant of something that does not exist is refused (400) before anything is
+   * reserved. NULL (or a table from 1.1): the plugin defines no connections; a grant no
+   * loaded plugin confirms is refused. Called from several threads at once: read only. */
+  int (*connection_defined)(void *state, const char *name);
 } eph_tool_ops_t;
 
 /* ---------------------------------------------------------------- backends */
