@@ -32,6 +32,7 @@
  * With --record, each request appends one JSON line to FILE:
  *   {"t_ms": CLOCK_MONOTONIC ms, "step": "...", "auth_ok": bool, "content_type": "...",
  *    "path": "/v1/...", "accept": "...", "anthropic_version": "..." (or ""),
+ *    "has_authorization": bool,
  *    "body": "<the request body as received>"}                                            */
 #include "config.h"
 
@@ -117,6 +118,7 @@ take_step(void)
 }
 
 static __thread const char *req_path, *req_accept, *req_version;
+static __thread bool req_has_auth;
 
 static void
 record_request(const char *step, bool auth_ok, const char *content_type, const char *body,
@@ -129,6 +131,7 @@ record_request(const char *step, bool auth_ok, const char *content_type, const c
   json_object_object_add(o, "accept", json_object_new_string(req_accept ? req_accept : ""));
   json_object_object_add(o, "anthropic_version",
                          json_object_new_string(req_version ? req_version : ""));
+  json_object_object_add(o, "has_authorization", json_object_new_boolean(req_has_auth));
   json_object_object_add(o, "t_ms", json_object_new_int64(now_ms()));
   json_object_object_add(o, "step", json_object_new_string(step));
   json_object_object_add(o, "auth_ok", json_object_new_boolean(auth_ok));
@@ -362,6 +365,7 @@ on_request(void *cls, struct MHD_Connection *conn, const char *url, const char *
   req_path = url;
   req_accept = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Accept");
   req_version = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "anthropic-version");
+  req_has_auth = auth != NULL;
   bool auth_ok = true;
   if (expected_key && anthropic) {
     auth_ok = xkey && strcmp(xkey, expected_key) == 0 && !auth;
