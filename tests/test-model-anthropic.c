@@ -26,9 +26,8 @@ static const char tools_json[] =
     "[{\"type\":\"function\",\"function\":{\"name\":\"shell\",\"description\":\"Run a shell "
     "command in the sandbox\",\"parameters\":{\"type\":\"object\",\"properties\":{\"command\":"
     "{\"type\":\"string\"}},\"required\":[\"command\"]}}}]";
-static const char messages_json[] =
-    "[{\"role\":\"system\",\"content\":\"You drive a sandbox.\"},"
-    "{\"role\":\"user\",\"content\":\"Run whoami.\"}]";
+static const char messages_json[] = "[{\"role\":\"system\",\"content\":\"You drive a sandbox.\"},"
+                                    "{\"role\":\"user\",\"content\":\"Run whoami.\"}]";
 /* The second turn: the assistant asked for two calls, both answered. */
 static const char second_turn_json[] =
     "[{\"role\":\"system\",\"content\":\"You drive a sandbox.\"},"
@@ -444,8 +443,9 @@ test_pause_turn_is_continued(void **state)
   cleanup_json json_object *body = request_body(reqs, 1);
   assert_true(json_object_object_get_ex(body, "messages", &v));
   json_object *last = json_object_array_get_idx(v, json_object_array_length(v) - 1);
-  cleanup_json json_object *want = json_tokener_parse(
-      "{\"role\":\"assistant\",\"content\":[{\"type\":\"text\",\"text\":\"Thinking about it. \"}]}");
+  cleanup_json json_object *want =
+      json_tokener_parse("{\"role\":\"assistant\",\"content\":[{\"type\":\"text\",\"text\":"
+                         "\"Thinking about it. \"}]}");
   if (!json_object_equal(last, want))
     fail_msg("continuation ends with %s", json_object_to_json_string(last));
   call_clear(&c);

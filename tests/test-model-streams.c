@@ -26,9 +26,8 @@ static const char tools_json[] =
     "[{\"type\":\"function\",\"function\":{\"name\":\"shell\",\"description\":\"Run a shell "
     "command in the sandbox\",\"parameters\":{\"type\":\"object\",\"properties\":{\"command\":"
     "{\"type\":\"string\"}},\"required\":[\"command\"]}}}]";
-static const char messages_json[] =
-    "[{\"role\":\"system\",\"content\":\"You drive a sandbox.\"},"
-    "{\"role\":\"user\",\"content\":\"Run whoami.\"}]";
+static const char messages_json[] = "[{\"role\":\"system\",\"content\":\"You drive a sandbox.\"},"
+                                    "{\"role\":\"user\",\"content\":\"Run whoami.\"}]";
 static const char second_turn_json[] =
     "[{\"role\":\"system\",\"content\":\"You drive a sandbox.\"},"
     "{\"role\":\"user\",\"content\":\"Run whoami.\"},"
@@ -309,10 +308,10 @@ test_operator_provider_by_prefix(void **state)
   const char *steps[] = {"final", NULL};
   fake_start(&main_f, KEY, steps);
   fake_start(&local_f, NULL, steps);
-  cleanup_free char *extra = eph_xasprintf(
-      "providers = ( { prefix = \"local/\"; base_url = \"http://127.0.0.1:%d/v1\"; "
-      "api_key_env = \"\"; max_tokens_field = \"max_tokens\"; } );",
-      local_f.port);
+  cleanup_free char *extra =
+      eph_xasprintf("providers = ( { prefix = \"local/\"; base_url = \"http://127.0.0.1:%d/v1\"; "
+                    "api_key_env = \"\"; max_tokens_field = \"max_tokens\"; } );",
+                    local_f.port);
   load_for(&l, &main_f, extra);
   assert_true(l.ops->serves(l.slot->state, "openai/gpt-6-luna"));
   assert_true(l.ops->serves(l.slot->state, "local/qwen3"));
@@ -357,8 +356,7 @@ test_bad_provider_config_refused(void **state)
       {"providers = ( { prefix = \"local/\"; } );", "providers[0]: base_url is required"},
       {"providers = ( { prefix = \"openai/\"; base_url = \"http://127.0.0.1:1/v1\"; } );",
        "already used"},
-      {"providers = ( { prefix = \"x/\"; base_url = \"http://example.com/v1\"; } );",
-       "plain http"},
+      {"providers = ( { prefix = \"x/\"; base_url = \"http://example.com/v1\"; } );", "plain http"},
       {"api = \"completions\";", "api \"completions\""},
   };
   for (size_t i = 0; i < sizeof confs / sizeof confs[0]; i++) {

@@ -204,8 +204,8 @@ eph_messages_parse(json_object *body, const char *where, eph_model_response_t *r
                          "%s: response has no usage object (token counts are needed for billing)",
                          where);
   uint64_t in = 0, cw = 0, cr = 0;
-  if ((r = eph_chat_get_count(usage, "input_tokens", where, "usage.input_tokens", true, &in,
-                              err)) < 0 ||
+  if ((r = eph_chat_get_count(usage, "input_tokens", where, "usage.input_tokens", true, &in, err)) <
+          0 ||
       (r = eph_chat_get_count(usage, "output_tokens", where, "usage.output_tokens", true,
                               &resp->output_tokens, err)) < 0 ||
       (r = eph_chat_get_count(usage, "cache_creation_input_tokens", where,
@@ -242,7 +242,8 @@ eph_messages_parse(json_object *body, const char *where, eph_model_response_t *r
         goto fail;
       }
       has_text = true;
-      if (eph_chat_buf_add(&text, json_object_get_string(t), (size_t)json_object_get_string_len(t)) < 0) {
+      if (eph_chat_buf_add(&text, json_object_get_string(t),
+                           (size_t)json_object_get_string_len(t)) < 0) {
         r = eph_error_set(err, ENOMEM, "out of memory");
         goto fail;
       }
@@ -260,10 +261,9 @@ eph_messages_parse(json_object *body, const char *where, eph_model_response_t *r
       json_object_object_add(c, "id", json_object_new_string(id));
       json_object_object_add(c, "type", json_object_new_string("function"));
       json_object_object_add(f, "name", json_object_new_string(name));
-      json_object_object_add(
-          f, "arguments",
-          json_object_new_string(json_object_to_json_string_ext(
-              input, JSON_C_TO_STRING_PLAIN | JSON_C_TO_STRING_NOSLASHESCAPE)));
+      json_object_object_add(f, "arguments",
+                             json_object_new_string(json_object_to_json_string_ext(
+                                 input, JSON_C_TO_STRING_PLAIN | JSON_C_TO_STRING_NOSLASHESCAPE)));
       json_object_object_add(c, "function", f);
       json_object_array_add(calls, c);
     }
@@ -418,11 +418,12 @@ eph_messages_stream_event(eph_messages_stream_t *st, const char *event, const ch
     if ((i = r = block_index(ev, where, type, err)) < 0)
       goto out;
     r = st->blocks[i] ? close_block(st, (size_t)i, where, err)
-                      : eph_error_set(err, EPH_E_PROTOCOL,
-                                      "%s: content_block_stop %d for no block", where, i);
+                      : eph_error_set(err, EPH_E_PROTOCOL, "%s: content_block_stop %d for no block",
+                                      where, i);
   } else if (strcmp(type, "message_delta") == 0) {
     if (json_object_object_get_ex(ev, "delta", &v) && json_object_is_type(v, json_type_object)) {
-      json_object_object_foreach(v, k, dv) json_object_object_add(st->message, k, json_object_get(dv));
+      json_object_object_foreach(v, k, dv)
+          json_object_object_add(st->message, k, json_object_get(dv));
     }
     /* message_delta usage counts are cumulative: they replace message_start's. */
     if (json_object_object_get_ex(ev, "usage", &u) && json_object_is_type(u, json_type_object)) {
@@ -432,7 +433,8 @@ eph_messages_stream_event(eph_messages_stream_t *st, const char *event, const ch
         mu = json_object_new_object();
         json_object_object_add(st->message, "usage", mu);
       }
-      json_object_object_foreach(u, k, uv) if (uv) json_object_object_add(mu, k, json_object_get(uv));
+      json_object_object_foreach(u, k, uv) if (uv)
+          json_object_object_add(mu, k, json_object_get(uv));
     }
   } else if (strcmp(type, "message_stop") == 0) {
     st->done = true;

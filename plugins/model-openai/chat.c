@@ -105,8 +105,9 @@ eph_chat_parse_response(json_object *body, const char *where, eph_model_response
   uint64_t cached = 0;
   if (json_object_object_get_ex(usage, "prompt_tokens_details", &v) &&
       json_object_is_type(v, json_type_object) &&
-      (r = eph_chat_get_count(v, "cached_tokens", where, "usage.prompt_tokens_details.cached_tokens",
-                              false, &cached, err)) < 0)
+      (r = eph_chat_get_count(v, "cached_tokens", where,
+                              "usage.prompt_tokens_details.cached_tokens", false, &cached, err)) <
+          0)
     return r;
   eph_chat_set_cache(resp, cached, 0);
 
@@ -163,8 +164,10 @@ eph_chat_get_count(json_object *obj, const char *key, const char *where, const c
   *out = 0;
   if (!obj || !json_object_object_get_ex(obj, key, &v) || !v) {
     if (required)
-      return eph_error_set(err, EPH_E_PROTOCOL, "%s: %s missing (token counts are needed for "
-                           "billing)", where, what);
+      return eph_error_set(err, EPH_E_PROTOCOL,
+                           "%s: %s missing (token counts are needed for "
+                           "billing)",
+                           where, what);
     return 0;
   }
   if (!json_object_is_type(v, json_type_int))
@@ -315,7 +318,8 @@ eph_chat_stream_event(eph_chat_stream_t *st, const char *data, size_t len, const
     for (size_t j = 0; j < json_object_array_length(tcs); j++) {
       json_object *tc = json_object_array_get_idx(tcs, j), *fn = NULL;
       if (!json_object_is_type(tc, json_type_object) ||
-          !json_object_object_get_ex(tc, "index", &idx) || !json_object_is_type(idx, json_type_int)) {
+          !json_object_object_get_ex(tc, "index", &idx) ||
+          !json_object_is_type(idx, json_type_int)) {
         r = eph_error_set(err, EPH_E_PROTOCOL, "%s: delta.tool_calls[%zu].index missing", where, j);
         goto out;
       }
@@ -330,7 +334,8 @@ eph_chat_stream_event(eph_chat_stream_t *st, const char *data, size_t len, const
       st->calls[k].used = true;
       if ((r = add_string(&st->calls[k].id, tc, "id")) < 0)
         goto nomem;
-      if (json_object_object_get_ex(tc, "function", &fn) && json_object_is_type(fn, json_type_object) &&
+      if (json_object_object_get_ex(tc, "function", &fn) &&
+          json_object_is_type(fn, json_type_object) &&
           ((r = add_string(&st->calls[k].name, fn, "name")) < 0 ||
            (r = add_string(&st->calls[k].args, fn, "arguments")) < 0))
         goto nomem;
@@ -354,27 +359,30 @@ eph_chat_stream_finish(eph_chat_stream_t *st, const char *where, eph_error_t *er
   }
   json_object *body = json_object_new_object();
   if (st->meta) {
-    json_object_object_foreach(st->meta, k, mv) json_object_object_add(body, k, json_object_get(mv));
+    json_object_object_foreach(st->meta, k, mv)
+        json_object_object_add(body, k, json_object_get(mv));
   }
   json_object_object_add(body, "object", json_object_new_string("chat.completion"));
   json_object *msg = json_object_new_object();
   json_object_object_add(msg, "role", json_object_new_string("assistant"));
-  json_object_object_add(msg, "content",
-                         st->has_content ? json_object_new_string_len(st->content.p ? st->content.p : "",
-                                                                      (int)st->content.len)
-                                         : NULL);
+  json_object_object_add(
+      msg, "content",
+      st->has_content
+          ? json_object_new_string_len(st->content.p ? st->content.p : "", (int)st->content.len)
+          : NULL);
   if (st->n_calls) {
     json_object *calls = json_object_new_array();
     for (size_t i = 0; i < st->n_calls; i++) {
       if (!st->calls[i].used)
         continue;
       json_object *c = json_object_new_object(), *f = json_object_new_object();
-      json_object_object_add(c, "id", json_object_new_string(st->calls[i].id.p ? st->calls[i].id.p : ""));
+      json_object_object_add(c, "id",
+                             json_object_new_string(st->calls[i].id.p ? st->calls[i].id.p : ""));
       json_object_object_add(c, "type", json_object_new_string("function"));
-      json_object_object_add(f, "name",
-                             json_object_new_string(st->calls[i].name.p ? st->calls[i].name.p : ""));
-      json_object_object_add(f, "arguments",
-                             json_object_new_string(st->calls[i].args.p ? st->calls[i].args.p : ""));
+      json_object_object_add(
+          f, "name", json_object_new_string(st->calls[i].name.p ? st->calls[i].name.p : ""));
+      json_object_object_add(
+          f, "arguments", json_object_new_string(st->calls[i].args.p ? st->calls[i].args.p : ""));
       json_object_object_add(c, "function", f);
       json_object_array_add(calls, c);
     }

@@ -66,8 +66,7 @@ eph_mhttp_redact(char *msg, size_t size, const char *key)
 }
 
 void
-eph_mhttp_log(const eph_host_t *host, const char *key, eph_log_level_t level, const char *fmt,
-              ...)
+eph_mhttp_log(const eph_host_t *host, const char *key, eph_log_level_t level, const char *fmt, ...)
 {
   char buf[EPH_ERROR_MESSAGE_BYTES];
   va_list ap;
@@ -96,8 +95,7 @@ static bool
 is_loopback_host(const char *host)
 {
   return strcmp(host, "127.0.0.1") == 0 || strcmp(host, "localhost") == 0 ||
-         strcmp(host, "[::1]") == 0 || strcmp(host, "::1") == 0 ||
-         strncmp(host, "127.", 4) == 0;
+         strcmp(host, "[::1]") == 0 || strcmp(host, "::1") == 0 || strncmp(host, "127.", 4) == 0;
 }
 
 int
@@ -155,8 +153,8 @@ read_key_file(const eph_host_t *host, const char *path, char **out, eph_error_t 
   struct stat st;
   FILE *f = fopen(path, "re");
   if (!f)
-    return eph_error_set(err, errno == ENOENT ? EPH_E_CONFIG : errno,
-                         "api_key_file \"%s\": %s", path, strerror(errno));
+    return eph_error_set(err, errno == ENOENT ? EPH_E_CONFIG : errno, "api_key_file \"%s\": %s",
+                         path, strerror(errno));
   if (fstat(fileno(f), &st) == 0 && (st.st_mode & 077))
     eph_mhttp_log(host, NULL, EPH_LOG_WARN,
                   "api_key_file \"%s\" is readable by group or others (mode %03o)", path,
@@ -215,8 +213,8 @@ eph_mhttp_load_key(const eph_host_t *host, const char *where, const char *key_fi
 }
 
 int
-eph_mhttp_policy_read(const eph_host_t *host, const config_setting_t *config,
-                      eph_mhttp_policy_t *p, eph_error_t *err)
+eph_mhttp_policy_read(const eph_host_t *host, const config_setting_t *config, eph_mhttp_policy_t *p,
+                      eph_error_t *err)
 {
   int r;
   if ((r = host->cfg_int(config, "connect_timeout_ms", 10000, &p->connect_timeout_ms, err)) < 0 ||
@@ -224,8 +222,7 @@ eph_mhttp_policy_read(const eph_host_t *host, const config_setting_t *config,
       (r = host->cfg_int(config, "max_retries", 3, &p->max_retries, err)) < 0 ||
       (r = host->cfg_int(config, "backoff_initial_ms", 500, &p->backoff_initial_ms, err)) < 0 ||
       (r = host->cfg_int(config, "backoff_max_ms", 20000, &p->backoff_max_ms, err)) < 0 ||
-      (r = host->cfg_int(config, "max_response_bytes", 8 << 20, &p->max_response_bytes, err)) <
-          0)
+      (r = host->cfg_int(config, "max_response_bytes", 8 << 20, &p->max_response_bytes, err)) < 0)
     return r;
   if (p->connect_timeout_ms <= 0 || p->timeout_ms <= 0 || p->max_retries < 0 ||
       p->max_retries > 100 || p->backoff_initial_ms < 0 || p->backoff_max_ms < 0 ||
@@ -475,7 +472,8 @@ api_error_text(const attempt_t *a, char *out, size_t size)
   if (root && json_object_object_get_ex(root, "error", &e)) {
     if (json_object_is_type(e, json_type_string))
       msg = json_object_get_string(e);
-    else if (json_object_object_get_ex(e, "message", &m) && json_object_is_type(m, json_type_string))
+    else if (json_object_object_get_ex(e, "message", &m) &&
+             json_object_is_type(m, json_type_string))
       msg = json_object_get_string(m);
   }
   if (msg)
@@ -623,9 +621,9 @@ do_post(const eph_mhttp_policy_t *p, const eph_host_t *host, const eph_mhttp_cal
                         a.status_known == 1 ? "stream (or one of its events)" : "response",
                         (long long)p->max_response_bytes);
     } else if (rc == CURLE_OPERATION_TIMEDOUT && deadline_bound) {
-      r = eph_error_set(err, ETIMEDOUT,
-                        "model call to %s: no %s within the run deadline (%lld ms)", url,
-                        a.status_known == 1 ? "end of the stream" : "answer", (long long)total);
+      r = eph_error_set(err, ETIMEDOUT, "model call to %s: no %s within the run deadline (%lld ms)",
+                        url, a.status_known == 1 ? "end of the stream" : "answer",
+                        (long long)total);
     } else if (rc != CURLE_OK) {
       snprintf(last, sizeof last, "%s", curl_err[0] ? curl_err : curl_easy_strerror(rc));
       /* A stream already under way has been (partly) billed by the provider and its
@@ -643,8 +641,8 @@ do_post(const eph_mhttp_policy_t *p, const eph_host_t *host, const eph_mhttp_cal
         r = call->on_done(call->opaque, a.body ? a.body : "", a.len, latency, err);
       }
       if (r >= 0)
-        eph_mhttp_log(host, call->key, EPH_LOG_DEBUG, "model call to %s: HTTP %ld in %lld ms",
-                      url, status, (long long)latency);
+        eph_mhttp_log(host, call->key, EPH_LOG_DEBUG, "model call to %s: HTTP %ld in %lld ms", url,
+                      status, (long long)latency);
     } else {
       api_error_text(&a, api_text, sizeof api_text);
       snprintf(last, sizeof last, "HTTP %ld: %s", status, api_text);
@@ -658,8 +656,8 @@ do_post(const eph_mhttp_policy_t *p, const eph_host_t *host, const eph_mhttp_cal
     if (!retryable)
       break;
     if (attempt >= p->max_retries) {
-      r = eph_error_set(err, EPH_E_UPSTREAM, "model call to %s failed after %d attempts: %s",
-                        url, attempt + 1, last);
+      r = eph_error_set(err, EPH_E_UPSTREAM, "model call to %s failed after %d attempts: %s", url,
+                        attempt + 1, last);
       break;
     }
     int64_t delay = retry_after >= 0 ? retry_after : backoff_ms(p, attempt);

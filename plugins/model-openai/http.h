@@ -44,9 +44,8 @@ int eph_mhttp_check_base_url(const char *base_url, bool allow_plain_http, eph_er
 void eph_mhttp_redact(char *msg, size_t size, const char *key);
 
 /* Logs through host->log after scrubbing key. */
-__attribute__((format(printf, 4, 5))) void eph_mhttp_log(const eph_host_t *host, const char *key,
-                                                         eph_log_level_t level, const char *fmt,
-                                                         ...);
+__attribute__((format(printf, 4, 5))) void
+eph_mhttp_log(const eph_host_t *host, const char *key, eph_log_level_t level, const char *fmt, ...);
 
 /* A printable excerpt of len bytes of body (control bytes become '.'). */
 void eph_mhttp_excerpt(const char *body, size_t len, char *out, size_t size);
@@ -62,14 +61,12 @@ typedef struct eph_mhttp_call {
   /* Streaming (NULL: a plain JSON answer). Called once per SSE event of a 2xx answer,
    * event "" when the server named none; data is NUL-terminated (the "data:" lines joined
    * with '\n'). A negative return aborts the attempt with that error (not retried). */
-  int (*on_event)(void *opaque, const char *event, const char *data, size_t len,
-                  eph_error_t *err);
+  int (*on_event)(void *opaque, const char *event, const char *data, size_t len, eph_error_t *err);
   /* Called before each attempt (streaming state must start afresh after a retry). */
   void (*on_attempt)(void *opaque);
   /* Called once the 2xx answer is complete: body/len is the whole body when not streaming
    * (NULL, 0 when streaming). Returns 0 or a negative error (not retried). */
-  int (*on_done)(void *opaque, const char *body, size_t len, int64_t latency_ms,
-                 eph_error_t *err);
+  int (*on_done)(void *opaque, const char *body, size_t len, int64_t latency_ms, eph_error_t *err);
   void *opaque;
 } eph_mhttp_call_t;
 

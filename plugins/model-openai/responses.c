@@ -136,8 +136,8 @@ eph_responses_parse(json_object *body, const char *where, eph_model_response_t *
     return r;
   if (json_object_object_get_ex(usage, "input_tokens_details", &v) &&
       json_object_is_type(v, json_type_object) &&
-      (r = eph_chat_get_count(v, "cached_tokens", where,
-                              "usage.input_tokens_details.cached_tokens", false, &cached, err)) < 0)
+      (r = eph_chat_get_count(v, "cached_tokens", where, "usage.input_tokens_details.cached_tokens",
+                              false, &cached, err)) < 0)
     return r;
   eph_chat_set_cache(resp, cached, 0);
 
@@ -154,8 +154,7 @@ eph_responses_parse(json_object *body, const char *where, eph_model_response_t *
     if (strcmp(type, "message") == 0) {
       if (!json_object_object_get_ex(item, "content", &content) ||
           !json_object_is_type(content, json_type_array)) {
-        r = eph_error_set(err, EPH_E_PROTOCOL, "%s: output[%zu].content is not an array", where,
-                          i);
+        r = eph_error_set(err, EPH_E_PROTOCOL, "%s: output[%zu].content is not an array", where, i);
         goto fail;
       }
       for (size_t j = 0; j < json_object_array_length(content); j++) {
@@ -163,13 +162,15 @@ eph_responses_parse(json_object *body, const char *where, eph_model_response_t *
         const char *ptype = eph_chat_get_string(part, "type");
         if (!ptype || strcmp(ptype, "output_text") != 0)
           continue; /* a refusal part carries no answer text */
-        if (!json_object_object_get_ex(part, "text", &t) || !json_object_is_type(t, json_type_string)) {
-          r = eph_error_set(err, EPH_E_PROTOCOL, "%s: output[%zu].content[%zu].text missing",
-                            where, i, j);
+        if (!json_object_object_get_ex(part, "text", &t) ||
+            !json_object_is_type(t, json_type_string)) {
+          r = eph_error_set(err, EPH_E_PROTOCOL, "%s: output[%zu].content[%zu].text missing", where,
+                            i, j);
           goto fail;
         }
         has_text = true;
-        if (eph_chat_buf_add(&text, json_object_get_string(t), (size_t)json_object_get_string_len(t)) < 0) {
+        if (eph_chat_buf_add(&text, json_object_get_string(t),
+                             (size_t)json_object_get_string_len(t)) < 0) {
           r = eph_error_set(err, ENOMEM, "out of memory");
           goto fail;
         }
@@ -280,7 +281,8 @@ eph_responses_stream_event(eph_responses_stream_t *st, const char *event, const 
   bool indexed = idx >= 0 && idx < EPH_RESPONSES_MAX_ITEMS;
 
   if (strcmp(type, "response.completed") == 0 || strcmp(type, "response.incomplete") == 0) {
-    if (!json_object_object_get_ex(ev, "response", &v) || !json_object_is_type(v, json_type_object)) {
+    if (!json_object_object_get_ex(ev, "response", &v) ||
+        !json_object_is_type(v, json_type_object)) {
       r = eph_error_set(err, EPH_E_PROTOCOL, "%s: %s without a response object", where, type);
     } else {
       if (st->final)
@@ -301,7 +303,8 @@ eph_responses_stream_event(eph_responses_stream_t *st, const char *event, const 
               strcmp(type, "response.output_item.done") == 0) &&
              indexed) {
     json_object *item = NULL;
-    if (json_object_object_get_ex(ev, "item", &item) && json_object_is_type(item, json_type_object)) {
+    if (json_object_object_get_ex(ev, "item", &item) &&
+        json_object_is_type(item, json_type_object)) {
       if (st->items[idx])
         json_object_put(st->items[idx]);
       /* A copy: deltas edit it in place. */
@@ -347,8 +350,8 @@ eph_responses_stream_finish(eph_responses_stream_t *st, const char *where, eph_e
 {
   json_object *output = NULL;
   if (!st->final) {
-    eph_error_set(err, EPH_E_PROTOCOL,
-                  "%s: the stream ended before response.completed (truncated)", where);
+    eph_error_set(err, EPH_E_PROTOCOL, "%s: the stream ended before response.completed (truncated)",
+                  where);
     return NULL;
   }
   json_object *body = json_object_get(st->final);

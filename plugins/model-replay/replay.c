@@ -41,8 +41,9 @@
 
 static const eph_config_key_t replay_keys[] = {
   {"transcript", EPH_CFG_STRING, "\"\"", NULL,
-   "Transcript replayed when the request's model is not \"replay:PATH\": JSONL, one Chat "
-   "Completions response body per line. A relative path is looked up under the data "
+   "Transcript replayed when the request's model is not \"replay:PATH\": JSONL, one "
+   "recorded response body per line (Chat Completions, Responses API or Anthropic Messages, "
+   "as --record writes them). A relative path is looked up under the data "
    "directory first, then the current directory."},
   {"pace", EPH_CFG_BOOL, "false", NULL,
    "Sleep each line's recorded x_latency_ms before answering, so a replay keeps the "
