@@ -529,22 +529,26 @@ eph_run_new(eph_ctx_t *ctx, eph_request_t *req, const eph_run_options_t *opt,
   else if ((r = eph_cfg_string(core, "model_plugin", "model-openai", &model_plugin, err)) < 0)
     goto fail;
   /* Routing by the model's provider prefix ("openai/", "anthropic/", an operator's
-   * "local/"): the first loaded model plugin that says it serves the name takes the run.
-   * An offline daemon (model-replay) replays every run; plugins without serves() leave the
-   * choice to model_plugin. A name nobody serves is the client's error, refused here,
-   * before anything is reserved. */
+   * "local/"): the model plugin serving the name with the most specific prefix takes the
+   * run. An offline daemon (model-replay) replays every run; plugins without serves()
+   * leave the choice to model_plugin. A name nobody serves is the client's error, refused
+   * here, before anything is reserved. */
   if (strcmp(model_plugin, "model-replay") != 0) {
     bool default_declined = false;
     const eph_plugin_slot_t *routed = NULL;
-    for (size_t i = 0; i < ctx->plugins.n && !routed; i++) {
+    int best = 0;
+    for (size_t i = 0; i < ctx->plugins.n; i++) {
       const eph_plugin_slot_t *s = &ctx->plugins.slots[i];
       const eph_model_ops_t *mo = s->desc->ops;
       if (s->desc->kind != EPH_KIND_MODEL || !EPH_OPS_HAS(mo, eph_model_ops_t, serves))
         continue;
-      if (EPH_WITH_PLUGIN(s, mo->serves(s->state, run->model_call_name)))
+      int score = EPH_WITH_PLUGIN(s, mo->serves(s->state, run->model_call_name));
+      if (score > best) {
+        best = score;
         routed = s;
-      else if (strcmp(s->desc->name, model_plugin) == 0)
+      } else if (score <= 0 && strcmp(s->desc->name, model_plugin) == 0) {
         default_declined = true;
+      }
     }
     if (routed) {
       model_plugin = routed->desc->name;

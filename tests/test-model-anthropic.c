@@ -394,6 +394,37 @@ test_malformed_and_truncated(void **state)
   }
 }
 
+/* A hostile or broken provider: a stream larger than max_response_bytes is cut (the
+ * parser never grows past the cap), a content block index far out of range is refused. */
+static void
+test_hostile_streams_bounded(void **state)
+{
+  struct {
+    const char *file, *conf, *want;
+  } cases[] = {
+      {"anthropic-tool_use.sse", "stream = true; max_response_bytes = 1024;",
+       "larger than max_response_bytes"},
+      {"anthropic-hostile-index.sse", "stream = true;", "index 100000 out of range"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    fake_t f;
+    loaded_t l;
+    call_t c;
+    cleanup_free char *step = wire("sse", cases[i].file);
+    const char *steps[] = {step, NULL};
+    fake_start(&f, KEY, steps);
+    load_for(&l, &f, cases[i].conf);
+    call_init(&c, messages_json, 10000);
+    call_run(&c, &l);
+    if (c.r != -EPH_E_PROTOCOL || !strstr(c.err.message, cases[i].want))
+      fail_msg("case %zu: r=%d: %s", i, c.r, c.err.message);
+    assert_null(c.resp.message);
+    call_clear(&c);
+    plugin_unload(&l);
+    fake_stop(&f);
+  }
+}
+
 static void
 test_slow_stream_cut_by_deadline(void **state)
 {
@@ -507,7 +538,8 @@ test_serves_its_prefix_only(void **state)
   fake_start(&f, KEY, steps);
   load_for(&l, &f, NULL);
   assert_true(EPH_OPS_HAS(l.ops, eph_model_ops_t, serves));
-  assert_true(l.ops->serves(l.slot->state, "anthropic/claude-fake-4"));
+  /* 1 + the length of the matched prefix: the core prefers the most specific */
+  assert_int_equal(l.ops->serves(l.slot->state, "anthropic/claude-fake-4"), 11);
   assert_false(l.ops->serves(l.slot->state, "openai/gpt-6-luna"));
   assert_false(l.ops->serves(l.slot->state, "claude-fake-4"));
   plugin_unload(&l);
@@ -526,6 +558,7 @@ main(void)
       cmocka_unit_test(test_429_retry_after_then_529_then_success),
       cmocka_unit_test(test_overloaded_forever_and_500),
       cmocka_unit_test(test_malformed_and_truncated),
+      cmocka_unit_test(test_hostile_streams_bounded),
       cmocka_unit_test(test_slow_stream_cut_by_deadline),
       cmocka_unit_test(test_pause_turn_is_continued),
       cmocka_unit_test(test_key_kept_out),

@@ -314,7 +314,7 @@ test_operator_provider_by_prefix(void **state)
                     local_f.port);
   load_for(&l, &main_f, extra);
   assert_true(l.ops->serves(l.slot->state, "openai/gpt-6-luna"));
-  assert_true(l.ops->serves(l.slot->state, "local/qwen3"));
+  assert_int_equal(l.ops->serves(l.slot->state, "local/qwen3"), 7);
   assert_false(l.ops->serves(l.slot->state, "anthropic/claude-fake-4"));
   assert_false(l.ops->serves(l.slot->state, "qwen3"));
   call_init(&c, "local/qwen3", messages_json, 10000);

@@ -174,7 +174,8 @@ static int
 anthropic_serves(void *state, const char *model)
 {
   anthropic_t *s = state;
-  return model && strncmp(model, s->prefix, strlen(s->prefix)) == 0;
+  size_t n = strlen(s->prefix);
+  return model && strncmp(model, s->prefix, n) == 0 ? 1 + (int)n : 0;
 }
 
 typedef struct call_ctx {

@@ -261,7 +261,8 @@ route(const openai_t *s, const char *model)
 static int
 openai_serves(void *state, const char *model)
 {
-  return model && route(state, model) != NULL;
+  const provider_t *p = model ? route(state, model) : NULL;
+  return p ? 1 + (int)strlen(p->prefix) : 0;
 }
 
 /* ---------------------------------------------------------------- one call */

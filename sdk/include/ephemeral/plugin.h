@@ -488,11 +488,13 @@ typedef struct eph_model_ops {
    * after retries), -EPH_E_PROTOCOL (malformed answer), -EPH_E_DIVERGED (replay). */
   int (*complete)(void *state, const eph_model_request_t *req, eph_model_response_t *resp,
                   eph_error_t *err);
-  /* ABI 1.x addition, may be absent (check struct_size): whether this plugin serves the
-   * model name (by its provider prefix, e.g. "anthropic/"). The core routes a run to the
-   * first loaded model plugin that serves its model and refuses the request (400 naming
-   * `model`) when none does. A plugin without it gets the core's model_plugin. */
-  int (*serves)(void *state, const char *model); /* non-zero: served */
+  /* ABI 1.2 addition, may be absent (check struct_size): whether this plugin serves the
+   * model name (by its provider prefix, e.g. "anthropic/"): 0 when not, else 1 + the length
+   * of the prefix that matched (so "" matching everything is 1). The core routes a run to
+   * the loaded model plugin with the highest answer (the most specific prefix; the first
+   * loaded on a tie) and refuses the request (400 naming `model`) when none serves it. A
+   * plugin without it gets the core's model_plugin. */
+  int (*serves)(void *state, const char *model);
 } eph_model_ops_t;
 
 /* ---------------------------------------------------------------- ledger */
