@@ -173,6 +173,12 @@ test_chat_stream_same_as_json(void **state)
   assert_true(json_object_object_get_ex(so, "include_usage", &v) && json_object_get_boolean(v));
   assert_string_equal(json_object_get_string(rec_get(reqs, 0, "accept")), "text/event-stream");
 
+  /* a server repeating id and name in every chunk (as some compatible servers do) */
+  cleanup_free char *sse3 = wire("sse", "chat-tool_calls-repeated.sse");
+  cleanup_json json_object *reqs3 =
+      same_answer("tool_calls", NULL, sse3, "stream = true;", messages_json, &r);
+  eph_model_response_clear(&r);
+
   cleanup_free char *sse2 = wire("sse", "chat-final.sse");
   cleanup_json json_object *reqs2 =
       same_answer("final", NULL, sse2, "stream = true;", messages_json, &r);

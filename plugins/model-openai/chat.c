@@ -240,6 +240,18 @@ add_string(eph_chat_buf_t *b, json_object *obj, const char *key)
   return eph_chat_buf_add(b, json_object_get_string(v), (size_t)json_object_get_string_len(v));
 }
 
+/* Replaces b with obj.key when that is a non-empty string. */
+static int
+set_string(eph_chat_buf_t *b, json_object *obj, const char *key)
+{
+  json_object *v = NULL;
+  if (!json_object_object_get_ex(obj, key, &v) || !v || !json_object_is_type(v, json_type_string) ||
+      json_object_get_string_len(v) == 0)
+    return 0;
+  b->len = 0;
+  return eph_chat_buf_add(b, json_object_get_string(v), (size_t)json_object_get_string_len(v));
+}
+
 int
 eph_chat_stream_event(eph_chat_stream_t *st, const char *data, size_t len, const char *where,
                       eph_error_t *err)
@@ -332,11 +344,13 @@ eph_chat_stream_event(eph_chat_stream_t *st, const char *data, size_t len, const
       if ((size_t)k >= st->n_calls)
         st->n_calls = (size_t)k + 1;
       st->calls[k].used = true;
-      if ((r = add_string(&st->calls[k].id, tc, "id")) < 0)
+      /* id and name come whole (some servers repeat them in every chunk: the last wins, as
+       * in OpenAI's own SDK); arguments come in pieces. */
+      if ((r = set_string(&st->calls[k].id, tc, "id")) < 0)
         goto nomem;
       if (json_object_object_get_ex(tc, "function", &fn) &&
           json_object_is_type(fn, json_type_object) &&
-          ((r = add_string(&st->calls[k].name, fn, "name")) < 0 ||
+          ((r = set_string(&st->calls[k].name, fn, "name")) < 0 ||
            (r = add_string(&st->calls[k].args, fn, "arguments")) < 0))
         goto nomem;
     }
