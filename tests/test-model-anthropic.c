@@ -193,15 +193,19 @@ test_tool_use_parsed_and_request_shape(void **state)
   assert_string_equal(json_object_get_string(v), "You drive a sandbox.");
   assert_false(json_object_object_get_ex(body, "stream", &v));
   cleanup_json json_object *want_msgs = json_tokener_parse(
-      "[{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"Run whoami.\"}]}]");
+      "[{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"Run whoami.\","
+      "\"cache_control\":{\"type\":\"ephemeral\"}}]}]");
+  /* prompt caching (on by default): the last tool and the last block carry cache_control */
   assert_true(json_object_object_get_ex(body, "messages", &v));
-  assert_true(json_object_equal(v, want_msgs));
+  if (!json_object_equal(v, want_msgs))
+    fail_msg("messages sent: %s", json_object_to_json_string(v));
   cleanup_json json_object *want_tools = json_tokener_parse(
       "[{\"name\":\"shell\",\"description\":\"Run a shell command in the sandbox\","
       "\"input_schema\":{\"type\":\"object\",\"properties\":{\"command\":{\"type\":\"string\"}},"
-      "\"required\":[\"command\"]}}]");
+      "\"required\":[\"command\"]},\"cache_control\":{\"type\":\"ephemeral\"}}]");
   assert_true(json_object_object_get_ex(body, "tools", &v));
-  assert_true(json_object_equal(v, want_tools));
+  if (!json_object_equal(v, want_tools))
+    fail_msg("tools sent: %s", json_object_to_json_string(v));
   cleanup_json json_object *want_choice = json_tokener_parse("{\"type\":\"auto\"}");
   assert_true(json_object_object_get_ex(body, "tool_choice", &v));
   assert_true(json_object_equal(v, want_choice));
@@ -221,7 +225,7 @@ test_tool_results_sent_as_blocks(void **state)
   cleanup_free char *step = wire("file", "anthropic-final.json");
   const char *steps[] = {step, NULL};
   fake_start(&f, KEY, steps);
-  load_for(&l, &f, NULL);
+  load_for(&l, &f, "prompt_cache = false;");
   call_init(&c, second_turn_json, 10000);
   call_run(&c, &l);
   if (c.r < 0)
@@ -457,7 +461,7 @@ test_pause_turn_is_continued(void **state)
   cleanup_free char *s2 = wire("file", "anthropic-final.json");
   const char *steps[] = {s1, s2, NULL};
   fake_start(&f, KEY, steps);
-  load_for(&l, &f, NULL);
+  load_for(&l, &f, "prompt_cache = false;");
   call_init(&c, messages_json, 10000);
   call_run(&c, &l);
   if (c.r < 0)

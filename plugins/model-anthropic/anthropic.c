@@ -48,6 +48,10 @@ static const eph_config_key_t anthropic_keys[] = {
   {"stream", EPH_CFG_BOOL, "false", NULL,
    "Ask for a Server-Sent Events stream (stream: true). The streamed message is assembled "
    "into the same result as a non-streamed one; a stream cut short is an error."},
+  {"prompt_cache", EPH_CFG_BOOL, "true", NULL,
+   "Mark the tools and the conversation so far with cache_control (ephemeral) on every "
+   "call: the next call of the run reads that prefix from Anthropic's prompt cache. Cache "
+   "writes and reads are billed at their own prices (pricing.models)."},
   {"max_continuations", EPH_CFG_INT, "3", NULL,
    "How many times one call continues a turn the API paused (stop_reason pause_turn)."},
   {"connect_timeout_ms", EPH_CFG_INT, "10000", "ms",
@@ -79,6 +83,7 @@ typedef struct anthropic {
   char *version_header; /* "anthropic-version: ..." */
   char *no_key_reason;
   int stream;
+  int prompt_cache;
   int64_t max_continuations;
 } anthropic_t;
 
@@ -120,6 +125,7 @@ anthropic_init(const eph_host_t *host, const config_setting_t *config, void **st
       (r = host->cfg_string(config, "strip_prefix", "anthropic/", &prefix, err)) < 0 ||
       (r = host->cfg_string(config, "anthropic_version", "2023-06-01", &version, err)) < 0 ||
       (r = host->cfg_bool(config, "stream", 0, &s->stream, err)) < 0 ||
+      (r = host->cfg_bool(config, "prompt_cache", 1, &s->prompt_cache, err)) < 0 ||
       (r = host->cfg_int(config, "max_continuations", 3, &s->max_continuations, err)) < 0 ||
       (r = host->cfg_bool(config, "allow_plain_http", 0, &allow_http, err)) < 0)
     goto fail;
@@ -235,6 +241,8 @@ post_once(anthropic_t *s, const eph_model_request_t *req, json_object *extra,
                                            err);
   if (!body)
     return err && err->code ? -err->code : -EINVAL;
+  if (s->prompt_cache)
+    eph_messages_mark_cache(body);
   char *text = strdup(json_object_to_json_string_ext(
       body, JSON_C_TO_STRING_PLAIN | JSON_C_TO_STRING_NOSLASHESCAPE));
   json_object_put(body);

@@ -474,3 +474,29 @@ eph_messages_stream_finish(eph_messages_stream_t *st, const char *where, eph_err
   json_object_object_add(body, "content", content);
   return body;
 }
+
+static void
+mark_last(json_object *arr)
+{
+  size_t n = arr && json_object_is_type(arr, json_type_array) ? json_object_array_length(arr) : 0;
+  json_object *last = n ? json_object_array_get_idx(arr, n - 1) : NULL;
+  if (!last || !json_object_is_type(last, json_type_object))
+    return;
+  json_object *cc = json_object_new_object();
+  json_object_object_add(cc, "type", json_object_new_string("ephemeral"));
+  json_object_object_add(last, "cache_control", cc);
+}
+
+void
+eph_messages_mark_cache(json_object *body)
+{
+  json_object *tools = NULL, *messages = NULL, *content = NULL;
+  if (json_object_object_get_ex(body, "tools", &tools))
+    mark_last(tools);
+  if (json_object_object_get_ex(body, "messages", &messages)) {
+    size_t n = json_object_array_length(messages);
+    json_object *last = n ? json_object_array_get_idx(messages, n - 1) : NULL;
+    if (last && json_object_object_get_ex(last, "content", &content))
+      mark_last(content);
+  }
+}

@@ -24,6 +24,11 @@ json_object *eph_messages_request(const char *model, json_object *messages, json
                                   uint32_t max_tokens, bool stream, json_object *extra_messages,
                                   eph_error_t *err);
 
+/* Prompt caching: marks the last tool definition and the last content block of the last
+ * message with cache_control {"type":"ephemeral"} (2 of the API's 4 breakpoints), so each
+ * call of an agent loop reads the previous call's prefix from the cache. */
+void eph_messages_mark_cache(json_object *body);
+
 /* Reads one message object ({"type":"message","content":[...],"stop_reason","usage"}) into
  * resp: text blocks joined as content (null when none), tool_use blocks as tool_calls
  * (input serialised as the arguments text), thinking blocks dropped. finish_reason is the
