@@ -364,6 +364,9 @@ test_bad_provider_config_refused(void **state)
        "already used"},
       {"providers = ( { prefix = \"x/\"; base_url = \"http://example.com/v1\"; } );", "plain http"},
       {"api = \"completions\";", "api \"completions\""},
+      {"providers = ( { prefix = \"x/\"; base_url = \"http://127.0.0.1:1/v1\"; "
+       "api_key_evn = \"K\"; } );",
+       "config:1: model-openai providers[0]: unknown key 'api_key_evn'"},
   };
   for (size_t i = 0; i < sizeof confs / sizeof confs[0]; i++) {
     loaded_t l;

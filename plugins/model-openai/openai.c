@@ -227,6 +227,24 @@ openai_init(const eph_host_t *host, const config_setting_t *config, void **state
                         config_setting_source_line(b), name);
       goto fail;
     }
+    /* A misspelt key would silently fall back to its default (no key, another API). */
+    static const char *const known[] = {"prefix",           "base_url", "api",
+                                        "stream",           "api_key_file", "api_key_env",
+                                        "max_tokens_field", "allow_plain_http"};
+    for (int k = 0; k < config_setting_length(b); k++) {
+      config_setting_t *m = config_setting_get_elem(b, (unsigned)k);
+      bool ok = false;
+      for (size_t q = 0; q < sizeof known / sizeof known[0] && !ok; q++)
+        ok = strcmp(config_setting_name(m), known[q]) == 0;
+      if (!ok) {
+        r = eph_error_set(err, EPH_E_CONFIG, "%s:%d: %s: unknown key '%s' (a provider has %s)",
+                          config_setting_source_file(m) ? config_setting_source_file(m) : "config",
+                          config_setting_source_line(m), name, config_setting_name(m),
+                          "prefix, base_url, api, stream, api_key_file, api_key_env, "
+                          "max_tokens_field, allow_plain_http");
+        goto fail;
+      }
+    }
     provider_t *p = &s->providers[s->n++];
     if ((r = provider_init(s, p, b, false, name, err)) < 0)
       goto fail;
