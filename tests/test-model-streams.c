@@ -284,6 +284,28 @@ test_truncated_and_malformed_streams(void **state)
   }
 }
 
+/* The provider reports a failure inside the stream: an upstream error with its message. */
+static void
+test_failed_stream_carries_message(void **state)
+{
+  fake_t f;
+  loaded_t l;
+  call_t c;
+  cleanup_free char *step = wire("sse", "responses-failed.sse");
+  const char *steps[] = {step, "final", NULL};
+  fake_start(&f, KEY, steps);
+  load_for(&l, &f, "api = \"responses\"; stream = true;");
+  call_init(&c, "openai/gpt-6-luna", messages_json, 10000);
+  call_run(&c, &l);
+  if (c.r != -EPH_E_UPSTREAM || !strstr(c.err.message, "response.failed") ||
+      !strstr(c.err.message, "The model failed to generate a response."))
+    fail_msg("r=%d: %s", c.r, c.err.message);
+  assert_null(c.resp.message);
+  call_clear(&c);
+  plugin_unload(&l);
+  fake_stop(&f);
+}
+
 static void
 test_slow_stream_cut_by_deadline(void **state)
 {
@@ -390,6 +412,7 @@ main(void)
       cmocka_unit_test(test_chat_stream_same_as_json),
       cmocka_unit_test(test_responses_json_and_stream),
       cmocka_unit_test(test_truncated_and_malformed_streams),
+      cmocka_unit_test(test_failed_stream_carries_message),
       cmocka_unit_test(test_slow_stream_cut_by_deadline),
       cmocka_unit_test(test_operator_provider_by_prefix),
       cmocka_unit_test(test_bad_provider_config_refused),
