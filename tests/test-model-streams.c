@@ -386,6 +386,7 @@ test_bad_provider_config_refused(void **state)
        "already used"},
       {"providers = ( { prefix = \"x/\"; base_url = \"http://example.com/v1\"; } );", "plain http"},
       {"api = \"completions\";", "api \"completions\""},
+      {"max_response_bytes = 4294967296L;", "max_response_bytes within"},
       {"providers = ( { prefix = \"x/\"; base_url = \"http://127.0.0.1:1/v1\"; "
        "api_key_evn = \"K\"; } );",
        "config:1: model-openai providers[0]: unknown key 'api_key_evn'"},

@@ -67,7 +67,8 @@ static const eph_config_key_t anthropic_keys[] = {
    "and all of it). A retry-after header replaces it."},
   {"backoff_max_ms", EPH_CFG_INT, "20000", "ms", "Cap of the computed retry delay."},
   {"max_response_bytes", EPH_CFG_INT, "8388608", "bytes",
-   "Largest response body (or whole stream) accepted; a longer one is a protocol error."},
+   "Largest response body (or whole stream) accepted, at most 1 GiB; a longer one is a "
+   "protocol error."},
   {"allow_plain_http", EPH_CFG_BOOL, "false", NULL,
    "Allow an http:// base_url to a non-loopback host (the API key would travel in clear)."},
   {0},

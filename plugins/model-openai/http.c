@@ -226,10 +226,11 @@ eph_mhttp_policy_read(const eph_host_t *host, const config_setting_t *config, ep
     return r;
   if (p->connect_timeout_ms <= 0 || p->timeout_ms <= 0 || p->max_retries < 0 ||
       p->max_retries > 100 || p->backoff_initial_ms < 0 || p->backoff_max_ms < 0 ||
-      p->max_response_bytes < 1024)
+      p->max_response_bytes < 1024 || p->max_response_bytes > (1 << 30))
     return eph_error_set(err, EPH_E_CONFIG,
                          "timeouts must be positive, max_retries within 0..100, backoffs not "
-                         "negative and max_response_bytes at least 1024");
+                         "negative and max_response_bytes within 1024..1073741824 (json-c "
+                         "takes int lengths)");
   return 0;
 }
 
