@@ -50,7 +50,10 @@ const eph_config_key_t eph_core_config_keys[] = {
      "Credit given to cli_org the first time the CLI uses a new state directory."},
     {"pricing", EPH_CFG_GROUP, "(see below)", NULL,
      "Prices in micros: compute_micros_per_second (sandbox time) and a list `models` of "
-     "{name, input_micros_per_mtok, output_micros_per_mtok}. Web requests are priced in the "
+     "{name, input_micros_per_mtok, output_micros_per_mtok, cached_input_micros_per_mtok "
+     "(prompt tokens read from the provider's cache; default: the input price), "
+     "cache_write_micros_per_mtok (prompt tokens written to it, Anthropic; default: the input "
+     "price)}, name being the full model name with its provider prefix. Web requests are priced in the "
      "tool-web block (price_micros_per_request); sandbox limits in the backend's block."},
     {"max_inline_files_bytes", EPH_CFG_INT, "16777216", "bytes",
      "Largest total size of a request's inline files (after base64 decoding)."},

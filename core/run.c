@@ -57,6 +57,7 @@ struct eph_run {
   int64_t model_calls, input_tokens, output_tokens;
   int64_t reserved, billed, released, model_micros, web_micros, compute_micros;
   int64_t in_price_mtok, out_price_mtok, compute_price_s, meter_ms;
+  int64_t cache_read_price_mtok, cache_write_price_mtok; /* cached prompt tokens */
   int64_t max_steps, max_output_tokens;
 
   /* The compute meter: charges while the sandbox lives. */
@@ -254,13 +255,22 @@ remaining_micros(eph_run_t *run)
  * (or a transcript): absurd counts must not overflow int64 into a negative, free call, so
  * the cost saturates at INT64_MAX and charge_capped() bills what the reservation has left. */
 static int64_t
-model_call_cost(const eph_run_t *run, uint64_t input_tokens, uint64_t output_tokens)
+model_call_cost(const eph_run_t *run, const eph_model_response_t *resp)
 {
-  int64_t in_x, out_x, sum;
+  uint64_t input_tokens = resp->input_tokens, output_tokens = resp->output_tokens;
+  /* Cached prompt tokens are part of input_tokens and priced at their own rates; counts
+   * that claim more cached tokens than prompt tokens are billed as if all were uncached. */
+  uint64_t cr = resp->cache_read_tokens, cw = resp->cache_write_tokens;
+  if (cr > input_tokens || cw > input_tokens - cr)
+    cr = cw = 0;
+  int64_t in_x, out_x, cr_x, cw_x, sum;
   if (input_tokens > INT64_MAX || output_tokens > INT64_MAX ||
-      __builtin_mul_overflow((int64_t)input_tokens, run->in_price_mtok, &in_x) ||
+      __builtin_mul_overflow((int64_t)(input_tokens - cr - cw), run->in_price_mtok, &in_x) ||
+      __builtin_mul_overflow((int64_t)cr, run->cache_read_price_mtok, &cr_x) ||
+      __builtin_mul_overflow((int64_t)cw, run->cache_write_price_mtok, &cw_x) ||
       __builtin_mul_overflow((int64_t)output_tokens, run->out_price_mtok, &out_x) ||
-      __builtin_add_overflow(in_x, out_x, &sum) || __builtin_add_overflow(sum, 999999, &sum))
+      __builtin_add_overflow(in_x, out_x, &sum) || __builtin_add_overflow(sum, cr_x, &sum) ||
+      __builtin_add_overflow(sum, cw_x, &sum) || __builtin_add_overflow(sum, 999999, &sum))
     return INT64_MAX;
   return sum / 1000000;
 }
@@ -347,7 +357,7 @@ price_for_model(eph_run_t *run, eph_error_t *err)
   if (r < 0)
     return r;
   /* Embedded default: the product page's model at the example's prices. */
-  run->in_price_mtok = 50000;
+  run->in_price_mtok = run->cache_read_price_mtok = run->cache_write_price_mtok = 50000;
   run->out_price_mtok = 280000;
   config_setting_t *models = pricing ? config_setting_get_member(pricing, "models") : NULL;
   if (models) {
@@ -360,7 +370,11 @@ price_for_model(eph_run_t *run, eph_error_t *err)
       if (!name || strcmp(name, run->req.model) != 0)
         continue;
       if ((r = eph_cfg_int(m, "input_micros_per_mtok", 0, &run->in_price_mtok, err)) < 0 ||
-          (r = eph_cfg_int(m, "output_micros_per_mtok", 0, &run->out_price_mtok, err)) < 0)
+          (r = eph_cfg_int(m, "output_micros_per_mtok", 0, &run->out_price_mtok, err)) < 0 ||
+          (r = eph_cfg_int(m, "cached_input_micros_per_mtok", run->in_price_mtok,
+                           &run->cache_read_price_mtok, err)) < 0 ||
+          (r = eph_cfg_int(m, "cache_write_micros_per_mtok", run->in_price_mtok,
+                           &run->cache_write_price_mtok, err)) < 0)
         return r;
       found = true;
     }
@@ -514,6 +528,38 @@ eph_run_new(eph_ctx_t *ctx, eph_request_t *req, const eph_run_options_t *opt,
     model_plugin = "model-replay";
   else if ((r = eph_cfg_string(core, "model_plugin", "model-openai", &model_plugin, err)) < 0)
     goto fail;
+  /* Routing by the model's provider prefix ("openai/", "anthropic/", an operator's
+   * "local/"): the model plugin serving the name with the most specific prefix takes the
+   * run. An offline daemon (model-replay) replays every run; plugins without serves()
+   * leave the choice to model_plugin. A name nobody serves is the client's error, refused
+   * here, before anything is reserved. */
+  if (strcmp(model_plugin, "model-replay") != 0) {
+    bool default_declined = false;
+    const eph_plugin_slot_t *routed = NULL;
+    int best = 0;
+    for (size_t i = 0; i < ctx->plugins.n; i++) {
+      const eph_plugin_slot_t *s = &ctx->plugins.slots[i];
+      const eph_model_ops_t *mo = s->desc->ops;
+      if (s->desc->kind != EPH_KIND_MODEL || !EPH_OPS_HAS(mo, eph_model_ops_t, serves))
+        continue;
+      int score = EPH_WITH_PLUGIN(s, mo->serves(s->state, run->model_call_name));
+      if (score > best) {
+        best = score;
+        routed = s;
+      } else if (score <= 0 && strcmp(s->desc->name, model_plugin) == 0) {
+        default_declined = true;
+      }
+    }
+    if (routed) {
+      model_plugin = routed->desc->name;
+    } else if (default_declined) {
+      r = eph_error_set(err, EINVAL,
+                        "field 'model': no loaded model provider serves '%s' (its prefix, such "
+                        "as \"openai/\" or \"anthropic/\", names the provider)",
+                        run->model_call_name);
+      goto fail;
+    }
+  }
   run->model = eph_plugins_find(&ctx->plugins, model_plugin);
   if (!run->model || run->model->desc->kind != EPH_KIND_MODEL) {
     r = eph_error_set(err, ENOENT, "model plugin '%s' is not loaded (enable it in conf.d)",
@@ -887,7 +933,7 @@ agent_loop(eph_run_t *run)
            err.message);
       return;
     }
-    int64_t cost = model_call_cost(run, resp.input_tokens, resp.output_tokens);
+    int64_t cost = model_call_cost(run, &resp);
     charge_capped(run, EPH_COST_MODEL, cost, "model call");
     pthread_mutex_lock(&run->lock);
     run->model_calls++;
@@ -901,6 +947,12 @@ agent_loop(eph_run_t *run)
     json_object *d = json_object_new_object();
     json_object_object_add(d, "input_tokens", json_object_new_int64((int64_t)resp.input_tokens));
     json_object_object_add(d, "output_tokens", json_object_new_int64((int64_t)resp.output_tokens));
+    if (resp.cache_read_tokens || resp.cache_write_tokens) {
+      json_object_object_add(d, "cache_read_tokens",
+                             json_object_new_int64((int64_t)resp.cache_read_tokens));
+      json_object_object_add(d, "cache_write_tokens",
+                             json_object_new_int64((int64_t)resp.cache_write_tokens));
+    }
     json_object_object_add(d, "cost_micros", json_object_new_int64(cost));
     json_object_object_add(d, "latency_ms", json_object_new_int64(eph_now_ms() - t0));
     json_object_object_add(d, "finish_reason", json_object_new_string(resp.finish_reason));

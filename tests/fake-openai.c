@@ -6,10 +6,12 @@
  *
  * Prints the port it listens on (127.0.0.1, chosen by the kernel) on stdout, then serves
  * until its stdin reaches end of file (so it never outlives the test that started it).
- * Only POST /v1/chat/completions exists (404 otherwise). With --key, a request whose
- * Authorization is not "Bearer KEY" gets 401 with OpenAI's wording, which echoes the key it
- * received, and consumes no step. Each request that passes takes the next STEP (from the
- * command line, then the --script file, one per line, '#' comments):
+ * It serves the three hosted wire formats the model plugins speak: POST /v1/chat/completions
+ * and /v1/responses (OpenAI: the key in "Authorization: Bearer KEY") and /v1/messages
+ * (Anthropic: the key in x-api-key, anthropic-version required); 404 otherwise. With --key,
+ * a request without the right key gets 401 in the provider's own shape (OpenAI's wording
+ * echoes the key it received) and consumes no step. Each request that passes takes the
+ * next STEP (from the command line, then the --script file, one per line, '#' comments):
  *
  *   tool_calls     200, two parallel "shell" tool calls, usage 100 + 20 tokens
  *   final          200, a final answer "done", usage 150 + 10 tokens
@@ -19,10 +21,18 @@
  *   malformed      200 with a truncated JSON body
  *   slow:MS        waits MS milliseconds, then answers like final
  *   line:PATH:N    200 with line N (1-based) of the JSONL file PATH as the body
+ *   file:PATH      200 application/json with the file PATH as the body
+ *   sse:PATH       200 text/event-stream with the file PATH as the body, written 7 bytes at
+ *                  a time (events and lines split across reads, as on a real network)
+ *   ssecut:PATH:N  as sse:, but the stream ends cleanly after N bytes (a truncated stream)
+ *   sseslow:PATH:MS  as sse:, one line every MS milliseconds (a stream the deadline cuts)
+ *   529            529 with Anthropic's overloaded_error
  *
  * A step ending in '*' repeats forever. Past the last step: 500 "script exhausted".
  * With --record, each request appends one JSON line to FILE:
  *   {"t_ms": CLOCK_MONOTONIC ms, "step": "...", "auth_ok": bool, "content_type": "...",
+ *    "path": "/v1/...", "accept": "...", "anthropic_version": "..." (or ""),
+ *    "has_authorization": bool,
  *    "body": "<the request body as received>"}                                            */
 #include "config.h"
 
@@ -107,6 +117,9 @@ take_step(void)
   return s;
 }
 
+static __thread const char *req_path, *req_accept, *req_version;
+static __thread bool req_has_auth;
+
 static void
 record_request(const char *step, bool auth_ok, const char *content_type, const char *body,
                size_t len)
@@ -114,6 +127,11 @@ record_request(const char *step, bool auth_ok, const char *content_type, const c
   if (!record)
     return;
   json_object *o = json_object_new_object();
+  json_object_object_add(o, "path", json_object_new_string(req_path ? req_path : ""));
+  json_object_object_add(o, "accept", json_object_new_string(req_accept ? req_accept : ""));
+  json_object_object_add(o, "anthropic_version",
+                         json_object_new_string(req_version ? req_version : ""));
+  json_object_object_add(o, "has_authorization", json_object_new_boolean(req_has_auth));
   json_object_object_add(o, "t_ms", json_object_new_int64(now_ms()));
   json_object_object_add(o, "step", json_object_new_string(step));
   json_object_object_add(o, "auth_ok", json_object_new_boolean(auth_ok));
@@ -194,6 +212,117 @@ serve_line(struct MHD_Connection *conn, const char *arg)
   return ret;
 }
 
+static char *
+slurp(const char *path, size_t *len)
+{
+  FILE *f = fopen(path, "r");
+  char *buf = NULL;
+  size_t cap = 0;
+  *len = 0;
+  if (!f)
+    return NULL;
+  FILE *m = open_memstream(&buf, &cap);
+  char chunk[4096];
+  size_t n;
+  while (m && (n = fread(chunk, 1, sizeof chunk, f)) > 0)
+    fwrite(chunk, 1, n, m);
+  fclose(f);
+  if (!m)
+    return NULL;
+  fclose(m);
+  *len = cap;
+  return buf;
+}
+
+/* A stream body written piecewise: `chunk` bytes per read, or one line per `line_ms`. */
+typedef struct sse {
+  char *buf;
+  size_t len, off;
+  size_t chunk;
+  long line_ms;
+} sse_t;
+
+static ssize_t
+sse_read(void *cls, uint64_t pos, char *out, size_t max)
+{
+  sse_t *s = cls;
+  (void)pos;
+  if (s->off >= s->len)
+    return MHD_CONTENT_READER_END_OF_STREAM;
+  size_t n = s->len - s->off;
+  if (s->line_ms > 0) {
+    struct timespec ts = {.tv_sec = s->line_ms / 1000, .tv_nsec = (s->line_ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+    const char *nl = memchr(s->buf + s->off, '\n', n);
+    if (nl)
+      n = (size_t)(nl - (s->buf + s->off)) + 1;
+  } else if (n > s->chunk) {
+    n = s->chunk;
+  }
+  if (n > max)
+    n = max;
+  memcpy(out, s->buf + s->off, n);
+  s->off += n;
+  return (ssize_t)n;
+}
+
+static void
+sse_free(void *cls)
+{
+  sse_t *s = cls;
+  free(s->buf);
+  free(s);
+}
+
+/* arg: PATH or PATH:N (ssecut: N bytes; sseslow: N ms per line). */
+static enum MHD_Result
+serve_sse(struct MHD_Connection *conn, const char *arg, bool with_n, bool slow)
+{
+  char path[4096];
+  long num = 0;
+  const char *colon = with_n ? strrchr(arg, ':') : NULL;
+  size_t plen = colon ? (size_t)(colon - arg) : strlen(arg);
+  if (plen >= sizeof path || (with_n && !colon))
+    return respond_str(conn, 500, "{\"error\":{\"message\":\"fake-openai: bad sse step\"}}", NULL);
+  memcpy(path, arg, plen);
+  path[plen] = '\0';
+  if (colon)
+    num = strtol(colon + 1, NULL, 10);
+  sse_t *s = calloc(1, sizeof *s);
+  if (!s || !(s->buf = slurp(path, &s->len))) {
+    free(s);
+    return respond_str(conn, 500, "{\"error\":{\"message\":\"fake-openai: no such file\"}}", NULL);
+  }
+  s->chunk = 7;
+  if (with_n && !slow && (size_t)num < s->len)
+    s->len = (size_t)num;
+  if (slow)
+    s->line_ms = num;
+  struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 1024, sse_read, s,
+                                                             sse_free);
+  if (!r) {
+    sse_free(s);
+    return MHD_NO;
+  }
+  MHD_add_response_header(r, "Content-Type", "text/event-stream");
+  MHD_add_response_header(r, "Cache-Control", "no-cache");
+  enum MHD_Result ret = MHD_queue_response(conn, 200, r);
+  MHD_destroy_response(r);
+  return ret;
+}
+
+static enum MHD_Result
+serve_file(struct MHD_Connection *conn, const char *path)
+{
+  size_t len = 0;
+  char *buf = slurp(path, &len);
+  if (!buf)
+    return respond_str(conn, 500, "{\"error\":{\"message\":\"fake-openai: no such file\"}}", NULL);
+  enum MHD_Result ret = respond(conn, 200, buf, len, NULL);
+  free(buf);
+  return ret;
+}
+
 typedef struct upload {
   char *buf;
   size_t len;
@@ -225,14 +354,37 @@ on_request(void *cls, struct MHD_Connection *conn, const char *url, const char *
     return MHD_YES;
   }
 
-  if (strcmp(method, "POST") != 0 || strcmp(url, "/v1/chat/completions") != 0)
+  bool anthropic = strcmp(url, "/v1/messages") == 0;
+  if (strcmp(method, "POST") != 0 ||
+      (!anthropic && strcmp(url, "/v1/chat/completions") != 0 && strcmp(url, "/v1/responses") != 0))
     return respond_str(conn, 404, "{\"error\":{\"message\":\"fake-openai: not found\"}}", NULL);
 
   const char *auth = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Authorization");
   const char *ctype = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Content-Type");
+  const char *xkey = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "x-api-key");
+  req_path = url;
+  req_accept = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Accept");
+  req_version = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "anthropic-version");
+  req_has_auth = auth != NULL;
   bool auth_ok = true;
-  if (expected_key) {
+  if (expected_key && anthropic) {
+    auth_ok = xkey && strcmp(xkey, expected_key) == 0 && !auth;
+  } else if (expected_key) {
     auth_ok = auth && strncmp(auth, "Bearer ", 7) == 0 && strcmp(auth + 7, expected_key) == 0;
+  }
+  if (anthropic && !req_version) {
+    record_request("400", auth_ok, ctype, u->buf, u->len);
+    return respond_str(conn, 400,
+                       "{\"type\":\"error\",\"error\":{\"type\":\"invalid_request_error\","
+                       "\"message\":\"anthropic-version: header is required\"}}",
+                       NULL);
+  }
+  if (!auth_ok && anthropic) {
+    record_request("401", false, ctype, u->buf, u->len);
+    return respond_str(conn, 401,
+                       "{\"type\":\"error\",\"error\":{\"type\":\"authentication_error\","
+                       "\"message\":\"invalid x-api-key\"}}",
+                       NULL);
   }
   if (!auth_ok) {
     record_request("401", false, ctype, u->buf, u->len);
@@ -286,6 +438,19 @@ on_request(void *cls, struct MHD_Connection *conn, const char *url, const char *
     ret = respond_str(conn, 200, final_body, NULL);
   } else if (strncmp(step, "line:", 5) == 0)
     ret = serve_line(conn, step + 5);
+  else if (strncmp(step, "file:", 5) == 0)
+    ret = serve_file(conn, step + 5);
+  else if (strncmp(step, "sse:", 4) == 0)
+    ret = serve_sse(conn, step + 4, false, false);
+  else if (strncmp(step, "ssecut:", 7) == 0)
+    ret = serve_sse(conn, step + 7, true, false);
+  else if (strncmp(step, "sseslow:", 8) == 0)
+    ret = serve_sse(conn, step + 8, true, true);
+  else if (strcmp(step, "529") == 0)
+    ret = respond_str(conn, 529,
+                      "{\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\","
+                      "\"message\":\"Overloaded\"}}",
+                      NULL);
   else
     ret = respond_str(conn, 500, "{\"error\":{\"message\":\"fake-openai: unknown step\"}}", NULL);
   free(step);

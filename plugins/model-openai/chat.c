@@ -7,7 +7,10 @@
 
 #include "chat.h"
 
+#include <errno.h>
 #include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
 
 const char *
 eph_chat_get_string(json_object *obj, const char *key)
@@ -99,6 +102,14 @@ eph_chat_parse_response(json_object *body, const char *where, eph_model_response
   if ((r = get_tokens(usage, "prompt_tokens", where, &resp->input_tokens, err)) < 0 ||
       (r = get_tokens(usage, "completion_tokens", where, &resp->output_tokens, err)) < 0)
     return r;
+  uint64_t cached = 0;
+  if (json_object_object_get_ex(usage, "prompt_tokens_details", &v) &&
+      json_object_is_type(v, json_type_object) &&
+      (r = eph_chat_get_count(v, "cached_tokens", where,
+                              "usage.prompt_tokens_details.cached_tokens", false, &cached, err)) <
+          0)
+    return r;
+  eph_chat_set_cache(resp, cached, 0);
 
   resp->finish_reason[0] = '\0';
   if (json_object_object_get_ex(choice, "finish_reason", &v) && v) {
@@ -143,4 +154,263 @@ eph_chat_parse_response(json_object *body, const char *where, eph_model_response
 
   resp->message = out;
   return 0;
+}
+
+int
+eph_chat_get_count(json_object *obj, const char *key, const char *where, const char *what,
+                   bool required, uint64_t *out, eph_error_t *err)
+{
+  json_object *v = NULL;
+  *out = 0;
+  if (!obj || !json_object_object_get_ex(obj, key, &v) || !v) {
+    if (required)
+      return eph_error_set(err, EPH_E_PROTOCOL,
+                           "%s: %s missing (token counts are needed for "
+                           "billing)",
+                           where, what);
+    return 0;
+  }
+  if (!json_object_is_type(v, json_type_int))
+    return eph_error_set(err, EPH_E_PROTOCOL, "%s: %s is not an integer", where, what);
+  int64_t n = json_object_get_int64(v);
+  if (n < 0)
+    return eph_error_set(err, EPH_E_PROTOCOL, "%s: %s is negative", where, what);
+  *out = (uint64_t)n;
+  return 0;
+}
+
+void
+eph_chat_set_cache(eph_model_response_t *resp, uint64_t read, uint64_t write)
+{
+  if (EPH_MODEL_RESPONSE_HAS_CACHE(resp)) {
+    resp->cache_read_tokens = read;
+    resp->cache_write_tokens = write;
+  }
+}
+
+int
+eph_chat_buf_add(eph_chat_buf_t *b, const char *s, size_t n)
+{
+  if (b->len + n + 1 > b->cap) {
+    size_t cap = b->cap ? b->cap : 256;
+    while (cap < b->len + n + 1)
+      cap *= 2;
+    char *p = realloc(b->p, cap);
+    if (!p)
+      return -ENOMEM;
+    b->p = p;
+    b->cap = cap;
+  }
+  memcpy(b->p + b->len, s, n);
+  b->len += n;
+  b->p[b->len] = '\0';
+  return 0;
+}
+
+void
+eph_chat_buf_free(eph_chat_buf_t *b)
+{
+  free(b->p);
+  b->p = NULL;
+  b->len = b->cap = 0;
+}
+
+void
+eph_chat_stream_reset(eph_chat_stream_t *st)
+{
+  if (st->meta)
+    json_object_put(st->meta);
+  if (st->usage)
+    json_object_put(st->usage);
+  eph_chat_buf_free(&st->content);
+  for (size_t i = 0; i < st->n_calls; i++) {
+    eph_chat_buf_free(&st->calls[i].id);
+    eph_chat_buf_free(&st->calls[i].name);
+    eph_chat_buf_free(&st->calls[i].args);
+  }
+  memset(st, 0, sizeof *st);
+}
+
+static int
+add_string(eph_chat_buf_t *b, json_object *obj, const char *key)
+{
+  json_object *v = NULL;
+  if (!json_object_object_get_ex(obj, key, &v) || !v || !json_object_is_type(v, json_type_string))
+    return 0;
+  return eph_chat_buf_add(b, json_object_get_string(v), (size_t)json_object_get_string_len(v));
+}
+
+/* Replaces b with obj.key when that is a non-empty string. */
+static int
+set_string(eph_chat_buf_t *b, json_object *obj, const char *key)
+{
+  json_object *v = NULL;
+  if (!json_object_object_get_ex(obj, key, &v) || !v || !json_object_is_type(v, json_type_string) ||
+      json_object_get_string_len(v) == 0)
+    return 0;
+  b->len = 0;
+  return eph_chat_buf_add(b, json_object_get_string(v), (size_t)json_object_get_string_len(v));
+}
+
+int
+eph_chat_stream_event(eph_chat_stream_t *st, const char *data, size_t len, const char *where,
+                      eph_error_t *err)
+{
+  json_object *v = NULL, *choices = NULL;
+  const char *why = NULL;
+  if (st->done)
+    return eph_error_set(err, EPH_E_PROTOCOL, "%s: stream data after [DONE]", where);
+  if (len == 6 && memcmp(data, "[DONE]", 6) == 0) {
+    st->done = true;
+    return 0;
+  }
+  json_tokener *tok = json_tokener_new();
+  json_object *chunk = tok ? json_tokener_parse_ex(tok, data, (int)len) : NULL;
+  if (!chunk)
+    why = tok ? json_tokener_error_desc(json_tokener_get_error(tok)) : "out of memory";
+  if (tok)
+    json_tokener_free(tok);
+  if (!chunk || !json_object_is_type(chunk, json_type_object)) {
+    if (chunk)
+      json_object_put(chunk);
+    return eph_error_set(err, EPH_E_PROTOCOL, "%s: stream chunk is not a JSON object (%s)", where,
+                         why ? why : "wrong type");
+  }
+  int r = 0;
+  if (json_object_object_get_ex(chunk, "error", &v) && v) {
+    const char *m = json_object_is_type(v, json_type_string) ? json_object_get_string(v)
+                                                             : eph_chat_get_string(v, "message");
+    r = eph_error_set(err, EPH_E_UPSTREAM, "%s: the stream reported an error: %s", where,
+                      m ? m : "(no message)");
+    goto out;
+  }
+  if (!st->meta) {
+    st->meta = json_object_new_object();
+    static const char *const keep[] = {"id", "model", "created", "system_fingerprint"};
+    for (size_t i = 0; i < sizeof keep / sizeof keep[0]; i++)
+      if (json_object_object_get_ex(chunk, keep[i], &v) && v)
+        json_object_object_add(st->meta, keep[i], json_object_get(v));
+  }
+  if (json_object_object_get_ex(chunk, "usage", &v) && v &&
+      json_object_is_type(v, json_type_object)) {
+    if (st->usage)
+      json_object_put(st->usage);
+    st->usage = json_object_get(v);
+  }
+  if (!json_object_object_get_ex(chunk, "choices", &choices) || !choices)
+    goto out;
+  if (!json_object_is_type(choices, json_type_array)) {
+    r = eph_error_set(err, EPH_E_PROTOCOL, "%s: stream chunk choices is not an array", where);
+    goto out;
+  }
+  for (size_t i = 0; i < json_object_array_length(choices); i++) {
+    json_object *ch = json_object_array_get_idx(choices, i), *delta = NULL, *tcs = NULL, *idx;
+    if (!json_object_is_type(ch, json_type_object))
+      continue;
+    if (json_object_object_get_ex(ch, "index", &idx) && json_object_get_int(idx) != 0)
+      continue; /* n = 1 is asked for: only the first choice exists */
+    const char *fr = eph_chat_get_string(ch, "finish_reason");
+    if (fr)
+      snprintf(st->finish_reason, sizeof st->finish_reason, "%s", fr);
+    if (!json_object_object_get_ex(ch, "delta", &delta) ||
+        !json_object_is_type(delta, json_type_object))
+      continue;
+    if (json_object_object_get_ex(delta, "content", &v) && v &&
+        json_object_is_type(v, json_type_string)) {
+      st->has_content = true;
+      if ((r = add_string(&st->content, delta, "content")) < 0)
+        goto nomem;
+    }
+    if (!json_object_object_get_ex(delta, "tool_calls", &tcs) || !tcs)
+      continue;
+    if (!json_object_is_type(tcs, json_type_array)) {
+      r = eph_error_set(err, EPH_E_PROTOCOL, "%s: delta.tool_calls is not an array", where);
+      goto out;
+    }
+    for (size_t j = 0; j < json_object_array_length(tcs); j++) {
+      json_object *tc = json_object_array_get_idx(tcs, j), *fn = NULL;
+      if (!json_object_is_type(tc, json_type_object) ||
+          !json_object_object_get_ex(tc, "index", &idx) ||
+          !json_object_is_type(idx, json_type_int)) {
+        r = eph_error_set(err, EPH_E_PROTOCOL, "%s: delta.tool_calls[%zu].index missing", where, j);
+        goto out;
+      }
+      int64_t k = json_object_get_int64(idx);
+      if (k < 0 || k >= EPH_CHAT_STREAM_MAX_CALLS) {
+        r = eph_error_set(err, EPH_E_PROTOCOL, "%s: delta.tool_calls index %lld out of range",
+                          where, (long long)k);
+        goto out;
+      }
+      if ((size_t)k >= st->n_calls)
+        st->n_calls = (size_t)k + 1;
+      st->calls[k].used = true;
+      /* id and name come whole (some servers repeat them in every chunk: the last wins, as
+       * in OpenAI's own SDK); arguments come in pieces. */
+      if ((r = set_string(&st->calls[k].id, tc, "id")) < 0)
+        goto nomem;
+      if (json_object_object_get_ex(tc, "function", &fn) &&
+          json_object_is_type(fn, json_type_object) &&
+          ((r = set_string(&st->calls[k].name, fn, "name")) < 0 ||
+           (r = add_string(&st->calls[k].args, fn, "arguments")) < 0))
+        goto nomem;
+    }
+  }
+  goto out;
+nomem:
+  r = eph_error_set(err, ENOMEM, "%s: out of memory reading the stream", where);
+out:
+  json_object_put(chunk);
+  return r;
+}
+
+json_object *
+eph_chat_stream_finish(eph_chat_stream_t *st, const char *where, eph_error_t *err)
+{
+  if (!st->done) {
+    eph_error_set(err, EPH_E_PROTOCOL, "%s: the stream ended before data: [DONE] (truncated)",
+                  where);
+    return NULL;
+  }
+  json_object *body = json_object_new_object();
+  if (st->meta) {
+    json_object_object_foreach(st->meta, k, mv)
+        json_object_object_add(body, k, json_object_get(mv));
+  }
+  json_object_object_add(body, "object", json_object_new_string("chat.completion"));
+  json_object *msg = json_object_new_object();
+  json_object_object_add(msg, "role", json_object_new_string("assistant"));
+  json_object_object_add(
+      msg, "content",
+      st->has_content
+          ? json_object_new_string_len(st->content.p ? st->content.p : "", (int)st->content.len)
+          : NULL);
+  if (st->n_calls) {
+    json_object *calls = json_object_new_array();
+    for (size_t i = 0; i < st->n_calls; i++) {
+      if (!st->calls[i].used)
+        continue;
+      json_object *c = json_object_new_object(), *f = json_object_new_object();
+      json_object_object_add(c, "id",
+                             json_object_new_string(st->calls[i].id.p ? st->calls[i].id.p : ""));
+      json_object_object_add(c, "type", json_object_new_string("function"));
+      json_object_object_add(
+          f, "name", json_object_new_string(st->calls[i].name.p ? st->calls[i].name.p : ""));
+      json_object_object_add(
+          f, "arguments", json_object_new_string(st->calls[i].args.p ? st->calls[i].args.p : ""));
+      json_object_object_add(c, "function", f);
+      json_object_array_add(calls, c);
+    }
+    json_object_object_add(msg, "tool_calls", calls);
+  }
+  json_object *choice = json_object_new_object();
+  json_object_object_add(choice, "index", json_object_new_int(0));
+  json_object_object_add(choice, "message", msg);
+  json_object_object_add(choice, "finish_reason",
+                         st->finish_reason[0] ? json_object_new_string(st->finish_reason) : NULL);
+  json_object *choices = json_object_new_array();
+  json_object_array_add(choices, choice);
+  json_object_object_add(body, "choices", choices);
+  if (st->usage)
+    json_object_object_add(body, "usage", json_object_get(st->usage));
+  return body;
 }

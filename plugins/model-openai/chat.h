@@ -6,6 +6,9 @@
 #ifndef EPH_PLUGIN_CHAT_H
 #define EPH_PLUGIN_CHAT_H
 
+#include <stdbool.h>
+#include <stdint.h>
+
 #include <ephemeral/plugin.h>
 
 /* Reads one Chat Completions response body (an object, borrowed) into resp:
@@ -15,7 +18,8 @@
  *    ("tool_calls" only when the model asked for at least one; extra fields the API
  *    adds, such as "refusal" or "annotations", are dropped);
  *  - resp->finish_reason from choices[0].finish_reason ("" when null);
- *  - resp->input_tokens / output_tokens from usage.prompt_tokens / completion_tokens.
+ *  - resp->input_tokens / output_tokens from usage.prompt_tokens / completion_tokens, the
+ *    cache reads from usage.prompt_tokens_details.cached_tokens (when present).
  * resp->raw is left untouched. `where` prefixes messages (e.g. "transcript.jsonl:2" or the
  * URL). Returns 0, or -EPH_E_PROTOCOL naming the missing or mistyped field; on failure
  * resp->message is left NULL. */
@@ -24,5 +28,47 @@ int eph_chat_parse_response(json_object *body, const char *where, eph_model_resp
 
 /* The string value of key in obj, or NULL when absent or not a string. */
 const char *eph_chat_get_string(json_object *obj, const char *key);
+
+/* A token count: obj.key as a non-negative integer into *out. A missing (or null) key is
+ * an error naming `what` (e.g. "usage.input_tokens") when required, else *out = 0. */
+int eph_chat_get_count(json_object *obj, const char *key, const char *where, const char *what,
+                       bool required, uint64_t *out, eph_error_t *err);
+
+/* Stores the prompt-cache counts in resp when the caller's struct has room for them. */
+void eph_chat_set_cache(eph_model_response_t *resp, uint64_t read, uint64_t write);
+
+/* A growable byte buffer for streamed text (always NUL-terminated once used). */
+typedef struct eph_chat_buf {
+  char *p;
+  size_t len, cap;
+} eph_chat_buf_t;
+int eph_chat_buf_add(eph_chat_buf_t *b, const char *s, size_t n);
+void eph_chat_buf_free(eph_chat_buf_t *b);
+
+/* Chat Completions streaming (stream: true, stream_options.include_usage): the chunks of
+ * one answer, accumulated into the chat.completion body a non-streaming call would have
+ * returned, so both read the same (and --record writes the same). */
+#define EPH_CHAT_STREAM_MAX_CALLS 128
+typedef struct eph_chat_stream {
+  json_object *meta;  /* id, model, created of the first chunk */
+  json_object *usage; /* the usage chunk */
+  eph_chat_buf_t content;
+  bool has_content;
+  char finish_reason[32];
+  struct {
+    eph_chat_buf_t id, name, args;
+    bool used;
+  } calls[EPH_CHAT_STREAM_MAX_CALLS];
+  size_t n_calls;
+  bool done; /* "data: [DONE]" */
+} eph_chat_stream_t;
+
+void eph_chat_stream_reset(eph_chat_stream_t *st);
+/* One SSE data payload: a chat.completion.chunk, an {"error":...} object or [DONE]. */
+int eph_chat_stream_event(eph_chat_stream_t *st, const char *data, size_t len, const char *where,
+                          eph_error_t *err);
+/* The assembled chat.completion body (owned by the caller), or NULL with -EPH_E_PROTOCOL
+ * when the stream ended before [DONE]. */
+json_object *eph_chat_stream_finish(eph_chat_stream_t *st, const char *where, eph_error_t *err);
 
 #endif

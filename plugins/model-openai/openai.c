@@ -1,38 +1,52 @@
-/* model-openai: an OpenAI-compatible Chat Completions client with tool calling, over libcurl.
+/* model-openai: OpenAI and OpenAI-compatible APIs with tool calling, over libcurl.
  *
- * One model call = POST {base_url}/chat/completions with {model, messages, tools,
- * tool_choice "auto", max_completion_tokens}. 408, 409, 429 and 5xx answers and transient
- * transport failures are retried (max_retries) with exponential backoff and full jitter,
- * honouring Retry-After / retry-after-ms (the same policy as OpenAI's own SDKs). No attempt
- * and no backoff ever runs past req->deadline_ms.
+ * Two wire APIs, chosen per provider by `api`:
+ *  - "chat": POST {base_url}/chat/completions with {model, messages, tools, tool_choice
+ *    "auto", max_completion_tokens};
+ *  - "responses": POST {base_url}/responses with {model, input items, tools, tool_choice,
+ *    max_output_tokens, store false} (function_call / function_call_output items).
+ * Either may stream (`stream = true`): Server-Sent Events accumulated into the very body a
+ * non-streaming call returns, so both give the same answer and --record writes the same.
  *
- * The API key is read on the host at init (api_key_file, else the api_key_env variable). It
- * is only ever written into the Authorization header of requests to base_url: redirects are
- * not followed, plain http is refused for anything but a loopback address, and every log
- * line and error message is scrubbed of it (APIs echo a wrong key back in their 401 text).
+ * Providers: the block itself is the "openai/" provider (strip_prefix); `providers` adds
+ * operator-defined OpenAI-compatible servers (a gateway, vLLM, a local server), each with
+ * its own prefix, base_url, key source and API. The core routes a model to this plugin when
+ * one of the prefixes starts its name (serves()); the prefix is removed before sending.
+ *
+ * Retries, deadlines, key handling: http.c (the key is only ever written into the
+ * Authorization header of requests to its provider's base_url and is scrubbed from every
+ * message).
  *
  * Thread-safe: the state is read-only after init and each call uses its own easy handle. */
 #include "config.h" /* autoconf: _GNU_SOURCE, PACKAGE_VERSION */
 
-#include <ctype.h>
+#include <errno.h>
 #include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
-#include <sys/random.h>
-#include <sys/stat.h>
 
 #include <curl/curl.h>
 #include <ephemeral/plugin.h>
 
 #include "chat.h"
+#include "http.h"
+#include "responses.h"
 
-#define KEY_FILE_MAX_BYTES 16384
+#define MAX_PROVIDERS 32
 
 static const eph_config_key_t openai_keys[] = {
   {"base_url", EPH_CFG_STRING, "\"https://api.openai.com/v1\"", NULL,
-   "Base URL of the OpenAI-compatible API; requests go to {base_url}/chat/completions. "
-   "Plain http is refused unless the host is a loopback address or allow_plain_http is set."},
+   "Base URL of the OpenAI-compatible API; requests go to {base_url}/chat/completions "
+   "(api \"chat\") or {base_url}/responses (api \"responses\"). Plain http is refused unless "
+   "the host is a loopback address or allow_plain_http is set."},
+  {"api", EPH_CFG_STRING, "\"chat\"", NULL,
+   "Wire API: \"chat\" (Chat Completions) or \"responses\" (the Responses API: input items, "
+   "function_call / function_call_output items, store = false)."},
+  {"stream", EPH_CFG_BOOL, "false", NULL,
+   "Ask for a Server-Sent Events stream (stream: true; Chat Completions with "
+   "stream_options.include_usage). The streamed answer is assembled into the same result "
+   "as a non-streamed one; a stream cut short is an error, never a partial answer."},
   {"api_key_file", EPH_CFG_STRING, "\"\"", NULL,
    "File holding the API key (surrounding whitespace ignored). Takes precedence over "
    "api_key_env. Should be mode 0600; a group- or world-readable file is warned about."},
@@ -40,15 +54,24 @@ static const eph_config_key_t openai_keys[] = {
    "Environment variable of the host process holding the API key, used when api_key_file "
    "is empty. With both empty no Authorization header is sent (local servers)."},
   {"strip_prefix", EPH_CFG_STRING, "\"openai/\"", NULL,
-   "Provider prefix removed from the request's model name before it is sent "
-   "(\"openai/gpt-6-luna\" is sent as \"gpt-6-luna\")."},
+   "Provider prefix of the models this block serves, removed from the request's model name "
+   "before it is sent (\"openai/gpt-6-luna\" is sent as \"gpt-6-luna\"). \"\" serves every "
+   "model name no other provider claims."},
   {"max_tokens_field", EPH_CFG_STRING, "\"max_completion_tokens\"", NULL,
-   "Body field carrying the output-token cap: \"max_completion_tokens\" (OpenAI), "
-   "\"max_tokens\" (older compatible servers) or \"\" to send none."},
+   "Chat Completions body field carrying the output-token cap: \"max_completion_tokens\" "
+   "(OpenAI), \"max_tokens\" (older compatible servers) or \"\" to send none. The Responses "
+   "API always uses max_output_tokens."},
+  {"providers", EPH_CFG_LIST, "()", NULL,
+   "Operator-defined OpenAI-compatible providers, each a group: prefix (required, e.g. "
+   "\"local/\": \"local/qwen3\" is sent as \"qwen3\"), base_url (required), api, stream, "
+   "api_key_file, api_key_env (default \"\": no key), max_tokens_field, allow_plain_http, "
+   "each as for the block itself. The retry and timeout keys of the block apply. Prices "
+   "are per full model name in the core's pricing.models."},
   {"connect_timeout_ms", EPH_CFG_INT, "10000", "ms",
    "Connection set-up timeout of one attempt (never past the call's deadline)."},
   {"timeout_ms", EPH_CFG_INT, "120000", "ms",
-   "Whole-attempt timeout; a timed-out attempt is retried if the deadline allows."},
+   "Whole-attempt timeout (a stream included); a timed-out attempt is retried if the "
+   "deadline allows and no stream had started."},
   {"max_retries", EPH_CFG_INT, "3", NULL,
    "Retries after a 408, 409, 429 or 5xx answer or a transient transport failure."},
   {"backoff_initial_ms", EPH_CFG_INT, "500", "ms",
@@ -56,200 +79,45 @@ static const eph_config_key_t openai_keys[] = {
    "and all of it). A Retry-After header replaces it."},
   {"backoff_max_ms", EPH_CFG_INT, "20000", "ms", "Cap of the computed retry delay."},
   {"max_response_bytes", EPH_CFG_INT, "8388608", "bytes",
-   "Largest response body accepted; a longer one is a protocol error."},
+   "Largest response body (or whole stream) accepted, at most 1 GiB; a longer one is a "
+   "protocol error."},
   {"allow_plain_http", EPH_CFG_BOOL, "false", NULL,
    "Allow an http:// base_url to a non-loopback host (the API key would travel in clear)."},
   {0},
 };
 
+enum { API_CHAT, API_RESPONSES };
+
+typedef struct provider {
+  char *name;   /* "model-openai" or "model-openai providers[N]", for messages */
+  char *prefix; /* removed from the model name; "" serves any name */
+  char *url;    /* {base_url}/chat/completions or {base_url}/responses */
+  int api;
+  int stream;
+  char *api_key;       /* NULL: send no Authorization header */
+  char *auth_header;   /* "Authorization: Bearer <key>", or NULL */
+  char *no_key_reason; /* set when a key source was configured but held nothing */
+  char *max_tokens_field;
+} provider_t;
+
 typedef struct openai {
   const eph_host_t *host;
-  char *url;         /* {base_url}/chat/completions */
-  char *api_key;     /* NULL: send no Authorization header */
-  char *auth_header; /* "Authorization: Bearer <key>", or NULL */
-  char *no_key_reason; /* set when a key source was configured but held nothing */
-  char *strip_prefix;
-  char *max_tokens_field;
-  int64_t connect_timeout_ms, timeout_ms, max_retries, backoff_initial_ms, backoff_max_ms;
-  int64_t max_response_bytes;
+  eph_mhttp_policy_t policy;
+  provider_t providers[MAX_PROVIDERS];
+  size_t n;
 } openai_t;
 
 static void
-freep(void *p)
+provider_free(provider_t *p)
 {
-  free(*(void **)p);
-}
-#define cleanup_free __attribute__((cleanup(freep)))
-static void
-json_putp(json_object **o)
-{
-  if (*o)
-    json_object_put(*o);
-}
-#define cleanup_json __attribute__((cleanup(json_putp)))
-#define steal_pointer(pp) ({ __typeof__(*(pp)) _p = *(pp); *(pp) = NULL; _p; })
-
-/* Overwrites secrets before free so they do not linger in freed heap. */
-static void
-free_secret(char *s)
-{
-  if (!s)
-    return;
-  explicit_bzero(s, strlen(s));
-  free(s);
-}
-
-/* Replaces in msg (NUL-terminated, at most EPH_ERROR_MESSAGE_BYTES) every run of at least
- * min(12, strlen(key)) characters that also appears in key with "[redacted]": an API that
- * echoes part of a wrong key must not get it into logs. */
-static void
-redact(char *msg, size_t size, const char *key)
-{
-  if (!key || !*key || !msg)
-    return;
-  size_t klen = strlen(key), minlen = klen < 12 ? klen : 12;
-  char out[EPH_ERROR_MESSAGE_BYTES];
-  size_t o = 0;
-  for (size_t i = 0; msg[i] && o + 1 < sizeof out;) {
-    size_t best = 0;
-    for (size_t j = 0; j < klen; j++) {
-      size_t m = 0;
-      while (msg[i + m] && j + m < klen && msg[i + m] == key[j + m])
-        m++;
-      if (m > best)
-        best = m;
-    }
-    if (best >= minlen) {
-      static const char mark[] = "[redacted]";
-      for (size_t k = 0; mark[k] && o + 1 < sizeof out; k++)
-        out[o++] = mark[k];
-      i += best;
-    } else {
-      out[o++] = msg[i++];
-    }
-  }
-  out[o] = '\0';
-  snprintf(msg, size, "%s", out);
-}
-
-__attribute__((format(printf, 3, 4))) static void
-log_safe(const openai_t *s, eph_log_level_t level, const char *fmt, ...)
-{
-  char buf[EPH_ERROR_MESSAGE_BYTES];
-  va_list ap;
-  if (!s->host || !s->host->log)
-    return;
-  va_start(ap, fmt);
-  vsnprintf(buf, sizeof buf, fmt, ap);
-  va_end(ap);
-  redact(buf, sizeof buf, s->api_key);
-  s->host->log(level, "%s", buf);
-}
-
-/* A short printable excerpt of a body for error messages (control bytes become '.'). */
-static void
-excerpt(const char *body, size_t len, char *out, size_t size)
-{
-  size_t n = len < size - 4 ? len : size - 4;
-  for (size_t i = 0; i < n; i++)
-    out[i] = isprint((unsigned char)body[i]) ? body[i] : '.';
-  if (n < len)
-    memcpy(out + n, "...", 4);
-  else
-    out[n] = '\0';
-}
-
-static bool
-is_loopback_host(const char *host)
-{
-  return strcmp(host, "127.0.0.1") == 0 || strcmp(host, "localhost") == 0 ||
-         strcmp(host, "[::1]") == 0 || strcmp(host, "::1") == 0 ||
-         strncmp(host, "127.", 4) == 0;
-}
-
-static int
-check_base_url(const char *base_url, bool allow_plain_http, eph_error_t *err)
-{
-  CURLU *u = curl_url();
-  char *scheme = NULL, *host = NULL;
-  int r = 0;
-  if (!u)
-    return eph_error_set(err, ENOMEM, "base_url: out of memory");
-  if (curl_url_set(u, CURLUPART_URL, base_url, 0) != CURLUE_OK ||
-      curl_url_get(u, CURLUPART_SCHEME, &scheme, 0) != CURLUE_OK ||
-      curl_url_get(u, CURLUPART_HOST, &host, 0) != CURLUE_OK) {
-    r = eph_error_set(err, EPH_E_CONFIG, "base_url \"%s\": not a valid URL", base_url);
-  } else if (strcmp(scheme, "https") != 0 && strcmp(scheme, "http") != 0) {
-    r = eph_error_set(err, EPH_E_CONFIG, "base_url \"%s\": scheme must be https (or http)",
-                      base_url);
-  } else if (strcmp(scheme, "http") == 0 && !allow_plain_http && !is_loopback_host(host)) {
-    r = eph_error_set(err, EPH_E_CONFIG,
-                      "base_url \"%s\": plain http to a non-loopback host would send the API key "
-                      "in clear; use https or set allow_plain_http",
-                      base_url);
-  }
-  curl_free(scheme);
-  curl_free(host);
-  curl_url_cleanup(u);
-  return r;
-}
-
-static char *
-trim(char *s)
-{
-  while (isspace((unsigned char)*s))
-    s++;
-  size_t n = strlen(s);
-  while (n > 0 && isspace((unsigned char)s[n - 1]))
-    s[--n] = '\0';
-  return s;
-}
-
-/* A key is one header token: printable ASCII without spaces, or it could split the header. */
-static int
-check_key_chars(const char *key, const char *source, eph_error_t *err)
-{
-  for (const char *p = key; *p; p++)
-    if (!isgraph((unsigned char)*p))
-      return eph_error_set(err, EPH_E_CONFIG,
-                           "%s: the API key contains a space or control character", source);
-  return 0;
-}
-
-static int
-read_key_file(openai_t *s, const char *path, eph_error_t *err)
-{
-  struct stat st;
-  FILE *f = fopen(path, "re");
-  if (!f)
-    return eph_error_set(err, errno == ENOENT ? EPH_E_CONFIG : errno,
-                         "api_key_file \"%s\": %s", path, strerror(errno));
-  if (fstat(fileno(f), &st) == 0 && (st.st_mode & 077))
-    log_safe(s, EPH_LOG_WARN, "api_key_file \"%s\" is readable by group or others (mode %03o)",
-             path, (unsigned)(st.st_mode & 0777));
-  char *buf = calloc(1, KEY_FILE_MAX_BYTES + 1);
-  if (!buf) {
-    fclose(f);
-    return eph_error_set(err, ENOMEM, "api_key_file \"%s\": out of memory", path);
-  }
-  size_t n = fread(buf, 1, KEY_FILE_MAX_BYTES + 1, f);
-  int read_err = ferror(f);
-  fclose(f);
-  if (read_err || n > KEY_FILE_MAX_BYTES) {
-    free_secret(buf);
-    return eph_error_set(err, EPH_E_CONFIG, "api_key_file \"%s\": %s", path,
-                         read_err ? "read error" : "larger than 16 KiB");
-  }
-  char *key = trim(buf);
-  if (!*key) {
-    free_secret(buf);
-    return eph_error_set(err, EPH_E_CONFIG, "api_key_file \"%s\": file is empty", path);
-  }
-  int r = check_key_chars(key, path, err);
-  if (r == 0 && !(s->api_key = strdup(key)))
-    r = eph_error_set(err, ENOMEM, "api_key_file: out of memory");
-  free_secret(buf);
-  return r;
+  free(p->name);
+  free(p->prefix);
+  free(p->url);
+  eph_mhttp_free_secret(p->api_key);
+  eph_mhttp_free_secret(p->auth_header);
+  free(p->no_key_reason);
+  free(p->max_tokens_field);
+  memset(p, 0, sizeof *p);
 }
 
 static void
@@ -258,22 +126,78 @@ openai_fini(void *state)
   openai_t *s = state;
   if (!s)
     return;
-  free(s->url);
-  free_secret(s->api_key);
-  free_secret(s->auth_header);
-  free(s->no_key_reason);
-  free(s->strip_prefix);
-  free(s->max_tokens_field);
+  for (size_t i = 0; i < s->n; i++)
+    provider_free(&s->providers[i]);
   free(s);
   curl_global_cleanup();
+}
+
+/* Reads one provider from block (the plugin's block itself when top-level). */
+static int
+provider_init(openai_t *s, provider_t *p, const config_setting_t *block, bool top,
+              const char *name, eph_error_t *err)
+{
+  const eph_host_t *host = s->host;
+  const char *base_url, *key_file, *key_env, *prefix, *mt_field, *api;
+  int allow_http = 0, stream = 0, r;
+
+  if (!(p->name = strdup(name)))
+    return eph_error_set(err, ENOMEM, "out of memory");
+  if ((r = host->cfg_string(block, "base_url", top ? "https://api.openai.com/v1" : NULL, &base_url,
+                            err)) < 0 ||
+      (r = host->cfg_string(block, "api", "chat", &api, err)) < 0 ||
+      (r = host->cfg_bool(block, "stream", 0, &stream, err)) < 0 ||
+      (r = host->cfg_string(block, "api_key_file", "", &key_file, err)) < 0 ||
+      (r = host->cfg_string(block, "api_key_env", top ? "OPENAI_API_KEY" : "", &key_env, err)) <
+          0 ||
+      (r = host->cfg_string(block, top ? "strip_prefix" : "prefix", top ? "openai/" : NULL, &prefix,
+                            err)) < 0 ||
+      (r = host->cfg_string(block, "max_tokens_field", "max_completion_tokens", &mt_field, err)) <
+          0 ||
+      (r = host->cfg_bool(block, "allow_plain_http", 0, &allow_http, err)) < 0)
+    return r;
+  if (!base_url || !*base_url)
+    return eph_error_set(err, EPH_E_CONFIG, "%s: base_url is required", name);
+  if (!prefix || (!top && !*prefix))
+    return eph_error_set(err, EPH_E_CONFIG, "%s: prefix is required (e.g. \"local/\")", name);
+  if (strcmp(api, "chat") == 0)
+    p->api = API_CHAT;
+  else if (strcmp(api, "responses") == 0)
+    p->api = API_RESPONSES;
+  else
+    return eph_error_set(err, EPH_E_CONFIG, "%s: api \"%s\": must be \"chat\" or \"responses\"",
+                         name, api);
+  p->stream = stream;
+  eph_error_t uerr = {0};
+  if ((r = eph_mhttp_check_base_url(base_url, allow_http, &uerr)) < 0)
+    return eph_error_set(err, uerr.code, "%s: %s", name, uerr.message);
+  size_t blen = strlen(base_url);
+  while (blen > 0 && base_url[blen - 1] == '/')
+    blen--;
+  if (asprintf(&p->url, "%.*s/%s", (int)blen, base_url,
+               p->api == API_CHAT ? "chat/completions" : "responses") < 0) {
+    p->url = NULL;
+    return eph_error_set(err, ENOMEM, "out of memory");
+  }
+  if (!(p->prefix = strdup(prefix)) || !(p->max_tokens_field = strdup(mt_field)))
+    return eph_error_set(err, ENOMEM, "out of memory");
+  if ((r = eph_mhttp_load_key(host, name, key_file, key_env, &p->api_key, &p->no_key_reason,
+                              err)) < 0)
+    return r;
+  if (p->api_key && asprintf(&p->auth_header, "Authorization: Bearer %s", p->api_key) < 0) {
+    p->auth_header = NULL;
+    return eph_error_set(err, ENOMEM, "out of memory");
+  }
+  if (p->no_key_reason)
+    eph_mhttp_log(host, NULL, EPH_LOG_DEBUG, "%s; model calls will fail until it is set",
+                  p->no_key_reason);
+  return 0;
 }
 
 static int
 openai_init(const eph_host_t *host, const config_setting_t *config, void **state, eph_error_t *err)
 {
-  const char *base_url, *key_file, *key_env, *strip, *mt_field;
-  int allow_http = 0, r;
-
+  int r;
   /* curl_global_init is reference counted: balanced by curl_global_cleanup in fini. */
   if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK)
     return eph_error_set(err, EIO, "curl_global_init failed");
@@ -283,79 +207,55 @@ openai_init(const eph_host_t *host, const config_setting_t *config, void **state
     return eph_error_set(err, ENOMEM, "out of memory");
   }
   s->host = host;
-
-  if ((r = host->cfg_string(config, "base_url", "https://api.openai.com/v1", &base_url, err)) < 0 ||
-      (r = host->cfg_string(config, "api_key_file", "", &key_file, err)) < 0 ||
-      (r = host->cfg_string(config, "api_key_env", "OPENAI_API_KEY", &key_env, err)) < 0 ||
-      (r = host->cfg_string(config, "strip_prefix", "openai/", &strip, err)) < 0 ||
-      (r = host->cfg_string(config, "max_tokens_field", "max_completion_tokens", &mt_field, err)) <
-          0 ||
-      (r = host->cfg_int(config, "connect_timeout_ms", 10000, &s->connect_timeout_ms, err)) < 0 ||
-      (r = host->cfg_int(config, "timeout_ms", 120000, &s->timeout_ms, err)) < 0 ||
-      (r = host->cfg_int(config, "max_retries", 3, &s->max_retries, err)) < 0 ||
-      (r = host->cfg_int(config, "backoff_initial_ms", 500, &s->backoff_initial_ms, err)) < 0 ||
-      (r = host->cfg_int(config, "backoff_max_ms", 20000, &s->backoff_max_ms, err)) < 0 ||
-      (r = host->cfg_int(config, "max_response_bytes", 8 << 20, &s->max_response_bytes, err)) <
-          0 ||
-      (r = host->cfg_bool(config, "allow_plain_http", 0, &allow_http, err)) < 0)
+  if ((r = eph_mhttp_policy_read(host, config, &s->policy, err)) < 0)
     goto fail;
-
-  if (s->connect_timeout_ms <= 0 || s->timeout_ms <= 0 || s->max_retries < 0 ||
-      s->max_retries > 100 || s->backoff_initial_ms < 0 || s->backoff_max_ms < 0 ||
-      s->max_response_bytes < 1024) {
-    r = eph_error_set(err, EPH_E_CONFIG,
-                      "timeouts must be positive, max_retries within 0..100, backoffs not "
-                      "negative and max_response_bytes at least 1024");
+  s->n = 1;
+  if ((r = provider_init(s, &s->providers[0], config, true, "model-openai", err)) < 0)
+    goto fail;
+  config_setting_t *list = config ? config_setting_get_member(config, "providers") : NULL;
+  int n = list ? config_setting_length(list) : 0;
+  if (n >= MAX_PROVIDERS) {
+    r = eph_error_set(err, EPH_E_CONFIG, "providers: at most %d", MAX_PROVIDERS - 1);
     goto fail;
   }
-  if ((r = check_base_url(base_url, allow_http, err)) < 0)
-    goto fail;
-
-  size_t blen = strlen(base_url);
-  while (blen > 0 && base_url[blen - 1] == '/')
-    blen--;
-  if (asprintf(&s->url, "%.*s/chat/completions", (int)blen, base_url) < 0) {
-    s->url = NULL;
-    r = eph_error_set(err, ENOMEM, "out of memory");
-    goto fail;
-  }
-  s->strip_prefix = strdup(strip);
-  s->max_tokens_field = strdup(mt_field);
-  if (!s->strip_prefix || !s->max_tokens_field) {
-    r = eph_error_set(err, ENOMEM, "out of memory");
-    goto fail;
-  }
-
-  if (*key_file) {
-    if ((r = read_key_file(s, key_file, err)) < 0)
+  for (int i = 0; i < n; i++) {
+    config_setting_t *b = config_setting_get_elem(list, (unsigned)i);
+    char name[64];
+    snprintf(name, sizeof name, "model-openai providers[%d]", i);
+    if (!config_setting_is_group(b)) {
+      r = eph_error_set(err, EPH_E_CONFIG, "%s:%d: %s: not a group { prefix = ...; base_url = ...; }",
+                        config_setting_source_file(b) ? config_setting_source_file(b) : "config",
+                        config_setting_source_line(b), name);
       goto fail;
-  } else if (*key_env) {
-    const char *v = getenv(key_env);
-    cleanup_free char *copy = v ? strdup(v) : NULL;
-    char *k = copy ? trim(copy) : NULL;
-    if (k && *k) {
-      if ((r = check_key_chars(k, key_env, err)) < 0) {
-        explicit_bzero(copy, strlen(copy));
+    }
+    /* A misspelt key would silently fall back to its default (no key, another API). */
+    static const char *const known[] = {"prefix",           "base_url", "api",
+                                        "stream",           "api_key_file", "api_key_env",
+                                        "max_tokens_field", "allow_plain_http"};
+    for (int k = 0; k < config_setting_length(b); k++) {
+      config_setting_t *m = config_setting_get_elem(b, (unsigned)k);
+      bool ok = false;
+      for (size_t q = 0; q < sizeof known / sizeof known[0] && !ok; q++)
+        ok = strcmp(config_setting_name(m), known[q]) == 0;
+      if (!ok) {
+        r = eph_error_set(err, EPH_E_CONFIG, "%s:%d: %s: unknown key '%s' (a provider has %s)",
+                          config_setting_source_file(m) ? config_setting_source_file(m) : "config",
+                          config_setting_source_line(m), name, config_setting_name(m),
+                          "prefix, base_url, api, stream, api_key_file, api_key_env, "
+                          "max_tokens_field, allow_plain_http");
         goto fail;
       }
-      s->api_key = strdup(k);
     }
-    if (copy)
-      explicit_bzero(copy, strlen(copy));
-    if (!s->api_key && asprintf(&s->no_key_reason,
-                                "no API key: environment variable %s is not set and "
-                                "api_key_file is empty",
-                                key_env) < 0)
-      s->no_key_reason = NULL;
+    provider_t *p = &s->providers[s->n++];
+    if ((r = provider_init(s, p, b, false, name, err)) < 0)
+      goto fail;
+    for (size_t j = 0; j + 1 < s->n; j++)
+      if (strcmp(s->providers[j].prefix, p->prefix) == 0) {
+        r = eph_error_set(err, EPH_E_CONFIG, "%s: prefix \"%s\" is already used by %s", name,
+                          p->prefix, s->providers[j].name);
+        goto fail;
+      }
   }
-  if (s->api_key && asprintf(&s->auth_header, "Authorization: Bearer %s", s->api_key) < 0) {
-    s->auth_header = NULL;
-    r = eph_error_set(err, ENOMEM, "out of memory");
-    goto fail;
-  }
-  if (s->no_key_reason)
-    log_safe(s, EPH_LOG_DEBUG, "%s; model calls will fail until it is set", s->no_key_reason);
-
   *state = s;
   return 0;
 fail:
@@ -363,352 +263,135 @@ fail:
   return r;
 }
 
-/* ---------------------------------------------------------------- one HTTP attempt */
-
-typedef struct attempt {
-  char *body;
-  size_t len, cap, limit;
-  bool too_large;
-  int64_t retry_after_ms; /* -1: no header */
-} attempt_t;
-
-static size_t
-on_body(char *data, size_t size, size_t nmemb, void *opaque)
+/* The provider serving model: the longest matching prefix (the block's "" last). */
+static const provider_t *
+route(const openai_t *s, const char *model)
 {
-  attempt_t *a = opaque;
-  size_t n = size * nmemb;
-  if (a->len + n > a->limit) {
-    a->too_large = true;
-    return 0; /* aborts the transfer with CURLE_WRITE_ERROR */
+  const provider_t *best = NULL;
+  for (size_t i = 0; i < s->n; i++) {
+    size_t n = strlen(s->providers[i].prefix);
+    if (strncmp(model, s->providers[i].prefix, n) == 0 &&
+        (!best || n > strlen(best->prefix)))
+      best = &s->providers[i];
   }
-  if (a->len + n + 1 > a->cap) {
-    size_t cap = a->cap ? a->cap : 4096;
-    while (cap < a->len + n + 1)
-      cap *= 2;
-    char *p = realloc(a->body, cap);
-    if (!p)
-      return 0;
-    a->body = p;
-    a->cap = cap;
-  }
-  memcpy(a->body + a->len, data, n);
-  a->len += n;
-  a->body[a->len] = '\0';
-  return n;
+  return best;
 }
 
-/* Reads Retry-After (seconds or an HTTP date, RFC 9110 10.2.3) and OpenAI's retry-after-ms,
- * the latter winning as it is more precise. */
-static size_t
-on_header(char *data, size_t size, size_t nmemb, void *opaque)
+static int
+openai_serves(void *state, const char *model)
 {
-  attempt_t *a = opaque;
-  size_t n = size * nmemb;
-  char line[256];
-  if (n >= sizeof line)
-    return n;
-  memcpy(line, data, n);
-  line[n] = '\0';
-  /* A new status line (after a 100 Continue, say) resets what an earlier response said. */
-  if (strncmp(line, "HTTP/", 5) == 0) {
-    a->retry_after_ms = -1;
-    return n;
-  }
-  char *colon = strchr(line, ':');
-  if (!colon)
-    return n;
-  *colon = '\0';
-  char *value = trim(colon + 1);
-  char *end = NULL;
-  if (strcasecmp(trim(line), "retry-after-ms") == 0) {
-    double ms = strtod(value, &end);
-    if (end != value && ms >= 0 && ms < 1e9)
-      a->retry_after_ms = (int64_t)ms;
-  } else if (strcasecmp(trim(line), "retry-after") == 0 && a->retry_after_ms < 0) {
-    long secs = strtol(value, &end, 10);
-    if (end != value && *end == '\0' && secs >= 0 && secs < 1000000) {
-      a->retry_after_ms = (int64_t)secs * 1000;
-    } else {
-      time_t when = curl_getdate(value, NULL);
-      if (when > 0) {
-        time_t now = time(NULL);
-        a->retry_after_ms = when > now ? (int64_t)(when - now) * 1000 : 0;
-      }
-    }
-  }
-  return n;
+  const provider_t *p = model ? route(state, model) : NULL;
+  return p ? 1 + (int)strlen(p->prefix) : 0;
 }
 
-/* The API's own error text ({"error":{"message":...}}), else an excerpt of the body. */
-static void
-api_error_text(const attempt_t *a, char *out, size_t size)
-{
-  json_object *root = a->body ? json_tokener_parse(a->body) : NULL;
-  json_object *e = NULL;
-  const char *msg = NULL;
-  if (root && json_object_object_get_ex(root, "error", &e)) {
-    msg = json_object_is_type(e, json_type_string) ? json_object_get_string(e)
-                                                   : eph_chat_get_string(e, "message");
-  }
-  if (msg)
-    snprintf(out, size, "%s", msg);
-  else if (a->body && a->len)
-    excerpt(a->body, a->len, out, size < 200 ? size : 200);
-  else
-    snprintf(out, size, "(empty body)");
-  if (root)
-    json_object_put(root);
-}
-
-static bool
-status_is_retryable(long status)
-{
-  return status == 408 || status == 409 || status == 429 || status >= 500;
-}
-
-static bool
-curl_is_transient(CURLcode c)
-{
-  switch (c) {
-  case CURLE_COULDNT_RESOLVE_HOST:
-  case CURLE_COULDNT_CONNECT:
-  case CURLE_OPERATION_TIMEDOUT:
-  case CURLE_SEND_ERROR:
-  case CURLE_RECV_ERROR:
-  case CURLE_GOT_NOTHING:
-  case CURLE_PARTIAL_FILE:
-  case CURLE_SSL_CONNECT_ERROR:
-  case CURLE_HTTP2:
-  case CURLE_HTTP2_STREAM:
-    return true;
-  default:
-    return false;
-  }
-}
-
-static int64_t
-backoff_ms(const openai_t *s, int retry)
-{
-  int64_t d = s->backoff_initial_ms;
-  for (int i = 0; i < retry && d < s->backoff_max_ms; i++)
-    d *= 2;
-  if (d > s->backoff_max_ms)
-    d = s->backoff_max_ms;
-  uint32_t rnd = 0;
-  if (getrandom(&rnd, sizeof rnd, 0) != (ssize_t)sizeof rnd)
-    rnd = (uint32_t)eph_now_ms();
-  /* Jitter over [d/2, d]: spreads retries of many runs without ever retrying at once. */
-  return d / 2 + (d > 1 ? (int64_t)(rnd % (uint32_t)(d - d / 2 + 1)) : 0);
-}
-
-static void
-sleep_ms(int64_t ms)
-{
-  struct timespec until;
-  clock_gettime(CLOCK_MONOTONIC, &until);
-  until.tv_sec += ms / 1000;
-  until.tv_nsec += (ms % 1000) * 1000000;
-  if (until.tv_nsec >= 1000000000) {
-    until.tv_sec++;
-    until.tv_nsec -= 1000000000;
-  }
-  while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &until, NULL) == EINTR)
-    ;
-}
-
-static const char *
-strip_model(const openai_t *s, const char *model)
-{
-  size_t n = strlen(s->strip_prefix);
-  if (n && strncmp(model, s->strip_prefix, n) == 0)
-    return model + n;
-  return model;
-}
+/* ---------------------------------------------------------------- one call */
 
 static char *
-build_body(const openai_t *s, const eph_model_request_t *req, eph_error_t *err)
+build_body(const provider_t *p, const eph_model_request_t *req, eph_error_t *err)
 {
-  cleanup_json json_object *body = json_object_new_object();
-  json_object_object_add(body, "model", json_object_new_string(strip_model(s, req->model)));
-  json_object_object_add(body, "messages", json_object_get(req->messages));
-  if (req->tools && json_object_is_type(req->tools, json_type_array) &&
-      json_object_array_length(req->tools) > 0) {
-    json_object_object_add(body, "tools", json_object_get(req->tools));
-    json_object_object_add(body, "tool_choice", json_object_new_string("auto"));
+  json_object *body = json_object_new_object();
+  json_object_object_add(body, "model",
+                         json_object_new_string(req->model + strlen(p->prefix)));
+  bool tools = req->tools && json_object_is_type(req->tools, json_type_array) &&
+               json_object_array_length(req->tools) > 0;
+  if (p->api == API_CHAT) {
+    json_object_object_add(body, "messages", json_object_get(req->messages));
+    if (tools) {
+      json_object_object_add(body, "tools", json_object_get(req->tools));
+      json_object_object_add(body, "tool_choice", json_object_new_string("auto"));
+    }
+    if (*p->max_tokens_field && req->max_output_tokens > 0)
+      json_object_object_add(body, p->max_tokens_field,
+                             json_object_new_int64(req->max_output_tokens));
+    if (p->stream) {
+      json_object *so = json_object_new_object();
+      json_object_object_add(so, "include_usage", json_object_new_boolean(1));
+      json_object_object_add(body, "stream", json_object_new_boolean(1));
+      json_object_object_add(body, "stream_options", so);
+    }
+  } else {
+    json_object *input = eph_responses_input(req->messages, err);
+    if (!input) {
+      json_object_put(body);
+      return NULL;
+    }
+    json_object_object_add(body, "input", input);
+    if (tools) {
+      json_object_object_add(body, "tools", eph_responses_tools(req->tools));
+      json_object_object_add(body, "tool_choice", json_object_new_string("auto"));
+    }
+    if (req->max_output_tokens > 0)
+      json_object_object_add(body, "max_output_tokens",
+                             json_object_new_int64(req->max_output_tokens));
+    /* Nothing is kept on the provider's side: each call carries the whole conversation. */
+    json_object_object_add(body, "store", json_object_new_boolean(0));
+    if (p->stream)
+      json_object_object_add(body, "stream", json_object_new_boolean(1));
   }
-  if (*s->max_tokens_field && req->max_output_tokens > 0)
-    json_object_object_add(body, s->max_tokens_field,
-                           json_object_new_int64(req->max_output_tokens));
   const char *text =
       json_object_to_json_string_ext(body, JSON_C_TO_STRING_PLAIN | JSON_C_TO_STRING_NOSLASHESCAPE);
   char *copy = text ? strdup(text) : NULL;
+  json_object_put(body);
   if (!copy)
     eph_error_set(err, ENOMEM, "out of memory building the request body");
   return copy;
 }
 
-/* The request loop. Error messages may quote the API; the caller scrubs the key. */
-static int
-do_complete(openai_t *s, const eph_model_request_t *req, eph_model_response_t *resp,
-            eph_error_t *err)
+typedef struct call_ctx {
+  const provider_t *p;
+  eph_model_response_t *resp;
+  eph_chat_stream_t chat;
+  eph_responses_stream_t responses;
+} call_ctx_t;
+
+static void
+on_attempt(void *opaque)
 {
-  char curl_err[CURL_ERROR_SIZE], api_text[512], last[EPH_ERROR_MESSAGE_BYTES];
+  call_ctx_t *c = opaque;
+  eph_chat_stream_reset(&c->chat);
+  eph_responses_stream_reset(&c->responses);
+}
+
+static int
+on_event(void *opaque, const char *event, const char *data, size_t len, eph_error_t *err)
+{
+  call_ctx_t *c = opaque;
+  if (c->p->api == API_CHAT)
+    return eph_chat_stream_event(&c->chat, data, len, c->p->url, err);
+  return eph_responses_stream_event(&c->responses, event, data, len, c->p->url, err);
+}
+
+static int
+on_done(void *opaque, const char *body, size_t len, int64_t latency_ms, eph_error_t *err)
+{
+  call_ctx_t *c = opaque;
+  json_object *root;
   int r;
-
-  if (!req || !req->model || !req->messages ||
-      !json_object_is_type(req->messages, json_type_array))
-    return eph_error_set(err, EINVAL, "model request: model and a messages array are required");
-  if (s->no_key_reason)
-    return eph_error_set(err, EPH_E_CONFIG, "%s", s->no_key_reason);
-
-  cleanup_free char *body = build_body(s, req, err);
-  if (!body)
-    return -ENOMEM;
-
-  struct curl_slist *headers = NULL, *h;
-  h = curl_slist_append(headers, "Content-Type: application/json");
-  headers = h ? h : headers;
-  if (h && (h = curl_slist_append(headers, "Accept: application/json")))
-    headers = h;
-  if (h && s->auth_header && (h = curl_slist_append(headers, s->auth_header)))
-    headers = h;
-  if (!h) {
-    curl_slist_free_all(headers);
-    return eph_error_set(err, ENOMEM, "out of memory building request headers");
+  if (c->p->stream) {
+    root = c->p->api == API_CHAT ? eph_chat_stream_finish(&c->chat, c->p->url, err)
+                                 : eph_responses_stream_finish(&c->responses, c->p->url, err);
+    if (!root)
+      return err ? -err->code : -EPH_E_PROTOCOL;
+  } else {
+    const char *why = NULL;
+    root = eph_mhttp_parse_json(body, len, &why);
+    if (!root) {
+      char ex[120];
+      eph_mhttp_excerpt(body, len, ex, sizeof ex);
+      return eph_error_set(err, EPH_E_PROTOCOL, "model call to %s: body is not valid JSON (%s): %s",
+                           c->p->url, why, ex);
+    }
   }
-
-  last[0] = '\0';
-  r = 0;
-  for (int attempt = 0;; attempt++) {
-    int64_t now = eph_now_ms();
-    int64_t remaining = req->deadline_ms > 0 ? req->deadline_ms - now : INT64_MAX;
-    if (remaining <= 0) {
-      r = eph_error_set(err, ETIMEDOUT, "model call to %s: the run deadline passed%s%s", s->url,
-                        last[0] ? " after " : "", last);
-      break;
-    }
-    bool deadline_bound = remaining <= s->timeout_ms;
-    int64_t total = deadline_bound ? remaining : s->timeout_ms;
-    int64_t connect = s->connect_timeout_ms < total ? s->connect_timeout_ms : total;
-
-    CURL *c = curl_easy_init();
-    if (!c) {
-      r = eph_error_set(err, ENOMEM, "curl_easy_init failed");
-      break;
-    }
-    attempt_t a = {.limit = (size_t)s->max_response_bytes, .retry_after_ms = -1};
-    curl_err[0] = '\0';
-    curl_easy_setopt(c, CURLOPT_URL, s->url);
-#if LIBCURL_VERSION_NUM >= 0x075500
-    curl_easy_setopt(c, CURLOPT_PROTOCOLS_STR, "http,https");
-#else
-    curl_easy_setopt(c, CURLOPT_PROTOCOLS, (long)(CURLPROTO_HTTP | CURLPROTO_HTTPS));
-#endif
-    curl_easy_setopt(c, CURLOPT_FOLLOWLOCATION, 0L); /* the key goes to base_url only */
-    curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);       /* threads: no SIGALRM for DNS */
-    curl_easy_setopt(c, CURLOPT_HTTPHEADER, headers);
-    curl_easy_setopt(c, CURLOPT_POSTFIELDS, body);
-    curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)strlen(body));
-    curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, (long)total);
-    curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS, (long)connect);
-    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
-    curl_easy_setopt(c, CURLOPT_WRITEDATA, &a);
-    curl_easy_setopt(c, CURLOPT_HEADERFUNCTION, on_header);
-    curl_easy_setopt(c, CURLOPT_HEADERDATA, &a);
-    curl_easy_setopt(c, CURLOPT_ERRORBUFFER, curl_err);
-    curl_easy_setopt(c, CURLOPT_USERAGENT, "ephemeral-model-openai/" PACKAGE_VERSION);
-    curl_easy_setopt(c, CURLOPT_ACCEPT_ENCODING, ""); /* whatever curl can decode */
-
-    int64_t t0 = eph_now_ms();
-    CURLcode rc = curl_easy_perform(c);
-    int64_t latency = eph_now_ms() - t0;
-    long status = 0;
-    curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
-    curl_easy_cleanup(c);
-
-    bool retryable = false;
-    if (rc == CURLE_WRITE_ERROR && a.too_large) {
-      r = eph_error_set(err, EPH_E_PROTOCOL,
-                        "model call to %s: response larger than max_response_bytes (%lld)",
-                        s->url, (long long)s->max_response_bytes);
-    } else if (rc == CURLE_OPERATION_TIMEDOUT && deadline_bound) {
-      r = eph_error_set(err, ETIMEDOUT,
-                        "model call to %s: no answer within the run deadline (%lld ms)", s->url,
-                        (long long)total);
-    } else if (rc != CURLE_OK) {
-      snprintf(last, sizeof last, "%s", curl_err[0] ? curl_err : curl_easy_strerror(rc));
-      retryable = curl_is_transient(rc);
-      r = eph_error_set(err, EPH_E_UPSTREAM, "model call to %s failed: %s", s->url, last);
-    } else if (status >= 200 && status < 300) {
-      json_tokener *tok = json_tokener_new();
-      json_object *root = NULL;
-      enum json_tokener_error jerr = json_tokener_error_parse_eof;
-      if (tok && a.body) {
-        root = json_tokener_parse_ex(tok, a.body, (int)a.len);
-        jerr = json_tokener_get_error(tok);
-        if (root && tok->char_offset < (int)a.len) {
-          /* Trailing garbage after the object: only whitespace is allowed. */
-          for (size_t i = (size_t)tok->char_offset; i < a.len; i++)
-            if (!isspace((unsigned char)a.body[i])) {
-              json_object_put(root);
-              root = NULL;
-              jerr = json_tokener_error_parse_unexpected;
-              break;
-            }
-        }
-      }
-      if (tok)
-        json_tokener_free(tok);
-      if (!root) {
-        char ex[120];
-        excerpt(a.body ? a.body : "", a.len, ex, sizeof ex);
-        r = eph_error_set(err, EPH_E_PROTOCOL,
-                          "model call to %s: HTTP %ld body is not valid JSON (%s): %s", s->url,
-                          status,
-                          jerr == json_tokener_continue ? "truncated"
-                                                        : json_tokener_error_desc(jerr),
-                          ex);
-      } else if ((r = eph_chat_parse_response(root, s->url, resp, err)) < 0) {
-        json_object_put(root);
-      } else {
-        /* Recorded with the body so a replay can pace itself like the original run. */
-        json_object_object_add(root, "x_latency_ms", json_object_new_int64(latency));
-        resp->raw = root;
-        log_safe(s, EPH_LOG_DEBUG, "model call: HTTP %ld in %lld ms, %llu+%llu tokens, %s",
-                 status, (long long)latency, (unsigned long long)resp->input_tokens,
-                 (unsigned long long)resp->output_tokens, resp->finish_reason);
-        r = 0;
-      }
-    } else {
-      api_error_text(&a, api_text, sizeof api_text);
-      snprintf(last, sizeof last, "HTTP %ld: %s", status, api_text);
-      retryable = status_is_retryable(status);
-      r = eph_error_set(err, status >= 400 ? EPH_E_UPSTREAM : EPH_E_PROTOCOL,
-                        "model call to %s: %s", s->url, last);
-    }
-    free(a.body);
-
-    if (!retryable)
-      break;
-    if (attempt >= s->max_retries) {
-      r = eph_error_set(err, EPH_E_UPSTREAM, "model call to %s failed after %d attempts: %s",
-                        s->url, attempt + 1, last);
-      break;
-    }
-    int64_t delay = a.retry_after_ms >= 0 ? a.retry_after_ms : backoff_ms(s, attempt);
-    if (req->deadline_ms > 0 && eph_now_ms() + delay >= req->deadline_ms) {
-      r = eph_error_set(err, EPH_E_UPSTREAM,
-                        "model call to %s: %s; not retried: the next attempt (in %lld ms) "
-                        "would start after the run deadline",
-                        s->url, last, (long long)delay);
-      break;
-    }
-    log_safe(s, EPH_LOG_WARN, "model call to %s: %s; retry %d/%lld in %lld ms", s->url, last,
-             attempt + 1, (long long)s->max_retries, (long long)delay);
-    sleep_ms(delay);
+  r = c->p->api == API_CHAT ? eph_chat_parse_response(root, c->p->url, c->resp, err)
+                            : eph_responses_parse(root, c->p->url, c->resp, err);
+  if (r < 0) {
+    json_object_put(root);
+    return r;
   }
-  curl_slist_free_all(headers);
-  return r;
+  /* Recorded with the body so a replay can pace itself like the original run. */
+  json_object_object_add(root, "x_latency_ms", json_object_new_int64(latency_ms));
+  c->resp->raw = root;
+  return 0;
 }
 
 static int
@@ -719,15 +402,68 @@ openai_complete(void *state, const eph_model_request_t *req, eph_model_response_
   resp->message = resp->raw = NULL;
   resp->finish_reason[0] = '\0';
   resp->input_tokens = resp->output_tokens = 0;
-  int r = do_complete(s, req, resp, err);
-  if (r < 0 && err)
-    redact(err->message, sizeof err->message, s->api_key);
-  return r;
+  eph_chat_set_cache(resp, 0, 0);
+
+  if (!req || !req->model || !req->messages ||
+      !json_object_is_type(req->messages, json_type_array))
+    return eph_error_set(err, EINVAL, "model request: model and a messages array are required");
+  const provider_t *p = route(s, req->model);
+  if (!p)
+    return eph_error_set(err, EINVAL, "model '%s': no provider of model-openai has its prefix",
+                         req->model);
+  if (p->no_key_reason)
+    return eph_error_set(err, EPH_E_CONFIG, "%s", p->no_key_reason);
+
+  char *body = build_body(p, req, err);
+  if (!body)
+    return err && err->code ? -err->code : -ENOMEM;
+
+  struct curl_slist *headers = NULL, *h;
+  h = curl_slist_append(headers, "Content-Type: application/json");
+  headers = h ? h : headers;
+  if (h && (h = curl_slist_append(headers, p->stream ? "Accept: text/event-stream"
+                                                     : "Accept: application/json")))
+    headers = h;
+  if (h && p->auth_header && (h = curl_slist_append(headers, p->auth_header)))
+    headers = h;
+  if (!h) {
+    curl_slist_free_all(headers);
+    free(body);
+    return eph_error_set(err, ENOMEM, "out of memory building request headers");
+  }
+
+  call_ctx_t ctx = {.p = p, .resp = resp};
+  eph_mhttp_call_t call = {
+      .url = p->url,
+      .headers = headers,
+      .body = body,
+      .key = p->api_key,
+      .deadline_ms = req->deadline_ms,
+      .user_agent = "ephemeral-model-openai/" PACKAGE_VERSION,
+      .on_event = p->stream ? on_event : NULL,
+      .on_attempt = on_attempt,
+      .on_done = on_done,
+      .opaque = &ctx,
+  };
+  int r = eph_mhttp_post(&s->policy, s->host, &call, err);
+  eph_chat_stream_reset(&ctx.chat);
+  eph_responses_stream_reset(&ctx.responses);
+  curl_slist_free_all(headers);
+  free(body);
+  if (r < 0) {
+    eph_model_response_clear(resp);
+    return r;
+  }
+  eph_mhttp_log(s->host, p->api_key, EPH_LOG_DEBUG, "model call: %llu+%llu tokens, %s",
+                (unsigned long long)resp->input_tokens, (unsigned long long)resp->output_tokens,
+                resp->finish_reason);
+  return 0;
 }
 
 static const eph_model_ops_t openai_ops = {
   .struct_size = sizeof(eph_model_ops_t),
   .complete = openai_complete,
+  .serves = openai_serves,
 };
 
 EPH_PLUGIN_EXPORT = {
@@ -737,7 +473,8 @@ EPH_PLUGIN_EXPORT = {
   .name = "model-openai",
   .kind = EPH_KIND_MODEL,
   .version = PACKAGE_VERSION,
-  .description = "OpenAI-compatible Chat Completions with tool calling (libcurl)",
+  .description = "OpenAI and OpenAI-compatible providers (Chat Completions, Responses; "
+                 "streaming) with tool calling (libcurl)",
   .config_keys = openai_keys,
   .init = openai_init,
   .fini = openai_fini,

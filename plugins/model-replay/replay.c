@@ -1,7 +1,8 @@
 /* model-replay: answers model calls from a recorded transcript instead of a model API.
  *
- * A transcript is JSONL: one Chat Completions response body per line, exactly what
- * model-openai returns in resp->raw (and what `--record` writes). The plugin keeps no
+ * A transcript is JSONL: one response body per line, exactly what the provider plugin
+ * returned in resp->raw (and what `--record` writes): a Chat Completions body, a Responses
+ * API object or an Anthropic message, each read with its provider's own parser. The plugin keeps no
  * per-run state: the response to give is line N+1 where N is the number of assistant
  * messages already in req->messages, so any number of runs can replay concurrently and a
  * run can be replayed again from the start.
@@ -31,15 +32,18 @@
 
 #include <ephemeral/plugin.h>
 
+#include "../model-anthropic/messages.h"
 #include "../model-openai/chat.h"
+#include "../model-openai/responses.h"
 
 #define MODEL_PREFIX "replay:"
 #define TRANSCRIPT_MAX_BYTES (64u << 20)
 
 static const eph_config_key_t replay_keys[] = {
   {"transcript", EPH_CFG_STRING, "\"\"", NULL,
-   "Transcript replayed when the request's model is not \"replay:PATH\": JSONL, one Chat "
-   "Completions response body per line. A relative path is looked up under the data "
+   "Transcript replayed when the request's model is not \"replay:PATH\": JSONL, one "
+   "recorded response body per line (Chat Completions, Responses API or Anthropic Messages, "
+   "as --record writes them). A relative path is looked up under the data "
    "directory first, then the current directory."},
   {"pace", EPH_CFG_BOOL, "false", NULL,
    "Sleep each line's recorded x_latency_ms before answering, so a replay keeps the "
@@ -296,6 +300,23 @@ check_tool_results(json_object *messages, size_t at, size_t k, const char *where
   return 0;
 }
 
+/* A transcript line is the body its provider returned (what --record writes), read with
+ * that provider's own parser; the wire format itself says which: Chat Completions bodies
+ * have "choices", Responses API objects are {"object":"response"}, Anthropic messages are
+ * {"type":"message"}. */
+static int
+parse_line(json_object *line, const char *where, eph_model_response_t *resp, eph_error_t *err)
+{
+  json_object *v = NULL;
+  const char *object = eph_chat_get_string(line, "object");
+  const char *type = eph_chat_get_string(line, "type");
+  if (object && strcmp(object, "response") == 0)
+    return eph_responses_parse(line, where, resp, err);
+  if (type && strcmp(type, "message") == 0 && !json_object_object_get_ex(line, "choices", &v))
+    return eph_messages_parse(line, where, resp, err);
+  return eph_chat_parse_response(line, where, resp, err);
+}
+
 static int
 replay_answer(replay_t *s, const transcript_t *t, const eph_model_request_t *req,
               eph_model_response_t *resp, eph_error_t *err)
@@ -316,7 +337,7 @@ replay_answer(replay_t *s, const transcript_t *t, const eph_model_request_t *req
                            t->path, t->n);
     snprintf(where, sizeof where, "%s:%zu", t->path, t->lineno[k]);
     eph_model_response_t rec = {.struct_size = sizeof rec};
-    if ((r = eph_chat_parse_response(t->lines[k], where, &rec, err)) < 0)
+    if ((r = parse_line(t->lines[k], where, &rec, err)) < 0)
       return r;
     r = compare_assistant(msg, rec.message, k, where, err);
     eph_model_response_clear(&rec);
@@ -331,7 +352,7 @@ replay_answer(replay_t *s, const transcript_t *t, const eph_model_request_t *req
                          t->path, t->n, k + 1);
 
   snprintf(where, sizeof where, "%s:%zu", t->path, t->lineno[k]);
-  if ((r = eph_chat_parse_response(t->lines[k], where, resp, err)) < 0)
+  if ((r = parse_line(t->lines[k], where, resp, err)) < 0)
     return r;
 
   json_object *lat = NULL;

@@ -463,9 +463,18 @@ typedef struct eph_model_response {
                            "arguments"}}]} */
   json_object *raw;     /* the whole response body as received (for --record), or NULL */
   char finish_reason[32];
-  uint64_t input_tokens;
+  uint64_t input_tokens;  /* every prompt token, the cached ones included */
   uint64_t output_tokens;
+  /* ABI 1.x addition (a plugin writes them only when struct_size covers them): of
+   * input_tokens, those read from the provider's prompt cache and those written to it,
+   * priced separately (cached_input_micros_per_mtok, cache_write_micros_per_mtok). */
+  uint64_t cache_read_tokens;
+  uint64_t cache_write_tokens;
 } eph_model_response_t;
+
+/* True when resp (sized by the caller) has room for the cache token counts. */
+#define EPH_MODEL_RESPONSE_HAS_CACHE(resp)                                                       \
+  ((resp)->struct_size >= offsetof(eph_model_response_t, cache_write_tokens) + sizeof(uint64_t))
 
 static inline void
 eph_model_response_clear(eph_model_response_t *r)
@@ -485,6 +494,13 @@ typedef struct eph_model_ops {
    * after retries), -EPH_E_PROTOCOL (malformed answer), -EPH_E_DIVERGED (replay). */
   int (*complete)(void *state, const eph_model_request_t *req, eph_model_response_t *resp,
                   eph_error_t *err);
+  /* ABI 1.2 addition, may be absent (check struct_size): whether this plugin serves the
+   * model name (by its provider prefix, e.g. "anthropic/"): 0 when not, else 1 + the length
+   * of the prefix that matched (so "" matching everything is 1). The core routes a run to
+   * the loaded model plugin with the highest answer (the most specific prefix; the first
+   * loaded on a tie) and refuses the request (400 naming `model`) when none serves it. A
+   * plugin without it gets the core's model_plugin. */
+  int (*serves)(void *state, const char *model);
 } eph_model_ops_t;
 
 /* ---------------------------------------------------------------- ledger */

@@ -1,0 +1,391 @@
+/* model-anthropic: the Anthropic Messages API with tool use, over libcurl.
+ *
+ * One model call = POST {base_url}/messages with the headers x-api-key and
+ * anthropic-version, the body of eph_messages_request() (messages.c): the core's Chat
+ * Completions conversation as Anthropic messages, tool calls as tool_use / tool_result
+ * blocks. With `stream = true` the Server-Sent Events are assembled into the message
+ * object a non-streaming call returns, so both give the same answer and --record writes
+ * the same.
+ *
+ * A pause_turn stop (the API paused a long turn) is continued as the API documents: the
+ * paused assistant content is sent back as-is and the answers are joined, their usage
+ * summed, within the same call and deadline (at most max_continuations times).
+ *
+ * Retries (429, 529 overloaded, 5xx, honouring retry-after), deadlines and key handling are
+ * model-openai's http.c: the key is only ever written into the x-api-key header of
+ * requests to base_url and is scrubbed from every message.
+ *
+ * Thread-safe: the state is read-only after init and each call uses its own easy handle. */
+#include "config.h" /* autoconf: _GNU_SOURCE, PACKAGE_VERSION */
+
+#include <errno.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <curl/curl.h>
+#include <ephemeral/plugin.h>
+
+#include "../model-openai/http.h"
+#include "messages.h"
+
+static const eph_config_key_t anthropic_keys[] = {
+  {"base_url", EPH_CFG_STRING, "\"https://api.anthropic.com/v1\"", NULL,
+   "Base URL of the Anthropic API; requests go to {base_url}/messages. Plain http is "
+   "refused unless the host is a loopback address or allow_plain_http is set."},
+  {"api_key_file", EPH_CFG_STRING, "\"\"", NULL,
+   "File holding the API key (surrounding whitespace ignored). Takes precedence over "
+   "api_key_env. Should be mode 0600; a group- or world-readable file is warned about."},
+  {"api_key_env", EPH_CFG_STRING, "\"ANTHROPIC_API_KEY\"", NULL,
+   "Environment variable of the host process holding the API key (sent as x-api-key), "
+   "used when api_key_file is empty."},
+  {"strip_prefix", EPH_CFG_STRING, "\"anthropic/\"", NULL,
+   "Provider prefix of the models this plugin serves, removed before sending "
+   "(\"anthropic/claude-sonnet-4-5\" is sent as \"claude-sonnet-4-5\")."},
+  {"anthropic_version", EPH_CFG_STRING, "\"2023-06-01\"", NULL,
+   "Value of the anthropic-version header (the API version the plugin speaks)."},
+  {"stream", EPH_CFG_BOOL, "false", NULL,
+   "Ask for a Server-Sent Events stream (stream: true). The streamed message is assembled "
+   "into the same result as a non-streamed one; a stream cut short is an error."},
+  {"prompt_cache", EPH_CFG_BOOL, "true", NULL,
+   "Mark the tools and the conversation so far with cache_control (ephemeral) on every "
+   "call: the next call of the run reads that prefix from Anthropic's prompt cache. Cache "
+   "writes and reads are billed at their own prices (pricing.models)."},
+  {"max_continuations", EPH_CFG_INT, "3", NULL,
+   "How many times one call continues a turn the API paused (stop_reason pause_turn)."},
+  {"connect_timeout_ms", EPH_CFG_INT, "10000", "ms",
+   "Connection set-up timeout of one attempt (never past the call's deadline)."},
+  {"timeout_ms", EPH_CFG_INT, "120000", "ms",
+   "Whole-attempt timeout (a stream included); a timed-out attempt is retried if the "
+   "deadline allows and no stream had started."},
+  {"max_retries", EPH_CFG_INT, "3", NULL,
+   "Retries after a 408, 409, 429, 529 (overloaded) or other 5xx answer or a transient "
+   "transport failure."},
+  {"backoff_initial_ms", EPH_CFG_INT, "500", "ms",
+   "First retry delay; it doubles on each retry (full jitter: a random delay between half "
+   "and all of it). A retry-after header replaces it."},
+  {"backoff_max_ms", EPH_CFG_INT, "20000", "ms", "Cap of the computed retry delay."},
+  {"max_response_bytes", EPH_CFG_INT, "8388608", "bytes",
+   "Largest response body (or whole stream) accepted, at most 1 GiB; a longer one is a "
+   "protocol error."},
+  {"allow_plain_http", EPH_CFG_BOOL, "false", NULL,
+   "Allow an http:// base_url to a non-loopback host (the API key would travel in clear)."},
+  {0},
+};
+
+typedef struct anthropic {
+  const eph_host_t *host;
+  eph_mhttp_policy_t policy;
+  char *url; /* {base_url}/messages */
+  char *prefix;
+  char *api_key;
+  char *key_header;     /* "x-api-key: <key>" */
+  char *version_header; /* "anthropic-version: ..." */
+  char *no_key_reason;
+  int stream;
+  int prompt_cache;
+  int64_t max_continuations;
+} anthropic_t;
+
+static void
+anthropic_fini(void *state)
+{
+  anthropic_t *s = state;
+  if (!s)
+    return;
+  free(s->url);
+  free(s->prefix);
+  eph_mhttp_free_secret(s->api_key);
+  eph_mhttp_free_secret(s->key_header);
+  free(s->version_header);
+  free(s->no_key_reason);
+  free(s);
+  curl_global_cleanup();
+}
+
+static int
+anthropic_init(const eph_host_t *host, const config_setting_t *config, void **state,
+               eph_error_t *err)
+{
+  const char *base_url, *key_file, *key_env, *prefix, *version;
+  int allow_http = 0, r;
+  if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK)
+    return eph_error_set(err, EIO, "curl_global_init failed");
+  anthropic_t *s = calloc(1, sizeof *s);
+  if (!s) {
+    curl_global_cleanup();
+    return eph_error_set(err, ENOMEM, "out of memory");
+  }
+  s->host = host;
+  if ((r = eph_mhttp_policy_read(host, config, &s->policy, err)) < 0 ||
+      (r = host->cfg_string(config, "base_url", "https://api.anthropic.com/v1", &base_url, err)) <
+          0 ||
+      (r = host->cfg_string(config, "api_key_file", "", &key_file, err)) < 0 ||
+      (r = host->cfg_string(config, "api_key_env", "ANTHROPIC_API_KEY", &key_env, err)) < 0 ||
+      (r = host->cfg_string(config, "strip_prefix", "anthropic/", &prefix, err)) < 0 ||
+      (r = host->cfg_string(config, "anthropic_version", "2023-06-01", &version, err)) < 0 ||
+      (r = host->cfg_bool(config, "stream", 0, &s->stream, err)) < 0 ||
+      (r = host->cfg_bool(config, "prompt_cache", 1, &s->prompt_cache, err)) < 0 ||
+      (r = host->cfg_int(config, "max_continuations", 3, &s->max_continuations, err)) < 0 ||
+      (r = host->cfg_bool(config, "allow_plain_http", 0, &allow_http, err)) < 0)
+    goto fail;
+  if (!*prefix) {
+    r = eph_error_set(err, EPH_E_CONFIG, "strip_prefix must not be empty (e.g. \"anthropic/\")");
+    goto fail;
+  }
+  if (s->max_continuations < 0 || s->max_continuations > 100) {
+    r = eph_error_set(err, EPH_E_CONFIG, "max_continuations must be within 0..100");
+    goto fail;
+  }
+  for (const char *p = version; *p; p++)
+    if (!((*p >= '0' && *p <= '9') || *p == '-')) {
+      r = eph_error_set(err, EPH_E_CONFIG, "anthropic_version \"%s\": digits and '-' only",
+                        version);
+      goto fail;
+    }
+  if ((r = eph_mhttp_check_base_url(base_url, allow_http, err)) < 0)
+    goto fail;
+  size_t blen = strlen(base_url);
+  while (blen > 0 && base_url[blen - 1] == '/')
+    blen--;
+  if (asprintf(&s->url, "%.*s/messages", (int)blen, base_url) < 0 ||
+      asprintf(&s->version_header, "anthropic-version: %s", version) < 0 ||
+      !(s->prefix = strdup(prefix))) {
+    r = eph_error_set(err, ENOMEM, "out of memory");
+    goto fail;
+  }
+  if ((r = eph_mhttp_load_key(host, "model-anthropic", key_file, key_env, &s->api_key,
+                              &s->no_key_reason, err)) < 0)
+    goto fail;
+  if (!s->api_key && !s->no_key_reason &&
+      asprintf(&s->no_key_reason, "model-anthropic: no API key: set api_key_file or api_key_env") <
+          0)
+    s->no_key_reason = NULL;
+  if (s->api_key && asprintf(&s->key_header, "x-api-key: %s", s->api_key) < 0) {
+    s->key_header = NULL;
+    r = eph_error_set(err, ENOMEM, "out of memory");
+    goto fail;
+  }
+  if (s->no_key_reason)
+    eph_mhttp_log(host, NULL, EPH_LOG_DEBUG, "%s; model calls will fail until it is set",
+                  s->no_key_reason);
+  *state = s;
+  return 0;
+fail:
+  anthropic_fini(s);
+  return r;
+}
+
+static int
+anthropic_serves(void *state, const char *model)
+{
+  anthropic_t *s = state;
+  size_t n = strlen(s->prefix);
+  return model && strncmp(model, s->prefix, n) == 0 ? 1 + (int)n : 0;
+}
+
+typedef struct call_ctx {
+  anthropic_t *s;
+  eph_model_response_t *resp;
+  eph_messages_stream_t st;
+} call_ctx_t;
+
+static void
+on_attempt(void *opaque)
+{
+  call_ctx_t *c = opaque;
+  eph_messages_stream_reset(&c->st);
+}
+
+static int
+on_event(void *opaque, const char *event, const char *data, size_t len, eph_error_t *err)
+{
+  call_ctx_t *c = opaque;
+  return eph_messages_stream_event(&c->st, event, data, len, c->s->url, err);
+}
+
+static int
+on_done(void *opaque, const char *body, size_t len, int64_t latency_ms, eph_error_t *err)
+{
+  call_ctx_t *c = opaque;
+  json_object *root;
+  if (c->s->stream) {
+    if (!(root = eph_messages_stream_finish(&c->st, c->s->url, err)))
+      return err ? -err->code : -EPH_E_PROTOCOL;
+  } else {
+    const char *why = NULL;
+    if (!(root = eph_mhttp_parse_json(body, len, &why))) {
+      char ex[120];
+      eph_mhttp_excerpt(body, len, ex, sizeof ex);
+      return eph_error_set(err, EPH_E_PROTOCOL, "model call to %s: body is not valid JSON (%s): %s",
+                           c->s->url, why, ex);
+    }
+  }
+  int r = eph_messages_parse(root, c->s->url, c->resp, err);
+  if (r < 0) {
+    json_object_put(root);
+    return r;
+  }
+  json_object_object_add(root, "x_latency_ms", json_object_new_int64(latency_ms));
+  c->resp->raw = root;
+  return 0;
+}
+
+/* One POST of the conversation (plus `extra`, the paused turns) into resp. */
+static int
+post_once(anthropic_t *s, const eph_model_request_t *req, json_object *extra,
+          const struct curl_slist *headers, eph_model_response_t *resp, eph_error_t *err)
+{
+  json_object *body = eph_messages_request(req->model + strlen(s->prefix), req->messages,
+                                           req->tools, req->max_output_tokens, s->stream, extra,
+                                           err);
+  if (!body)
+    return err && err->code ? -err->code : -EINVAL;
+  if (s->prompt_cache)
+    eph_messages_mark_cache(body);
+  char *text = strdup(json_object_to_json_string_ext(
+      body, JSON_C_TO_STRING_PLAIN | JSON_C_TO_STRING_NOSLASHESCAPE));
+  json_object_put(body);
+  if (!text)
+    return eph_error_set(err, ENOMEM, "out of memory building the request body");
+  call_ctx_t ctx = {.s = s, .resp = resp};
+  eph_mhttp_call_t call = {
+      .url = s->url,
+      .headers = headers,
+      .body = text,
+      .key = s->api_key,
+      .deadline_ms = req->deadline_ms,
+      .user_agent = "ephemeral-model-anthropic/" PACKAGE_VERSION,
+      .on_event = s->stream ? on_event : NULL,
+      .on_attempt = on_attempt,
+      .on_done = on_done,
+      .opaque = &ctx,
+  };
+  int r = eph_mhttp_post(&s->policy, s->host, &call, err);
+  eph_messages_stream_reset(&ctx.st);
+  free(text);
+  return r;
+}
+
+/* Joins a continuation's answer onto the first: content blocks appended (the recorded raw
+ * message stays one message object), usage summed, the last stop reason kept. */
+static void
+join(eph_model_response_t *into, eph_model_response_t *next, const char *where)
+{
+  json_object *a = NULL, *b = NULL, *ua = NULL, *ub = NULL;
+  json_object_object_get_ex(into->raw, "content", &a);
+  json_object_object_get_ex(next->raw, "content", &b);
+  for (size_t i = 0; a && b && i < json_object_array_length(b); i++)
+    json_object_array_add(a, json_object_get(json_object_array_get_idx(b, i)));
+  json_object_object_get_ex(into->raw, "usage", &ua);
+  json_object_object_get_ex(next->raw, "usage", &ub);
+  if (ua && ub) {
+    json_object_object_foreach(ub, k, v)
+    {
+      json_object *old = NULL;
+      if (json_object_is_type(v, json_type_int) && json_object_object_get_ex(ua, k, &old) &&
+          json_object_is_type(old, json_type_int))
+        json_object_object_add(ua, k,
+                               json_object_new_int64(json_object_get_int64(old) +
+                                                     json_object_get_int64(v)));
+    }
+  }
+  json_object *sr = NULL;
+  if (json_object_object_get_ex(next->raw, "stop_reason", &sr))
+    json_object_object_add(into->raw, "stop_reason", json_object_get(sr));
+  /* Re-read the joined message so message, reason and counts all describe it. */
+  json_object *raw = json_object_get(into->raw);
+  eph_model_response_clear(into);
+  eph_error_t ignored = {0};
+  if (eph_messages_parse(raw, where, into, &ignored) == 0)
+    into->raw = raw;
+  else
+    json_object_put(raw);
+}
+
+static int
+anthropic_complete(void *state, const eph_model_request_t *req, eph_model_response_t *resp,
+                   eph_error_t *err)
+{
+  anthropic_t *s = state;
+  resp->message = resp->raw = NULL;
+  resp->finish_reason[0] = '\0';
+  resp->input_tokens = resp->output_tokens = 0;
+  eph_chat_set_cache(resp, 0, 0);
+  if (!req || !req->model || !req->messages ||
+      !json_object_is_type(req->messages, json_type_array))
+    return eph_error_set(err, EINVAL, "model request: model and a messages array are required");
+  if (!anthropic_serves(s, req->model))
+    return eph_error_set(err, EINVAL, "model '%s' does not start with \"%s\"", req->model,
+                         s->prefix);
+  if (s->no_key_reason)
+    return eph_error_set(err, EPH_E_CONFIG, "%s", s->no_key_reason);
+
+  struct curl_slist *headers = NULL, *h;
+  const char *lines[] = {"Content-Type: application/json",
+                         s->stream ? "Accept: text/event-stream" : "Accept: application/json",
+                         s->version_header, s->key_header};
+  for (size_t i = 0; i < sizeof lines / sizeof lines[0]; i++) {
+    if (!(h = curl_slist_append(headers, lines[i]))) {
+      curl_slist_free_all(headers);
+      return eph_error_set(err, ENOMEM, "out of memory building request headers");
+    }
+    headers = h;
+  }
+
+  int r = post_once(s, req, NULL, headers, resp, err);
+  json_object *extra = NULL;
+  for (int64_t k = 0; r == 0 && strcmp(resp->finish_reason, "pause_turn") == 0 &&
+                      k < s->max_continuations;
+       k++) {
+    json_object *content = NULL;
+    json_object_object_get_ex(resp->raw, "content", &content);
+    if (!extra)
+      extra = json_object_new_array();
+    /* The paused turn so far, sent back as-is; each round repeats it whole. */
+    json_object *m = json_object_new_object();
+    json_object_object_add(m, "role", json_object_new_string("assistant"));
+    json_object_object_add(m, "content", json_object_get(content));
+    while (json_object_array_length(extra))
+      json_object_array_del_idx(extra, 0, 1);
+    json_object_array_add(extra, m);
+    eph_model_response_t next = {.struct_size = sizeof next};
+    if ((r = post_once(s, req, extra, headers, &next, err)) == 0)
+      join(resp, &next, s->url);
+    eph_model_response_clear(&next);
+    if (r == 0 && !resp->message)
+      r = eph_error_set(err, EPH_E_PROTOCOL, "%s: a continued turn could not be joined", s->url);
+  }
+  if (extra)
+    json_object_put(extra);
+  curl_slist_free_all(headers);
+  if (r < 0) {
+    eph_model_response_clear(resp);
+    return r;
+  }
+  eph_mhttp_log(s->host, s->api_key, EPH_LOG_DEBUG, "model call: %llu+%llu tokens, %s",
+                (unsigned long long)resp->input_tokens, (unsigned long long)resp->output_tokens,
+                resp->finish_reason);
+  return 0;
+}
+
+static const eph_model_ops_t anthropic_ops = {
+  .struct_size = sizeof(eph_model_ops_t),
+  .complete = anthropic_complete,
+  .serves = anthropic_serves,
+};
+
+EPH_PLUGIN_EXPORT = {
+  .abi_major = EPH_ABI_MAJOR,
+  .abi_minor = EPH_ABI_MINOR,
+  .struct_size = sizeof(eph_plugin_t),
+  .name = "model-anthropic",
+  .kind = EPH_KIND_MODEL,
+  .version = PACKAGE_VERSION,
+  .description = "Anthropic Messages API with tool use and streaming (libcurl)",
+  .config_keys = anthropic_keys,
+  .init = anthropic_init,
+  .fini = anthropic_fini,
+  .ops = &anthropic_ops,
+};

@@ -1,0 +1,87 @@
+/* The transport shared by the hosted-model plugins (model-openai, model-anthropic): API key
+ * loading, base_url checks, key scrubbing, and one POST with retries, backoff, deadlines and
+ * an optional Server-Sent Events (SSE) stream, over libcurl.
+ *
+ * Compiled into each plugin that needs it (hidden visibility: nothing here is exported). */
+#ifndef EPH_PLUGIN_MODEL_HTTP_H
+#define EPH_PLUGIN_MODEL_HTTP_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <curl/curl.h>
+#include <ephemeral/plugin.h>
+
+/* Retry and size policy of one plugin instance (all from its config block). */
+typedef struct eph_mhttp_policy {
+  int64_t connect_timeout_ms, timeout_ms;
+  int64_t max_retries, backoff_initial_ms, backoff_max_ms;
+  int64_t max_response_bytes; /* a body, or a whole stream, longer than this is refused */
+} eph_mhttp_policy_t;
+
+/* Reads the policy keys (connect_timeout_ms, timeout_ms, max_retries, backoff_initial_ms,
+ * backoff_max_ms, max_response_bytes) from config with the documented defaults; each must
+ * be positive (max_retries >= 0). */
+int eph_mhttp_policy_read(const eph_host_t *host, const config_setting_t *config,
+                          eph_mhttp_policy_t *p, eph_error_t *err);
+
+/* Loads an API key: key_file (wins when non-empty), else the environment variable key_env.
+ * On success *key is a heap string (free with eph_mhttp_free_secret) or NULL when no
+ * source is configured or the variable is unset; in the latter case *no_key_reason (heap)
+ * says why, and calls must fail with it before sending anything. where names the config
+ * block for messages. */
+int eph_mhttp_load_key(const eph_host_t *host, const char *where, const char *key_file,
+                       const char *key_env, char **key, char **no_key_reason, eph_error_t *err);
+void eph_mhttp_free_secret(char *s);
+
+/* Refuses a base_url that is not http(s), or plain http to a non-loopback host (the key
+ * would travel in clear) unless allow_plain_http. */
+int eph_mhttp_check_base_url(const char *base_url, bool allow_plain_http, eph_error_t *err);
+
+/* Replaces every run of at least min(12, strlen(key)) characters of msg that also appears
+ * in key with "[redacted]" (APIs echo a wrong key back in their 401 text). */
+void eph_mhttp_redact(char *msg, size_t size, const char *key);
+
+/* Logs through host->log after scrubbing key. */
+__attribute__((format(printf, 4, 5))) void
+eph_mhttp_log(const eph_host_t *host, const char *key, eph_log_level_t level, const char *fmt, ...);
+
+/* A printable excerpt of len bytes of body (control bytes become '.'). */
+void eph_mhttp_excerpt(const char *body, size_t len, char *out, size_t size);
+
+/* What one POST is given. Borrowed for the call. */
+typedef struct eph_mhttp_call {
+  const char *url;
+  const struct curl_slist *headers; /* Content-Type, auth, ... */
+  const char *body;
+  const char *key;     /* scrubbed from every message; may be NULL */
+  int64_t deadline_ms; /* CLOCK_MONOTONIC ms; <= 0: none */
+  const char *user_agent;
+  /* Streaming (NULL: a plain JSON answer). Called once per SSE event of a 2xx answer,
+   * event "" when the server named none; data is NUL-terminated (the "data:" lines joined
+   * with '\n'). A negative return aborts the attempt with that error (not retried). */
+  int (*on_event)(void *opaque, const char *event, const char *data, size_t len, eph_error_t *err);
+  /* Called before each attempt (streaming state must start afresh after a retry). */
+  void (*on_attempt)(void *opaque);
+  /* Called once the 2xx answer is complete: body/len is the whole body when not streaming
+   * (NULL, 0 when streaming). Returns 0 or a negative error (not retried). */
+  int (*on_done)(void *opaque, const char *body, size_t len, int64_t latency_ms, eph_error_t *err);
+  void *opaque;
+} eph_mhttp_call_t;
+
+/* POSTs call->body to call->url. 408, 409, 429 and 5xx answers (529 "overloaded"
+ * included) and transient transport failures are retried up to policy->max_retries times
+ * with exponential backoff and full jitter, honouring Retry-After and retry-after-ms; no
+ * attempt and no wait runs past the deadline. Errors: -ETIMEDOUT (deadline),
+ * -EPH_E_UPSTREAM (an API error, with its message), -EPH_E_PROTOCOL (a body or stream that
+ * is too large, malformed or ends early), or what a callback returned. The message is
+ * scrubbed of call->key. */
+int eph_mhttp_post(const eph_mhttp_policy_t *policy, const eph_host_t *host,
+                   const eph_mhttp_call_t *call, eph_error_t *err);
+
+/* Parses len bytes of text as exactly one JSON value (only whitespace may follow). Returns
+ * it (owned by the caller) or NULL with *why set to a static description. */
+json_object *eph_mhttp_parse_json(const char *text, size_t len, const char **why);
+
+#endif

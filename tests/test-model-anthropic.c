@@ -1,0 +1,572 @@
+/* model-anthropic against tests/fake-openai's /v1/messages (Anthropic's wire format, JSON
+ * and Server-Sent Events, on 127.0.0.1), loaded by the real loader: what it sends, how it
+ * reads tool_use blocks and usage (cache tokens included), that streaming gives the same
+ * result as not streaming, retries (429 with retry-after, 529 overloaded, 5xx), malformed
+ * and truncated streams, deadlines, pause_turn, and that the key stays out of messages. */
+#include <config.h>
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "log.h"
+#include "model-harness.h"
+#include "util.h"
+
+#define KEY "sk-ant-test-4b8d2f6a0c1e3579bdf02468ace13579"
+#define KEY_ENV "EPH_TEST_ANTHROPIC_KEY"
+
+static const char tools_json[] =
+    "[{\"type\":\"function\",\"function\":{\"name\":\"shell\",\"description\":\"Run a shell "
+    "command in the sandbox\",\"parameters\":{\"type\":\"object\",\"properties\":{\"command\":"
+    "{\"type\":\"string\"}},\"required\":[\"command\"]}}}]";
+static const char messages_json[] = "[{\"role\":\"system\",\"content\":\"You drive a sandbox.\"},"
+                                    "{\"role\":\"user\",\"content\":\"Run whoami.\"}]";
+/* The second turn: the assistant asked for two calls, both answered. */
+static const char second_turn_json[] =
+    "[{\"role\":\"system\",\"content\":\"You drive a sandbox.\"},"
+    "{\"role\":\"user\",\"content\":\"Run whoami.\"},"
+    "{\"role\":\"assistant\",\"content\":\"Running two commands.\",\"tool_calls\":["
+    "{\"id\":\"toolu_fake_1\",\"type\":\"function\",\"function\":{\"name\":\"shell\","
+    "\"arguments\":\"{\\\"command\\\":\\\"pwd; whoami\\\"}\"}},"
+    "{\"id\":\"toolu_fake_2\",\"type\":\"function\",\"function\":{\"name\":\"shell\","
+    "\"arguments\":\"{\\\"command\\\":\\\"echo hi\\\"}\"}}]},"
+    "{\"role\":\"tool\",\"tool_call_id\":\"toolu_fake_1\",\"content\":\"/tmp\\nworker\"},"
+    "{\"role\":\"tool\",\"tool_call_id\":\"toolu_fake_2\",\"content\":\"hi\"}]";
+
+typedef struct call {
+  json_object *messages, *tools;
+  eph_model_request_t req;
+  eph_model_response_t resp;
+  eph_error_t err;
+  int r;
+  int64_t elapsed_ms;
+} call_t;
+
+static void
+call_init(call_t *c, const char *messages, int64_t deadline_in_ms)
+{
+  memset(c, 0, sizeof *c);
+  c->messages = json_tokener_parse(messages);
+  c->tools = json_tokener_parse(tools_json);
+  assert_non_null(c->messages);
+  assert_non_null(c->tools);
+  c->req.struct_size = sizeof c->req;
+  c->req.model = "anthropic/claude-fake-4";
+  c->req.messages = c->messages;
+  c->req.tools = c->tools;
+  c->req.max_output_tokens = 512;
+  c->req.deadline_ms = eph_now_ms() + deadline_in_ms;
+}
+
+static void
+call_run(call_t *c, loaded_t *l)
+{
+  int64_t t0 = eph_now_ms();
+  c->r = model_call(l, &c->req, &c->resp, &c->err);
+  c->elapsed_ms = eph_now_ms() - t0;
+}
+
+static void
+call_clear(call_t *c)
+{
+  eph_model_response_clear(&c->resp);
+  json_object_put(c->messages);
+  json_object_put(c->tools);
+}
+
+static void
+load_for(loaded_t *l, const fake_t *f, const char *extra)
+{
+  eph_error_t err = {0};
+  cleanup_free char *conf = eph_xasprintf(
+      "base_url = \"http://127.0.0.1:%d/v1/\"; api_key_env = \"%s\"; max_retries = 2; "
+      "backoff_initial_ms = 100; backoff_max_ms = 400; timeout_ms = 5000; %s",
+      f->port, KEY_ENV, extra ? extra : "");
+  if (plugin_load(l, "model-anthropic", conf, &err) < 0)
+    fail_msg("loading model-anthropic: %s", err.message);
+}
+
+static char *
+wire(const char *kind, const char *file)
+{
+  return eph_xasprintf("%s:%s/tests/wire/%s", kind, srcdir(), file);
+}
+
+static json_object *
+request_body(json_object *requests, size_t i)
+{
+  json_object *rec = json_object_array_get_idx(requests, i), *b = NULL;
+  assert_non_null(rec);
+  assert_true(json_object_object_get_ex(rec, "body", &b));
+  json_object *body = json_tokener_parse(json_object_get_string(b));
+  assert_non_null(body);
+  return body;
+}
+
+static const char *
+rec_string(json_object *requests, size_t i, const char *key)
+{
+  json_object *v = NULL;
+  assert_true(json_object_object_get_ex(json_object_array_get_idx(requests, i), key, &v));
+  return json_object_get_string(v);
+}
+
+static int64_t
+request_t_ms(json_object *requests, size_t i)
+{
+  json_object *t = NULL;
+  assert_true(json_object_object_get_ex(json_object_array_get_idx(requests, i), "t_ms", &t));
+  return json_object_get_int64(t);
+}
+
+static void
+check_tool_use_answer(const eph_model_response_t *resp)
+{
+  json_object *calls = NULL, *v = NULL, *fn = NULL;
+  assert_string_equal(resp->finish_reason, "tool_calls");
+  /* every prompt token: 100 uncached + 2000 written to the cache */
+  assert_int_equal(resp->input_tokens, 2100);
+  assert_int_equal(resp->cache_write_tokens, 2000);
+  assert_int_equal(resp->cache_read_tokens, 0);
+  assert_int_equal(resp->output_tokens, 20);
+  assert_true(json_object_object_get_ex(resp->message, "content", &v));
+  assert_string_equal(json_object_get_string(v), "Running two commands.");
+  assert_true(json_object_object_get_ex(resp->message, "tool_calls", &calls));
+  assert_int_equal(json_object_array_length(calls), 2);
+  static const char *const ids[] = {"toolu_fake_1", "toolu_fake_2"};
+  static const char *const cmds[] = {"pwd; whoami", "echo hi"};
+  for (size_t i = 0; i < 2; i++) {
+    json_object *c = json_object_array_get_idx(calls, i);
+    assert_true(json_object_object_get_ex(c, "id", &v));
+    assert_string_equal(json_object_get_string(v), ids[i]);
+    assert_true(json_object_object_get_ex(c, "function", &fn));
+    assert_true(json_object_object_get_ex(fn, "name", &v));
+    assert_string_equal(json_object_get_string(v), "shell");
+    assert_true(json_object_object_get_ex(fn, "arguments", &v));
+    cleanup_json json_object *args = json_tokener_parse(json_object_get_string(v));
+    assert_non_null(args);
+    assert_true(json_object_object_get_ex(args, "command", &v));
+    assert_string_equal(json_object_get_string(v), cmds[i]);
+  }
+}
+
+static void
+test_tool_use_parsed_and_request_shape(void **state)
+{
+  fake_t f;
+  loaded_t l;
+  call_t c;
+  cleanup_free char *step = wire("file", "anthropic-tool_use.json");
+  const char *steps[] = {step, NULL};
+  fake_start(&f, KEY, steps);
+  load_for(&l, &f, NULL);
+  call_init(&c, messages_json, 10000);
+  call_run(&c, &l);
+  if (c.r < 0)
+    fail_msg("complete: %s", c.err.message);
+  check_tool_use_answer(&c.resp);
+  json_object *v = NULL;
+  assert_true(json_object_object_get_ex(c.resp.raw, "id", &v));
+  assert_string_equal(json_object_get_string(v), "msg_fake1");
+
+  cleanup_json json_object *reqs = fake_requests(&f);
+  assert_int_equal(json_object_array_length(reqs), 1);
+  assert_string_equal(rec_string(reqs, 0, "path"), "/v1/messages");
+  assert_string_equal(rec_string(reqs, 0, "anthropic_version"), "2023-06-01");
+  assert_string_equal(rec_string(reqs, 0, "content_type"), "application/json");
+  assert_true(json_object_object_get_ex(json_object_array_get_idx(reqs, 0), "auth_ok", &v));
+  assert_true(json_object_get_boolean(v)); /* x-api-key, and no Authorization header */
+  assert_null(strstr(rec_string(reqs, 0, "body"), KEY));
+  cleanup_json json_object *body = request_body(reqs, 0);
+  assert_true(json_object_object_get_ex(body, "model", &v));
+  assert_string_equal(json_object_get_string(v), "claude-fake-4");
+  assert_true(json_object_object_get_ex(body, "max_tokens", &v));
+  assert_int_equal(json_object_get_int(v), 512);
+  assert_true(json_object_object_get_ex(body, "system", &v));
+  assert_string_equal(json_object_get_string(v), "You drive a sandbox.");
+  assert_false(json_object_object_get_ex(body, "stream", &v));
+  cleanup_json json_object *want_msgs = json_tokener_parse(
+      "[{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"Run whoami.\","
+      "\"cache_control\":{\"type\":\"ephemeral\"}}]}]");
+  /* prompt caching (on by default): the last tool and the last block carry cache_control */
+  assert_true(json_object_object_get_ex(body, "messages", &v));
+  if (!json_object_equal(v, want_msgs))
+    fail_msg("messages sent: %s", json_object_to_json_string(v));
+  cleanup_json json_object *want_tools = json_tokener_parse(
+      "[{\"name\":\"shell\",\"description\":\"Run a shell command in the sandbox\","
+      "\"input_schema\":{\"type\":\"object\",\"properties\":{\"command\":{\"type\":\"string\"}},"
+      "\"required\":[\"command\"]},\"cache_control\":{\"type\":\"ephemeral\"}}]");
+  assert_true(json_object_object_get_ex(body, "tools", &v));
+  if (!json_object_equal(v, want_tools))
+    fail_msg("tools sent: %s", json_object_to_json_string(v));
+  cleanup_json json_object *want_choice = json_tokener_parse("{\"type\":\"auto\"}");
+  assert_true(json_object_object_get_ex(body, "tool_choice", &v));
+  assert_true(json_object_equal(v, want_choice));
+  call_clear(&c);
+  plugin_unload(&l);
+  fake_stop(&f);
+}
+
+/* The second turn's tool results travel as tool_result blocks in ONE user message, after
+ * the assistant's text and tool_use blocks. */
+static void
+test_tool_results_sent_as_blocks(void **state)
+{
+  fake_t f;
+  loaded_t l;
+  call_t c;
+  cleanup_free char *step = wire("file", "anthropic-final.json");
+  const char *steps[] = {step, NULL};
+  fake_start(&f, KEY, steps);
+  load_for(&l, &f, "prompt_cache = false;");
+  call_init(&c, second_turn_json, 10000);
+  call_run(&c, &l);
+  if (c.r < 0)
+    fail_msg("complete: %s", c.err.message);
+  json_object *v = NULL;
+  assert_string_equal(c.resp.finish_reason, "stop");
+  assert_int_equal(c.resp.input_tokens, 2150);
+  assert_int_equal(c.resp.cache_read_tokens, 2000);
+  assert_int_equal(c.resp.cache_write_tokens, 0);
+  assert_true(json_object_object_get_ex(c.resp.message, "content", &v));
+  assert_string_equal(json_object_get_string(v), "done");
+  assert_false(json_object_object_get_ex(c.resp.message, "tool_calls", &v));
+
+  cleanup_json json_object *reqs = fake_requests(&f);
+  cleanup_json json_object *body = request_body(reqs, 0);
+  cleanup_json json_object *want = json_tokener_parse(
+      "[{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"Run whoami.\"}]},"
+      "{\"role\":\"assistant\",\"content\":[{\"type\":\"text\",\"text\":\"Running two commands.\"},"
+      "{\"type\":\"tool_use\",\"id\":\"toolu_fake_1\",\"name\":\"shell\",\"input\":{\"command\":"
+      "\"pwd; whoami\"}},{\"type\":\"tool_use\",\"id\":\"toolu_fake_2\",\"name\":\"shell\","
+      "\"input\":{\"command\":\"echo hi\"}}]},"
+      "{\"role\":\"user\",\"content\":[{\"type\":\"tool_result\",\"tool_use_id\":\"toolu_fake_1\","
+      "\"content\":\"/tmp\\nworker\"},{\"type\":\"tool_result\",\"tool_use_id\":\"toolu_fake_2\","
+      "\"content\":\"hi\"}]}]");
+  assert_true(json_object_object_get_ex(body, "messages", &v));
+  if (!json_object_equal(v, want))
+    fail_msg("messages sent: %s", json_object_to_json_string(v));
+  call_clear(&c);
+  plugin_unload(&l);
+  fake_stop(&f);
+}
+
+/* The same answers streamed (7 bytes per read, a comment and a ping in between, CRLF line
+ * ends in the second) read exactly as the JSON ones. */
+static void
+test_stream_gives_same_result(void **state)
+{
+  static const char *const names[][2] = {{"anthropic-tool_use.json", "anthropic-tool_use.sse"},
+                                         {"anthropic-final.json", "anthropic-final.sse"}};
+  for (size_t i = 0; i < 2; i++) {
+    fake_t f1, f2;
+    loaded_t l1, l2;
+    call_t a, b;
+    cleanup_free char *s1 = wire("file", names[i][0]);
+    cleanup_free char *s2 = wire("sse", names[i][1]);
+    const char *steps1[] = {s1, NULL}, *steps2[] = {s2, NULL};
+    fake_start(&f1, KEY, steps1);
+    fake_start(&f2, KEY, steps2);
+    load_for(&l1, &f1, NULL);
+    load_for(&l2, &f2, "stream = true;");
+    call_init(&a, messages_json, 10000);
+    call_init(&b, messages_json, 10000);
+    call_run(&a, &l1);
+    call_run(&b, &l2);
+    if (a.r < 0 || b.r < 0)
+      fail_msg("%s: %s / %s", names[i][1], a.err.message, b.err.message);
+    if (!json_object_equal(a.resp.message, b.resp.message))
+      fail_msg("%s: streamed %s, not %s", names[i][1], json_object_to_json_string(b.resp.message),
+               json_object_to_json_string(a.resp.message));
+    assert_string_equal(a.resp.finish_reason, b.resp.finish_reason);
+    assert_int_equal(a.resp.input_tokens, b.resp.input_tokens);
+    assert_int_equal(a.resp.output_tokens, b.resp.output_tokens);
+    assert_int_equal(a.resp.cache_read_tokens, b.resp.cache_read_tokens);
+    assert_int_equal(a.resp.cache_write_tokens, b.resp.cache_write_tokens);
+    if (i == 0)
+      check_tool_use_answer(&b.resp);
+    /* What --record writes of the stream is the message object a replay reads. */
+    json_object *v = NULL;
+    assert_true(json_object_object_get_ex(b.resp.raw, "type", &v));
+    assert_string_equal(json_object_get_string(v), "message");
+    cleanup_json json_object *reqs = fake_requests(&f2);
+    cleanup_json json_object *body = request_body(reqs, 0);
+    assert_true(json_object_object_get_ex(body, "stream", &v));
+    assert_true(json_object_get_boolean(v));
+    assert_string_equal(rec_string(reqs, 0, "accept"), "text/event-stream");
+    call_clear(&a);
+    call_clear(&b);
+    plugin_unload(&l1);
+    plugin_unload(&l2);
+    fake_stop(&f1);
+    fake_stop(&f2);
+  }
+}
+
+static void
+test_429_retry_after_then_529_then_success(void **state)
+{
+  fake_t f;
+  loaded_t l;
+  call_t c;
+  cleanup_free char *step = wire("file", "anthropic-final.json");
+  const char *steps[] = {"429:1", "529", step, NULL};
+  fake_start(&f, KEY, steps);
+  load_for(&l, &f, NULL);
+  call_init(&c, messages_json, 10000);
+  call_run(&c, &l);
+  if (c.r < 0)
+    fail_msg("complete: %s", c.err.message);
+  assert_string_equal(c.resp.finish_reason, "stop");
+  cleanup_json json_object *reqs = fake_requests(&f);
+  assert_int_equal(json_object_array_length(reqs), 3);
+  int64_t gap = request_t_ms(reqs, 1) - request_t_ms(reqs, 0);
+  if (gap < 990)
+    fail_msg("retry after %lld ms, retry-after asked for 1000", (long long)gap);
+  call_clear(&c);
+  plugin_unload(&l);
+  fake_stop(&f);
+}
+
+static void
+test_overloaded_forever_and_500(void **state)
+{
+  fake_t f;
+  loaded_t l;
+  call_t c;
+  const char *steps[] = {"500", "529*", NULL};
+  fake_start(&f, KEY, steps);
+  load_for(&l, &f, NULL);
+  call_init(&c, messages_json, 10000);
+  call_run(&c, &l);
+  assert_int_equal(c.r, -EPH_E_UPSTREAM);
+  if (!strstr(c.err.message, "after 3 attempts") || !strstr(c.err.message, "HTTP 529") ||
+      !strstr(c.err.message, "Overloaded"))
+    fail_msg("message: %s", c.err.message);
+  assert_null(c.resp.message);
+  cleanup_json json_object *reqs = fake_requests(&f);
+  assert_int_equal(json_object_array_length(reqs), 3);
+  call_clear(&c);
+  plugin_unload(&l);
+  fake_stop(&f);
+}
+
+/* A malformed body, a stream cut short, a stream carrying an error event: clear errors,
+ * no answer, not retried (a started stream has been billed by the provider). */
+static void
+test_malformed_and_truncated(void **state)
+{
+  struct {
+    const char *kind, *file, *stream, *want;
+    int code;
+  } cases[] = {
+      {"malformed", NULL, "", "not valid JSON", EPH_E_PROTOCOL},
+      {"ssecut", "anthropic-tool_use.sse:1200", "stream = true;", "before message_stop",
+       EPH_E_PROTOCOL},
+      {"ssecut", "anthropic-tool_use.sse:1500", "stream = true;", "", EPH_E_PROTOCOL},
+      {"sse", "anthropic-error.sse", "stream = true;", "Overloaded", EPH_E_UPSTREAM},
+      {"sse", "anthropic-tool_use.json", "stream = true;", "before message_stop", EPH_E_PROTOCOL},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    fake_t f;
+    loaded_t l;
+    call_t c;
+    cleanup_free char *step =
+        cases[i].file ? wire(cases[i].kind, cases[i].file) : eph_xstrdup(cases[i].kind);
+    cleanup_free char *ok = wire("file", "anthropic-final.json");
+    const char *steps[] = {step, ok, NULL};
+    fake_start(&f, KEY, steps);
+    load_for(&l, &f, cases[i].stream);
+    call_init(&c, messages_json, 10000);
+    call_run(&c, &l);
+    if (c.r != -cases[i].code || !strstr(c.err.message, cases[i].want))
+      fail_msg("case %zu: r=%d: %s", i, c.r, c.err.message);
+    assert_null(c.resp.message);
+    assert_null(c.resp.raw);
+    cleanup_json json_object *reqs = fake_requests(&f);
+    assert_int_equal(json_object_array_length(reqs), 1);
+    call_clear(&c);
+    plugin_unload(&l);
+    fake_stop(&f);
+  }
+}
+
+/* A hostile or broken provider: a stream larger than max_response_bytes is cut (the
+ * parser never grows past the cap), a content block index far out of range is refused. */
+static void
+test_hostile_streams_bounded(void **state)
+{
+  struct {
+    const char *file, *conf, *want;
+  } cases[] = {
+      {"anthropic-tool_use.sse", "stream = true; max_response_bytes = 1024;",
+       "larger than max_response_bytes"},
+      {"anthropic-hostile-index.sse", "stream = true;", "index 100000 out of range"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    fake_t f;
+    loaded_t l;
+    call_t c;
+    cleanup_free char *step = wire("sse", cases[i].file);
+    const char *steps[] = {step, NULL};
+    fake_start(&f, KEY, steps);
+    load_for(&l, &f, cases[i].conf);
+    call_init(&c, messages_json, 10000);
+    call_run(&c, &l);
+    if (c.r != -EPH_E_PROTOCOL || !strstr(c.err.message, cases[i].want))
+      fail_msg("case %zu: r=%d: %s", i, c.r, c.err.message);
+    assert_null(c.resp.message);
+    call_clear(&c);
+    plugin_unload(&l);
+    fake_stop(&f);
+  }
+}
+
+static void
+test_slow_stream_cut_by_deadline(void **state)
+{
+  fake_t f;
+  loaded_t l;
+  call_t c;
+  cleanup_free char *step = wire("sseslow", "anthropic-tool_use.sse:200");
+  const char *steps[] = {step, NULL};
+  fake_start(&f, KEY, steps);
+  load_for(&l, &f, "stream = true;");
+  call_init(&c, messages_json, 900);
+  call_run(&c, &l);
+  assert_int_equal(c.r, -ETIMEDOUT);
+  if (c.elapsed_ms < 800 || c.elapsed_ms > 1500 || !strstr(c.err.message, "stream"))
+    fail_msg("after %lld ms: %s", (long long)c.elapsed_ms, c.err.message);
+  assert_null(c.resp.message);
+  call_clear(&c);
+  plugin_unload(&l);
+  fake_stop(&f);
+}
+
+/* pause_turn: the paused content is sent back as-is and the two answers are one. */
+static void
+test_pause_turn_is_continued(void **state)
+{
+  fake_t f;
+  loaded_t l;
+  call_t c;
+  cleanup_free char *s1 = wire("file", "anthropic-pause_turn.json");
+  cleanup_free char *s2 = wire("file", "anthropic-final.json");
+  const char *steps[] = {s1, s2, NULL};
+  fake_start(&f, KEY, steps);
+  load_for(&l, &f, "prompt_cache = false;");
+  call_init(&c, messages_json, 10000);
+  call_run(&c, &l);
+  if (c.r < 0)
+    fail_msg("complete: %s", c.err.message);
+  json_object *v = NULL;
+  assert_true(json_object_object_get_ex(c.resp.message, "content", &v));
+  assert_string_equal(json_object_get_string(v), "Thinking about it. done");
+  assert_string_equal(c.resp.finish_reason, "stop");
+  assert_int_equal(c.resp.output_tokens, 15);
+  assert_int_equal(c.resp.input_tokens, 100 + 2150);
+  assert_int_equal(c.resp.cache_read_tokens, 2000);
+  cleanup_json json_object *reqs = fake_requests(&f);
+  assert_int_equal(json_object_array_length(reqs), 2);
+  cleanup_json json_object *body = request_body(reqs, 1);
+  assert_true(json_object_object_get_ex(body, "messages", &v));
+  json_object *last = json_object_array_get_idx(v, json_object_array_length(v) - 1);
+  cleanup_json json_object *want =
+      json_tokener_parse("{\"role\":\"assistant\",\"content\":[{\"type\":\"text\",\"text\":"
+                         "\"Thinking about it. \"}]}");
+  if (!json_object_equal(last, want))
+    fail_msg("continuation ends with %s", json_object_to_json_string(last));
+  call_clear(&c);
+  plugin_unload(&l);
+  fake_stop(&f);
+}
+
+/* A wrong key: 401 in Anthropic's shape; the key is in no message, log or body. */
+static void
+test_key_kept_out(void **state)
+{
+  fake_t f;
+  loaded_t l;
+  call_t c;
+  const char *steps[] = {NULL};
+  const char *wrong = "sk-ant-wrong-0123456789abcdef0123456789";
+  setenv(KEY_ENV, wrong, 1);
+  fake_start(&f, KEY, steps);
+  capture_begin();
+  load_for(&l, &f, NULL);
+  call_init(&c, messages_json, 10000);
+  call_run(&c, &l);
+  cleanup_free char *logged = capture_end();
+  assert_int_equal(c.r, -EPH_E_UPSTREAM);
+  if (!strstr(c.err.message, "HTTP 401") || !strstr(c.err.message, "invalid x-api-key"))
+    fail_msg("message: %s", c.err.message);
+  assert_null(strstr(c.err.message, wrong));
+  assert_null(strstr(logged, wrong));
+  cleanup_json json_object *reqs = fake_requests(&f);
+  for (size_t i = 0; i < json_object_array_length(reqs); i++)
+    assert_null(strstr(rec_string(reqs, i, "body"), wrong));
+  call_clear(&c);
+  plugin_unload(&l);
+  fake_stop(&f);
+  setenv(KEY_ENV, KEY, 1);
+
+  /* No key at all: refused before anything is sent. */
+  unsetenv(KEY_ENV);
+  fake_start(&f, KEY, steps);
+  load_for(&l, &f, NULL);
+  call_init(&c, messages_json, 10000);
+  call_run(&c, &l);
+  assert_int_equal(c.r, -EPH_E_CONFIG);
+  assert_non_null(strstr(c.err.message, KEY_ENV));
+  cleanup_json json_object *none = fake_requests(&f);
+  assert_int_equal(json_object_array_length(none), 0);
+  call_clear(&c);
+  plugin_unload(&l);
+  fake_stop(&f);
+  setenv(KEY_ENV, KEY, 1);
+}
+
+static void
+test_serves_its_prefix_only(void **state)
+{
+  fake_t f;
+  loaded_t l;
+  const char *steps[] = {NULL};
+  fake_start(&f, KEY, steps);
+  load_for(&l, &f, NULL);
+  assert_true(EPH_OPS_HAS(l.ops, eph_model_ops_t, serves));
+  /* 1 + the length of the matched prefix: the core prefers the most specific */
+  assert_int_equal(l.ops->serves(l.slot->state, "anthropic/claude-fake-4"), 11);
+  assert_false(l.ops->serves(l.slot->state, "openai/gpt-6-luna"));
+  assert_false(l.ops->serves(l.slot->state, "claude-fake-4"));
+  plugin_unload(&l);
+  fake_stop(&f);
+}
+
+int
+main(void)
+{
+  harness_init();
+  setenv(KEY_ENV, KEY, 1);
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_tool_use_parsed_and_request_shape),
+      cmocka_unit_test(test_tool_results_sent_as_blocks),
+      cmocka_unit_test(test_stream_gives_same_result),
+      cmocka_unit_test(test_429_retry_after_then_529_then_success),
+      cmocka_unit_test(test_overloaded_forever_and_500),
+      cmocka_unit_test(test_malformed_and_truncated),
+      cmocka_unit_test(test_hostile_streams_bounded),
+      cmocka_unit_test(test_slow_stream_cut_by_deadline),
+      cmocka_unit_test(test_pause_turn_is_continued),
+      cmocka_unit_test(test_key_kept_out),
+      cmocka_unit_test(test_serves_its_prefix_only),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
