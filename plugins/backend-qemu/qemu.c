@@ -357,9 +357,9 @@ find_in_path(const char *prog, char *out, size_t size)
  * binary its user cannot read (would_dump(), fs.suid_dumpable = 0): so QEMU runs from a
  * copy only root may read (0711, <state_dir>/qemu/bin/, kept in step with the original's
  * size and mtime), bind-mounted over the original's path in QEMU's own mount namespace (so
- * QEMU still finds its modules and firmware relative to that path). Non-dumpable, QEMU's /proc/PID files belong
- * to root: nobody but root may ptrace it, read its memory, environ or fds, and it never
- * dumps core. Returns 0, or -1 (logged; QEMU then runs dumpable, still under its own uid). */
+ * QEMU still finds its modules and firmware relative to that path). Non-dumpable, QEMU's
+ * /proc/PID files belong to root: nobody but root may ptrace it, read its memory, environ
+ * or fds, and it never dumps core. Returns 0, or -1 (logged; QEMU then runs dumpable, still under its own uid). */
 static int
 qemu_exec_copy(const qemu_t *q)
 {
@@ -691,7 +691,8 @@ child_exec(const qemu_t *q, char **argv, const int *src, int nsrc, int log_fd, i
   /* QEMU's own mount namespace, where its binary's path shows the root-only-readable copy
    * (qemu_exec_copy): exec'd as the VM's uid, QEMU starts non-dumpable, and finds its
    * modules and firmware where it always does. Fails closed. */
-  if (exec_src && (unshare(CLONE_NEWNS) < 0 || mount(NULL, "/", NULL, MS_REC | MS_SLAVE, NULL) < 0 ||
+  if (exec_src && (unshare(CLONE_NEWNS) < 0 ||
+                   mount(NULL, "/", NULL, MS_REC | MS_SLAVE, NULL) < 0 ||
                    mount(exec_src, argv[0], NULL, MS_BIND, NULL) < 0)) {
     /* strerror is not async-signal-safe: the errno in digits */
     int e = errno;
@@ -798,7 +799,8 @@ keeper_main(const qemu_t *q, char **argv, const int *src, int nsrc, int log_fd, 
       }
     }
     int st;
-    if ((n > 0 && pidfd >= 0 && p[1].revents) || (pidfd < 0 && waitpid(qemu, &st, WNOHANG) == qemu)) {
+    if ((n > 0 && pidfd >= 0 && p[1].revents) ||
+        (pidfd < 0 && waitpid(qemu, &st, WNOHANG) == qemu)) {
       if (pidfd < 0)
         _exit(KEEPER_QEMU_ENDED);
       break;
