@@ -134,10 +134,11 @@ typedef struct qemu {
   char *snap_dir; /* <state_dir>/qemu/snapshots */
   char *slot_dir; /* <state_dir>/qemu/slots: slot-<k> records */
   char qemu_path[PATH_MAX];
+  bool exec_checked;        /* qemu_exec_copy ran (under lock) */
   char exec_copy[PATH_MAX]; /* a root-only-readable copy of QEMU (qemu_exec_copy), or "" */
   unsigned long long owner_start; /* our start time, in the slot records */
   int64_t tsc_khz; /* host TSC rate, handed to the TCG guest (its calibration is flaky) */
-  pthread_mutex_t lock; /* accel verdict */
+  pthread_mutex_t lock; /* accel verdict, exec copy */
   char accel[8];        /* resolved: "kvm" or "tcg"; "" until the first create */
 } qemu_t;
 
@@ -359,7 +360,9 @@ find_in_path(const char *prog, char *out, size_t size)
  * size and mtime), bind-mounted over the original's path in QEMU's own mount namespace (so
  * QEMU still finds its modules and firmware relative to that path). Non-dumpable, QEMU's
  * /proc/PID files belong to root: nobody but root may ptrace it, read its memory, environ
- * or fds, and it never dumps core. Returns 0, or -1 (logged; QEMU then runs dumpable, still under its own uid). */
+ * or fds, and it never dumps core. Made at the first create (a host using only the jail
+ * never pays for it). Returns 0, or -1 (logged; QEMU then runs dumpable, still under its
+ * own uid). */
 static int
 qemu_exec_copy(const qemu_t *q)
 {
@@ -368,9 +371,12 @@ qemu_exec_copy(const qemu_t *q)
   snprintf(path, sizeof path, "%s/qemu", dir);
   struct stat src, dst;
   if (stat(q->qemu_path, &src) < 0)
-    return -1; /* reported by create() */
-  if (mkdir(dir, 0711) < 0 && errno != EEXIST)
+    return -1; /* reported by launch_qemu() */
+  int e = 0;
+  if (mkdir(dir, 0711) < 0 && errno != EEXIST) {
+    e = errno;
     goto fail;
+  }
   if (stat(path, &dst) < 0 || dst.st_size != src.st_size ||
       dst.st_mtim.tv_sec != src.st_mtim.tv_sec || (dst.st_mode & 07777) != 0711 ||
       dst.st_uid != 0) {
@@ -378,19 +384,31 @@ qemu_exec_copy(const qemu_t *q)
     int in = open(q->qemu_path, O_RDONLY | O_CLOEXEC);
     int out = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0700);
     bool ok = in >= 0 && out >= 0;
+    e = ok ? 0 : errno;
     char buf[65536];
     ssize_t n;
     while (ok && (n = read(in, buf, sizeof buf)) != 0) {
-      if (n < 0 || write(out, buf, (size_t)n) != n)
+      if (n < 0 || write(out, buf, (size_t)n) != n) {
+        e = n < 0 ? errno : EIO;
         ok = false;
+      }
     }
     struct timespec times[2] = {src.st_atim, src.st_mtim};
-    ok = ok && fchmod(out, 0711) == 0 && futimens(out, times) == 0 && fsync(out) == 0;
+    if (ok && (fchmod(out, 0711) < 0 || futimens(out, times) < 0 || fsync(out) < 0)) {
+      e = errno;
+      ok = false;
+    }
     if (in >= 0)
       close(in);
-    if (out >= 0 && close(out) < 0)
+    if (out >= 0 && close(out) < 0 && ok) {
+      e = errno;
       ok = false;
-    if (!ok || rename(tmp, path) < 0) {
+    }
+    if (ok && rename(tmp, path) < 0) {
+      e = errno;
+      ok = false;
+    }
+    if (!ok) {
       unlink(tmp);
       goto fail;
     }
@@ -398,7 +416,7 @@ qemu_exec_copy(const qemu_t *q)
   return 0;
 fail:
   q->host->log(EPH_LOG_WARN, "backend-qemu: %s: %s; QEMU runs from %s and stays dumpable "
-               "(its own uid still keeps other microVMs out)", path, strerror(errno),
+               "(its own uid still keeps other microVMs out)", path, strerror(e ? e : EIO),
                q->qemu_path);
   return -1;
 }
@@ -499,8 +517,6 @@ qemu_init(const eph_host_t *host, const config_setting_t *config, void **state,
       goto fail;
     }
   find_in_path(q->cfg.qemu, q->qemu_path, sizeof q->qemu_path);
-  if (geteuid() == 0 && qemu_exec_copy(q) == 0)
-    snprintf(q->exec_copy, sizeof q->exec_copy, "%s/bin/qemu", q->base);
   /* A missing QEMU or image is reported by create(), where a run can show it; loading
    * the plugin must not fail on a host that only uses the jail. */
   q->tsc_khz = measure_tsc_khz();
@@ -1326,6 +1342,11 @@ qemu_create(void *state, const eph_sandbox_spec_t *spec, eph_sandbox_t **out, in
   launch_t l = {.name = name, .memory_mib = mem, .vcpus = vcpus, .tmp_mib = tmp,
                 .pids = (unsigned)pids, .deadline_ms = spec->deadline_ms,
                 .incoming_fd = -1, .log_fd = -1, .tap_fd = -1};
+  pthread_mutex_lock(&q->lock);
+  if (!q->exec_checked && geteuid() == 0 && qemu_exec_copy(q) == 0)
+    snprintf(q->exec_copy, sizeof q->exec_copy, "%s/bin/qemu", q->base);
+  q->exec_checked = true;
+  pthread_mutex_unlock(&q->lock);
   l.accel = "tcg";
   l.accel = resolve_accel(q, &l);
   if ((r = add_network(spec, s, &l, err)) < 0) {
