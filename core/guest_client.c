@@ -194,20 +194,77 @@ new_request(eph_guest_t *g, const char *type, int64_t *id)
   return o;
 }
 
-/* Turns an "error" frame into an error. A fatal one (the guest ends the session) breaks
- * the connection; a per-request one keeps it usable and carries the guest's errno. */
+/* Turns an "error" frame into an error. A fatal one (the guest ends the session) sets
+ * *fatal; a per-request one keeps the connection usable and carries the guest's errno. */
 static int
-guest_error(eph_guest_t *g, json_object *frame, eph_error_t *err)
+reply_error(json_object *frame, bool *fatal, eph_error_t *err)
 {
   const char *msg = eph_proto_str(frame, "message");
   int64_t e = EIO;
   eph_proto_int(frame, "errno", &e);
-  json_object *fatal;
-  if (json_object_object_get_ex(frame, "fatal", &fatal) && json_object_get_boolean(fatal))
-    return mark_broken(g, EPH_E_PROTOCOL, err, "guest ended the session: %s",
-                       msg ? msg : "(no message)");
+  json_object *fv;
+  if (json_object_object_get_ex(frame, "fatal", &fv) && json_object_get_boolean(fv)) {
+    *fatal = true;
+    return eph_error_set(err, EPH_E_PROTOCOL, "guest: guest ended the session: %s",
+                         msg ? msg : "(no message)");
+  }
   return eph_error_set(err, e > 0 && e < EPH_E_BASE ? (int)e : EIO, "guest: %s",
                        msg ? msg : "(no message)");
+}
+
+int
+eph_guest_classify_reply(json_object *frame, int64_t id, const char *want, bool *fatal,
+                         eph_error_t *err)
+{
+  *fatal = false;
+  const char *type = eph_proto_str(frame, "type");
+  int64_t fid = -1;
+  bool has_id = eph_proto_int(frame, "id", &fid);
+  if (type && strcmp(type, "error") == 0 && (!has_id || fid == id))
+    return reply_error(frame, fatal, err);
+  if (has_id && fid != id)
+    return EPH_GUEST_REPLY_STALE;
+  if (!type || strcmp(type, want) != 0) {
+    /* The message is built while the frame (which owns `type`) is alive. */
+    *fatal = true;
+    return eph_error_set(err, EPH_E_PROTOCOL, "guest: expected '%s' for request %" PRId64
+                         ", got '%.64s'", want, id, type ? type : "(no type)");
+  }
+  return EPH_GUEST_REPLY_MATCH;
+}
+
+int
+eph_guest_reply_bytes(const char *body, size_t len, int64_t id, const char *want,
+                      json_object **out, bool *fatal, eph_error_t *err)
+{
+  *out = NULL;
+  *fatal = false;
+  char why[160];
+  json_object *f = NULL;
+  int r = eph_proto_parse_body(body, len, &f, why, sizeof why);
+  if (r == -ENOMEM)
+    return eph_error_set(err, ENOMEM, "out of memory");
+  if (r < 0) {
+    *fatal = true;
+    return eph_error_set(err, EPH_E_PROTOCOL, "guest: %s", why);
+  }
+  r = eph_guest_classify_reply(f, id, want, fatal, err);
+  if (r == EPH_GUEST_REPLY_MATCH)
+    *out = f;
+  else
+    json_object_put(f);
+  return r;
+}
+
+/* A verdict of eph_guest_classify_reply that breaks the connection marks it so. */
+static int
+reply_failed(eph_guest_t *g, int r, bool fatal, eph_error_t *err)
+{
+  if (fatal && !g->broken) {
+    g->broken = true;
+    snprintf(g->broken_why, sizeof g->broken_why, "%.200s", err ? err->message : "protocol error");
+  }
+  return r;
 }
 
 /* Waits for the reply to request id: returns the frame (owned by the caller). Frames of
@@ -221,25 +278,15 @@ await_reply(eph_guest_t *g, int64_t id, const char *want, int64_t deadline_ms,
     int r = read_frame(g, deadline_ms, &f, err);
     if (r < 0)
       return r;
-    const char *type = eph_proto_str(f, "type");
-    int64_t fid = -1;
-    bool has_id = eph_proto_int(f, "id", &fid);
-    if (type && strcmp(type, "error") == 0 && (!has_id || fid == id)) {
-      r = guest_error(g, f, err);
-      json_object_put(f);
-      return r;
+    bool fatal;
+    r = eph_guest_classify_reply(f, id, want, &fatal, err);
+    if (r == EPH_GUEST_REPLY_MATCH) {
+      *out = f;
+      return 0;
     }
-    if (has_id && fid != id) {
-      json_object_put(f);
-      continue;
-    }
-    if (!type || strcmp(type, want) != 0) {
-      json_object_put(f);
-      return mark_broken(g, EPH_E_PROTOCOL, err, "expected '%s' for request %" PRId64
-                         ", got '%s'", want, id, type ? type : "(no type)");
-    }
-    *out = f;
-    return 0;
+    json_object_put(f);
+    if (r < 0)
+      return reply_failed(g, r, fatal, err);
   }
 }
 
@@ -446,7 +493,8 @@ eph_guest_exec(eph_guest_t *g, const eph_exec_request_t *req, eph_exec_result_t 
     int64_t fid = -1;
     bool has_id = eph_proto_int(f, "id", &fid);
     if (type && strcmp(type, "error") == 0 && (!has_id || fid == id)) {
-      r = guest_error(g, f, err);
+      bool fatal = false;
+      r = reply_failed(g, reply_error(f, &fatal, err), fatal, err);
       goto fail;
     }
     if (has_id && fid != id) { /* a stale reply */

@@ -68,6 +68,25 @@ int eph_guest_shutdown(eph_guest_t *g, int64_t deadline_ms, eph_error_t *err);
 /* Closes the stream and frees g. NULL is fine. */
 void eph_guest_close(eph_guest_t *g);
 
+/* Reply handling, callable without a live guest (the fuzz target's entry point).
+ * eph_guest_classify_reply says what one received frame (borrowed) means to an operation
+ * waiting for the reply of type `want` to request `id`: EPH_GUEST_REPLY_MATCH (it is the
+ * reply), EPH_GUEST_REPLY_STALE (another request's frame: skip it), or a negative error with
+ * err set: the guest's errno for a per-request "error" frame, -EPH_E_PROTOCOL for a fatal
+ * "error" or a frame of the right id with the wrong type. *fatal is true when the
+ * connection is out of step and must not be used again. err's message never refers to the
+ * frame's memory. */
+#define EPH_GUEST_REPLY_MATCH 1
+#define EPH_GUEST_REPLY_STALE 0
+int eph_guest_classify_reply(json_object *frame, int64_t id, const char *want, bool *fatal,
+                             eph_error_t *err);
+/* The same from a frame body's len bytes (what follows the 4-byte length on the stream):
+ * parsed as the stream reader does (exactly one JSON object), then classified. On MATCH
+ * *out is the frame (owned by the caller, json_object_put()); otherwise *out is NULL. A body
+ * that is not one JSON object is -EPH_E_PROTOCOL with *fatal set. */
+int eph_guest_reply_bytes(const char *body, size_t len, int64_t id, const char *want,
+                          json_object **out, bool *fatal, eph_error_t *err);
+
 /* Head-and-tail capture of one output stream, bounded by its cap whatever is added. */
 typedef struct eph_capture {
   size_t head_cap, tail_cap;

@@ -1001,7 +1001,17 @@ vm_net(const char *spec)
 static int
 open_device(const char *path)
 {
-  int fd = open(path, O_RDWR | O_NOCTTY | O_CLOEXEC);
+  /* A virtio serial port appears once the driver has handled the host's "port add"
+   * control message, from a work queue, so it may not exist yet when /init execs us:
+   * wait for it (bounded; the host's hello deadline bounds the whole boot anyway). */
+  int fd = -1;
+  for (int i = 0; i < 1000; i++) {
+    fd = open(path, O_RDWR | O_NOCTTY | O_CLOEXEC);
+    if (fd >= 0 || (errno != ENOENT && errno != ENXIO && errno != ENODEV))
+      break;
+    struct timespec pause = {0, 10 * 1000000L};
+    nanosleep(&pause, NULL);
+  }
   if (fd < 0)
     return -errno;
   /* A console's line discipline would rewrite bytes (CR/LF, ^C): raw mode carries frames
@@ -1062,7 +1072,7 @@ usage(FILE *f)
 {
   fputs("usage: ephemeral-guest (--fd N | --device PATH) [options]\n"
         "  --fd N                  the control stream is inherited file descriptor N\n"
-        "  --device PATH           the control stream is a device (e.g. /dev/hvc0)\n"
+        "  --device PATH           the control stream is a device (e.g. /dev/vport0p1)\n"
         "  --vm                    be the microVM's init: mount /proc /sys /dev /tmp,\n"
         "                          set the hostname, power off at shutdown\n"
         "  --uid N, --gid N        the worker's ids (default 1000)\n"

@@ -173,6 +173,43 @@ eph_proto_write_frame(int fd, json_object *obj)
   return 0;
 }
 
+/* Parses one frame body of len bytes (len <= EPH_PROTO_MAX_FRAME_BYTES) as exactly one JSON
+ * object with nothing after it but blanks. Returns 1 with *out set (owned by the caller,
+ * json_object_put()), -EPROTO with why (>= 1 byte) saying what was wrong, or -ENOMEM. The
+ * reader's last step, callable on its own (the guest client's reply handling and its fuzz
+ * target feed frame bytes through it without a stream). */
+static inline int
+eph_proto_parse_body(const char *body, size_t len, json_object **out, char *why, size_t why_size)
+{
+  *out = NULL;
+  if (len == 0 || len > EPH_PROTO_MAX_FRAME_BYTES) {
+    snprintf(why, why_size, "frame length %zu outside 1..%u", len, EPH_PROTO_MAX_FRAME_BYTES);
+    return -EPROTO;
+  }
+  json_tokener *tok = json_tokener_new();
+  if (!tok)
+    return -ENOMEM;
+  json_object *obj = json_tokener_parse_ex(tok, body, (int)len);
+  enum json_tokener_error jerr = json_tokener_get_error(tok);
+  size_t used = json_tokener_get_parse_end(tok);
+  json_tokener_free(tok);
+  if (!obj || jerr != json_tokener_success) {
+    json_object_put(obj);
+    snprintf(why, why_size, "frame is not JSON: %s",
+             jerr == json_tokener_continue ? "truncated" : json_tokener_error_desc(jerr));
+    return -EPROTO;
+  }
+  while (used < len && body[used] && strchr(" \t\r\n", body[used]))
+    used++;
+  if (used != len || !json_object_is_type(obj, json_type_object)) {
+    json_object_put(obj);
+    snprintf(why, why_size, "frame is not exactly one JSON object");
+    return -EPROTO;
+  }
+  *out = obj;
+  return 1;
+}
+
 /* Incremental frame reader: feed it whenever fd is readable; it never blocks beyond one
  * read() and never holds more than one frame. Zero-initialise before use; release with
  * eph_frame_reader_clear(). */
@@ -237,28 +274,7 @@ eph_frame_reader_feed(eph_frame_reader_t *r, int fd, json_object **out)
     return 0;
   /* A whole frame: parse it as exactly one JSON object, nothing after it. */
   r->hdr_got = 0;
-  json_tokener *tok = json_tokener_new();
-  if (!tok)
-    return -ENOMEM;
-  json_object *obj = json_tokener_parse_ex(tok, r->body, (int)r->body_len);
-  enum json_tokener_error jerr = json_tokener_get_error(tok);
-  size_t used = json_tokener_get_parse_end(tok);
-  json_tokener_free(tok);
-  if (!obj || jerr != json_tokener_success) {
-    json_object_put(obj);
-    snprintf(r->why, sizeof r->why, "frame is not JSON: %s",
-             jerr == json_tokener_continue ? "truncated" : json_tokener_error_desc(jerr));
-    return -EPROTO;
-  }
-  while (used < r->body_len && strchr(" \t\r\n", r->body[used]))
-    used++;
-  if (used != r->body_len || !json_object_is_type(obj, json_type_object)) {
-    json_object_put(obj);
-    snprintf(r->why, sizeof r->why, "frame is not exactly one JSON object");
-    return -EPROTO;
-  }
-  *out = obj;
-  return 1;
+  return eph_proto_parse_body(r->body, r->body_len, out, r->why, sizeof r->why);
 }
 
 /* ---------------------------------------------------------------- field helpers */

@@ -659,6 +659,72 @@ test_client_rejects_bad_guest(void **state)
   close(sv[1]);
 }
 
+/* Writes obj as one frame to fd (the fake guest's side of a socketpair). */
+static void
+fake_send(int fd, const char *json)
+{
+  json_object *o = json_tokener_parse(json);
+  assert_non_null(o);
+  assert_int_equal(eph_proto_write_frame(fd, o), 0);
+  json_object_put(o);
+}
+
+/* A guest answering the right id with the wrong type. The client used to free the frame
+ * and then print its `type` into the error (a use-after-free ASan reports); now the error
+ * names the type and the connection is marked unusable. */
+static void
+test_client_wrong_reply_type(void **state)
+{
+  (void)state;
+  int sv[2];
+  assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+  fake_send(sv[1], "{\"type\":\"hello\",\"version\":1,\"scratch\":\"/s\",\"kernel\":\"k\"}");
+  /* Request 1 will be list_dir; its reply comes with another type (a long one, so a
+   * freed string would be a real heap block). */
+  fake_send(sv[1], "{\"type\":\"entries-but-not-really-the-type-that-was-asked-for\",\"id\":1}");
+  eph_guest_t *g = NULL;
+  eph_error_t err = {0};
+  assert_int_equal(eph_guest_open(sv[0], eph_now_ms() + 2000, &g, &err), 0);
+  eph_dirent_t *ents = NULL;
+  size_t n = 0;
+  int r = eph_guest_list(g, "", &ents, &n, &err);
+  assert_int_equal(r, -EPH_E_PROTOCOL);
+  assert_non_null(strstr(err.message, "got 'entries-but-not-really"));
+  assert_true(eph_guest_broken(g));
+  eph_guest_close(g);
+  close(sv[1]);
+
+  /* The same handling from bytes alone, as the fuzz target drives it. */
+  static const struct {
+    const char *body;
+    int64_t id;
+    int want_r;
+    bool fatal;
+    size_t extra; /* bytes after the string's end counted in (its NUL) */
+  } cases[] = {
+      {"{\"type\":\"entries\",\"id\":3}", 3, EPH_GUEST_REPLY_MATCH, false, 0},
+      {"{\"type\":\"entries\",\"id\":2}", 3, EPH_GUEST_REPLY_STALE, false, 0},
+      {"{\"type\":\"pong\",\"id\":3}", 3, -EPH_E_PROTOCOL, true, 0},
+      {"{\"id\":3}", 3, -EPH_E_PROTOCOL, true, 0},
+      {"{\"type\":\"error\",\"id\":3,\"errno\":2,\"message\":\"m\"}", 3, -ENOENT, false, 0},
+      {"{\"type\":\"error\",\"fatal\":true}", 3, -EPH_E_PROTOCOL, true, 0},
+      {"{\"type\":\"entries\",\"id\":3}{}", 3, -EPH_E_PROTOCOL, true, 0},
+      {"[1]", 3, -EPH_E_PROTOCOL, true, 0},
+      {"{\"type\":\"entries\",\"id\":3}", 3, -EPH_E_PROTOCOL, true, 1}, /* a NUL after it */
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    json_object *out = NULL;
+    bool fatal = false;
+    eph_error_t e = {0};
+    size_t len = strlen(cases[i].body) + cases[i].extra;
+    r = eph_guest_reply_bytes(cases[i].body, len, cases[i].id, "entries", &out, &fatal, &e);
+    assert_int_equal(r, cases[i].want_r);
+    assert_int_equal(fatal, cases[i].fatal);
+    assert_true((out != NULL) == (r == EPH_GUEST_REPLY_MATCH));
+    json_object_put(out);
+  }
+}
+
 static void
 test_capture(void **state)
 {
@@ -845,6 +911,7 @@ main(void)
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_capture),
       cmocka_unit_test(test_client_rejects_bad_guest),
+      cmocka_unit_test(test_client_wrong_reply_type),
       cmocka_unit_test(test_hello_and_identity),
       cmocka_unit_test(test_worker_is_unprivileged),
       cmocka_unit_test(test_stdin_binary),

@@ -174,7 +174,7 @@ chmod 0755 usr/sbin/ephemeral-guest
   echo 'mount -t proc proc /proc && echo 8192 > /proc/sys/vm/min_free_kbytes &&'
   echo '  mount -o remount,ro / && umount /proc ||'
   echo '  { echo "init: cannot make / read-only" >&2; exit 1; }'
-  echo 'exec ${eph_init:-/usr/sbin/ephemeral-guest} --vm --device /dev/hvc0 ${eph_tmp_mib:+--tmp-size-mib $eph_tmp_mib} ${eph_net:+--net $eph_net}'
+  echo 'exec ${eph_init:-/usr/sbin/ephemeral-guest} --vm --device /dev/vport0p1 ${eph_tmp_mib:+--tmp-size-mib $eph_tmp_mib} ${eph_net:+--net $eph_net}'
 } > init
 chmod 0755 init
 

@@ -11,13 +11,19 @@
  *      QEMU never needs a path into the state directory); for a run granting web, the tap
  *      of its NIC, made in the proxy's netns (tap.c), inherited as well (no snapshot then:
  *      one saved without a NIC cannot be restored with one);
- *   4. fork; in the child: new session, fds placed, supplementary groups dropped,
- *      setresgid/setresuid to the dedicated ids, no_new_privs, exec QEMU with
+ *   4. a slot (slot-<k> record in <state_dir>/qemu/slots): QEMU runs as uid/gid
+ *      uid_base + k, which no other microVM shares; fork the keeper (keeper_main, a
+ *      small root process that owns QEMU: it kills QEMU at the run's deadline or the
+ *      moment we die, even by SIGKILL); the keeper forks QEMU: new session, fds placed,
+ *      a private mount namespace where QEMU's path is a root-only-readable copy (so QEMU
+ *      is non-dumpable), supplementary groups dropped, setresgid/setresuid to the slot's
+ *      ids, PR_SET_PDEATHSIG(SIGKILL) towards the keeper, no_new_privs, RLIMIT_CORE 0, exec
+ *      with an empty environment and
  *      -sandbox on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny;
  *   5. QMP handshake; after a restore: the reseed frame (fresh entropy, wall clock, new
- *      scratch; the guest answers with a new hello) is queued, then `cont`;
- *   6. a watchdog thread kills QEMU at spec->deadline_ms.
- * destroy() kills QEMU, reaps it, removes the run directory and checks both.
+ *      scratch; the guest answers with a new hello) is queued, then `cont`.
+ * destroy() closes the keeper's lifeline (the keeper kills and reaps QEMU), reaps the
+ * keeper, frees the slot, removes the run directory and checks that nothing is left.
  */
 #include <config.h>
 
@@ -37,8 +43,11 @@
 #include <string.h>
 #include <sys/file.h>
 #include <poll.h>
+#include <sched.h>
+#include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/random.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -94,9 +103,14 @@ static const eph_config_key_t qemu_keys[] = {
   {"snapshot", EPH_CFG_BOOL, "true", NULL,
    "Start sandboxes from a saved ready guest (one cold boot per image and limits, saved "
    "under <state_dir>/qemu/snapshots) instead of booting each; false = always cold boot."},
-  {"uid", EPH_CFG_INT, "64290", NULL,
-   "Host uid QEMU runs as when ephemeral runs as root (a dedicated id owning nothing)."},
-  {"gid", EPH_CFG_INT, "64290", NULL, "Host gid QEMU runs as when ephemeral runs as root."},
+  {"uid_base", EPH_CFG_INT, "68000000", NULL,
+   "When ephemeral runs as root, the QEMU of the microVM in slot k runs as uid and gid "
+   "uid_base + k, ids owning nothing: two microVMs never share one, so neither can read "
+   "the other's /proc files, ptrace it or signal it. The range must not meet a host user "
+   "or the jail's (backend-jail uid_base + slots*65536; the defaults end at 67208864)."},
+  {"slots", EPH_CFG_INT, "1024", NULL,
+   "How many microVMs (and their ids) may exist at once; slot records live in "
+   "<state_dir>/qemu/slots."},
   {"append", EPH_CFG_STRING, "\"\"", NULL,
    "Extra kernel command line. eph_init=PATH replaces the guest (tests use a bogus one)."},
   {"console_log", EPH_CFG_BOOL, "false", NULL,
@@ -108,7 +122,7 @@ typedef struct qemu_cfg {
   const char *qemu, *accel, *append;
   char *image_dir;
   int64_t kvm_probe_ms, memory_mib, min_memory_mib, max_memory_mib, max_vcpus;
-  int64_t scratch_mib, max_scratch_mib, pids, max_pids, uid, gid;
+  int64_t scratch_mib, max_scratch_mib, pids, max_pids, uid_base, slots;
   int snapshot, console_log;
 } qemu_cfg_t;
 
@@ -118,24 +132,31 @@ typedef struct qemu {
   char *base;     /* <state_dir>/qemu */
   char *run_base; /* <state_dir>/qemu/run */
   char *snap_dir; /* <state_dir>/qemu/snapshots */
+  char *slot_dir; /* <state_dir>/qemu/slots: slot-<k> records */
   char qemu_path[PATH_MAX];
+  bool exec_checked;        /* qemu_exec_copy ran (under lock) */
+  char exec_copy[PATH_MAX]; /* a root-only-readable copy of QEMU (qemu_exec_copy), or "" */
+  unsigned long long owner_start; /* our start time, in the slot records */
   int64_t tsc_khz; /* host TSC rate, handed to the TCG guest (its calibration is flaky) */
-  pthread_mutex_t lock; /* accel verdict */
+  pthread_mutex_t lock; /* accel verdict, exec copy */
   char accel[8];        /* resolved: "kvm" or "tcg"; "" until the first create */
 } qemu_t;
+
+/* One running QEMU: the keeper (our child, a small root process that owns QEMU, enforces
+ * the deadline and our lifetime; see keeper_main) and QEMU (the keeper's child). */
+typedef struct vmproc {
+  pid_t keeper, qemu;
+  int lifeline; /* our end of the keeper's socketpair: closing it stops QEMU */
+  int slot;     /* the slot held (QEMU runs as uid_base + slot), -1 none */
+} vmproc_t;
 
 struct eph_sandbox {
   char run_id[96];
   char dir[PATH_MAX];
-  pid_t pid;
+  vmproc_t vm;
   qmp_t qmp;
-  int64_t created_ms, deadline_ms;
+  int64_t created_ms, deadline_ms; /* deadline_ms: the run's (0 = none) */
   bool restored;
-  pthread_t watchdog;
-  bool watchdog_running;
-  pthread_mutex_t m;
-  pthread_cond_t cond;
-  bool stop, deadline_hit;
   int proxy_ns_fd;     /* a dup of spec->proxy_netns_fd when the microVM has a NIC, else -1 */
   char tap[IFNAMSIZ];  /* the NIC's tap in that netns ("" without one) */
 };
@@ -149,6 +170,7 @@ typedef struct launch {
   uint64_t tmp_mib;
   unsigned pids;
   int incoming_fd;        /* snapshot to restore, or -1 */
+  int64_t deadline_ms;    /* the keeper kills QEMU then (CLOCK_MONOTONIC ms; 0 = never) */
   int log_fd;             /* QEMU's stdout/stderr (and the console when console_log) */
   int tap_fd;             /* the NIC's tap (tap.c), or -1: no NIC */
   char net[64];           /* with a tap: "eph_net=GUEST/32,PROXY" for the guest's eth0 */
@@ -331,6 +353,74 @@ find_in_path(const char *prog, char *out, size_t size)
   }
 }
 
+/* QEMU 7.2 never makes itself non-dumpable, and its own -runas cannot be combined with
+ * -sandbox elevateprivileges=deny. The kernel marks a process non-dumpable when it execs a
+ * binary its user cannot read (would_dump(), fs.suid_dumpable = 0): so QEMU runs from a
+ * copy only root may read (0711, <state_dir>/qemu/bin/, kept in step with the original's
+ * size and mtime), bind-mounted over the original's path in QEMU's own mount namespace (so
+ * QEMU still finds its modules and firmware relative to that path). Non-dumpable, QEMU's
+ * /proc/PID files belong to root: nobody but root may ptrace it, read its memory, environ
+ * or fds, and it never dumps core. Made at the first create (a host using only the jail
+ * never pays for it). Returns 0, or -1 (logged; QEMU then runs dumpable, still under its
+ * own uid). */
+static int
+qemu_exec_copy(const qemu_t *q)
+{
+  char dir[PATH_MAX], path[PATH_MAX + 16], tmp[PATH_MAX + 32];
+  snprintf(dir, sizeof dir, "%s/bin", q->base);
+  snprintf(path, sizeof path, "%s/qemu", dir);
+  struct stat src, dst;
+  if (stat(q->qemu_path, &src) < 0)
+    return -1; /* reported by launch_qemu() */
+  int e = 0;
+  if (mkdir(dir, 0711) < 0 && errno != EEXIST) {
+    e = errno;
+    goto fail;
+  }
+  if (stat(path, &dst) < 0 || dst.st_size != src.st_size ||
+      dst.st_mtim.tv_sec != src.st_mtim.tv_sec || (dst.st_mode & 07777) != 0711 ||
+      dst.st_uid != 0) {
+    snprintf(tmp, sizeof tmp, "%s.%d.tmp", path, (int)getpid());
+    int in = open(q->qemu_path, O_RDONLY | O_CLOEXEC);
+    int out = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0700);
+    bool ok = in >= 0 && out >= 0;
+    e = ok ? 0 : errno;
+    char buf[65536];
+    ssize_t n;
+    while (ok && (n = read(in, buf, sizeof buf)) != 0) {
+      if (n < 0 || write(out, buf, (size_t)n) != n) {
+        e = n < 0 ? errno : EIO;
+        ok = false;
+      }
+    }
+    struct timespec times[2] = {src.st_atim, src.st_mtim};
+    if (ok && (fchmod(out, 0711) < 0 || futimens(out, times) < 0 || fsync(out) < 0)) {
+      e = errno;
+      ok = false;
+    }
+    if (in >= 0)
+      close(in);
+    if (out >= 0 && close(out) < 0 && ok) {
+      e = errno;
+      ok = false;
+    }
+    if (ok && rename(tmp, path) < 0) {
+      e = errno;
+      ok = false;
+    }
+    if (!ok) {
+      unlink(tmp);
+      goto fail;
+    }
+  }
+  return 0;
+fail:
+  q->host->log(EPH_LOG_WARN, "backend-qemu: %s: %s; QEMU runs from %s and stays dumpable "
+               "(its own uid still keeps other microVMs out)", path, strerror(e ? e : EIO),
+               q->qemu_path);
+  return -1;
+}
+
 /* ------------------------------------------------------------ init / fini */
 
 static int
@@ -353,8 +443,8 @@ read_config(qemu_t *q, const config_setting_t *c, eph_error_t *err)
       (r = h->cfg_int(c, "pids", 256, &k->pids, err)) < 0 ||
       (r = h->cfg_int(c, "max_pids", 4096, &k->max_pids, err)) < 0 ||
       (r = h->cfg_bool(c, "snapshot", 1, &k->snapshot, err)) < 0 ||
-      (r = h->cfg_int(c, "uid", 64290, &k->uid, err)) < 0 ||
-      (r = h->cfg_int(c, "gid", 64290, &k->gid, err)) < 0 ||
+      (r = h->cfg_int(c, "uid_base", 68000000, &k->uid_base, err)) < 0 ||
+      (r = h->cfg_int(c, "slots", 1024, &k->slots, err)) < 0 ||
       (r = h->cfg_string(c, "append", "", &k->append, err)) < 0 ||
       (r = h->cfg_bool(c, "console_log", 0, &k->console_log, err)) < 0)
     return r;
@@ -371,8 +461,11 @@ read_config(qemu_t *q, const config_setting_t *c, eph_error_t *err)
   if (k->scratch_mib < 1 || k->max_scratch_mib < k->scratch_mib)
     return eph_error_set(err, EPH_E_CONFIG,
                          "backend-qemu: key 'scratch_mib': 1..max_scratch_mib");
-  if (k->uid < 0 || k->gid < 0 || k->uid > 0xfffffffe || k->gid > 0xfffffffe)
-    return eph_error_set(err, EPH_E_CONFIG, "backend-qemu: keys 'uid'/'gid': 0..4294967294");
+  if (k->slots < 1 || k->slots > 65536)
+    return eph_error_set(err, EPH_E_CONFIG, "backend-qemu: key 'slots': 1..65536");
+  if (k->uid_base < 1000 || k->uid_base + k->slots > 0xfffffffe)
+    return eph_error_set(err, EPH_E_CONFIG, "backend-qemu: key 'uid_base': 1000 .. "
+                         "4294967294 - slots (a microVM must never run as root or a system id)");
   if (k->kvm_probe_ms < 100)
     return eph_error_set(err, EPH_E_CONFIG, "backend-qemu: key 'kvm_probe_ms': >= 100");
   if (*image_dir)
@@ -393,6 +486,7 @@ qemu_fini(void *state)
   free(q->base);
   free(q->run_base);
   free(q->snap_dir);
+  free(q->slot_dir);
   free(q);
 }
 
@@ -404,18 +498,20 @@ qemu_init(const eph_host_t *host, const config_setting_t *config, void **state,
   if (!q)
     return eph_error_set(err, ENOMEM, "backend-qemu: out of memory");
   q->host = host;
+  q->owner_start = start_time(getpid());
   pthread_mutex_init(&q->lock, NULL);
   int r = read_config(q, config, err);
   if (r < 0)
     goto fail;
   if (asprintf(&q->base, "%s/qemu", host->state_dir) < 0 ||
       asprintf(&q->run_base, "%s/qemu/run", host->state_dir) < 0 ||
-      asprintf(&q->snap_dir, "%s/qemu/snapshots", host->state_dir) < 0) {
+      asprintf(&q->snap_dir, "%s/qemu/snapshots", host->state_dir) < 0 ||
+      asprintf(&q->slot_dir, "%s/qemu/slots", host->state_dir) < 0) {
     r = eph_error_set(err, ENOMEM, "backend-qemu: out of memory");
     goto fail;
   }
-  const char *dirs[] = {q->base, q->run_base, q->snap_dir};
-  for (size_t i = 0; i < 3; i++)
+  const char *dirs[] = {q->base, q->run_base, q->snap_dir, q->slot_dir};
+  for (size_t i = 0; i < 4; i++)
     if (mkdir(dirs[i], 0700) < 0 && errno != EEXIST) {
       r = eph_error_set(err, errno, "backend-qemu: %s: %s", dirs[i], strerror(errno));
       goto fail;
@@ -476,13 +572,18 @@ build_argv(const qemu_t *q, const launch_t *l, char **argv, size_t max, char sto
     ARG("-serial");
     ARG("stdio");
   }
-  /* The guest's control stream: a virtio console on our socketpair. */
+  /* The guest's control stream: a virtio serial port (/dev/vport0p1 inside) on our
+   * socketpair. Not a virtconsole: QEMU silently drops console bytes the host socket cannot
+   * take at once (virtio-console.c flush_buf, "XXX ... silently dropping console data on
+   * EAGAIN"), which broke every frame past ~1 MB of output. A plain port is flow-controlled
+   * both ways: QEMU throttles the port until the socket drains. Port 0 stays reserved for a
+   * console, so this one is nr 1. */
   ARG("-device");
-  ARG("virtio-serial-device,max_ports=1");
+  ARG("virtio-serial-device,max_ports=2");
   ARG("-chardev");
   ARGF("socket,id=guest,fd=%d", FD_GUEST);
   ARG("-device");
-  ARG("virtconsole,chardev=guest");
+  ARG("virtserialport,chardev=guest,nr=1,name=org.ephemeral.guest");
   ARG("-chardev");
   ARGF("socket,id=qmp,fd=%d", FD_QMP);
   ARG("-mon");
@@ -504,17 +605,120 @@ build_argv(const qemu_t *q, const launch_t *l, char **argv, size_t max, char sto
 #undef ARGF
 }
 
-/* In the child, before exec: only async-signal-safe calls. */
-static void __attribute__((noreturn))
-child_exec(const qemu_t *q, char **argv, const int *src, int nsrc, int log_fd, bool drop,
-           gid_t extra_gid)
+/* ------------------------------------------------------------ slots */
+
+/* Processes whose real or effective uid is `uid`; with kill_them they get SIGKILL. */
+static int
+uid_processes(uid_t uid, bool kill_them)
 {
+  DIR *d = opendir("/proc");
+  if (!d)
+    return 0;
+  int n = 0;
+  struct dirent *e;
+  while ((e = readdir(d))) {
+    char *end;
+    long pid = strtol(e->d_name, &end, 10);
+    if (*end || pid <= 1)
+      continue;
+    char path[64], buf[4096];
+    snprintf(path, sizeof path, "/proc/%ld/status", pid);
+    if (!read_small(path, buf, sizeof buf))
+      continue;
+    const char *u = strstr(buf, "\nUid:");
+    unsigned long ru, eu;
+    if (!u || sscanf(u + 5, "%lu %lu", &ru, &eu) != 2 || (ru != uid && eu != uid) ||
+        !alive((pid_t)pid))
+      continue;
+    n++;
+    if (kill_them)
+      kill((pid_t)pid, SIGKILL);
+  }
+  closedir(d);
+  return n;
+}
+
+/* Claims a free slot k for the microVM `name`: its QEMU will run as uid_base + k. The slot
+ * is held by <state_dir>/qemu/slots/slot-<k>, created O_EXCL, holding "NAME OWNER_PID
+ * OWNER_START" so the sweep of a later start frees the slots of a dead owner. A slot whose
+ * uid still runs a process (left by a crash) is skipped, never shared. */
+static int
+claim_slot(const qemu_t *q, const char *name, eph_error_t *err)
+{
+  uint32_t h = 2166136261u; /* FNV-1a: spreads concurrent runs over the slots */
+  for (const char *c = name; *c; c++)
+    h = (h ^ (unsigned char)*c) * 16777619u;
+  char text[256];
+  snprintf(text, sizeof text, "%s %d %llu\n", name, (int)getpid(), q->owner_start);
+  for (int64_t i = 0; i < q->cfg.slots; i++) {
+    int slot = (int)((h + (uint64_t)i) % (uint64_t)q->cfg.slots);
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/slot-%d", q->slot_dir, slot);
+    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd < 0 && errno == EEXIST)
+      continue;
+    if (fd < 0)
+      return eph_error_set(err, errno, "slot record %s: %s", path, strerror(errno));
+    ssize_t n = write(fd, text, strlen(text));
+    int e = errno;
+    close(fd);
+    if (n != (ssize_t)strlen(text)) {
+      unlink(path);
+      return eph_error_set(err, n < 0 ? e : EIO, "slot record %s: %s", path,
+                           strerror(n < 0 ? e : EIO));
+    }
+    uid_t uid = (uid_t)(q->cfg.uid_base + slot);
+    if (uid_processes(uid, false) > 0) {
+      q->host->log(EPH_LOG_WARN, "slot %d: uid %u still runs a process; slot skipped", slot,
+                   (unsigned)uid);
+      unlink(path);
+      continue;
+    }
+    return slot;
+  }
+  return eph_error_set(err, EAGAIN, "all %" PRId64 " microVM slots are in use (key 'slots')",
+                       q->cfg.slots);
+}
+
+static void
+release_slot(const qemu_t *q, int slot)
+{
+  if (slot < 0)
+    return;
+  char path[PATH_MAX];
+  snprintf(path, sizeof path, "%s/slot-%d", q->slot_dir, slot);
+  unlink(path);
+}
+
+/* ------------------------------------------------------------ the keeper */
+
+/* In QEMU's process, before exec: only async-signal-safe calls. */
+static void __attribute__((noreturn))
+child_exec(const qemu_t *q, char **argv, const int *src, int nsrc, int log_fd, int slot,
+           gid_t extra_gid, const char *exec_src, pid_t keeper)
+{
+  static char *const no_env[] = {NULL};
   setsid();
   /* Every source first above the target range, then onto its target. */
   int moved[8];
   for (int i = 0; i < nsrc; i++)
     moved[i] = src[i] >= 0 ? fcntl(src[i], F_DUPFD, 64) : -1;
   int log_moved = fcntl(log_fd, F_DUPFD, 64);
+  /* QEMU's own mount namespace, where its binary's path shows the root-only-readable copy
+   * (qemu_exec_copy): exec'd as the VM's uid, QEMU starts non-dumpable, and finds its
+   * modules and firmware where it always does. Fails closed. */
+  if (exec_src && (unshare(CLONE_NEWNS) < 0 ||
+                   mount(NULL, "/", NULL, MS_REC | MS_SLAVE, NULL) < 0 ||
+                   mount(exec_src, argv[0], NULL, MS_BIND, NULL) < 0)) {
+    /* strerror is not async-signal-safe: the errno in digits */
+    int e = errno;
+    char msg[] = "backend-qemu: binding the unreadable QEMU copy failed: errno 000\n";
+    msg[sizeof msg - 5] = (char)('0' + e / 100 % 10);
+    msg[sizeof msg - 4] = (char)('0' + e / 10 % 10);
+    msg[sizeof msg - 3] = (char)('0' + e % 10);
+    (void)!write(log_fd, msg, sizeof msg - 1);
+    _exit(126);
+  }
   int null = open("/dev/null", O_RDONLY);
   if (null < 0 || dup2(null, 0) < 0 || dup2(log_moved, 1) < 0 || dup2(log_moved, 2) < 0)
     _exit(126);
@@ -525,32 +729,113 @@ child_exec(const qemu_t *q, char **argv, const int *src, int nsrc, int log_fd, b
   if (syscall(SYS_close_range, FD_FIRST_FREE, ~0U, 0) < 0)
     for (int fd = FD_FIRST_FREE; fd < 4096; fd++)
       close(fd);
-  if (drop) {
-    gid_t gid = (gid_t)q->cfg.gid;
+  struct rlimit nocore = {0, 0};
+  setrlimit(RLIMIT_CORE, &nocore); /* guest RAM never lands in a core file */
+  if (slot >= 0) {
+    uid_t id = (uid_t)(q->cfg.uid_base + slot);
     if (setgroups(extra_gid != (gid_t)-1 ? 1 : 0, &extra_gid) < 0 ||
-        setresgid(gid, gid, gid) < 0 || setresuid((uid_t)q->cfg.uid, (uid_t)q->cfg.uid,
-                                                  (uid_t)q->cfg.uid) < 0) {
+        setresgid(id, id, id) < 0 || setresuid(id, id, id) < 0) {
       static const char msg[] = "backend-qemu: dropping privileges failed\n";
       (void)!write(2, msg, sizeof msg - 1);
       _exit(126);
     }
   }
+  /* After the id change (which clears it): QEMU dies with its keeper, whatever kills it. */
+  if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) < 0 || getppid() != keeper)
+    _exit(126);
   prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);
   sigset_t none;
   sigemptyset(&none);
   sigprocmask(SIG_SETMASK, &none, NULL);
-  execv(argv[0], argv);
+  /* No variable of ours (API keys, credential_env secrets) reaches QEMU: an empty
+   * environment. */
+  execve(argv[0], argv, no_env);
   static const char msg[] = "backend-qemu: exec of QEMU failed\n";
   (void)!write(2, msg, sizeof msg - 1);
   _exit(127);
 }
 
-/* Starts QEMU. On success *pid is the QEMU process, *guest_fd the host end of the guest's
- * console and *qmp_fd of its monitor (both owned by the caller). */
+/* The keeper: a small root process between us and QEMU (a forked copy of us, so only
+ * async-signal-safe calls). It starts QEMU as its child, tells us QEMU's pid, then waits
+ * for the first of: our end of the lifeline closing (destroy, or our death: the kernel
+ * closes it whichever thread or process of ours dies) -> kill QEMU, reap, exit 0; QEMU
+ * ending by itself -> reap, exit 1; the run's deadline -> kill QEMU, reap, exit 3. So the
+ * deadline holds and QEMU goes within milliseconds even when we are SIGKILLed; and should
+ * the keeper itself be killed, QEMU's PR_SET_PDEATHSIG takes QEMU along. */
+enum { KEEPER_STOPPED = 0, KEEPER_QEMU_ENDED = 1, KEEPER_DEADLINE = 3, KEEPER_FAILED = 126 };
+
+static void __attribute__((noreturn))
+keeper_main(const qemu_t *q, char **argv, const int *src, int nsrc, int log_fd, int slot,
+            gid_t extra_gid, const char *exec_src, int lifeline, int64_t deadline_ms)
+{
+  prctl(PR_SET_NAME, "eph-vm-keeper", 0, 0, 0);
+  pid_t self = getpid();
+  pid_t qemu = fork();
+  if (qemu == 0)
+    child_exec(q, argv, src, nsrc, log_fd, slot, extra_gid, exec_src, self);
+  int32_t msg = qemu;
+  (void)!write(lifeline, &msg, sizeof msg);
+  if (qemu < 0)
+    _exit(KEEPER_FAILED);
+  /* Nothing of ours stays open here but the lifeline (not the guest stream, not another
+   * sandbox's lifeline). */
+  if (lifeline != 3 && dup2(lifeline, 3) < 0) {
+    kill(qemu, SIGKILL);
+    _exit(KEEPER_FAILED);
+  }
+  if (syscall(SYS_close_range, 4, ~0U, 0) < 0)
+    for (int fd = 4; fd < 4096; fd++)
+      close(fd);
+  int null = open("/dev/null", O_RDWR);
+  for (int fd = 0; null >= 0 && fd < 3; fd++)
+    dup2(null, fd); /* not our stdout: a caller reading it to its end must not wait on us */
+  if (null > 3)
+    close(null);
+  int pidfd = (int)syscall(SYS_pidfd_open, qemu, 0);
+  int code = KEEPER_QEMU_ENDED;
+  for (;;) {
+    int64_t left = deadline_ms > 0 ? deadline_ms - eph_now_ms() : -1;
+    if (deadline_ms > 0 && left <= 0) {
+      code = KEEPER_DEADLINE;
+      break;
+    }
+    /* Without pidfds (Linux < 5.3) QEMU's end is polled for every 100 ms. */
+    int wait = left < 0 ? -1 : left > INT32_MAX ? INT32_MAX : (int)left;
+    if (pidfd < 0 && (wait < 0 || wait > 100))
+      wait = 100;
+    struct pollfd p[2] = {{.fd = 3, .events = POLLIN}, {.fd = pidfd, .events = POLLIN}};
+    int n = poll(p, pidfd >= 0 ? 2 : 1, wait);
+    if (n < 0 && errno != EINTR)
+      break;
+    if (n > 0 && p[0].revents) {
+      char c;
+      if (read(3, &c, 1) <= 0) {
+        code = KEEPER_STOPPED;
+        break;
+      }
+    }
+    int st;
+    if ((n > 0 && pidfd >= 0 && p[1].revents) ||
+        (pidfd < 0 && waitpid(qemu, &st, WNOHANG) == qemu)) {
+      if (pidfd < 0)
+        _exit(KEEPER_QEMU_ENDED);
+      break;
+    }
+  }
+  kill(qemu, SIGKILL);
+  while (waitpid(qemu, NULL, 0) < 0 && errno == EINTR)
+    ;
+  _exit(code);
+}
+
+/* Starts QEMU under a keeper. On success *vm holds the keeper, QEMU's pid, the lifeline
+ * and the slot; *guest_fd is the host end of the guest's stream and *qmp_fd of its monitor
+ * (both owned by the caller). vm_stop() ends it all. */
 static int
-launch_qemu(const qemu_t *q, const launch_t *l, pid_t *pid, int *guest_fd, int *qmp_fd,
+launch_qemu(const qemu_t *q, const launch_t *l, vmproc_t *vm, int *guest_fd, int *qmp_fd,
             eph_error_t *err)
 {
+  *vm = (vmproc_t){.keeper = -1, .qemu = -1, .lifeline = -1, .slot = -1};
   char path[PATH_MAX];
   snprintf(path, sizeof path, "%s/vmlinuz", q->cfg.image_dir);
   cleanup_close int kfd = open(path, O_RDONLY | O_CLOEXEC);
@@ -565,38 +850,95 @@ launch_qemu(const qemu_t *q, const launch_t *l, pid_t *pid, int *guest_fd, int *
   if (access(q->qemu_path, X_OK) < 0)
     return eph_error_set(err, errno, "%s: %s (install the Debian package qemu-system-x86)",
                          q->qemu_path, strerror(errno));
-  int gp[2], mp[2];
-  if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, gp) < 0)
-    return eph_error_set(err, errno, "socketpair: %s", strerror(errno));
-  if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, mp) < 0) {
-    close(gp[0]);
-    close(gp[1]);
-    return eph_error_set(err, errno, "socketpair: %s", strerror(errno));
+  /* As root, every microVM gets its own uid/gid from a slot; unprivileged (tests without
+   * root), QEMU keeps ours. */
+  int slot = -1;
+  if (geteuid() == 0 && (slot = claim_slot(q, l->name, err)) < 0)
+    return slot;
+  int gp[2] = {-1, -1}, mp[2] = {-1, -1}, lp[2] = {-1, -1};
+  if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, gp) < 0 ||
+      socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, mp) < 0 ||
+      socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, lp) < 0) {
+    int e = errno;
+    for (int i = 0; i < 2; i++) {
+      if (gp[i] >= 0) close(gp[i]);
+      if (mp[i] >= 0) close(mp[i]);
+      if (lp[i] >= 0) close(lp[i]);
+    }
+    release_slot(q, slot);
+    return eph_error_set(err, e, "socketpair: %s", strerror(e));
   }
   char *argv[64];
   char store[16][512];
   build_argv(q, l, argv, 64, store);
 
-  bool drop = geteuid() == 0 && q->cfg.uid != 0;
   gid_t kvm_gid = (gid_t)-1;
   struct stat st;
-  if (drop && strcmp(l->accel, "kvm") == 0 && stat("/dev/kvm", &st) == 0)
+  if (slot >= 0 && strcmp(l->accel, "kvm") == 0 && stat("/dev/kvm", &st) == 0)
     kvm_gid = st.st_gid; /* Debian's udev makes /dev/kvm root:kvm 0660 */
   int src[] = {gp[1], mp[1], kfd, ifd, l->incoming_fd, l->tap_fd};
-  pid_t child = fork();
-  if (child < 0) {
-    int e = errno;
-    close(gp[0]), close(gp[1]), close(mp[0]), close(mp[1]);
-    return eph_error_set(err, e, "fork: %s", strerror(e));
+  pid_t keeper = fork();
+  if (keeper == 0) {
+    close(lp[0]);
+    keeper_main(q, argv, src, 6, l->log_fd, slot, kvm_gid,
+                slot >= 0 && q->exec_copy[0] ? q->exec_copy : NULL, lp[1], l->deadline_ms);
   }
-  if (child == 0)
-    child_exec(q, argv, src, 6, l->log_fd, drop, kvm_gid);
+  int e = errno;
   close(gp[1]);
   close(mp[1]);
-  *pid = child;
+  close(lp[1]);
+  int32_t qpid = -1;
+  ssize_t n = -1;
+  if (keeper > 0)
+    while ((n = read(lp[0], &qpid, sizeof qpid)) < 0 && errno == EINTR)
+      ;
+  if (keeper < 0 || n != (ssize_t)sizeof qpid || qpid <= 0) {
+    close(gp[0]);
+    close(mp[0]);
+    close(lp[0]);
+    if (keeper > 0)
+      while (waitpid(keeper, NULL, 0) < 0 && errno == EINTR)
+        ;
+    release_slot(q, slot);
+    return keeper < 0 ? eph_error_set(err, e, "fork: %s", strerror(e))
+                      : eph_error_set(err, EAGAIN, "the QEMU keeper could not start QEMU");
+  }
+  *vm = (vmproc_t){.keeper = keeper, .qemu = qpid, .lifeline = lp[0], .slot = slot};
   *guest_fd = gp[0];
   *qmp_fd = mp[0];
   return 0;
+}
+
+/* Ends a QEMU started by launch_qemu: closing the lifeline makes the keeper kill and reap
+ * QEMU; we reap the keeper, then free the slot once no process runs as its uid. Returns the
+ * keeper's verdict (KEEPER_*; KEEPER_DEADLINE when the run's deadline killed QEMU) and
+ * *left the processes still running as the slot's uid (0 normally). */
+static int
+vm_stop(const qemu_t *q, vmproc_t *vm, int *left)
+{
+  int code = KEEPER_STOPPED;
+  if (left)
+    *left = 0;
+  if (vm->lifeline >= 0)
+    close(vm->lifeline);
+  vm->lifeline = -1;
+  if (vm->keeper > 0) {
+    int st = 0;
+    while (waitpid(vm->keeper, &st, 0) < 0 && errno == EINTR)
+      ;
+    code = WIFEXITED(st) ? WEXITSTATUS(st) : KEEPER_FAILED;
+  }
+  vm->keeper = vm->qemu = -1;
+  if (vm->slot >= 0) {
+    uid_t uid = (uid_t)(q->cfg.uid_base + vm->slot);
+    int n = uid_processes(uid, true);
+    if (left)
+      *left = n;
+    if (n == 0)
+      release_slot(q, vm->slot); /* else the sweep frees it once they are gone */
+  }
+  vm->slot = -1;
+  return code;
 }
 
 /* The last lines of QEMU's log, for an error message. */
@@ -618,25 +960,15 @@ log_tail(const char *dir, char *out, size_t size)
       *p = ' ';
 }
 
-static void
-kill_and_reap(pid_t pid)
-{
-  if (pid <= 0)
-    return;
-  kill(pid, SIGKILL);
-  while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
-    ;
-}
-
 /* ------------------------------------------------------------ the accelerator */
 
 /* Boots the image once and reads the guest's hello before deadline_ms. */
 static int
-boot_and_hello(const qemu_t *q, const char *dir, const launch_t *l, pid_t *pid, int *guest_fd,
+boot_and_hello(const qemu_t *q, const char *dir, const launch_t *l, vmproc_t *vm, int *guest_fd,
                qmp_t *qmp, int64_t deadline_ms, eph_error_t *err)
 {
   int qfd;
-  int r = launch_qemu(q, l, pid, guest_fd, &qfd, err);
+  int r = launch_qemu(q, l, vm, guest_fd, &qfd, err);
   if (r < 0)
     return r;
   if ((r = qmp_open(qmp, qfd, deadline_ms, err)) < 0)
@@ -678,14 +1010,13 @@ fail:;
   qmp_close(qmp);
   close(*guest_fd);
   *guest_fd = -1;
-  kill_and_reap(*pid);
-  *pid = -1;
+  vm_stop(q, vm, NULL);
   return r;
 }
 
 static int make_run_dir(const qemu_t *q, const char *run_id, char *dir, size_t size,
                         int *log_fd, eph_error_t *err);
-static int write_pid_record(const char *dir, pid_t qemu_pid, eph_error_t *err);
+static int write_pid_record(const char *dir, const qemu_t *q, pid_t qemu_pid, eph_error_t *err);
 
 /* The accelerator to use: the configured one, or for auto the cached verdict of a bounded
  * test boot under KVM. */
@@ -726,15 +1057,16 @@ resolve_accel(qemu_t *q, const launch_t *base)
       l.incoming_fd = -1;
       l.tap_fd = -1;
       l.log_fd = log_fd;
-      pid_t pid = -1;
+      int64_t t0 = eph_now_ms();
+      l.deadline_ms = t0 + q->cfg.kvm_probe_ms;
+      vmproc_t vm;
       int gfd = -1;
       qmp_t qmp = {.fd = -1};
-      int64_t t0 = eph_now_ms();
-      if (boot_and_hello(q, dir, &l, &pid, &gfd, &qmp, t0 + q->cfg.kvm_probe_ms, &err) == 0) {
+      if (boot_and_hello(q, dir, &l, &vm, &gfd, &qmp, l.deadline_ms, &err) == 0) {
         snprintf(q->accel, sizeof q->accel, "kvm");
         qmp_close(&qmp);
         close(gfd);
-        kill_and_reap(pid);
+        vm_stop(q, &vm, NULL);
       }
       q->host->log(EPH_LOG_INFO, "KVM test boot %s after %" PRId64 " ms%s%s: using %s",
                    strcmp(q->accel, "kvm") ? "failed" : "succeeded", eph_now_ms() - t0,
@@ -778,12 +1110,11 @@ make_run_dir(const qemu_t *q, const char *run_id, char *dir, size_t size, int *l
 
 /* "QEMU_PID OWNER_PID OWNER_START": the sweep kills QEMU when the owner is gone. */
 static int
-write_pid_record(const char *dir, pid_t qemu_pid, eph_error_t *err)
+write_pid_record(const char *dir, const qemu_t *q, pid_t qemu_pid, eph_error_t *err)
 {
-  char path[PATH_MAX], text[128];
+  char path[PATH_MAX + 8], text[128];
   snprintf(path, sizeof path, "%s/pid", dir);
-  snprintf(text, sizeof text, "%d %d %llu\n", (int)qemu_pid, (int)getpid(),
-           start_time(getpid()));
+  snprintf(text, sizeof text, "%d %d %llu\n", (int)qemu_pid, (int)getpid(), q->owner_start);
   return write_file(path, text, err);
 }
 
@@ -807,7 +1138,9 @@ snapshot_path(const qemu_t *q, const launch_t *l, char *out, size_t size)
   read_small(path, sha, sizeof sha);
   struct stat st = {0};
   stat(q->qemu_path, &st);
-  snprintf(key, sizeof key, "%s|%s|%" PRIu64 "|%u|%" PRIu64 "|%u|%s|%" PRId64 "|%s|%lld|%lld|%d",
+  /* "vport": the control stream's device layout; a snapshot of another layout cannot be
+   * restored into this QEMU command line. */
+  snprintf(key, sizeof key, "vport|%s|%s|%" PRIu64 "|%u|%" PRIu64 "|%u|%s|%" PRId64 "|%s|%lld|%lld|%d",
            sha, l->accel, l->memory_mib, l->vcpus, l->tmp_mib, l->pids, q->cfg.append,
            q->tsc_khz / 1000,
            q->qemu_path, (long long)st.st_size, (long long)st.st_mtime, q->cfg.console_log);
@@ -842,14 +1175,16 @@ ensure_snapshot(const qemu_t *q, const launch_t *base, const char *path, int64_t
   l.incoming_fd = -1;
   l.tap_fd = -1;
   l.log_fd = log_fd;
-  pid_t pid = -1;
+  /* The save itself may outlast the run's deadline by SNAPSHOT_SAVE_MS; never more. */
+  l.deadline_ms = deadline_ms + SNAPSHOT_SAVE_MS;
+  vmproc_t vm = {.keeper = -1, .qemu = -1, .lifeline = -1, .slot = -1};
   int gfd = -1;
   qmp_t qmp = {.fd = -1};
   char tmp[PATH_MAX + 8];
   snprintf(tmp, sizeof tmp, "%s.tmp", path);
   int out = -1;
-  r = boot_and_hello(q, dir, &l, &pid, &gfd, &qmp, deadline_ms, err);
-  if (r == 0 && (r = write_pid_record(dir, pid, err)) == 0) {
+  r = boot_and_hello(q, dir, &l, &vm, &gfd, &qmp, deadline_ms, err);
+  if (r == 0 && (r = write_pid_record(dir, q, vm.qemu, err)) == 0) {
     out = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
     if (out < 0)
       r = eph_error_set(err, errno, "%s: %s", tmp, strerror(errno));
@@ -873,10 +1208,10 @@ ensure_snapshot(const qemu_t *q, const launch_t *base, const char *path, int64_t
     r = eph_error_set(err, errno, "%s: fsync: %s", tmp, strerror(errno));
   if (out >= 0)
     close(out);
-  if (pid > 0) {
+  if (vm.keeper > 0) {
     qmp_close(&qmp);
     close(gfd);
-    kill_and_reap(pid);
+    vm_stop(q, &vm, NULL);
   }
   close(log_fd);
   rm_tree(dir);
@@ -914,43 +1249,9 @@ send_reseed(int guest_fd, eph_error_t *err)
   return r < 0 ? eph_error_set(err, -r, "sending the reseed frame: %s", strerror(-r)) : 0;
 }
 
-/* ------------------------------------------------------------ the deadline */
-
-static void *
-watchdog_main(void *arg)
-{
-  eph_sandbox_t *s = arg;
-  pthread_mutex_lock(&s->m);
-  while (!s->stop) {
-    if (s->deadline_ms > 0 && eph_now_ms() >= s->deadline_ms) {
-      s->deadline_hit = true;
-      kill(s->pid, SIGKILL);
-      break;
-    }
-    if (s->deadline_ms <= 0) {
-      pthread_cond_wait(&s->cond, &s->m);
-      continue;
-    }
-    struct timespec ts = {.tv_sec = s->deadline_ms / 1000,
-                          .tv_nsec = (s->deadline_ms % 1000) * 1000000L};
-    pthread_cond_timedwait(&s->cond, &s->m, &ts);
-  }
-  pthread_mutex_unlock(&s->m);
-  return NULL;
-}
-
 static void
 sandbox_free(eph_sandbox_t *s)
 {
-  if (s->watchdog_running) {
-    pthread_mutex_lock(&s->m);
-    s->stop = true;
-    pthread_cond_signal(&s->cond);
-    pthread_mutex_unlock(&s->m);
-    pthread_join(s->watchdog, NULL);
-  }
-  pthread_mutex_destroy(&s->m);
-  pthread_cond_destroy(&s->cond);
   qmp_close(&s->qmp);
   if (s->proxy_ns_fd >= 0)
     close(s->proxy_ns_fd);
@@ -1023,29 +1324,29 @@ qemu_create(void *state, const eph_sandbox_spec_t *spec, eph_sandbox_t **out, in
   unsigned vcpus = spec->limits.cpu_percent ? (spec->limits.cpu_percent + 99) / 100 : 1;
   if (vcpus > (unsigned)k->max_vcpus)
     vcpus = (unsigned)k->max_vcpus;
+  /* Boots wait at most until the run's deadline (or 5 min without one). */
   int64_t deadline = spec->deadline_ms > 0 ? spec->deadline_ms : t0 + 300000;
 
   eph_sandbox_t *s = calloc(1, sizeof *s);
   if (!s)
     return eph_error_set(err, ENOMEM, "out of memory");
   s->qmp.fd = -1;
-  s->pid = -1;
+  s->vm = (vmproc_t){.keeper = -1, .qemu = -1, .lifeline = -1, .slot = -1};
   s->proxy_ns_fd = -1;
   s->created_ms = t0;
   s->deadline_ms = spec->deadline_ms;
-  pthread_mutex_init(&s->m, NULL);
-  pthread_condattr_t ca;
-  pthread_condattr_init(&ca);
-  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-  pthread_cond_init(&s->cond, &ca);
-  pthread_condattr_destroy(&ca);
   snprintf(s->run_id, sizeof s->run_id, "%s", spec->run_id ? spec->run_id : "");
 
   char name[128];
   snprintf(name, sizeof name, "ephemeral-%s", s->run_id);
   launch_t l = {.name = name, .memory_mib = mem, .vcpus = vcpus, .tmp_mib = tmp,
-                .pids = (unsigned)pids,
+                .pids = (unsigned)pids, .deadline_ms = spec->deadline_ms,
                 .incoming_fd = -1, .log_fd = -1, .tap_fd = -1};
+  pthread_mutex_lock(&q->lock);
+  if (!q->exec_checked && geteuid() == 0 && qemu_exec_copy(q) == 0)
+    snprintf(q->exec_copy, sizeof q->exec_copy, "%s/bin/qemu", q->base);
+  q->exec_checked = true;
+  pthread_mutex_unlock(&q->lock);
   l.accel = "tcg";
   l.accel = resolve_accel(q, &l);
   if ((r = add_network(spec, s, &l, err)) < 0) {
@@ -1078,7 +1379,7 @@ qemu_create(void *state, const eph_sandbox_spec_t *spec, eph_sandbox_t **out, in
       q->host->log(EPH_LOG_WARN, "%s: %s; cold boot", snap, strerror(errno));
     l.incoming_fd = snap_fd;
   }
-  r = launch_qemu(q, &l, &s->pid, &gfd, &qfd, err);
+  r = launch_qemu(q, &l, &s->vm, &gfd, &qfd, err);
   if (snap_fd >= 0)
     close(snap_fd);
   if (l.tap_fd >= 0)
@@ -1088,13 +1389,8 @@ qemu_create(void *state, const eph_sandbox_spec_t *spec, eph_sandbox_t **out, in
   if (r < 0)
     goto fail;
   s->restored = l.incoming_fd >= 0;
-  if ((r = write_pid_record(s->dir, s->pid, err)) < 0)
+  if ((r = write_pid_record(s->dir, q, s->vm.qemu, err)) < 0)
     goto fail;
-  s->watchdog_running = pthread_create(&s->watchdog, NULL, watchdog_main, s) == 0;
-  if (!s->watchdog_running) {
-    r = eph_error_set(err, EAGAIN, "cannot start the deadline thread");
-    goto fail;
-  }
   int64_t qdl = deadline < eph_now_ms() + QMP_TIMEOUT_MS ? deadline : eph_now_ms() + QMP_TIMEOUT_MS;
   if ((r = qmp_open(&s->qmp, qfd, qdl, err)) < 0) {
     qfd = -1;
@@ -1111,8 +1407,10 @@ qemu_create(void *state, const eph_sandbox_spec_t *spec, eph_sandbox_t **out, in
         (r = qmp_exec(&s->qmp, "cont", NULL, -1, deadline, NULL, err)) < 0)
       goto fail;
   }
-  q->host->log(EPH_LOG_DEBUG, "%s: QEMU %d started (%s, %s, %" PRIu64 " MiB, %u vCPU) in %" PRId64
-               " ms", s->run_id, (int)s->pid, l.accel, s->restored ? "restored" : "cold boot",
+  q->host->log(EPH_LOG_DEBUG, "%s: QEMU %d (uid %lld) started (%s, %s, %" PRIu64 " MiB, %u vCPU) "
+               "in %" PRId64 " ms", s->run_id, (int)s->vm.qemu,
+               s->vm.slot >= 0 ? (long long)(q->cfg.uid_base + s->vm.slot) : (long long)getuid(),
+               l.accel, s->restored ? "restored" : "cold boot",
                mem, vcpus, eph_now_ms() - t0);
   *out = s;
   *guest_fd = gfd;
@@ -1128,7 +1426,7 @@ fail:;
     close(qfd);
   if (gfd >= 0)
     close(gfd);
-  kill_and_reap(s->pid);
+  vm_stop(q, &s->vm, NULL);
   rm_tree(s->dir);
   sandbox_free(s);
   return r;
@@ -1139,7 +1437,7 @@ qemu_stats(void *state, eph_sandbox_t *s, eph_sandbox_report_t *out, eph_error_t
 {
   (void)state;
   char path[64], buf[4096];
-  snprintf(path, sizeof path, "/proc/%d/status", (int)s->pid);
+  snprintf(path, sizeof path, "/proc/%d/status", (int)s->vm.qemu);
   out->lifetime_ms = eph_now_ms() - s->created_ms;
   if (!read_small(path, buf, sizeof buf))
     return 0;
@@ -1159,18 +1457,17 @@ qemu_destroy(void *state, eph_sandbox_t *s, eph_sandbox_report_t *report, eph_er
   eph_sandbox_report_t local = {.struct_size = sizeof local};
   eph_sandbox_report_t *rep = report ? report : &local;
   qemu_stats(state, s, rep, NULL);
-  bool deadline_hit;
-  pthread_mutex_lock(&s->m);
-  deadline_hit = s->deadline_hit;
-  pthread_mutex_unlock(&s->m);
-  kill_and_reap(s->pid);
+  /* QEMU is the keeper's child: when vm_stop has reaped the keeper, the keeper has reaped
+   * QEMU, so no pid of ours can have been reused. */
+  int uid_left = 0;
+  /* Past the deadline the keeper kills QEMU, unless our own give-up at that same instant
+   * closed the lifeline first: either way the deadline ended the microVM. */
+  bool deadline_hit = vm_stop(q, &s->vm, &uid_left) == KEEPER_DEADLINE ||
+                      (s->deadline_ms > 0 && eph_now_ms() >= s->deadline_ms);
   char name[128];
   snprintf(name, sizeof name, "ephemeral-%s", s->run_id);
   int rm = rm_tree(s->dir);
-  rep->processes_left = (alive(s->pid) ? 1 : 0);
-  rep->processes_left += count_named(name, false) - (alive(s->pid) && cmdline_has(s->pid, name));
-  if (rep->processes_left < 0)
-    rep->processes_left = 0;
+  rep->processes_left = uid_left + count_named(name, false);
   rep->files_left = count_files(s->dir);
   /* The tap is not persistent: QEMU's exit closed its last fd and removed it. */
   bool tap_left = qemu_tap_exists(s->proxy_ns_fd, s->tap);
@@ -1271,6 +1568,31 @@ qemu_sweep(void *state, eph_error_t *err)
   }
   if (p)
     closedir(p);
+  /* Slot records of dead owners: whatever still runs as the slot's uid is killed, then the
+   * slot is free again. A record being written (no owner yet) is left alone for a minute. */
+  DIR *sd = opendir(q->slot_dir);
+  while (sd && (e = readdir(sd))) {
+    int slot;
+    char tail;
+    if (sscanf(e->d_name, "slot-%d%c", &slot, &tail) != 1 || slot < 0 || slot >= q->cfg.slots)
+      continue;
+    char path[PATH_MAX], buf[512];
+    snprintf(path, sizeof path, "%s/%s", q->slot_dir, e->d_name);
+    int owner = 0;
+    unsigned long long ostart = 0;
+    if (read_small(path, buf, sizeof buf))
+      sscanf(buf, "%*s %d %llu", &owner, &ostart);
+    if (owner > 0 && ostart != 0 && start_time(owner) == ostart)
+      continue;
+    struct stat st;
+    if (owner == 0 && stat(path, &st) == 0 && time(NULL) - st.st_mtime < 60)
+      continue;
+    if (uid_processes((uid_t)(q->cfg.uid_base + slot), true) == 0)
+      unlink(path); /* else the next sweep, once they are gone */
+    reaped++;
+  }
+  if (sd)
+    closedir(sd);
   if (reaped)
     q->host->log(EPH_LOG_INFO, "sweep: reaped %d leaked microVM(s)", reaped);
   return reaped;
