@@ -35,9 +35,12 @@ on_event(void *opaque, eph_run_t *run, const eph_event_t *ev)
   eph_error_t err = {0};
   const char *text = (zdr && ev->content) ? "[redacted: zero data retention]" : ev->text;
   if (eph_store_event_append(l->store, eph_run_id(run), ev->seq, ev->t_ms, ev->source, ev->kind,
-                             text, (zdr && ev->content) ? NULL : ev->data, &err) < 0)
+                             text, (zdr && ev->content) ? NULL : ev->data, &err) < 0) {
     eph_warn("run %s: storing event %lld: %s", eph_run_id(run), (long long)ev->seq,
              err.message);
+    /* A timeline with a hole is not a record: the run stops (storage_error). */
+    eph_run_storage_failed(run, err.message);
+  }
   if (l->next.on_event)
     l->next.on_event(l->next.opaque, run, ev);
 }
@@ -59,8 +62,10 @@ on_update(void *opaque, eph_run_t *run)
     json_object_object_add(usage, "error", json_object_get(error));
   eph_error_t err = {0};
   if (eph_store_run_update(l->store, eph_run_id(run), json_object_get_string(status), output,
-                           usage, &err) < 0)
+                           usage, &err) < 0) {
     eph_warn("run %s: storing state: %s", eph_run_id(run), err.message);
+    eph_run_storage_failed(run, err.message);
+  }
   if (l->next.on_update)
     l->next.on_update(l->next.opaque, run);
 }
