@@ -1136,12 +1136,14 @@ end_and_settle(eph_run_t *run)
      * start of any process settles it and completes the record. */
     eph_error("run %s: settle failed: %s (left to the reconciler)", run->id, err.message);
     eph_run_storage_failed(run, err.message);
+    /* The last write of the run's own before the lock goes: once released, the reconciler
+     * may complete the record at any moment and nothing here may overwrite it. */
+    notify_update(run);
     abandon_owner_lock(run);
     pthread_mutex_lock(&run->lock);
     run->settled = true;
     pthread_cond_broadcast(&run->cond);
     pthread_mutex_unlock(&run->lock);
-    notify_update(run);
     return;
   }
   pthread_mutex_lock(&run->lock);
