@@ -32,6 +32,10 @@ eph_health_check(eph_ctx_t *ctx, eph_store_t *store, const char *store_error, bo
                                                              : "the store is not open"));
   } else if (eph_store_probe(store, &err) < 0) {
     json_object_object_add(o, "store", component(err.message));
+  } else if (eph_store_fault(store, err.message, sizeof err.message)) {
+    /* The probe's page is sound, but a read found a damaged one (an API key's): every
+     * request it serves is wrong until the file is restored. */
+    json_object_object_add(o, "store", component(err.message));
   } else {
     store_ok = true;
     json_object_object_add(o, "store", component(NULL));

@@ -183,6 +183,9 @@ struct eph_store {
    * again: read by health checks without waiting for `lock`. */
   pthread_mutex_t fault_lock;
   char fault[512];
+  /* A damaged page found while serving: sticky until the file is reopened (and refused by
+   * quick_check), since a later write elsewhere in the file proves nothing about it. */
+  char damaged[512];
 };
 
 /* A fault is what the operator must act on: the file or the disk, not the caller. */
@@ -205,11 +208,14 @@ is_fault(int rc)
 /* Records a fault; logged once when the store goes from healthy to failing (a full disk
  * fails every write: one line, not thousands). */
 static void
-fault_set(eph_store_t *s, const char *message)
+fault_set(eph_store_t *s, int rc, const char *message)
 {
   pthread_mutex_lock(&s->fault_lock);
-  bool was_ok = !s->fault[0];
-  snprintf(s->fault, sizeof s->fault, "%s", message);
+  bool was_ok = !s->fault[0] && !s->damaged[0];
+  if ((rc & 0xff) == SQLITE_CORRUPT || (rc & 0xff) == SQLITE_NOTADB)
+    snprintf(s->damaged, sizeof s->damaged, "%s", message);
+  else
+    snprintf(s->fault, sizeof s->fault, "%s", message);
   pthread_mutex_unlock(&s->fault_lock);
   if (was_ok)
     eph_error("%s (the store is failing; see /v1/health or `ephemeral doctor`)", message);
@@ -261,7 +267,7 @@ db_error(eph_store_t *s, const char *what, eph_error_t *err)
   if (is_fault(rc)) {
     char msg[sizeof s->fault];
     snprintf(msg, sizeof msg, "%s: %s: %s", s->path, what, sqlite3_errmsg(s->db));
-    fault_set(s, msg);
+    fault_set(s, rc, msg);
   }
   return r;
 }
@@ -1141,9 +1147,10 @@ bool
 eph_store_fault(eph_store_t *s, char *buf, size_t size)
 {
   pthread_mutex_lock(&s->fault_lock);
-  bool failing = s->fault[0] != '\0';
+  const char *which = s->damaged[0] ? s->damaged : s->fault;
+  bool failing = which[0] != '\0';
   if (failing && buf)
-    snprintf(buf, size, "%s", s->fault);
+    snprintf(buf, size, "%s", which);
   pthread_mutex_unlock(&s->fault_lock);
   return failing;
 }

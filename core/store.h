@@ -178,7 +178,8 @@ int eph_store_purge(eph_store_t *store, int retention_days, eph_error_t *err);
 int eph_store_probe(eph_store_t *store, eph_error_t *err);
 
 /* True while the store is failing: the last write hit a fault of the file or the disk
- * (full, I/O error, damaged page) and none has succeeded since. buf (optional) receives
+ * (full, I/O error) and none has succeeded since, or any operation found a damaged page
+ * (sticky: only reopening, which runs quick_check, clears it). buf (optional) receives
  * the message naming the file. Never waits for a write in progress. */
 bool eph_store_fault(eph_store_t *store, char *buf, size_t size);
 
