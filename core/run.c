@@ -870,7 +870,7 @@ set_end(eph_run_t *run, eph_run_status_t s, const char *reason, const char *erro
   pthread_mutex_unlock(&run->lock);
 }
 
-/* Ends the loop for cancellation, deadline or budget; true when it did. */
+/* failed/storage_error with the first storage error as the run's error. */
 static void
 set_end_storage(eph_run_t *run)
 {
@@ -881,6 +881,8 @@ set_end_storage(eph_run_t *run)
   set_end(run, EPH_RUN_FAILED, "storage_error", msg);
 }
 
+/* Ends the loop for a storage failure, cancellation, deadline or budget; true when it
+ * did. */
 static bool
 check_stop(eph_run_t *run)
 {
