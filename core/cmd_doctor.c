@@ -34,8 +34,8 @@ eph_cmd_doctor(eph_ctx_t *ctx, int argc, char **argv)
   for (size_t i = 0; i < 4; i++) {
     json_object *c = NULL, *v = NULL;
     json_object_object_get_ex(report, eph_health_components[i], &c);
-    const char *status = json_object_object_get_ex(c, "status", &v) ? json_object_get_string(v)
-                                                                    : "degraded";
+    const char *status =
+        json_object_object_get_ex(c, "status", &v) ? json_object_get_string(v) : "degraded";
     if (json_object_object_get_ex(c, "reason", &v))
       printf("%s: %s: %s\n", eph_health_components[i], status, json_object_get_string(v));
     else
@@ -43,7 +43,8 @@ eph_cmd_doctor(eph_ctx_t *ctx, int argc, char **argv)
   }
   if (pending > 0) {
     printf("recovery: degraded: %d run(s) left by a dead process or a storage failure could "
-           "not be settled and recorded yet\n", pending);
+           "not be settled and recorded yet\n",
+           pending);
     healthy = false;
   }
   if (store)

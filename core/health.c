@@ -28,8 +28,8 @@ eph_health_check(eph_ctx_t *ctx, eph_store_t *store, const char *store_error, bo
   eph_error_t err = {0};
 
   if (!store) {
-    json_object_object_add(o, "store", component(store_error ? store_error
-                                                             : "the store is not open"));
+    json_object_object_add(o, "store",
+                           component(store_error ? store_error : "the store is not open"));
   } else if (eph_store_probe(store, &err) < 0) {
     json_object_object_add(o, "store", component(err.message));
   } else if (eph_store_fault(store, err.message, sizeof err.message)) {
@@ -68,9 +68,9 @@ eph_health_check(eph_ctx_t *ctx, eph_store_t *store, const char *store_error, bo
     const eph_plugin_slot_t *m = eph_plugins_find(&ctx->plugins, model_plugin);
     model_ok = m && m->desc->kind == EPH_KIND_MODEL;
     cleanup_free char *why =
-        model_ok ? NULL
-                 : eph_xasprintf("model plugin '%s' (config model_plugin) is not loaded",
-                                 model_plugin);
+        model_ok
+            ? NULL
+            : eph_xasprintf("model plugin '%s' (config model_plugin) is not loaded", model_plugin);
     json_object_object_add(o, "model", component(why));
   }
   if (healthy)

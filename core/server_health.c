@@ -34,8 +34,7 @@ reconcile(eph_server_t *srv)
     json_object_object_get_ex(report, "ledger", &c);
     if (c && !json_object_object_get_ex(c, "reason", NULL)) {
       cleanup_free char *why =
-          eph_xasprintf("%d run(s) wait to be settled and recorded; retried every second",
-                        pending);
+          eph_xasprintf("%d run(s) wait to be settled and recorded; retried every second", pending);
       json_object_object_add(c, "pending_runs", json_object_new_int(pending));
       json_object_object_add(c, "note", json_object_new_string(why));
     }
@@ -129,9 +128,10 @@ eph_srv_health(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req)
   pthread_mutex_lock(&srv->lock);
   bool ok = srv->healthy && !srv->draining;
   json_object *o = json_object_new_object();
-  json_object_object_add(o, "status", json_object_new_string(srv->draining ? "draining"
-                                                             : srv->healthy ? "ok"
-                                                                            : "degraded"));
+  json_object_object_add(o, "status",
+                         json_object_new_string(srv->draining  ? "draining"
+                                                : srv->healthy ? "ok"
+                                                               : "degraded"));
   json_object_object_add(o, "version", json_object_new_string(PACKAGE_VERSION));
   json_object_object_add(o, "queued", json_object_new_int(srv->queued));
   json_object_object_add(o, "running", json_object_new_int(srv->running));
