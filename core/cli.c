@@ -36,6 +36,12 @@ const eph_cli_command_t eph_cli_commands[] = {
     {"keys", "keys create|revoke|list --org ORG [--name NAME]",
      "make (printed once), revoke or list API keys of an organisation", NULL, false, 1,
      eph_cmd_keys},
+    {"doctor", "doctor",
+     "check the store, ledger, backend and model offline (exit 0 healthy, 1 otherwise)",
+     "  One line per component: \"NAME: ok\" or \"NAME: degraded: REASON\". A damaged\n"
+     "  store or ledger file (PRAGMA quick_check), a full disk, a plugin that did not load\n"
+     "  are reported; runs a dead process left are settled and recorded first.\n",
+     true, 1, eph_cmd_doctor},
     {0},
 };
 

@@ -12,59 +12,8 @@
 
 #include "host.h"
 #include "log.h"
-#include "store.h"
+#include "runstore.h"
 #include "util.h"
-
-/* Reservations left open by a process that died (kill -9) are settled at the next start of
- * any process: compute charged so far stays billed, the rest is released, and the run is
- * recorded as failed. Each live run holds an exclusive flock on <state_dir>/runs/<id>.lock
- * (eph_run_new takes it before reserving); a lock file that can be locked here belongs to a
- * dead process, whatever else is running — a long-lived daemon included. */
-static void
-settle_abandoned(eph_ctx_t *ctx)
-{
-  const eph_plugin_slot_t *ledger = eph_plugins_first(&ctx->plugins, EPH_KIND_LEDGER);
-  if (!ledger)
-    return;
-  const eph_ledger_ops_t *ops = ledger->desc->ops;
-  cleanup_free char *dir = eph_xasprintf("%s/runs", ctx->state_dir);
-  DIR *d = opendir(dir);
-  if (!d)
-    return;
-  eph_store_t *store = NULL;
-  struct dirent *de;
-  while ((de = readdir(d))) {
-    size_t n = strlen(de->d_name);
-    if (n < 6 || strcmp(de->d_name + n - 5, ".lock") != 0 || strncmp(de->d_name, "run_", 4))
-      continue;
-    cleanup_free char *path = eph_xasprintf("%s/%s", dir, de->d_name);
-    cleanup_close int fd = open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
-    if (fd < 0 || flock(fd, LOCK_EX | LOCK_NB) < 0)
-      continue; /* its process is alive */
-    cleanup_free char *run_id = eph_xstrndup(de->d_name, n - 5);
-    eph_error_t e = {0};
-    eph_ledger_totals_t totals = {0};
-    int r = EPH_WITH_PLUGIN(ledger, ops->settle(ledger->state, run_id, &totals, &e));
-    if (r < 0 && e.code != ENOENT) {
-      eph_warn("settling %s left by a process that died: %s", run_id, e.message);
-      continue; /* keep the lock file: the next start tries again */
-    }
-    if (r == 0)
-      eph_info("settled %s left by a process that died: %lld billed, %lld released", run_id,
-               (long long)totals.billed_micros, (long long)totals.released_micros);
-    /* Its run can never end by itself now: record it as failed. */
-    cleanup_free char *db = eph_xasprintf("%s/ephemeral.sqlite", ctx->state_dir);
-    if (!store && eph_store_open(db, NULL, &store, &e) < 0)
-      eph_warn("%s", e.message);
-    if (store && eph_store_run_update(store, run_id, "failed", NULL, NULL, &e) < 0 &&
-        e.code != ENOENT)
-      eph_warn("marking %s failed: %s", run_id, e.message);
-    unlink(path);
-  }
-  closedir(d);
-  if (store)
-    eph_store_close(store);
-}
 
 /* Ranges of the core's numbers. A value outside is an error naming file:line, never a
  * silent surprise: a negative price made runs free, a max_cost_micros of -1 refused every
@@ -233,7 +182,9 @@ eph_ctx_open(eph_ctx_t *ctx, const eph_ctx_options_t *opt, eph_error_t *err)
       else if (n > 0)
         eph_info("%s: reaped %d sandbox(es) left behind by a dead process", s->desc->name, n);
     }
-    settle_abandoned(ctx);
+    /* Reservations and records left by a process that died (kill -9) or by a run whose
+     * storage failed: see eph_runstore_recover. */
+    eph_runstore_recover(ctx, NULL, false, NULL);
   }
   return 0;
 

@@ -23,6 +23,11 @@
  * worth making and the run ends budget_exhausted instead. */
 #define MIN_OUTPUT_TOKENS 64
 
+/* The owner lock file is created this long and filled with spaces, so that writing the
+ * run's end into it (when its record could not be stored) never needs a new block: it
+ * must work on the full disk that caused the failure. */
+#define OWNER_NOTE_BYTES 512
+
 struct eph_run {
   pthread_mutex_t lock;
   pthread_mutex_t emit_lock; /* events reach the observer in seq order, from any thread */
@@ -44,6 +49,8 @@ struct eph_run {
   bool ended, settled;
   atomic_bool cancel;
   atomic_bool budget_exhausted;
+  atomic_bool storage_failed; /* a ledger or store write failed: see eph_run_storage_failed */
+  char storage_error[512];    /* its first message, under lock */
 
   eph_event_t *events;
   size_t n_events, cap_events;
@@ -194,6 +201,21 @@ notify_update(eph_run_t *run)
     run->obs.on_update(run->obs.opaque, run);
 }
 
+void
+eph_run_storage_failed(eph_run_t *run, const char *message)
+{
+  pthread_mutex_lock(&run->lock);
+  if (!run->storage_error[0])
+    snprintf(run->storage_error, sizeof run->storage_error, "%s",
+             message && *message ? message : "a write to storage failed");
+  atomic_store(&run->storage_failed, true);
+  /* Stop the work at once: nothing it does now could be recorded or billed. */
+  if (run->sbx)
+    eph_sbx_cancel(run->sbx);
+  pthread_cond_broadcast(&run->cond);
+  pthread_mutex_unlock(&run->lock);
+}
+
 /* ------------------------------------------------------------------ money */
 
 static const eph_ledger_ops_t *
@@ -218,10 +240,16 @@ charge_capped(eph_run_t *run, eph_cost_t cat, int64_t micros, const char *memo)
     eph_error_t err = {0};
     int r = EPH_WITH_PLUGIN(run->ledger, ledger_ops(run)->charge(run->ledger->state, run->id,
                                                                  cat, amount, memo, &err));
-    if (r < 0) {
+    if (r < 0 && err.code == EPH_E_BUDGET) {
+      short_of_budget = true;
+    } else if (r < 0) {
+      /* Not the budget: the ledger could not record the charge (full disk, I/O error).
+       * The run stops as failed/storage_error; what was not recorded is not billed. */
       eph_error("run %s: ledger charge of %" PRId64 " micros failed: %s", run->id, amount,
                 err.message);
-      short_of_budget = true;
+      pthread_mutex_unlock(&run->lock);
+      eph_run_storage_failed(run, err.message);
+      pthread_mutex_lock(&run->lock);
     } else {
       charged = amount;
       run->billed += amount;
@@ -446,6 +474,18 @@ take_owner_lock(eph_run_t *run, eph_error_t *err)
   int fd = open(tmp, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
   if (fd < 0)
     return eph_error_set(err, errno, "%s: %s", tmp, strerror(errno));
+  /* Room for the note abandon_owner_lock() may have to write on a full disk; a disk
+   * that cannot hold these bytes refuses the run before anything is reserved. */
+  char blank[OWNER_NOTE_BYTES];
+  memset(blank, ' ', sizeof blank);
+  blank[sizeof blank - 1] = '\n';
+  if (pwrite(fd, blank, sizeof blank, 0) != (ssize_t)sizeof blank) {
+    int e = errno ? errno : ENOSPC;
+    r = eph_error_set(err, e, "%s: %s", tmp, strerror(e));
+    unlink(tmp);
+    close(fd);
+    return r;
+  }
   run->lock_path = eph_xasprintf("%s/%s.lock", dir, run->id);
   if (flock(fd, LOCK_EX) < 0 || rename(tmp, run->lock_path) < 0) {
     r = eph_error_set(err, errno, "%s: %s", run->lock_path, strerror(errno));
@@ -457,6 +497,45 @@ take_owner_lock(eph_run_t *run, eph_error_t *err)
   }
   run->owner_fd = fd;
   return 0;
+}
+
+/* Leaves the lock file for the reconciler (eph_runstore_recover) when the run's end could
+ * not be recorded (ledger or store failing): the note says how the run ended, written in
+ * place into the space reserved at creation, and closing the descriptor releases the
+ * flock so the file reads as "owner gone". */
+static void
+abandon_owner_lock(eph_run_t *run)
+{
+  if (run->owner_fd < 0)
+    return;
+  json_object *note = json_object_new_object();
+  pthread_mutex_lock(&run->lock);
+  json_object_object_add(note, "status",
+                         json_object_new_string(eph_run_status_name(run->status)));
+  json_object_object_add(note, "reason", json_object_new_string(run->reason));
+  if (run->error && !run->req.zero_data_retention)
+    json_object_object_add(note, "error", json_object_new_string(run->error));
+  pthread_mutex_unlock(&run->lock);
+  char buf[OWNER_NOTE_BYTES];
+  memset(buf, ' ', sizeof buf);
+  buf[sizeof buf - 1] = '\n';
+  const char *text = json_object_to_json_string_ext(note, JSON_C_TO_STRING_PLAIN);
+  size_t n = strlen(text);
+  if (n >= sizeof buf - 1) {
+    /* Too long with the error: status and reason alone fit. */
+    json_object_object_del(note, "error");
+    text = json_object_to_json_string_ext(note, JSON_C_TO_STRING_PLAIN);
+    n = strlen(text);
+  }
+  memcpy(buf, text, n < sizeof buf - 1 ? n : sizeof buf - 1);
+  if (pwrite(run->owner_fd, buf, sizeof buf, 0) != (ssize_t)sizeof buf)
+    eph_warn("run %s: %s: writing its end: %s (it will be recovered as host_lost)", run->id,
+             run->lock_path, strerror(errno));
+  json_object_put(note);
+  close(run->owner_fd);
+  run->owner_fd = -1;
+  free(run->lock_path);
+  run->lock_path = NULL;
 }
 
 static void
@@ -837,10 +916,26 @@ set_end(eph_run_t *run, eph_run_status_t s, const char *reason, const char *erro
   pthread_mutex_unlock(&run->lock);
 }
 
-/* Ends the loop for cancellation, deadline or budget; true when it did. */
+/* failed/storage_error with the first storage error as the run's error. */
+static void
+set_end_storage(eph_run_t *run)
+{
+  pthread_mutex_lock(&run->lock);
+  char msg[sizeof run->storage_error];
+  snprintf(msg, sizeof msg, "%s", run->storage_error);
+  pthread_mutex_unlock(&run->lock);
+  set_end(run, EPH_RUN_FAILED, "storage_error", msg);
+}
+
+/* Ends the loop for a storage failure, cancellation, deadline or budget; true when it
+ * did. */
 static bool
 check_stop(eph_run_t *run)
 {
+  if (atomic_load(&run->storage_failed)) {
+    set_end_storage(run);
+    return true;
+  }
   if (atomic_load(&run->cancel)) {
     set_end(run, EPH_RUN_CANCELLED, "cancelled", NULL);
     return true;
@@ -977,7 +1072,9 @@ agent_loop(eph_run_t *run)
       run->answer = eph_xstrdup(content && json_object_is_type(content, json_type_string)
                                     ? json_object_get_string(content) : "");
       eph_model_response_clear(&resp);
-      if (atomic_load(&run->budget_exhausted))
+      if (atomic_load(&run->storage_failed))
+        set_end_storage(run);
+      else if (atomic_load(&run->budget_exhausted))
         set_end(run, EPH_RUN_BUDGET_EXHAUSTED, "budget_exhausted", NULL);
       else
         set_end(run, EPH_RUN_SUCCEEDED, "final_answer", NULL);
@@ -1027,6 +1124,15 @@ static void
 end_and_settle(eph_run_t *run)
 {
   pthread_mutex_lock(&run->lock);
+  /* A write that failed during the run decides the end whatever the agent achieved: the
+   * record of that work is incomplete, so it is not reported as a success. */
+  bool failed_before = atomic_load(&run->storage_failed);
+  if (failed_before) {
+    run->status = EPH_RUN_FAILED;
+    snprintf(run->reason, sizeof run->reason, "storage_error");
+    free(run->error);
+    run->error = eph_xstrdup(run->storage_error);
+  }
   eph_run_status_t s = run->status;
   if (s == EPH_RUN_QUEUED || s == EPH_RUN_RUNNING) {
     s = run->status = EPH_RUN_FAILED;
@@ -1063,24 +1169,43 @@ end_and_settle(eph_run_t *run)
          run->reason, calls, calls == 1 ? "" : "s", tok, run->error ? " · " : "",
          run->error ? run->error : "");
 
+  if (!failed_before && atomic_load(&run->storage_failed)) {
+    /* The ended event itself could not be stored: the record will say failed
+     * (storage_error) once the reconciler writes it, so the answers from memory say so too. */
+    pthread_mutex_lock(&run->lock);
+    run->status = EPH_RUN_FAILED;
+    snprintf(run->reason, sizeof run->reason, "storage_error");
+    free(run->error);
+    run->error = eph_xstrdup(run->storage_error);
+    pthread_mutex_unlock(&run->lock);
+  }
+
   eph_ledger_totals_t totals = {0};
   eph_error_t err = {0};
   int r = EPH_WITH_PLUGIN(run->ledger,
                           ledger_ops(run)->settle(run->ledger->state, run->id, &totals, &err));
   if (r < 0) {
-    eph_error("run %s: settle failed: %s (the next start settles it)", run->id, err.message);
-    totals.reserved_micros = run->reserved;
-    totals.billed_micros = run->billed;
-    totals.released_micros = run->reserved - run->billed;
+    /* The reservation stays open: no settled event claims what the ledger did not record.
+     * The lock file is left with the run's end in it; the reconciler (daemon) or the next
+     * start of any process settles it and completes the record. */
+    eph_error("run %s: settle failed: %s (left to the reconciler)", run->id, err.message);
+    eph_run_storage_failed(run, err.message);
+    /* The last write of the run's own before the lock goes: once released, the reconciler
+     * may complete the record at any moment and nothing here may overwrite it. */
+    notify_update(run);
+    abandon_owner_lock(run);
+    pthread_mutex_lock(&run->lock);
+    run->settled = true;
+    pthread_cond_broadcast(&run->cond);
+    pthread_mutex_unlock(&run->lock);
+    return;
   }
   pthread_mutex_lock(&run->lock);
   run->billed = totals.billed_micros;
   run->released = totals.released_micros;
-  if (r == 0) {
-    run->model_micros = totals.model_micros;
-    run->web_micros = totals.web_micros;
-    run->compute_micros = totals.compute_micros;
-  }
+  run->model_micros = totals.model_micros;
+  run->web_micros = totals.web_micros;
+  run->compute_micros = totals.compute_micros;
   pthread_mutex_unlock(&run->lock);
   char billed[32], released[32];
   json_object *sd = json_object_new_object();
@@ -1094,14 +1219,17 @@ end_and_settle(eph_run_t *run)
   emit(run, "Worker destroyed", "settled", false, sd, "%s billed, %s released",
        eph_format_dollars(totals.billed_micros, billed, sizeof billed),
        eph_format_dollars(totals.released_micros, released, sizeof released));
-  /* A failed settle keeps the lock file: the next start of any process settles it. */
-  if (r == 0)
+  notify_update(run);
+  /* Money settled; if any write of the record failed on the way, the lock file stays so
+   * the reconciler completes the record (ended, settled, the ledger's totals). */
+  if (atomic_load(&run->storage_failed))
+    abandon_owner_lock(run);
+  else
     drop_owner_lock(run);
   pthread_mutex_lock(&run->lock);
   run->settled = true;
   pthread_cond_broadcast(&run->cond);
   pthread_mutex_unlock(&run->lock);
-  notify_update(run);
 }
 
 /* ------------------------------------------------------------------ egress */
@@ -1508,7 +1636,8 @@ host_charge(eph_run_t *run, eph_cost_t category, int64_t micros, const char *mem
     return eph_error_set(err, EPH_E_BUDGET, "the run's budget cannot pay %" PRId64 " micros",
                          micros);
   }
-  charge_capped(run, category, micros, memo ? memo : "plugin charge");
+  if (micros > 0 && charge_capped(run, category, micros, memo ? memo : "plugin charge") == 0)
+    return eph_error_set(err, EIO, "the charge could not be recorded: the ledger is failing");
   return 0;
 }
 

@@ -85,6 +85,12 @@ eph_run_status_t eph_run_execute(eph_run_t *run);
 /* Ends a queued run without executing it (daemon drain): terminal `cancelled`, settled. */
 void eph_run_abandon(eph_run_t *run, const char *reason);
 
+/* Reports that a write of the run's record (store) or money (ledger) failed (thread-safe;
+ * message borrowed, the first one is kept). The run stops at once and ends `failed` with
+ * reason `storage_error`, unless its ended event was already stored; its lock file is then
+ * left for the reconciler (eph_runstore_recover) to complete the record and settle. */
+void eph_run_storage_failed(eph_run_t *run, const char *message);
+
 /* Asks the run to stop (thread-safe, async-signal-unsafe): ends as cancelled. */
 void eph_run_cancel(eph_run_t *run);
 

@@ -2,8 +2,15 @@
 
 #include "runstore.h"
 
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
 #include <pthread.h>
 #include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "log.h"
 #include "util.h"
@@ -28,9 +35,12 @@ on_event(void *opaque, eph_run_t *run, const eph_event_t *ev)
   eph_error_t err = {0};
   const char *text = (zdr && ev->content) ? "[redacted: zero data retention]" : ev->text;
   if (eph_store_event_append(l->store, eph_run_id(run), ev->seq, ev->t_ms, ev->source, ev->kind,
-                             text, (zdr && ev->content) ? NULL : ev->data, &err) < 0)
+                             text, (zdr && ev->content) ? NULL : ev->data, &err) < 0) {
     eph_warn("run %s: storing event %lld: %s", eph_run_id(run), (long long)ev->seq,
              err.message);
+    /* A timeline with a hole is not a record: the run stops (storage_error). */
+    eph_run_storage_failed(run, err.message);
+  }
   if (l->next.on_event)
     l->next.on_event(l->next.opaque, run, ev);
 }
@@ -52,8 +62,10 @@ on_update(void *opaque, eph_run_t *run)
     json_object_object_add(usage, "error", json_object_get(error));
   eph_error_t err = {0};
   if (eph_store_run_update(l->store, eph_run_id(run), json_object_get_string(status), output,
-                           usage, &err) < 0)
+                           usage, &err) < 0) {
     eph_warn("run %s: storing state: %s", eph_run_id(run), err.message);
+    eph_run_storage_failed(run, err.message);
+  }
   if (l->next.on_update)
     l->next.on_update(l->next.opaque, run);
 }
@@ -98,4 +110,222 @@ eph_runstore_detach(eph_run_t *run)
     }
   }
   pthread_mutex_unlock(&links_lock);
+}
+
+/* ------------------------------------------------------------------ recovery */
+
+/* The note a run left in its lock file (see run.c's abandon_owner_lock), or NULL when it
+ * left none (its process died). */
+static json_object *
+read_note(int fd)
+{
+  char buf[1024];
+  ssize_t n = pread(fd, buf, sizeof buf - 1, 0);
+  if (n <= 0)
+    return NULL;
+  buf[n] = '\0';
+  json_object *o = json_tokener_parse(buf);
+  if (o && !json_object_is_type(o, json_type_object)) {
+    json_object_put(o);
+    o = NULL;
+  }
+  return o;
+}
+
+static const char *
+note_string(json_object *note, const char *key, const char *def)
+{
+  json_object *v = NULL;
+  if (note && json_object_object_get_ex(note, key, &v) && json_object_is_type(v, json_type_string))
+    return json_object_get_string(v);
+  return def;
+}
+
+static const char *
+end_source(const char *status)
+{
+  return strcmp(status, "succeeded") == 0          ? "Succeeded"
+         : strcmp(status, "timed_out") == 0        ? "Timed out"
+         : strcmp(status, "budget_exhausted") == 0 ? "Budget exhausted"
+         : strcmp(status, "cancelled") == 0        ? "Cancelled"
+                                                   : "Failed";
+}
+
+/* Completes the record of run_id in the store from the ledger's totals: the ended event
+ * (from the note, else failed/host_lost) and the settled event when missing, then the
+ * row's status, reason and money. Idempotent: a second pass finds both events and writes
+ * the same row. 0, or negative when the store failed (the caller keeps the lock file). */
+static int
+complete_record(eph_store_t *store, const char *run_id, json_object *note,
+                const eph_ledger_totals_t *t, bool have_totals, eph_error_t *err)
+{
+  cleanup_json json_object *row = NULL, *events = NULL;
+  int r = eph_store_run_get(store, run_id, NULL, &row, err);
+  if (r == -ENOENT)
+    return 0; /* no record was ever stored (its insert failed): only money to settle */
+  if (r < 0 || (r = eph_store_events_since(store, run_id, -1, 0, &events, err)) < 0)
+    return r;
+  int64_t next_seq = 1;
+  json_object *ended = NULL, *settled = NULL;
+  for (size_t i = 0; i < json_object_array_length(events); i++) {
+    json_object *e = json_object_array_get_idx(events, i), *v = NULL;
+    int64_t seq = json_object_object_get_ex(e, "seq", &v) ? json_object_get_int64(v) : 0;
+    if (seq >= next_seq)
+      next_seq = seq + 1;
+    const char *kind =
+        json_object_object_get_ex(e, "kind", &v) ? json_object_get_string(v) : "";
+    if (strcmp(kind, "ended") == 0)
+      ended = e;
+    else if (strcmp(kind, "settled") == 0)
+      settled = e;
+  }
+  json_object *v = NULL;
+  int64_t created_us =
+      json_object_object_get_ex(row, "created_at_us", &v) ? json_object_get_int64(v) : 0;
+  int64_t t_ms = created_us > 0 ? (eph_wall_us() - created_us) / 1000 : 0;
+
+  /* How the run ended: its stored ended event if it got that far, else its note, else
+   * its process died with it (host_lost). */
+  const char *status = note_string(note, "status", "failed");
+  const char *reason = note_string(note, "reason", "host_lost");
+  const char *error = note_string(note, "error", NULL);
+  if (strcmp(status, "queued") == 0 || strcmp(status, "running") == 0)
+    status = "failed";
+  json_object *ed = NULL;
+  if (ended && json_object_object_get_ex(ended, "data", &ed)) {
+    status = note_string(ed, "status", status);
+    reason = note_string(ed, "reason", reason);
+    error = note_string(ed, "error", NULL);
+  }
+  if (!ended) {
+    json_object *d = json_object_new_object();
+    json_object_object_add(d, "status", json_object_new_string(status));
+    json_object_object_add(d, "reason", json_object_new_string(reason));
+    if (error)
+      json_object_object_add(d, "error", json_object_new_string(error));
+    json_object_object_add(d, "recovered", json_object_new_boolean(1));
+    cleanup_free char *text =
+        strcmp(reason, "host_lost") == 0
+            ? eph_xstrdup("host_lost · the process running this run died; recovered")
+            : eph_xasprintf("%s%s%s · recovered", reason, error ? " · " : "", error ? error : "");
+    r = eph_store_event_append(store, run_id, next_seq++, t_ms, end_source(status), "ended",
+                               text, d, err);
+    json_object_put(d);
+    if (r < 0)
+      return r;
+  }
+  if (!settled && have_totals) {
+    json_object *d = json_object_new_object();
+    json_object_object_add(d, "reserved_micros", json_object_new_int64(t->reserved_micros));
+    json_object_object_add(d, "billed_micros", json_object_new_int64(t->billed_micros));
+    json_object_object_add(d, "released_micros", json_object_new_int64(t->released_micros));
+    json_object_object_add(d, "model_micros", json_object_new_int64(t->model_micros));
+    json_object_object_add(d, "web_micros", json_object_new_int64(t->web_micros));
+    json_object_object_add(d, "compute_micros", json_object_new_int64(t->compute_micros));
+    json_object_object_add(d, "recovered", json_object_new_boolean(1));
+    char billed[32], released[32];
+    cleanup_free char *text =
+        eph_xasprintf("%s billed, %s released",
+                      eph_format_dollars(t->billed_micros, billed, sizeof billed),
+                      eph_format_dollars(t->released_micros, released, sizeof released));
+    r = eph_store_event_append(store, run_id, next_seq++, t_ms, "Worker destroyed", "settled",
+                               text, d, err);
+    json_object_put(d);
+    if (r < 0)
+      return r;
+  }
+  /* The row: status and reason of the end, the ledger's money to the micro. */
+  json_object *usage = NULL;
+  json_object_object_get_ex(row, "usage", &usage);
+  cleanup_json json_object *u =
+      usage && json_object_is_type(usage, json_type_object) ? json_object_get(usage)
+                                                             : json_object_new_object();
+  json_object_object_add(u, "reason", json_object_new_string(reason));
+  if (error)
+    json_object_object_add(u, "error", json_object_new_string(error));
+  if (have_totals) {
+    json_object_object_add(u, "reserved_micros", json_object_new_int64(t->reserved_micros));
+    json_object_object_add(u, "billed_micros", json_object_new_int64(t->billed_micros));
+    json_object_object_add(u, "released_micros", json_object_new_int64(t->released_micros));
+    json_object_object_add(u, "model_micros", json_object_new_int64(t->model_micros));
+    json_object_object_add(u, "web_micros", json_object_new_int64(t->web_micros));
+    json_object_object_add(u, "compute_micros", json_object_new_int64(t->compute_micros));
+  }
+  return eph_store_run_update(store, run_id, status, NULL, u, err);
+}
+
+int
+eph_runstore_recover(eph_ctx_t *ctx, eph_store_t *store, bool quiet, int *pending)
+{
+  if (pending)
+    *pending = 0;
+  const eph_plugin_slot_t *ledger = eph_plugins_first(&ctx->plugins, EPH_KIND_LEDGER);
+  cleanup_free char *dir = eph_xasprintf("%s/runs", ctx->state_dir);
+  DIR *d = opendir(dir);
+  if (!d)
+    return 0;
+  eph_store_t *own = NULL;
+  int recovered = 0, left = 0;
+  struct dirent *de;
+  while ((de = readdir(d))) {
+    size_t n = strlen(de->d_name);
+    if (n < 6 || strcmp(de->d_name + n - 5, ".lock") != 0 || strncmp(de->d_name, "run_", 4))
+      continue;
+    cleanup_free char *path = eph_xasprintf("%s/%s", dir, de->d_name);
+    cleanup_close int fd = open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0 || flock(fd, LOCK_EX | LOCK_NB) < 0)
+      continue; /* its run is alive (in this process or another) */
+    /* The owner may have settled, unlinked and closed between our open and our lock:
+     * then the file we hold is no longer the one at `path`, and there is nothing to do. */
+    struct stat a, b;
+    if (fstat(fd, &a) < 0 || stat(path, &b) < 0 || a.st_ino != b.st_ino || a.st_dev != b.st_dev)
+      continue;
+    if (!ledger) {
+      left++;
+      continue;
+    }
+    cleanup_free char *run_id = eph_xstrndup(de->d_name, n - 5);
+    cleanup_json json_object *note = read_note(fd);
+    const eph_ledger_ops_t *ops = ledger->desc->ops;
+    eph_error_t e = {0};
+    eph_ledger_totals_t totals = {0};
+    int r = EPH_WITH_PLUGIN(ledger, ops->settle(ledger->state, run_id, &totals, &e));
+    if (r < 0 && e.code != ENOENT) {
+      eph_log(quiet ? EPH_LOG_DEBUG : EPH_LOG_WARN, "run %s: settling (left by %s): %s", run_id,
+               note ? "a run whose storage failed" : "a process that died", e.message);
+      left++;
+      continue; /* the lock file stays: the next pass tries again */
+    }
+    bool have_totals = r == 0;
+    if (have_totals)
+      eph_info("run %s: settled (left by %s): %" PRId64 " billed, %" PRId64 " released",
+               run_id, note ? "a run whose storage failed" : "a process that died",
+               totals.billed_micros, totals.released_micros);
+    eph_store_t *st = store;
+    if (!st) {
+      if (!own) {
+        cleanup_free char *db = eph_xasprintf("%s/ephemeral.sqlite", ctx->state_dir);
+        if (eph_store_open(db, NULL, &own, &e) < 0) {
+          eph_log(quiet ? EPH_LOG_DEBUG : EPH_LOG_WARN, "run %s: %s", run_id, e.message);
+          own = NULL;
+        }
+      }
+      st = own;
+    }
+    if (!st || complete_record(st, run_id, note, &totals, have_totals, &e) < 0) {
+      if (st)
+        eph_log(quiet ? EPH_LOG_DEBUG : EPH_LOG_WARN, "run %s: recording its end: %s", run_id,
+                e.message);
+      left++;
+      continue; /* money settled (idempotent); the record is completed on the next pass */
+    }
+    unlink(path);
+    recovered++;
+  }
+  closedir(d);
+  if (own)
+    eph_store_close(own);
+  if (pending)
+    *pending = left;
+  return recovered;
 }

@@ -16,4 +16,18 @@ int eph_runstore_attach(eph_store_t *store, eph_run_t *run, const eph_run_observ
 /* Frees what eph_runstore_attach allocated for the run (call after eph_run_free). */
 void eph_runstore_detach(eph_run_t *run);
 
+/* Recovery and reconciliation. Completes every run whose lock file in <state_dir>/runs can
+ * be locked (its owner is gone: a process killed, or a run whose ledger or store write
+ * failed and which left a note of its end there): settles its reservation in the ledger
+ * (idempotent), writes the missing `ended` event (the note's status and reason, else
+ * failed/host_lost) and `settled` event with the ledger's totals, and puts those totals
+ * into the run's row, so the record and the ledger agree to the micro. A lock file is
+ * removed only once all of that is stored; otherwise it stays for the next pass.
+ * store: the caller's open store, or NULL to open <state_dir>/ephemeral.sqlite for the
+ * pass. quiet: a failure is logged at debug level only (the periodic pass: a full disk
+ * would log every second; /v1/health says it instead). Called at every start (context.c)
+ * and periodically by the daemon. Returns the
+ * number of runs completed; *pending (optional) receives how many are left. */
+int eph_runstore_recover(eph_ctx_t *ctx, eph_store_t *store, bool quiet, int *pending);
+
 #endif

@@ -36,7 +36,6 @@ struct route {
 
 static MHD_RESULT h_playground(eph_server_t *, struct MHD_Connection *, conn_req_t *);
 static MHD_RESULT h_static(eph_server_t *, struct MHD_Connection *, conn_req_t *);
-static MHD_RESULT h_health(eph_server_t *, struct MHD_Connection *, conn_req_t *);
 static MHD_RESULT h_metrics(eph_server_t *, struct MHD_Connection *, conn_req_t *);
 static MHD_RESULT h_openapi(eph_server_t *, struct MHD_Connection *, conn_req_t *);
 
@@ -45,7 +44,7 @@ static MHD_RESULT h_openapi(eph_server_t *, struct MHD_Connection *, conn_req_t 
 static const route_t routes[] = {
     {"GET", "/", false, false, h_playground},
     {"GET", "/playground/{file}", false, false, h_static},
-    {"GET", "/v1/health", false, false, h_health},
+    {"GET", "/v1/health", false, false, eph_srv_health},
     {"GET", "/metrics", false, false, h_metrics},
     {"GET", "/v1/openapi.json", false, false, h_openapi},
     {"POST", "/v1/runs", true, true, eph_srv_runs_create},
@@ -423,20 +422,6 @@ eph_srv_error_h(struct MHD_Connection *c, eph_server_t *srv, unsigned status, co
 }
 
 /* ------------------------------------------------------------------ small handlers */
-
-static MHD_RESULT
-h_health(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req)
-{
-  (void)req;
-  pthread_mutex_lock(&srv->lock);
-  json_object *o = json_object_new_object();
-  json_object_object_add(o, "status", json_object_new_string(srv->draining ? "draining" : "ok"));
-  json_object_object_add(o, "version", json_object_new_string(PACKAGE_VERSION));
-  json_object_object_add(o, "queued", json_object_new_int(srv->queued));
-  json_object_object_add(o, "running", json_object_new_int(srv->running));
-  pthread_mutex_unlock(&srv->lock);
-  return eph_srv_json(c, srv, srv->draining ? MHD_HTTP_SERVICE_UNAVAILABLE : MHD_HTTP_OK, o);
-}
 
 static MHD_RESULT
 h_metrics(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req)

@@ -136,6 +136,11 @@ struct eph_server {
   uint64_t deadline_closes, inflight_refusals; /* under conns_lock */
   uint64_t connections_refused, refused_said; /* under conns_lock */
   int64_t refused_said_ms;
+  /* server_health.c: the reconciler thread and the last health check (under lock). */
+  pthread_t reconciler;
+  bool reconciler_started;
+  json_object *health; /* components, as eph_health_check returns them */
+  bool healthy, storage_ok;
 };
 
 /* server.c */
@@ -170,6 +175,13 @@ MHD_RESULT eph_srv_runs_cancel(eph_server_t *srv, struct MHD_Connection *c, conn
 void eph_srv_runs_drain(eph_server_t *srv, int grace_seconds);
 void eph_srv_runs_stop(eph_server_t *srv);
 void eph_srv_req_done(eph_server_t *srv, conn_req_t *req);
+
+/* server_health.c */
+int eph_srv_health_start(eph_server_t *srv, eph_error_t *err); /* first check, thread */
+void eph_srv_health_stop(eph_server_t *srv); /* after srv->stopping is set */
+/* False while the store or the ledger fails its probe; why receives the reason. */
+bool eph_srv_storage_ok(eph_server_t *srv, char *why, size_t size);
+MHD_RESULT eph_srv_health(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req);
 
 /* server_sse.c */
 MHD_RESULT eph_srv_runs_events(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req);

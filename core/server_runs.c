@@ -291,6 +291,9 @@ ticker_main(void *arg)
 int
 eph_srv_runs_init(eph_server_t *srv, eph_error_t *err)
 {
+  int hr = eph_srv_health_start(srv, err);
+  if (hr < 0)
+    return hr;
   srv->workers = eph_xcalloc((size_t)srv->opt.max_concurrent_runs, sizeof *srv->workers);
   for (int i = 0; i < srv->opt.max_concurrent_runs; i++) {
     int r = pthread_create(&srv->workers[i], NULL, worker_main, srv);
@@ -318,6 +321,7 @@ eph_srv_runs_stop(eph_server_t *srv)
   if (srv->ticker_started)
     pthread_join(srv->ticker, NULL);
   srv->ticker_started = false;
+  eph_srv_health_stop(srv);
   /* Every wait and stream ends now (they see `stopping`); the table lets go of its runs. */
   live_t *dead = NULL;
   pthread_mutex_lock(&srv->lock);
@@ -615,6 +619,15 @@ eph_srv_runs_create(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req
     snprintf(msg, sizeof msg, "the daemon is shutting down; retry on another instance");
     goto refused;
   }
+  /* While the store or the ledger cannot commit, a run could be neither recorded nor
+   * billed: refused before anything is claimed or reserved, with a time to come back. */
+  char why[600];
+  if (!eph_srv_storage_ok(srv, why, sizeof why)) {
+    status = MHD_HTTP_SERVICE_UNAVAILABLE;
+    type = "storage_unavailable";
+    snprintf(msg, sizeof msg, "storage is failing, no run can be recorded: %s", why);
+    goto refused;
+  }
   /* The claim, then the reservation and the run row, under `admit`: a second request with
    * the same key waits here and then finds the run in the table or the store. */
   for (int attempt = 0; idem && attempt < 2 && !claimed; attempt++) {
@@ -684,6 +697,11 @@ eph_srv_runs_create(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req
       status = MHD_HTTP_BAD_REQUEST;
       type = "invalid_request";
       efield = strncmp(err.message, "field 'model'", 13) == 0 ? "model" : NULL;
+    } else if (err.code == ENOSPC || err.code == EIO || err.code == EBUSY ||
+               err.code == EROFS || err.code == EDQUOT) {
+      eph_error("creating a run for %s: %s", req->org, err.message);
+      status = MHD_HTTP_SERVICE_UNAVAILABLE;
+      type = "storage_unavailable";
     } else {
       eph_error("creating a run for %s: %s", req->org, err.message);
       status = MHD_HTTP_SERVICE_UNAVAILABLE;
@@ -701,12 +719,14 @@ eph_srv_runs_create(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req
   eph_run_observer_t obs = {.on_event = obs_event, .on_update = obs_wake, .opaque = l};
   if (eph_runstore_attach(srv->store, run, &obs, &err) < 0) {
     eph_error("run %s: %s", run_id, err.message);
-    eph_run_abandon(run, "host_error"); /* settles the reservation made above */
+    /* Settles the reservation made above (or leaves it to the reconciler when the ledger
+     * fails too): nothing is charged for a run that never started. */
+    eph_run_abandon(run, "storage_error");
     live_free(l);
     l = NULL;
-    status = MHD_HTTP_INTERNAL_SERVER_ERROR;
-    type = "internal_error";
-    snprintf(msg, sizeof msg, "the store failed; see the daemon's log");
+    status = MHD_HTTP_SERVICE_UNAVAILABLE;
+    type = "storage_unavailable";
+    snprintf(msg, sizeof msg, "the store cannot record the run: %s", err.message);
     goto refused;
   }
   req->created = eph_run_to_json(run, true);
@@ -739,8 +759,9 @@ refused:
     eph_error("releasing an idempotency key: %s", err.message);
   pthread_mutex_unlock(&srv->admit);
   eph_request_free(&rq);
-  if (status == MHD_HTTP_TOO_MANY_REQUESTS)
-    return eph_srv_error_h(c, srv, status, MHD_HTTP_HEADER_RETRY_AFTER, "2", type, efield, "%s",
+  if (status == MHD_HTTP_TOO_MANY_REQUESTS || status == MHD_HTTP_SERVICE_UNAVAILABLE)
+    return eph_srv_error_h(c, srv, status, MHD_HTTP_HEADER_RETRY_AFTER,
+                           status == MHD_HTTP_TOO_MANY_REQUESTS ? "2" : "5", type, efield, "%s",
                            msg);
   return eph_srv_error(c, srv, status, type, efield, "%s", msg);
 }

@@ -16,6 +16,7 @@
 
 #include "sqlite_util.h"
 
+#include "log.h"
 #include "util.h"
 
 #define MAX_ID_BYTES 128
@@ -83,6 +84,12 @@ static const char *const migrations[] = {
   "  PRIMARY KEY (org, key)"
   ") WITHOUT ROWID;"
   "CREATE INDEX idempotency_created ON idempotency(created_at_us);",
+  /* 1 -> 2: one row the health probe rewrites, so "can the store commit?" is answered by a
+   * real commit (a full disk fails it) without touching history. */
+  "CREATE TABLE probe ("
+  "  id INTEGER PRIMARY KEY CHECK (id = 1),"
+  "  t_us INTEGER NOT NULL"
+  ");",
 };
 #define SCHEMA_VERSION ((int)(sizeof migrations / sizeof migrations[0]))
 
@@ -110,6 +117,7 @@ enum {
   ST_IDEM_RELEASE,
   ST_PURGE_RUNS,
   ST_PURGE_IDEM,
+  ST_PROBE,
   ST_COUNT
 };
 
@@ -161,6 +169,8 @@ static const char *const statement_sql[ST_COUNT] = {
   [ST_PURGE_RUNS] = "DELETE FROM runs WHERE created_at_us < ?1",
   [ST_IDEM_RELEASE] = "DELETE FROM idempotency WHERE org = ?1 AND key = ?2 AND run_id = ?3",
   [ST_PURGE_IDEM] = "DELETE FROM idempotency WHERE created_at_us < ?1",
+  [ST_PROBE] = "INSERT INTO probe(id, t_us) VALUES (1, ?1)"
+               " ON CONFLICT(id) DO UPDATE SET t_us = excluded.t_us",
 };
 
 struct eph_store {
@@ -169,7 +179,58 @@ struct eph_store {
   sqlite3_stmt *st[ST_COUNT];
   pthread_mutex_t lock; /* one connection, one user at a time: see store.h */
   int64_t idempotency_us;
+  /* The last storage fault (full disk, I/O error, damaged page) until a write succeeds
+   * again: read by health checks without waiting for `lock`. */
+  pthread_mutex_t fault_lock;
+  char fault[512];
+  /* A damaged page found while serving: sticky until the file is reopened (and refused by
+   * quick_check), since a later write elsewhere in the file proves nothing about it. */
+  char damaged[512];
 };
+
+/* A fault is what the operator must act on: the file or the disk, not the caller. */
+static bool
+is_fault(int rc)
+{
+  switch (rc & 0xff) {
+  case SQLITE_FULL:
+  case SQLITE_IOERR:
+  case SQLITE_CORRUPT:
+  case SQLITE_NOTADB:
+  case SQLITE_CANTOPEN:
+  case SQLITE_READONLY:
+    return true;
+  default:
+    return false;
+  }
+}
+
+/* Records a fault; logged once when the store goes from healthy to failing (a full disk
+ * fails every write: one line, not thousands). */
+static void
+fault_set(eph_store_t *s, int rc, const char *message)
+{
+  pthread_mutex_lock(&s->fault_lock);
+  bool was_ok = !s->fault[0] && !s->damaged[0];
+  if ((rc & 0xff) == SQLITE_CORRUPT || (rc & 0xff) == SQLITE_NOTADB)
+    snprintf(s->damaged, sizeof s->damaged, "%s", message);
+  else
+    snprintf(s->fault, sizeof s->fault, "%s", message);
+  pthread_mutex_unlock(&s->fault_lock);
+  if (was_ok)
+    eph_error("%s (the store is failing; see /v1/health or `ephemeral doctor`)", message);
+}
+
+static void
+fault_clear(eph_store_t *s)
+{
+  pthread_mutex_lock(&s->fault_lock);
+  bool was_failing = s->fault[0] != '\0';
+  s->fault[0] = '\0';
+  pthread_mutex_unlock(&s->fault_lock);
+  if (was_failing)
+    eph_info("%s: writes succeed again", s->path);
+}
 
 /* Resets a statement (and drops its bindings) when it goes out of scope. */
 static inline void
@@ -202,7 +263,13 @@ db_error(eph_store_t *s, const char *what, eph_error_t *err)
   default:
     code = EIO;
   }
-  return eph_error_set(err, code, "%s: %s: %s", s->path, what, sqlite3_errmsg(s->db));
+  int r = eph_error_set(err, code, "%s: %s: %s", s->path, what, sqlite3_errmsg(s->db));
+  if (is_fault(rc)) {
+    char msg[sizeof s->fault];
+    snprintf(msg, sizeof msg, "%s: %s: %s", s->path, what, sqlite3_errmsg(s->db));
+    fault_set(s, rc, msg);
+  }
+  return r;
 }
 
 /* Steps a statement that yields no row we need; 0 or negative. */
@@ -241,6 +308,8 @@ tx_end(eph_store_t *s, int r, eph_error_t *err)
     int c = run_simple(s, ST_COMMIT, "COMMIT", err);
     if (c < 0)
       r = c;
+    else
+      fault_clear(s);
   }
   if (r < 0 && !sqlite3_get_autocommit(s->db))
     run_simple(s, ST_ROLLBACK, "ROLLBACK", NULL);
@@ -375,6 +444,7 @@ eph_store_close(eph_store_t *s)
   if (s->db)
     sqlite3_close(s->db);
   pthread_mutex_destroy(&s->lock);
+  pthread_mutex_destroy(&s->fault_lock);
   free(s->path);
   free(s);
 }
@@ -396,6 +466,7 @@ eph_store_open(const char *path, const eph_store_options_t *opt, eph_store_t **o
 
   eph_store_t *s = eph_xcalloc(1, sizeof *s);
   pthread_mutex_init(&s->lock, NULL);
+  pthread_mutex_init(&s->fault_lock, NULL);
   s->path = eph_xstrdup(path);
   s->idempotency_us = (int64_t)idem_hours * 3600 * 1000000;
   int rc = sqlite3_open_v2(path, &s->db,
@@ -422,8 +493,17 @@ eph_store_open(const char *path, const eph_store_options_t *opt, eph_store_t **o
     goto fail;
   }
   if ((r = exec_sql(s, "PRAGMA foreign_keys = ON; PRAGMA synchronous = NORMAL;",
-                    "setting pragmas", err)) < 0 ||
-      (r = migrate(s, err)) < 0)
+                    "setting pragmas", err)) < 0)
+    goto fail;
+  /* A damaged file is refused at open, naming it: a damaged API-key page otherwise reads
+   * as "no such key" and every request gets 401 with nothing said. */
+  char why[256];
+  if (eph_sqlite_quick_check(s->db, why, sizeof why) < 0) {
+    r = eph_error_set(err, EIO, "%s: the store file is damaged (PRAGMA quick_check: %s); "
+                      "restore it from a backup or move it away to start empty", path, why);
+    goto fail;
+  }
+  if ((r = migrate(s, err)) < 0)
     goto fail;
   for (int i = 0; i < ST_COUNT; i++) {
     if (sqlite3_prepare_v3(s->db, statement_sql[i], -1, SQLITE_PREPARE_PERSISTENT, &s->st[i],
@@ -711,6 +791,8 @@ eph_store_run_update(eph_store_t *s, const char *id, const char *status, json_ob
     bind_json(st, 4, usage);
     sqlite3_bind_int64(st, 5, eph_wall_us());
     r = step_done(s, st, "updating the run", err);
+    if (r >= 0)
+      fault_clear(s);
     if (r >= 0 && sqlite3_changes(s->db) == 0)
       r = eph_error_set(err, ENOENT, "run %s does not exist", id);
   }
@@ -882,6 +964,8 @@ eph_store_event_append(eph_store_t *s, const char *run_id, int64_t seq, int64_t 
     bind_text(st, 6, text ? text : "");
     bind_json(st, 7, data);
     r = step_done(s, st, "appending the event", err);
+    if (r >= 0)
+      fault_clear(s);
     if (r == -EEXIST)
       r = eph_error_set(err, EEXIST, "run %s already has event %" PRId64, run_id, seq);
     else if (r >= 0 && sqlite3_changes(s->db) == 0)
@@ -1041,4 +1125,38 @@ eph_store_purge(eph_store_t *s, int retention_days, eph_error_t *err)
   }
   r = tx_end(s, r, err);
   return r < 0 ? r : deleted;
+}
+
+/* ---------------------------------------------------------------- health */
+
+int
+eph_store_probe(eph_store_t *s, eph_error_t *err)
+{
+  int r = tx_begin(s, err);
+  if (r < 0)
+    return r;
+  {
+    cleanup_reset sqlite3_stmt *st = s->st[ST_PROBE];
+    sqlite3_bind_int64(st, 1, eph_wall_us());
+    r = step_done(s, st, "health probe", err);
+  }
+  return tx_end(s, r, err);
+}
+
+bool
+eph_store_fault(eph_store_t *s, char *buf, size_t size)
+{
+  pthread_mutex_lock(&s->fault_lock);
+  const char *which = s->damaged[0] ? s->damaged : s->fault;
+  bool failing = which[0] != '\0';
+  if (failing && buf)
+    snprintf(buf, size, "%s", which);
+  pthread_mutex_unlock(&s->fault_lock);
+  return failing;
+}
+
+const char *
+eph_store_path(const eph_store_t *s)
+{
+  return s->path;
 }

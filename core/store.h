@@ -6,7 +6,8 @@
  * events, never corrupt the file; the money is in the ledger plugin's own file), foreign
  * keys on, busy_timeout 5 s for a second process (CLI beside the daemon). The schema is
  * versioned with PRAGMA user_version and migrated forward at open; a file newer than this
- * code is refused (-EPH_E_CONFIG). The file is created mode 0600.
+ * code is refused (-EPH_E_CONFIG). The file is created mode 0600. A damaged file (PRAGMA
+ * quick_check at open) is refused with -EIO naming it.
  *
  * Threads: one eph_store_t may be used from any number of threads. It holds one connection
  * behind a mutex: SQLite admits one writer at a time anyway, every call is a few indexed
@@ -169,5 +170,20 @@ int eph_store_idem_release(eph_store_t *store, const char *org, const char *key,
 /* Deletes runs created more than retention_days ago (> 0) with their events, and
  * idempotency keys older than idempotency_hours. Returns the number of runs deleted. */
 int eph_store_purge(eph_store_t *store, int retention_days, eph_error_t *err);
+
+/* ---------------------------------------------------------------- health */
+
+/* Proves the store can commit right now: one tiny write transaction outside history.
+ * 0, or the error a run's write would get (-ENOSPC on a full disk, -EIO, -EBUSY). */
+int eph_store_probe(eph_store_t *store, eph_error_t *err);
+
+/* True while the store is failing: the last write hit a fault of the file or the disk
+ * (full, I/O error) and none has succeeded since, or any operation found a damaged page
+ * (sticky: only reopening, which runs quick_check, clears it). buf (optional) receives
+ * the message naming the file. Never waits for a write in progress. */
+bool eph_store_fault(eph_store_t *store, char *buf, size_t size);
+
+/* The file's path (borrowed, lives as long as the store). */
+const char *eph_store_path(const eph_store_t *store);
 
 #endif

@@ -497,6 +497,51 @@ test_append_only_enforced(void **st)
   check_journal(f);
 }
 
+/* Overwrites the page of `table`'s root with bytes that are no b-tree page (the file is
+ * closed: everything is checkpointed into it). */
+static void
+damage_page(const char *path, const char *table)
+{
+  sqlite3 *db = NULL;
+  assert_int_equal(sqlite3_open_v2(path, &db, SQLITE_OPEN_READONLY, NULL), SQLITE_OK);
+  sqlite3_stmt *s = NULL;
+  assert_int_equal(sqlite3_prepare_v2(db, "SELECT rootpage FROM sqlite_master WHERE name = ?1",
+                                      -1, &s, NULL), SQLITE_OK);
+  sqlite3_bind_text(s, 1, table, -1, SQLITE_STATIC);
+  assert_int_equal(sqlite3_step(s), SQLITE_ROW);
+  int page = sqlite3_column_int(s, 0);
+  sqlite3_finalize(s);
+  sqlite3_close(db);
+  assert_true(page > 1);
+  FILE *fp = fopen(path, "r+b");
+  assert_non_null(fp);
+  char junk[4096];
+  memset(junk, 'y', sizeof junk);
+  assert_int_equal(fseek(fp, (long)(page - 1) * 4096, SEEK_SET), 0);
+  assert_int_equal(fwrite(junk, 1, sizeof junk, fp), sizeof junk);
+  assert_int_equal(fclose(fp), 0);
+}
+
+/* A damaged file is refused at init naming it (before: the plugin loaded and every
+ * operation on the damaged table failed later); a sound one answers the write probe. */
+static void
+test_damaged_file_refused(void **st)
+{
+  fixture_t *f = *st;
+  eph_error_t err = {0};
+  assert_int_equal(f->ops->credit(f->state, "acme", 1000, &err), 0);
+  assert_int_equal(f->ops->reserve(f->state, "acme", "run_a", 100, &err), 0);
+  assert_true(EPH_OPS_HAS(f->ops, eph_ledger_ops_t, probe));
+  assert_int_equal(f->ops->probe(f->state, &err), 0);
+  unload(f);
+  damage_page(f->db_path, "reservations");
+  err = (eph_error_t){0};
+  assert_true(load(f, NULL, &err) < 0);
+  assert_non_null(strstr(err.message, f->db_path));
+  assert_non_null(strstr(err.message, "damaged"));
+  config_destroy(&f->cfg);
+}
+
 static void
 test_config_keys(void **st)
 {
@@ -530,6 +575,7 @@ main(void)
     cmocka_unit_test_setup_teardown(test_settle_open_after_crash, setup, teardown),
     cmocka_unit_test_setup_teardown(test_append_only_enforced, setup, teardown),
     cmocka_unit_test_setup_teardown(test_config_keys, setup, teardown),
+    cmocka_unit_test_setup_teardown(test_damaged_file_refused, setup, teardown),
   };
   return cmocka_run_group_tests_name("ledger-sqlite", tests, NULL, NULL);
 }

@@ -583,6 +583,89 @@ test_schema_version(void **st)
   assert_null(f->store);
 }
 
+/* A damaged API-key page: the store refuses to open naming the file (before: it opened,
+ * and key checks failed as if the key did not exist: every request 401, nothing logged).
+ * A sound store answers the write probe and reports no fault. */
+static void
+test_damaged_file_refused(void **st)
+{
+  fixture_t *f = *st;
+  eph_error_t err = {0};
+  char *key = NULL;
+  assert_int_equal(eph_store_key_create(f->store, "acme", "ci", &key, NULL, &err), 0);
+  free(key);
+  assert_int_equal(eph_store_probe(f->store, &err), 0);
+  assert_false(eph_store_fault(f->store, NULL, 0));
+  eph_store_close(f->store);
+  f->store = NULL;
+  sqlite3 *db = NULL;
+  assert_int_equal(sqlite3_open_v2(f->path, &db, SQLITE_OPEN_READONLY, NULL), SQLITE_OK);
+  sqlite3_stmt *s = NULL;
+  assert_int_equal(sqlite3_prepare_v2(db, "SELECT rootpage FROM sqlite_master"
+                                      " WHERE name = 'api_keys'", -1, &s, NULL), SQLITE_OK);
+  assert_int_equal(sqlite3_step(s), SQLITE_ROW);
+  int page = sqlite3_column_int(s, 0);
+  sqlite3_finalize(s);
+  sqlite3_close(db);
+  assert_true(page > 1);
+  FILE *fp = fopen(f->path, "r+b");
+  assert_non_null(fp);
+  char junk[4096];
+  memset(junk, 'y', sizeof junk);
+  assert_int_equal(fseek(fp, (long)(page - 1) * 4096, SEEK_SET), 0);
+  assert_int_equal(fwrite(junk, 1, sizeof junk, fp), sizeof junk);
+  assert_int_equal(fclose(fp), 0);
+  err = (eph_error_t){0};
+  assert_int_equal(eph_store_open(f->path, NULL, &f->store, &err), -EIO);
+  assert_null(f->store);
+  assert_non_null(strstr(err.message, f->path));
+  assert_non_null(strstr(err.message, "damaged"));
+}
+
+/* A page damaged while the store is open (found by a key check, not at open): the check
+ * fails with -EIO, not the -EACCES of an unknown key, and the fault stays reported (health
+ * says degraded) even after writes elsewhere in the file succeed. */
+static void
+test_damage_found_while_open_is_sticky(void **st)
+{
+  fixture_t *f = *st;
+  eph_error_t err = {0};
+  char *key = NULL;
+  assert_int_equal(eph_store_key_create(f->store, "acme", "ci", &key, NULL, &err), 0);
+  sqlite3 *db = NULL;
+  assert_int_equal(sqlite3_open_v2(f->path, &db, SQLITE_OPEN_READWRITE, NULL), SQLITE_OK);
+  sqlite3_busy_timeout(db, 5000);
+  /* A write from this connection makes the store's connection drop its page cache; the
+   * checkpoint moves every page into the main file, where the damage goes. */
+  assert_int_equal(sqlite3_exec(db, "INSERT INTO probe(id, t_us) VALUES (1, 1)"
+                                    " ON CONFLICT(id) DO UPDATE SET t_us = t_us + 1;"
+                                    "PRAGMA wal_checkpoint(TRUNCATE);", NULL, NULL, NULL),
+                   SQLITE_OK);
+  sqlite3_stmt *s = NULL;
+  assert_int_equal(sqlite3_prepare_v2(db, "SELECT rootpage FROM sqlite_master"
+                                      " WHERE name = 'api_keys'", -1, &s, NULL), SQLITE_OK);
+  assert_int_equal(sqlite3_step(s), SQLITE_ROW);
+  int page = sqlite3_column_int(s, 0);
+  sqlite3_finalize(s);
+  sqlite3_close(db);
+  FILE *fp = fopen(f->path, "r+b");
+  assert_non_null(fp);
+  char junk[4096];
+  memset(junk, 'y', sizeof junk);
+  assert_int_equal(fseek(fp, (long)(page - 1) * 4096, SEEK_SET), 0);
+  assert_int_equal(fwrite(junk, 1, sizeof junk, fp), sizeof junk);
+  assert_int_equal(fclose(fp), 0);
+  assert_false(eph_store_fault(f->store, NULL, 0));
+  err = (eph_error_t){0};
+  assert_int_equal(eph_store_key_verify(f->store, key, NULL, NULL, &err), -EIO);
+  free(key);
+  char why[512];
+  assert_true(eph_store_fault(f->store, why, sizeof why));
+  assert_non_null(strstr(why, f->path));
+  eph_store_probe(f->store, &err); /* a write elsewhere proves nothing about that page */
+  assert_true(eph_store_fault(f->store, NULL, 0));
+}
+
 int
 main(void)
 {
@@ -596,6 +679,8 @@ main(void)
     cmocka_unit_test_setup_teardown(test_purge, setup, teardown),
     cmocka_unit_test_setup_teardown(test_zdr_payloads_not_stored, setup, teardown),
     cmocka_unit_test_setup_teardown(test_schema_version, setup, teardown),
+    cmocka_unit_test_setup_teardown(test_damaged_file_refused, setup, teardown),
+    cmocka_unit_test_setup_teardown(test_damage_found_while_open_is_sticky, setup, teardown),
   };
   return cmocka_run_group_tests_name("store", tests, NULL, NULL);
 }

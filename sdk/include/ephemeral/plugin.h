@@ -533,6 +533,10 @@ typedef struct eph_ledger_ops {
   int (*totals)(void *state, const char *run_id, eph_ledger_totals_t *totals, eph_error_t *err);
   /* Settles every open reservation (after a crash). Returns how many it settled. */
   int (*settle_open)(void *state, eph_error_t *err);
+  /* (minor 2) Health probe: proves the ledger can still commit a write (one tiny
+   * transaction outside the journal) right now. 0, or the error a charge would get
+   * (-ENOSPC on a full disk, -EIO, -EBUSY) naming the file. Optional. */
+  int (*probe)(void *state, eph_error_t *err);
 } eph_ledger_ops_t;
 
 #ifdef __cplusplus
