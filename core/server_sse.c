@@ -190,12 +190,16 @@ eph_srv_runs_events(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req
   if (l) {
     /* The cursor must name an event that exists: seq `last` itself. A running run may
      * still reach it; a settled one never will. */
-    if (last > 0 && eph_run_settled(l->run)) {
+    if (last > 0) {
       cleanup_json json_object *from = eph_run_events_json(l->run, last - 1);
-      size_t n = json_object_array_length(from);
-      if (n <= 1) { /* none is seq `last`; or it is the last event */
+      json_object *first = json_object_array_get_idx(from, 0), *kind = NULL;
+      /* Named by its kind, not by eph_run_settled(): the flag is set moments after the
+       * settled event is out, and a reconnect may come in between. */
+      bool at_end = first && json_object_object_get_ex(first, "kind", &kind) &&
+                    strcmp(json_object_get_string(kind), "settled") == 0;
+      if (at_end || (!first && eph_run_settled(l->run))) {
         eph_srv_live_put(l);
-        return n == 0 ? bad_cursor(srv, c, cursor) : no_more_events(srv, c);
+        return at_end ? no_more_events(srv, c) : bad_cursor(srv, c, cursor);
       }
     }
   } else {
