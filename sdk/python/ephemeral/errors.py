@@ -82,7 +82,8 @@ class InternalError(ApiError):
 
 
 class UnavailableError(ApiError):
-    """503: the daemon is draining or cannot take the run now."""
+    """503: the daemon is draining or cannot take the run now (unavailable), is overloaded,
+    or its storage is failing (storage_unavailable); .type tells which, .retry_after when."""
 
 
 _BY_TYPE = {
@@ -98,6 +99,8 @@ _BY_TYPE = {
     "rate_limited": RateLimitError,
     "internal_error": InternalError,
     "unavailable": UnavailableError,
+    "overloaded": UnavailableError,
+    "storage_unavailable": UnavailableError,
 }
 _BY_STATUS = {
     400: InvalidRequestError, 401: AuthenticationError, 402: InsufficientBalanceError,

@@ -301,6 +301,10 @@ class TestOffline(unittest.TestCase):
                                                            "message": "m", "field": "f"}})
         self.assertIsInstance(e, ephemeral.InvalidRequestError)
         self.assertEqual((e.field, e.message), ("f", "m"))
+        e = ephemeral.errors.from_response(503, {"error": {"type": "overloaded", "message": "m",
+                                                           "field": None}}, 2.0)
+        self.assertIsInstance(e, ephemeral.UnavailableError)
+        self.assertEqual((e.type, e.field, e.retry_after), ("overloaded", None, 2.0))
         e = ephemeral.errors.from_response(429, None, 2.0)
         self.assertIsInstance(e, ephemeral.RateLimitError)
         self.assertEqual(e.retry_after, 2.0)

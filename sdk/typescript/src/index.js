@@ -62,6 +62,8 @@ const BY_TYPE = {
   rate_limited: RateLimitError,
   internal_error: InternalError,
   unavailable: UnavailableError,
+  overloaded: UnavailableError,
+  storage_unavailable: UnavailableError,
 };
 const BY_STATUS = {
   400: InvalidRequestError, 401: AuthenticationError, 402: InsufficientBalanceError,

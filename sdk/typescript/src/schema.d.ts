@@ -176,16 +176,24 @@ export interface components {
             };
         };
         /**
-         * @description 400 invalid_request, 401 authentication_error, 402 insufficient_balance, 404 not_found, 405 method_not_allowed, 409 conflict, 413 payload_too_large, 415 unsupported_media_type, 422 idempotency_error, 429 rate_limited, 503 unavailable, 500 internal_error. Clients should accept types they do not know.
+         * @description 400 invalid_request, 401 authentication_error, 402 insufficient_balance, 404 not_found, 405 method_not_allowed, 409 conflict, 413 payload_too_large, 415 unsupported_media_type, 422 idempotency_error, 429 rate_limited, 503 overloaded (request bodies in flight would pass server.max_inflight_body_bytes), 503 unavailable (draining, or the run cannot be taken now), 503 storage_unavailable (the store or the ledger cannot commit; nothing was reserved), 500 internal_error (the message carries a reference to the daemon's log). Clients should accept types they do not know.
          * @enum {string}
          */
-        ErrorType: "invalid_request" | "authentication_error" | "insufficient_balance" | "not_found" | "method_not_allowed" | "conflict" | "payload_too_large" | "unsupported_media_type" | "idempotency_error" | "rate_limited" | "unavailable" | "internal_error";
+        ErrorType: "invalid_request" | "authentication_error" | "insufficient_balance" | "not_found" | "method_not_allowed" | "conflict" | "payload_too_large" | "unsupported_media_type" | "idempotency_error" | "rate_limited" | "overloaded" | "unavailable" | "storage_unavailable" | "internal_error";
         Health: {
             /** @enum {string} */
-            status: "ok" | "draining";
+            status: "ok" | "degraded" | "draining";
             version: string;
             queued: number;
             running: number;
+            /** @description One entry per component (store, ledger, backend, model) where the daemon checks them: ok or degraded, with a reason when degraded */
+            components?: {
+                [key: string]: {
+                    /** @enum {string} */
+                    status?: "ok" | "degraded";
+                    reason?: string;
+                };
+            };
         };
         /** @description An input file placed in the sandbox's scratch directory before the agent starts. */
         InputFile: {
@@ -599,7 +607,7 @@ export interface components {
         Event: components["schemas"]["ReservedEvent"] | components["schemas"]["SandboxReadyEvent"] | components["schemas"]["SandboxErrorEvent"] | components["schemas"]["EgressErrorEvent"] | components["schemas"]["WorkerStartedEvent"] | components["schemas"]["ModelCallEvent"] | components["schemas"]["ModelErrorEvent"] | components["schemas"]["ToolCallEvent"] | components["schemas"]["ToolResultEvent"] | components["schemas"]["DeniedEvent"] | components["schemas"]["EgressEvent"] | components["schemas"]["SandboxDestroyedEvent"] | components["schemas"]["EndedEvent"] | components["schemas"]["SettledEvent"] | components["schemas"]["WebRequestEvent"] | components["schemas"]["WebRefusedEvent"] | components["schemas"]["FileReadEvent"] | components["schemas"]["FileWriteEvent"] | components["schemas"]["FileListEvent"] | components["schemas"]["FileRefusedEvent"] | components["schemas"]["ConnectionRequestEvent"] | components["schemas"]["HeaderDroppedEvent"] | components["schemas"]["PluginEvent"];
     };
     responses: {
-        /** @description Invalid input; error.field names the field, query parameter or header */
+        /** @description Invalid input; error.field names the field, query parameter or header: a request field (a grant of a connection the operator did not define: connections[i].name), an encoded /, \ or NUL in the request target (path), more than one Content-Length (Content-Length), a bad ?wait, ?limit, ?cursor or Last-Event-ID */
         BadRequest: {
             headers: {
                 [name: string]: unknown;
@@ -637,9 +645,10 @@ export interface components {
                 "application/json": components["schemas"]["Error"];
             };
         };
-        /** @description The store failed (see the daemon's log); nothing was half-written */
+        /** @description The daemon failed (the message has a reference to its log line); nothing was half-written */
         InternalError: {
             headers: {
+                "Retry-After": components["headers"]["RetryAfter"];
                 [name: string]: unknown;
             };
             content: {
@@ -755,9 +764,10 @@ export interface operations {
                 };
             };
             405: components["responses"]["MethodNotAllowed"];
-            /** @description Draining: SIGTERM received, no new runs */
+            /** @description Draining (SIGTERM received: no new runs), or degraded: a component fails its check (see components) */
             503: {
                 headers: {
+                    "Retry-After": components["headers"]["RetryAfter"];
                     [name: string]: unknown;
                 };
                 content: {
@@ -903,7 +913,7 @@ export interface operations {
                 };
             };
             405: components["responses"]["MethodNotAllowed"];
-            /** @description The body is larger than server.max_body_bytes */
+            /** @description The body is larger than server.max_body_bytes (Connection: close) */
             413: {
                 headers: {
                     [name: string]: unknown;
@@ -941,9 +951,10 @@ export interface operations {
                 };
             };
             500: components["responses"]["InternalError"];
-            /** @description The daemon is draining, or cannot take the run now */
+            /** @description The daemon is draining or cannot take the run now (unavailable), request bodies in flight would pass server.max_inflight_body_bytes (overloaded), or storage is failing (storage_unavailable; nothing was reserved) */
             503: {
                 headers: {
+                    "Retry-After": components["headers"]["RetryAfter"];
                     [name: string]: unknown;
                 };
                 content: {
