@@ -150,7 +150,7 @@ export class Client {
       let res, data;
       try {
         res = await this._fetch(target, {
-          method, headers: h, body,
+          method, headers: h, body, redirect: "error", // the API never redirects: the key stays
           signal: AbortSignal.timeout(timeoutMs ?? this.timeoutMs),
         });
         data = await decode(res);
@@ -242,7 +242,7 @@ export class Runs {
       let got = false;
       let err;
       try {
-        const res = await c._fetch(target, { headers, signal: idle.signal });
+        const res = await c._fetch(target, { headers, signal: idle.signal, redirect: "error" });
         if (res.status === 204) return;
         if (res.status !== 200)
           throw errorFromResponse(res.status, await decode(res), retryAfterSeconds(res.headers.get("retry-after")));

@@ -88,6 +88,29 @@ describe("offline", () => {
   });
 });
 
+describe("the key stays with the daemon", () => {
+  test("a redirect is refused, never followed with the key", async () => {
+    const seen = [];
+    const listen = (handler) => new Promise((resolve) => {
+      const s = http.createServer(handler).listen(0, "127.0.0.1", () => resolve(s));
+    });
+    const elsewhere = await listen((req, res) => { seen.push(req.headers.authorization); res.end("{}"); });
+    const redirector = await listen((req, res) => {
+      res.writeHead(307, { Location: `http://127.0.0.1:${elsewhere.address().port}${req.url}` });
+      res.end();
+    });
+    try {
+      const c = new eph.Client(`http://127.0.0.1:${redirector.address().port}`, "eph_secret", { maxRetries: 0 });
+      await assert.rejects(c.runs.get("run_x"), eph.ConnectionError);
+      await assert.rejects(eph.Client.prototype.health.call(c), eph.ConnectionError);
+      assert.deepEqual(seen, []);
+    } finally {
+      elsewhere.close();
+      redirector.close();
+    }
+  });
+});
+
 describe("against ephemerald", { skip: !live && "run through tests/sdk-typescript.test" }, () => {
   const client = new eph.Client(URL_, KEY);
   const open = [];
