@@ -1,10 +1,13 @@
 /* GET /v1/runs/{id}/events: the run's timeline as Server-Sent Events.
  *
- * Each event is sent as `id: <seq>`, `event: <kind>`, `data: <event JSON>`; the stream ends
- * after the `settled` event (always the last one). A client that reconnects with
- * Last-Event-ID: N gets the events after N, none twice. A cursor that names no event of a
- * settled run (not a number, or past its last event) is refused with 400 rather than
- * answered with an empty stream; a running run is given the benefit of the doubt.
+ * Each event is sent as `id: <seq>`, `event: <kind>`, `data: <event JSON>`; the stream opens
+ * with `retry: SSE_RETRY_MS` and ends after the `settled` event (always the last one). A
+ * client that reconnects with Last-Event-ID: N gets the events after N, none twice. A
+ * reconnect whose cursor is the run's last event (nothing will ever follow) gets 204: the
+ * EventSource spec's "stop reconnecting" (a 200 with an empty stream would make a browser
+ * reconnect every few seconds forever). A cursor that names no event of a settled run (not a
+ * number, or past its last event) is refused with 400 rather than answered with an empty
+ * stream; a running run is given the benefit of the doubt.
  *
  * A live run is read from memory: when nothing is new the connection is suspended and the
  * run's observer resumes it at the next event (the ticker resumes it every 15 s for a
@@ -20,6 +23,9 @@
 
 #include "log.h"
 #include "util.h"
+
+/* The reconnection delay an EventSource is told to use after a dropped stream. */
+#define SSE_RETRY_MS 2000
 
 typedef struct sse {
   eph_server_t *srv;
@@ -146,6 +152,20 @@ bad_cursor(eph_server_t *srv, struct MHD_Connection *c, const char *text)
                        "Last-Event-ID '%.64s' names no event of this run", text);
 }
 
+/* 204 to a reconnect after the run's last event: an EventSource stops reconnecting. */
+static MHD_RESULT
+no_more_events(eph_server_t *srv, struct MHD_Connection *c)
+{
+  struct MHD_Response *resp = MHD_create_response_from_buffer(0, NULL, MHD_RESPMEM_PERSISTENT);
+  if (!resp)
+    return MHD_NO;
+  MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-store");
+  MHD_RESULT r = MHD_queue_response(c, MHD_HTTP_NO_CONTENT, resp);
+  MHD_destroy_response(resp);
+  eph_srv_count(srv, MHD_HTTP_NO_CONTENT);
+  return r;
+}
+
 MHD_RESULT
 eph_srv_runs_events(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req)
 {
@@ -170,11 +190,16 @@ eph_srv_runs_events(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req
   if (l) {
     /* The cursor must name an event that exists: seq `last` itself. A running run may
      * still reach it; a settled one never will. */
-    if (last > 0 && eph_run_settled(l->run)) {
+    if (last > 0) {
       cleanup_json json_object *from = eph_run_events_json(l->run, last - 1);
-      if (json_object_array_length(from) == 0) {
+      json_object *first = json_object_array_get_idx(from, 0), *kind = NULL;
+      /* Named by its kind, not by eph_run_settled(): the flag is set moments after the
+       * settled event is out, and a reconnect may come in between. */
+      bool at_end = first && json_object_object_get_ex(first, "kind", &kind) &&
+                    strcmp(json_object_get_string(kind), "settled") == 0;
+      if (at_end || (!first && eph_run_settled(l->run))) {
         eph_srv_live_put(l);
-        return bad_cursor(srv, c, cursor);
+        return at_end ? no_more_events(srv, c) : bad_cursor(srv, c, cursor);
       }
     }
   } else {
@@ -188,9 +213,11 @@ eph_srv_runs_events(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req
     }
     if (last > 0) {
       cleanup_json json_object *from = NULL;
-      if (eph_store_events_since(srv->store, id, last - 1, 1, &from, &err) < 0 ||
+      if (eph_store_events_since(srv->store, id, last - 1, 2, &from, &err) < 0 ||
           json_object_array_length(from) == 0)
         return bad_cursor(srv, c, cursor);
+      if (json_object_array_length(from) == 1) /* out of memory: nothing will follow */
+        return no_more_events(srv, c);
     }
   }
   sse_t *s = eph_xcalloc(1, sizeof *s);
@@ -199,6 +226,8 @@ eph_srv_runs_events(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req
   s->last_seq = last;
   s->waiter.conn = c;
   snprintf(s->run_id, sizeof s->run_id, "%s", id);
+  s->buf = eph_xasprintf("retry: %d\n\n", SSE_RETRY_MS);
+  s->len = strlen(s->buf);
   struct MHD_Response *resp =
       MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16 * 1024, sse_read, s, sse_free);
   if (!resp) {

@@ -1,0 +1,25 @@
+"""ephemeral: a client of the ephemeral API (standard library only, Python 3.9+).
+
+    from ephemeral import Client
+    client = Client(url, api_key)          # or $EPHEMERAL_URL, $EPHEMERAL_API_KEY
+    run = client.runs.create(request, wait=120)
+    for event in client.runs.events(run.id): ...
+
+`python -m ephemeral run request.json` prints the timeline as `ephemeral run` does.
+"""
+
+from .client import Client, Event, Run, Runs
+from .errors import (ApiError, AuthenticationError, ConflictError, ConnectionError_,
+                     EphemeralError, IdempotencyError, InsufficientBalanceError,
+                     InternalError, InvalidRequestError, MethodNotAllowedError,
+                     NotFoundError, PayloadTooLargeError, RateLimitError,
+                     UnavailableError, UnsupportedMediaTypeError)
+
+__version__ = "0.1.0"
+__all__ = [
+    "Client", "Event", "Run", "Runs", "ApiError", "AuthenticationError", "ConflictError",
+    "ConnectionError_", "EphemeralError", "IdempotencyError", "InsufficientBalanceError",
+    "InternalError", "InvalidRequestError", "MethodNotAllowedError", "NotFoundError",
+    "PayloadTooLargeError", "RateLimitError", "UnavailableError",
+    "UnsupportedMediaTypeError",
+]
