@@ -160,6 +160,7 @@ no_more_events(eph_server_t *srv, struct MHD_Connection *c)
   if (!resp)
     return MHD_NO;
   MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-store");
+  eph_srv_secure_headers(resp, NULL);
   MHD_RESULT r = MHD_queue_response(c, MHD_HTTP_NO_CONTENT, resp);
   MHD_destroy_response(resp);
   eph_srv_count(srv, MHD_HTTP_NO_CONTENT);
