@@ -59,6 +59,12 @@ typedef struct jail_limits {
  * sockets are charged to memory.max itself and this is unused. */
 #define JAIL_TCP_SHARE_DIVISOR 8
 
+/* Pseudo-terminals one sandbox may hold (its devpts instance's max=): the pool is host-wide.
+ * A shell, an editor and a few script(1) sessions fit; 16 sandboxes' worth is 256 of 3072. */
+#define JAIL_MAX_PTYS 16
+#define JAIL_STR_(x) #x
+#define JAIL_STR(x) JAIL_STR_(x)
+
 typedef struct jail_counters {
   uint64_t memory_peak_bytes;
   uint64_t oom_kills;

@@ -646,8 +646,11 @@ jail_child_main(const jail_child_args_t *args)
             MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0)
     die(a, "mount proc on", "/proc");
   mask_proc(a);
+  /* Every devpts instance but the host's draws from one host-wide pool (kernel.pty.max minus
+   * kernel.pty.reserve, 3072 by default): without max= one sandbox takes it all and every
+   * other sandbox and container gets ENOSPC from /dev/ptmx. */
   if (mount("devpts", in_root(path, sizeof path, p, "/dev/pts"), "devpts", MS_NOSUID | MS_NOEXEC,
-            "newinstance,ptmxmode=0666,mode=0620,gid=5") < 0)
+            "newinstance,ptmxmode=0666,mode=0620,gid=5,max=" JAIL_STR(JAIL_MAX_PTYS)) < 0)
     die(a, "mount devpts on", "/dev/pts");
   mount_tmpfs(a, "/dev/shm", "1777", p->shm_bytes, MS_NOSUID | MS_NODEV | MS_NOEXEC);
   mount_tmpfs(a, "/tmp", "1777", a->scratch_bytes, MS_NOSUID | MS_NODEV);
