@@ -62,6 +62,14 @@ typedef struct jail_limits {
 /* Pseudo-terminals one sandbox may hold (its devpts instance's max=): the pool is host-wide.
  * A shell, an editor and a few script(1) sessions fit; 16 sandboxes' worth is 256 of 3072. */
 #define JAIL_MAX_PTYS 16
+
+/* inotify/fanotify objects one sandbox may hold (its user namespace's /proc/sys/user limits):
+ * they are counted against the daemon's uid host-wide (fs.inotify.max_user_instances = 128,
+ * max_user_watches, fanotify's 128 groups), not against the sandbox's memory. */
+#define JAIL_MAX_INOTIFY_INSTANCES 16
+#define JAIL_MAX_INOTIFY_WATCHES 8192
+#define JAIL_MAX_FANOTIFY_GROUPS 4
+#define JAIL_MAX_FANOTIFY_MARKS 1024
 #define JAIL_STR_(x) #x
 #define JAIL_STR(x) JAIL_STR_(x)
 

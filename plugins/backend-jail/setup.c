@@ -20,9 +20,9 @@
  *   5. make every mount private: nothing propagates back to the host
  *   6. mount the root tmpfs; build /usr (the usr_binds list), /bin.., /etc, /dev from the
  *      plan
- *   7. /proc (this pid namespace's, host identifiers masked: mask_proc), /dev/pts (new
- *      instance), /dev/shm and /tmp tmpfs (size = scratch limit: a full disk is ENOSPC,
- *      not an OOM kill)
+ *   7. /proc (this pid namespace's, host identifiers masked: mask_proc; per-user limits of
+ *      inotify and fanotify: user_limits), /dev/pts (new instance, max= ptys), /dev/shm
+ *      and /tmp tmpfs (size = scratch limit: a full disk is ENOSPC, not an OOM kill)
  *   8. loopback up (netlink), hostname
  *   9. pivot_root into the new root, detach the old root, remount / read-only
  *  10. RLIMIT_NOFILE, no_new_privs, close every other fd
@@ -507,6 +507,40 @@ mask_proc(const jail_child_args_t *a)
     die(a, "rmdir", "/.proc-masks");
 }
 
+/* Per-user-namespace limits of kernel objects the kernel counts per user, not per cgroup.
+ * They are charged at every level of the user-namespace tree, and at the host's level under
+ * the uid that created the namespace: the daemon's. Without a limit of its own, one sandbox
+ * takes the daemon's uid's whole host quota (fs.inotify.max_user_instances, 128 by default):
+ * every other sandbox, and the daemon itself, then gets EMFILE from inotify_init. Written as
+ * root of the sandbox's namespace (these files are the namespace's own); a file the kernel
+ * lacks (no fanotify) is skipped. */
+static void
+user_limits(const jail_child_args_t *a)
+{
+  static const struct {
+    const char *file;
+    unsigned value;
+  } limits[] = {
+    {"/proc/sys/user/max_inotify_instances", JAIL_MAX_INOTIFY_INSTANCES},
+    {"/proc/sys/user/max_inotify_watches", JAIL_MAX_INOTIFY_WATCHES},
+    {"/proc/sys/user/max_fanotify_groups", JAIL_MAX_FANOTIFY_GROUPS},
+    {"/proc/sys/user/max_fanotify_marks", JAIL_MAX_FANOTIFY_MARKS},
+  };
+  char path[4096], text[24];
+  for (size_t i = 0; i < sizeof limits / sizeof limits[0]; i++) {
+    in_root(path, sizeof path, a->plan, limits[i].file);
+    int fd = open(path, O_WRONLY | O_CLOEXEC);
+    if (fd < 0 && errno == ENOENT)
+      continue;
+    text[0] = '\0';
+    cat_u64(text, sizeof text, limits[i].value);
+    size_t len = strlen(text);
+    if (fd < 0 || write(fd, text, len) != (ssize_t)len)
+      die(a, "write", limits[i].file);
+    close(fd);
+  }
+}
+
 /* A time namespace whose boot and monotonic clocks start near zero: /proc/uptime, the boot
  * time in /proc/stat, process start times and CLOCK_MONOTONIC/CLOCK_BOOTTIME then tell the
  * sandbox's age, not the host's. unshare(CLONE_NEWTIME) applies to our children only (the
@@ -646,6 +680,7 @@ jail_child_main(const jail_child_args_t *args)
             MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0)
     die(a, "mount proc on", "/proc");
   mask_proc(a);
+  user_limits(a);
   /* Every devpts instance but the host's draws from one host-wide pool (kernel.pty.max minus
    * kernel.pty.reserve, 3072 by default): without max= one sandbox takes it all and every
    * other sandbox and container gets ENOSPC from /dev/ptmx. */
