@@ -70,6 +70,9 @@ typedef struct jail_limits {
 #define JAIL_MAX_INOTIFY_WATCHES 8192
 #define JAIL_MAX_FANOTIFY_GROUPS 4
 #define JAIL_MAX_FANOTIFY_MARKS 1024
+/* The empty directory of the new root that is every read-only overlay's second lower
+ * layer (setup.c add_host_path). */
+#define JAIL_OVERLAY_EMPTY "/.empty"
 #define JAIL_STR_(x) #x
 #define JAIL_STR(x) JAIL_STR_(x)
 
@@ -131,6 +134,8 @@ typedef enum jail_op_kind {
   JAIL_OP_BIND_RO = 3,  /* bind mount host source on target (dir or file), read-only */
   JAIL_OP_BIND_DEV = 4, /* bind a host device node on target (file), nosuid, noexec */
   JAIL_OP_FILE = 5,     /* write data to target, mode 0644 */
+  JAIL_OP_OVERLAY_RO = 6, /* read-only overlay of host directory source on target (data: its
+                           * mount options): the sandbox gets inodes of its own */
 } jail_op_kind_t;
 
 typedef struct jail_op {

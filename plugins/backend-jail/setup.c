@@ -127,6 +127,16 @@ add_host_path(jail_plan_t *p, const char *path, eph_error_t *err)
   }
   if (!S_ISDIR(st.st_mode) && !S_ISREG(st.st_mode))
     return 0;
+  /* A directory is an overlay, not a bind: a bind shares the host's inodes, and an inotify
+   * watch on them (IN_OPEN on /usr/bin) reports every program the host and every other
+   * sandbox runs, as it runs. An overlay's inodes are its own: only the sandbox's own
+   * accesses reach its watches. Read-only overlays need two lower layers; the second is an
+   * empty directory of the new root. A path the option syntax cannot carry is bound. */
+  if (S_ISDIR(st.st_mode) && !strpbrk(path, ":,\\")) {
+    char opts[8300];
+    snprintf(opts, sizeof opts, "lowerdir=%s:%s" JAIL_OVERLAY_EMPTY, path, p->newroot);
+    return add_op(p, JAIL_OP_OVERLAY_RO, path, path, opts, err);
+  }
   if (add_op(p, JAIL_OP_BIND_RO, path, path, NULL, err) < 0)
     return -err->code;
   p->ops[p->n_ops - 1].is_dir = S_ISDIR(st.st_mode);
@@ -251,6 +261,9 @@ jail_plan_build(jail_plan_t *p, const char *hostname, uint64_t shm_bytes,
   if (!p->newroot || !p->hostname)
     goto oom;
 
+  /* The empty second lower layer of every read-only overlay (add_host_path). */
+  if (add_op(p, JAIL_OP_DIR, NULL, JAIL_OVERLAY_EMPTY, NULL, err) < 0)
+    goto fail;
   /* /usr is built from the explicit list, never bound whole: the host's /usr/local (and
    * the /usr/local/etc of a default install), /usr/include, /usr/src stay out. */
   if (add_op(p, JAIL_OP_DIR, NULL, "/usr", NULL, err) < 0)
@@ -406,6 +419,12 @@ do_op(const jail_child_args_t *a, const jail_op_t *o)
     close(fd);
     return;
   }
+  case JAIL_OP_OVERLAY_RO:
+    if (mkdir(dst, 0755) < 0 && errno != EEXIST)
+      die(a, "mkdir overlay target", o->target);
+    if (mount("overlay", dst, "overlay", MS_RDONLY | MS_NOSUID | MS_NODEV, o->data) < 0)
+      die(a, "overlay mount", o->target);
+    return;
   case JAIL_OP_BIND_RO:
   case JAIL_OP_BIND_DEV: {
     if (o->is_dir) {
