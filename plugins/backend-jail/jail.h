@@ -129,11 +129,11 @@ bool jail_veth_exists(int proxy_ns_fd, const char *host_if);
 /* One step of building the new root, precomputed at init so the cloned child only does
  * system calls (it is a fork of a possibly multi-threaded process: no malloc, no stdio). */
 typedef enum jail_op_kind {
-  JAIL_OP_DIR = 1,      /* mkdir target */
-  JAIL_OP_SYMLINK = 2,  /* symlink(source -> target) */
-  JAIL_OP_BIND_RO = 3,  /* bind mount host source on target (dir or file), read-only */
-  JAIL_OP_BIND_DEV = 4, /* bind a host device node on target (file), nosuid, noexec */
-  JAIL_OP_FILE = 5,     /* write data to target, mode 0644 */
+  JAIL_OP_DIR = 1,        /* mkdir target */
+  JAIL_OP_SYMLINK = 2,    /* symlink(source -> target) */
+  JAIL_OP_BIND_RO = 3,    /* bind mount host source on target (dir or file), read-only */
+  JAIL_OP_BIND_DEV = 4,   /* bind a host device node on target (file), nosuid, noexec */
+  JAIL_OP_FILE = 5,       /* write data to target, mode 0644 */
   JAIL_OP_OVERLAY_RO = 6, /* read-only overlay of host directory source on target (data: its
                            * mount options): the sandbox gets inodes of its own */
 } jail_op_kind_t;

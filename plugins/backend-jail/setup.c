@@ -540,10 +540,10 @@ user_limits(const jail_child_args_t *a)
     const char *file;
     unsigned value;
   } limits[] = {
-    {"/proc/sys/user/max_inotify_instances", JAIL_MAX_INOTIFY_INSTANCES},
-    {"/proc/sys/user/max_inotify_watches", JAIL_MAX_INOTIFY_WATCHES},
-    {"/proc/sys/user/max_fanotify_groups", JAIL_MAX_FANOTIFY_GROUPS},
-    {"/proc/sys/user/max_fanotify_marks", JAIL_MAX_FANOTIFY_MARKS},
+      {"/proc/sys/user/max_inotify_instances", JAIL_MAX_INOTIFY_INSTANCES},
+      {"/proc/sys/user/max_inotify_watches", JAIL_MAX_INOTIFY_WATCHES},
+      {"/proc/sys/user/max_fanotify_groups", JAIL_MAX_FANOTIFY_GROUPS},
+      {"/proc/sys/user/max_fanotify_marks", JAIL_MAX_FANOTIFY_MARKS},
   };
   char path[4096], text[24];
   for (size_t i = 0; i < sizeof limits / sizeof limits[0]; i++) {
