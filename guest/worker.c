@@ -5,7 +5,8 @@
  *   2. stdin/stdout/stderr onto the pipes, every other descriptor closed (the control
  *      stream is never inherited)
  *   3. signal mask and dispositions back to defaults (the guest ignores SIGPIPE)
- *   4. rlimits: RLIMIT_NOFILE from the request, RLIMIT_CORE 0
+ *   4. rlimits: RLIMIT_NOFILE from the request, RLIMIT_CORE 0, RLIMIT_SIGPENDING and
+ *      RLIMIT_MSGQUEUE small (host-wide per-user counts, below)
  *   5. oom_score_adj 1000: the kernel kills worker processes first, never the guest
  *   6. bounding set emptied, ambient set cleared
  *   7. supplementary groups cleared, gid then uid switched to the worker (which empties
@@ -36,6 +37,9 @@
 #include <sys/syscall.h>
 #include <termios.h>
 #include <unistd.h>
+
+/* Signals with data (sigqueue, POSIX timers) one worker may have queued at once. */
+#define GUEST_WORKER_SIGPENDING 256
 
 /* Refused with EPERM: system calls that change the machine, other namespaces, the kernel,
  * or reach into another process. Most already need a capability the worker lacks; the
@@ -248,6 +252,19 @@ guest_worker_exec(const guest_worker_spec_t *spec)
     die(sfd, "setrlimit(RLIMIT_NOFILE)", errno);
   if (setrlimit(RLIMIT_CORE, &nocore) < 0)
     die(sfd, "setrlimit(RLIMIT_CORE)", errno);
+  /* Queued signals and POSIX message queue bytes are counted per user at every level of
+   * the user-namespace tree; on a shared kernel (the jail) the host's level is the uid that
+   * created the sandbox, the daemon's, so without these one sandbox exhausts that uid's
+   * quota host-wide (sigqueue and timer_create then fail with EAGAIN, mq_open with EMFILE,
+   * in the daemon and in every other sandbox). Signals the kernel or kill(2) sends are never
+   * refused for it; message queues are not a shell tool's business. Soft = hard: the worker
+   * cannot raise them back. */
+  struct rlimit sigpending = {GUEST_WORKER_SIGPENDING, GUEST_WORKER_SIGPENDING};
+  struct rlimit nomsgqueue = {0, 0};
+  if (setrlimit(RLIMIT_SIGPENDING, &sigpending) < 0)
+    die(sfd, "setrlimit(RLIMIT_SIGPENDING)", errno);
+  if (setrlimit(RLIMIT_MSGQUEUE, &nomsgqueue) < 0)
+    die(sfd, "setrlimit(RLIMIT_MSGQUEUE)", errno);
 
   /* Raising oom_score_adj needs no privilege. Without /proc (an odd backend) the worker
    * still runs, only the OOM preference is lost. */

@@ -59,6 +59,23 @@ typedef struct jail_limits {
  * sockets are charged to memory.max itself and this is unused. */
 #define JAIL_TCP_SHARE_DIVISOR 8
 
+/* Pseudo-terminals one sandbox may hold (its devpts instance's max=): the pool is host-wide.
+ * A shell, an editor and a few script(1) sessions fit; 16 sandboxes' worth is 256 of 3072. */
+#define JAIL_MAX_PTYS 16
+
+/* inotify/fanotify objects one sandbox may hold (its user namespace's /proc/sys/user limits):
+ * they are counted against the daemon's uid host-wide (fs.inotify.max_user_instances = 128,
+ * max_user_watches, fanotify's 128 groups), not against the sandbox's memory. */
+#define JAIL_MAX_INOTIFY_INSTANCES 16
+#define JAIL_MAX_INOTIFY_WATCHES 8192
+#define JAIL_MAX_FANOTIFY_GROUPS 4
+#define JAIL_MAX_FANOTIFY_MARKS 1024
+/* The empty directory of the new root that is every read-only overlay's second lower
+ * layer (setup.c add_host_path). */
+#define JAIL_OVERLAY_EMPTY "/.empty"
+#define JAIL_STR_(x) #x
+#define JAIL_STR(x) JAIL_STR_(x)
+
 typedef struct jail_counters {
   uint64_t memory_peak_bytes;
   uint64_t oom_kills;
@@ -112,11 +129,13 @@ bool jail_veth_exists(int proxy_ns_fd, const char *host_if);
 /* One step of building the new root, precomputed at init so the cloned child only does
  * system calls (it is a fork of a possibly multi-threaded process: no malloc, no stdio). */
 typedef enum jail_op_kind {
-  JAIL_OP_DIR = 1,      /* mkdir target */
-  JAIL_OP_SYMLINK = 2,  /* symlink(source -> target) */
-  JAIL_OP_BIND_RO = 3,  /* bind mount host source on target (dir or file), read-only */
-  JAIL_OP_BIND_DEV = 4, /* bind a host device node on target (file), nosuid, noexec */
-  JAIL_OP_FILE = 5,     /* write data to target, mode 0644 */
+  JAIL_OP_DIR = 1,        /* mkdir target */
+  JAIL_OP_SYMLINK = 2,    /* symlink(source -> target) */
+  JAIL_OP_BIND_RO = 3,    /* bind mount host source on target (dir or file), read-only */
+  JAIL_OP_BIND_DEV = 4,   /* bind a host device node on target (file), nosuid, noexec */
+  JAIL_OP_FILE = 5,       /* write data to target, mode 0644 */
+  JAIL_OP_OVERLAY_RO = 6, /* read-only overlay of host directory source on target (data: its
+                           * mount options): the sandbox gets inodes of its own */
 } jail_op_kind_t;
 
 typedef struct jail_op {

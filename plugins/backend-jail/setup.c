@@ -20,9 +20,9 @@
  *   5. make every mount private: nothing propagates back to the host
  *   6. mount the root tmpfs; build /usr (the usr_binds list), /bin.., /etc, /dev from the
  *      plan
- *   7. /proc (this pid namespace's, host identifiers masked: mask_proc), /dev/pts (new
- *      instance), /dev/shm and /tmp tmpfs (size = scratch limit: a full disk is ENOSPC,
- *      not an OOM kill)
+ *   7. /proc (this pid namespace's, host identifiers masked: mask_proc; per-user limits of
+ *      inotify and fanotify: user_limits), /dev/pts (new instance, max= ptys), /dev/shm
+ *      and /tmp tmpfs (size = scratch limit: a full disk is ENOSPC, not an OOM kill)
  *   8. loopback up (netlink), hostname
  *   9. pivot_root into the new root, detach the old root, remount / read-only
  *  10. RLIMIT_NOFILE, no_new_privs, close every other fd
@@ -127,6 +127,16 @@ add_host_path(jail_plan_t *p, const char *path, eph_error_t *err)
   }
   if (!S_ISDIR(st.st_mode) && !S_ISREG(st.st_mode))
     return 0;
+  /* A directory is an overlay, not a bind: a bind shares the host's inodes, and an inotify
+   * watch on them (IN_OPEN on /usr/bin) reports every program the host and every other
+   * sandbox runs, as it runs. An overlay's inodes are its own: only the sandbox's own
+   * accesses reach its watches. Read-only overlays need two lower layers; the second is an
+   * empty directory of the new root. A path the option syntax cannot carry is bound. */
+  if (S_ISDIR(st.st_mode) && !strpbrk(path, ":,\\")) {
+    char opts[8300];
+    snprintf(opts, sizeof opts, "lowerdir=%s:%s" JAIL_OVERLAY_EMPTY, path, p->newroot);
+    return add_op(p, JAIL_OP_OVERLAY_RO, path, path, opts, err);
+  }
   if (add_op(p, JAIL_OP_BIND_RO, path, path, NULL, err) < 0)
     return -err->code;
   p->ops[p->n_ops - 1].is_dir = S_ISDIR(st.st_mode);
@@ -251,6 +261,9 @@ jail_plan_build(jail_plan_t *p, const char *hostname, uint64_t shm_bytes,
   if (!p->newroot || !p->hostname)
     goto oom;
 
+  /* The empty second lower layer of every read-only overlay (add_host_path). */
+  if (add_op(p, JAIL_OP_DIR, NULL, JAIL_OVERLAY_EMPTY, NULL, err) < 0)
+    goto fail;
   /* /usr is built from the explicit list, never bound whole: the host's /usr/local (and
    * the /usr/local/etc of a default install), /usr/include, /usr/src stay out. */
   if (add_op(p, JAIL_OP_DIR, NULL, "/usr", NULL, err) < 0)
@@ -406,6 +419,12 @@ do_op(const jail_child_args_t *a, const jail_op_t *o)
     close(fd);
     return;
   }
+  case JAIL_OP_OVERLAY_RO:
+    if (mkdir(dst, 0755) < 0 && errno != EEXIST)
+      die(a, "mkdir overlay target", o->target);
+    if (mount("overlay", dst, "overlay", MS_RDONLY | MS_NOSUID | MS_NODEV, o->data) < 0)
+      die(a, "overlay mount", o->target);
+    return;
   case JAIL_OP_BIND_RO:
   case JAIL_OP_BIND_DEV: {
     if (o->is_dir) {
@@ -505,6 +524,40 @@ mask_proc(const jail_child_args_t *a)
   }
   if (rmdir(dir) < 0)
     die(a, "rmdir", "/.proc-masks");
+}
+
+/* Per-user-namespace limits of kernel objects the kernel counts per user, not per cgroup.
+ * They are charged at every level of the user-namespace tree, and at the host's level under
+ * the uid that created the namespace: the daemon's. Without a limit of its own, one sandbox
+ * takes the daemon's uid's whole host quota (fs.inotify.max_user_instances, 128 by default):
+ * every other sandbox, and the daemon itself, then gets EMFILE from inotify_init. Written as
+ * root of the sandbox's namespace (these files are the namespace's own); a file the kernel
+ * lacks (no fanotify) is skipped. */
+static void
+user_limits(const jail_child_args_t *a)
+{
+  static const struct {
+    const char *file;
+    unsigned value;
+  } limits[] = {
+      {"/proc/sys/user/max_inotify_instances", JAIL_MAX_INOTIFY_INSTANCES},
+      {"/proc/sys/user/max_inotify_watches", JAIL_MAX_INOTIFY_WATCHES},
+      {"/proc/sys/user/max_fanotify_groups", JAIL_MAX_FANOTIFY_GROUPS},
+      {"/proc/sys/user/max_fanotify_marks", JAIL_MAX_FANOTIFY_MARKS},
+  };
+  char path[4096], text[24];
+  for (size_t i = 0; i < sizeof limits / sizeof limits[0]; i++) {
+    in_root(path, sizeof path, a->plan, limits[i].file);
+    int fd = open(path, O_WRONLY | O_CLOEXEC);
+    if (fd < 0 && errno == ENOENT)
+      continue;
+    text[0] = '\0';
+    cat_u64(text, sizeof text, limits[i].value);
+    size_t len = strlen(text);
+    if (fd < 0 || write(fd, text, len) != (ssize_t)len)
+      die(a, "write", limits[i].file);
+    close(fd);
+  }
 }
 
 /* A time namespace whose boot and monotonic clocks start near zero: /proc/uptime, the boot
@@ -646,8 +699,12 @@ jail_child_main(const jail_child_args_t *args)
             MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0)
     die(a, "mount proc on", "/proc");
   mask_proc(a);
+  user_limits(a);
+  /* Every devpts instance but the host's draws from one host-wide pool (kernel.pty.max minus
+   * kernel.pty.reserve, 3072 by default): without max= one sandbox takes it all and every
+   * other sandbox and container gets ENOSPC from /dev/ptmx. */
   if (mount("devpts", in_root(path, sizeof path, p, "/dev/pts"), "devpts", MS_NOSUID | MS_NOEXEC,
-            "newinstance,ptmxmode=0666,mode=0620,gid=5") < 0)
+            "newinstance,ptmxmode=0666,mode=0620,gid=5,max=" JAIL_STR(JAIL_MAX_PTYS)) < 0)
     die(a, "mount devpts on", "/dev/pts");
   mount_tmpfs(a, "/dev/shm", "1777", p->shm_bytes, MS_NOSUID | MS_NODEV | MS_NOEXEC);
   mount_tmpfs(a, "/tmp", "1777", a->scratch_bytes, MS_NOSUID | MS_NODEV);
