@@ -834,7 +834,10 @@ eph_srv_runs_cancel(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req
       l->queued = false;
       srv->queued--;
       abandon = true;
-    } else if (l->settled || eph_run_settled(l->run)) {
+    } else if (l->settled || eph_run_settled(l->run) ||
+               eph_run_status(l->run) >= EPH_RUN_SUCCEEDED) {
+      /* Ended but not yet settled (the settle is milliseconds away): a cancel can no longer
+       * change how it ended, so it is a conflict, as after the settle. */
       ended = true;
     }
     pthread_mutex_unlock(&srv->lock);
