@@ -148,10 +148,10 @@ eph_plugins_load(eph_plugins_t *ps, eph_config_t *cfg, const char *plugin_dir,
     if (!b->enabled || b->file[0] == '/')
       continue;
     struct stat st;
-    int e = !plugin_dir                    ? ENOENT
-            : stat(plugin_dir, &st) < 0    ? errno
-            : !S_ISDIR(st.st_mode)         ? ENOTDIR
-                                           : 0;
+    int e = !plugin_dir                 ? ENOENT
+            : stat(plugin_dir, &st) < 0 ? errno
+            : !S_ISDIR(st.st_mode)      ? ENOTDIR
+                                        : 0;
     if (e) {
       return eph_error_set(err, e,
                            "plugin directory %s: %s (needed by '%s', enabled at %s); set "

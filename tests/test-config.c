@@ -170,8 +170,7 @@ test_missing_confd_is_an_error(void **state)
   (void)state;
   eph_config_t c;
   eph_error_t err = {0};
-  assert_true(eph_config_load(&c, "/nonexistent/ephemeral.conf", "/nonexistent/conf.d", &err) <
-              0);
+  assert_true(eph_config_load(&c, "/nonexistent/ephemeral.conf", "/nonexistent/conf.d", &err) < 0);
   assert_non_null(strstr(err.message, "/nonexistent/conf.d"));
   assert_non_null(strstr(err.message, "does not exist"));
   assert_int_equal(c.n_blocks, 0);
