@@ -83,11 +83,6 @@ const eph_config_key_t eph_core_config_keys[] = {
     {0},
 };
 
-/* Plugins enabled when there is no conf.d: enough to run the product page's example. */
-const char *const eph_config_default_plugins[] = {
-    "backend-jail", "tool-shell", "model-openai", "model-replay", "ledger-sqlite", NULL,
-};
-
 const char *
 eph_cfg_where(const config_setting_t *s, char *buf, size_t size)
 {
@@ -332,13 +327,21 @@ eph_config_load(eph_config_t *c, const char *main_path, const char *confd_path,
   int r = 0;
   struct dirent **names = NULL;
   int n_names = 0;
-  bool have_confd = is_dir(confd_path);
-
-  if (have_confd) {
-    n_names = scandir(confd_path, &names, confd_filter, alphasort);
-    if (n_names < 0)
-      return eph_error_set(err, errno, "%s: %s", confd_path, strerror(errno));
+  /* No conf.d is an error, never a fallback: a missing directory is a wrong --sysconfdir,
+   * a staging copy looking at the host's /etc, or a half-removed package, and a built-in
+   * plugin set would hide which configuration (or none) the run got. */
+  if (!confd_path || !is_dir(confd_path)) {
+    int e = confd_path && stat(confd_path, &(struct stat){0}) == 0 ? ENOTDIR : ENOENT;
+    return eph_error_set(err, EPH_E_CONFIG,
+                         "%s: the plugin configuration directory (conf.d) %s: no plugin "
+                         "would be enabled; create it, or name an ephemeral.conf with a "
+                         "conf.d beside it (--config, EPHEMERAL_CONFIG)",
+                         confd_path ? confd_path : "(none)",
+                         e == ENOTDIR ? "is not a directory" : "does not exist");
   }
+  n_names = scandir(confd_path, &names, confd_filter, alphasort);
+  if (n_names < 0)
+    return eph_error_set(err, errno, "%s: %s", confd_path, strerror(errno));
   c->files = eph_xcalloc((size_t)n_names + 1, sizeof *c->files);
 
   if (is_file(main_path)) {
@@ -359,21 +362,16 @@ eph_config_load(eph_config_t *c, const char *main_path, const char *confd_path,
     c->n_files = 1;
   }
 
-  if (have_confd) {
-    c->confd_path = eph_xstrdup(confd_path);
-    for (int i = 0; i < n_names; i++) {
-      cleanup_free char *path = eph_xasprintf("%s/%s", confd_path, names[i]->d_name);
-      r = parse_file(&c->files[c->n_files], path, err);
-      if (r < 0)
-        goto out;
-      c->n_files++;
-      r = collect_blocks(c, &c->files[c->n_files - 1], err);
-      if (r < 0)
-        goto out;
-    }
-  } else {
-    for (const char *const *p = eph_config_default_plugins; *p; p++)
-      add_block(c, *p, NULL, true, NULL, "(embedded defaults)");
+  c->confd_path = eph_xstrdup(confd_path);
+  for (int i = 0; i < n_names; i++) {
+    cleanup_free char *path = eph_xasprintf("%s/%s", confd_path, names[i]->d_name);
+    r = parse_file(&c->files[c->n_files], path, err);
+    if (r < 0)
+      goto out;
+    c->n_files++;
+    r = collect_blocks(c, &c->files[c->n_files - 1], err);
+    if (r < 0)
+      goto out;
   }
 
 out:

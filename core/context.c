@@ -89,7 +89,7 @@ resolve_state_dir(eph_ctx_t *ctx, const eph_ctx_options_t *opt, eph_error_t *err
   else if (from_config)
     ctx->state_dir = eph_xstrdup(from_config);
   else
-    ctx->state_dir = eph_paths_default_state_dir(opt->daemon);
+    ctx->state_dir = eph_paths_default_state_dir(&ctx->paths, opt->daemon);
   r = eph_mkdir_p(ctx->state_dir, 0700, err);
   if (r < 0)
     return eph_error_wrap(err, "state directory");
