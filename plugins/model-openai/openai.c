@@ -548,6 +548,56 @@ build_body(const openai_t *s, const eph_model_request_t *req, eph_error_t *err)
 }
 
 /* The request loop. Error messages may quote the API; the caller scrubs the key. */
+/* Reads a 2xx body: exactly one JSON object (only whitespace after it), then the Chat
+ * Completions fields. On success resp->raw holds the body with x_latency_ms added. A
+ * function of its own so tests/fuzz/fuzz-openai.c reaches it without a server. */
+static int
+parse_ok_body(const openai_t *s, const attempt_t *a, long status, int64_t latency,
+              eph_model_response_t *resp, eph_error_t *err)
+{
+  int r;
+  json_tokener *tok = json_tokener_new();
+  json_object *root = NULL;
+  enum json_tokener_error jerr = json_tokener_error_parse_eof;
+  if (tok && a->body) {
+    root = json_tokener_parse_ex(tok, a->body, (int)a->len);
+    jerr = json_tokener_get_error(tok);
+    if (root && tok->char_offset < (int)a->len) {
+      /* Trailing garbage after the object: only whitespace is allowed. */
+      for (size_t i = (size_t)tok->char_offset; i < a->len; i++)
+        if (!isspace((unsigned char)a->body[i])) {
+          json_object_put(root);
+          root = NULL;
+          jerr = json_tokener_error_parse_unexpected;
+          break;
+        }
+    }
+  }
+  if (tok)
+    json_tokener_free(tok);
+  if (!root) {
+    char ex[120];
+    excerpt(a->body ? a->body : "", a->len, ex, sizeof ex);
+    r = eph_error_set(err, EPH_E_PROTOCOL,
+                      "model call to %s: HTTP %ld body is not valid JSON (%s): %s", s->url,
+                      status,
+                      jerr == json_tokener_continue ? "truncated"
+                                                    : json_tokener_error_desc(jerr),
+                      ex);
+  } else if ((r = eph_chat_parse_response(root, s->url, resp, err)) < 0) {
+    json_object_put(root);
+  } else {
+    /* Recorded with the body so a replay can pace itself like the original run. */
+    json_object_object_add(root, "x_latency_ms", json_object_new_int64(latency));
+    resp->raw = root;
+    log_safe(s, EPH_LOG_DEBUG, "model call: HTTP %ld in %lld ms, %llu+%llu tokens, %s",
+             status, (long long)latency, (unsigned long long)resp->input_tokens,
+             (unsigned long long)resp->output_tokens, resp->finish_reason);
+    r = 0;
+  }
+  return r;
+}
+
 static int
 do_complete(openai_t *s, const eph_model_request_t *req, eph_model_response_t *resp,
             eph_error_t *err)
@@ -640,45 +690,7 @@ do_complete(openai_t *s, const eph_model_request_t *req, eph_model_response_t *r
       retryable = curl_is_transient(rc);
       r = eph_error_set(err, EPH_E_UPSTREAM, "model call to %s failed: %s", s->url, last);
     } else if (status >= 200 && status < 300) {
-      json_tokener *tok = json_tokener_new();
-      json_object *root = NULL;
-      enum json_tokener_error jerr = json_tokener_error_parse_eof;
-      if (tok && a.body) {
-        root = json_tokener_parse_ex(tok, a.body, (int)a.len);
-        jerr = json_tokener_get_error(tok);
-        if (root && tok->char_offset < (int)a.len) {
-          /* Trailing garbage after the object: only whitespace is allowed. */
-          for (size_t i = (size_t)tok->char_offset; i < a.len; i++)
-            if (!isspace((unsigned char)a.body[i])) {
-              json_object_put(root);
-              root = NULL;
-              jerr = json_tokener_error_parse_unexpected;
-              break;
-            }
-        }
-      }
-      if (tok)
-        json_tokener_free(tok);
-      if (!root) {
-        char ex[120];
-        excerpt(a.body ? a.body : "", a.len, ex, sizeof ex);
-        r = eph_error_set(err, EPH_E_PROTOCOL,
-                          "model call to %s: HTTP %ld body is not valid JSON (%s): %s", s->url,
-                          status,
-                          jerr == json_tokener_continue ? "truncated"
-                                                        : json_tokener_error_desc(jerr),
-                          ex);
-      } else if ((r = eph_chat_parse_response(root, s->url, resp, err)) < 0) {
-        json_object_put(root);
-      } else {
-        /* Recorded with the body so a replay can pace itself like the original run. */
-        json_object_object_add(root, "x_latency_ms", json_object_new_int64(latency));
-        resp->raw = root;
-        log_safe(s, EPH_LOG_DEBUG, "model call: HTTP %ld in %lld ms, %llu+%llu tokens, %s",
-                 status, (long long)latency, (unsigned long long)resp->input_tokens,
-                 (unsigned long long)resp->output_tokens, resp->finish_reason);
-        r = 0;
-      }
+      r = parse_ok_body(s, &a, status, latency, resp, err);
     } else {
       api_error_text(&a, api_text, sizeof api_text);
       snprintf(last, sizeof last, "HTTP %ld: %s", status, api_text);
