@@ -3,40 +3,55 @@
  * reached by including egress.c here (its public face needs a network namespace and a
  * veth). One connection is served from a socketpair: the input is what the sandbox sends.
  *
- * No byte leaves the machine: the policy allows every name, so parsing, the Connection
- * header handling and the domain check all run, and the announce callback then refuses
- * the charge, which ends the connection before any name is resolved. For an allowed
- * GET/HEAD the callback first builds the upstream request (rewrite_request) from exactly
- * what serve() would pass it. */
+ * No byte leaves the machine: the policy allows every name, so parsing and the domain
+ * check run, and the announce callback then refuses the charge, which ends the connection
+ * before any name is resolved. The upstream request of a GET/HEAD (rewrite_request: the
+ * Connection header and hop-by-hop removal) is then built directly from the same head. */
 #include "../../core/egress.c"
 
 #include <signal.h>
 
 #include "fuzz.h"
 
-static const char *cur_head; /* the head as serve() sees it: NUL-terminated, capped */
-
+/* The proxy's charge callback: refuses every connection, so nothing is resolved. */
 static int
 announce(void *opaque, const char *method, const char *target, const char *refusal,
          eph_error_t *err)
 {
   if (refusal)
     return 0;
-  if (strcmp(method, "GET") == 0 || strcmp(method, "HEAD") == 0) {
-    char *host = NULL;
-    int port = 0;
-    eph_error_t ignored = {0};
-    const char *line_end = strstr(cur_head, "\r\n");
-    if (line_end && eph_net_url_host(target, &host, &port, &ignored) == 0) {
-      char *req = rewrite_request(method, target, host, port, line_end + 2);
-      /* The rewritten head must still be one head: the request line, then headers. */
-      if (!strstr(req, "\r\n\r\n"))
-        abort();
-      free(req);
-    }
-    free(host);
-  }
   return eph_error_set(err, EPH_E_DENIED, "fuzzing: no connection is made");
+}
+
+/* The upstream request serve() would send for an allowed GET/HEAD, built from exactly
+ * what serve() passes rewrite_request (its head buffer is the first HEAD_MAX_BYTES - 1
+ * bytes, a C string). Called directly: serve() only gets there after connecting. */
+static void
+rewrite(const uint8_t *data, size_t size)
+{
+  size_t keep = size < HEAD_MAX_BYTES - 1 ? size : HEAD_MAX_BYTES - 1;
+  char *buf = eph_xmalloc(keep + 1);
+  memcpy(buf, data, keep);
+  buf[keep] = '\0';
+  char method[16], target[2048], version[16];
+  const char *line_end = strstr(buf, "\r\n");
+  char *host = NULL;
+  int port = 0;
+  eph_error_t err = {0};
+  if (line_end && strstr(buf, "\r\n\r\n") &&
+      sscanf(buf, "%15s %2047s %15s", method, target, version) == 3 &&
+      (strcmp(method, "GET") == 0 || strcmp(method, "HEAD") == 0) &&
+      strncasecmp(target, "http://", 7) == 0 &&
+      eph_net_url_host(target, &host, &port, &err) == 0) {
+    char *req = rewrite_request(method, target, host, port, line_end + 2);
+    /* Still one head: the request line, headers, the blank line, nothing after it. */
+    char *end = strstr(req, "\r\n\r\n");
+    if (!end || end[4] != '\0')
+      abort();
+    free(req);
+  }
+  free(host);
+  free(buf);
 }
 
 int
@@ -63,12 +78,6 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
   }
   shutdown(sp[1], SHUT_WR);
 
-  size_t keep = size < HEAD_MAX_BYTES - 1 ? size : HEAD_MAX_BYTES - 1;
-  char *head = malloc(keep + 1);
-  memcpy(head, data, keep);
-  head[keep] = '\0';
-  cur_head = head;
-
   static const eph_net_policy_t allow_all = {0};
   eph_egress_t e;
   memset(&e, 0, sizeof e);
@@ -82,8 +91,8 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
   conn_t c = {.e = &e, .client = sp[0], .upstream = -1};
   serve(&c);
   pthread_mutex_destroy(&e.lock);
-  free(head);
   close(sp[0]);
   close(sp[1]);
+  rewrite(data, size);
   return 0;
 }

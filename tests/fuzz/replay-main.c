@@ -24,7 +24,8 @@
 #error "FUZZ_TARGET (the corpus directory name) must be defined"
 #endif
 
-/* Per input; the targets take milliseconds on the seeds, this is for a loaded machine. */
+/* Seconds per input (EPH_FUZZ_REPLAY_TIMEOUT_S overrides): the targets take milliseconds
+ * on the seeds; this is for a loaded machine. */
 #define REPLAY_TIMEOUT_S 60
 
 typedef struct {
@@ -134,6 +135,8 @@ main(int argc, char **argv)
     printf("1..0 # SKIP no corpus files\n");
     return 0;
   }
+  const char *t = getenv("EPH_FUZZ_REPLAY_TIMEOUT_S");
+  unsigned timeout_s = t && atoi(t) > 0 ? (unsigned)atoi(t) : REPLAY_TIMEOUT_S;
   printf("1..%zu\n", paths.n);
   fflush(stdout);
   for (size_t i = 0; i < paths.n; i++) {
@@ -148,7 +151,7 @@ main(int argc, char **argv)
      * line above names the input. */
     printf("# %s\n", paths.v[i]);
     fflush(stdout);
-    alarm(REPLAY_TIMEOUT_S);
+    alarm(timeout_s);
     LLVMFuzzerTestOneInput(data, size);
     alarm(0);
     free(data);
