@@ -3,7 +3,8 @@
  * The input is the byte stream; it reaches the incremental reader through a non-blocking
  * pipe in chunks of varying size (1 byte up to 4 KiB), so frame headers and bodies split at
  * every position are exercised. Each decoded frame goes through the field helpers and the
- * base64 decoder the guest and the client use on it, and is written back as a frame. */
+ * base64 decoder the guest and the client use on it, and is written back as a frame.
+ * Oracle besides memory errors: an accepted frame holds one object and blanks only. */
 #include <config.h>
 
 #include <fcntl.h>
@@ -39,6 +40,20 @@ use_frame(json_object *obj)
     (void)eph_proto_write_frame(devnull, obj);
 }
 
+/* A frame the reader accepted is one JSON object and blanks (space, tab, CR, LF) after it,
+ * nothing else: its body's last non-blank byte is the object's closing brace. */
+static void
+check_body(const eph_frame_reader_t *r)
+{
+  size_t end = r->body_len;
+  while (end > 0 && memchr(" \t\r\n", r->body[end - 1], 4))
+    end--;
+  if (end == 0 || r->body[end - 1] != '}') {
+    fprintf(stderr, "fuzz-frame: accepted a frame with bytes after its object\n");
+    abort();
+  }
+}
+
 /* Feeds until the pipe is empty; false once the reader gave up (stream out of step). */
 static bool
 drain(eph_frame_reader_t *r, int fd)
@@ -50,6 +65,7 @@ drain(eph_frame_reader_t *r, int fd)
     json_object *obj = NULL;
     int rc = eph_frame_reader_feed(r, fd, &obj);
     if (rc == 1) {
+      check_body(r);
       use_frame(obj);
       json_object_put(obj);
     } else if (rc < 0) {
@@ -85,6 +101,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     json_object *obj = NULL;
     int rc = eph_frame_reader_feed(&r, p[0], &obj);
     if (rc == 1) {
+      check_body(&r);
       use_frame(obj);
       json_object_put(obj);
     } else if (rc < 0) {

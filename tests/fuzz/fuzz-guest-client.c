@@ -5,11 +5,14 @@
  * and discards the client's requests until the client closes); the client opens the
  * session and runs one of each operation (exec, write_file, read_file, list_dir,
  * shutdown) while the connection stays usable. Request ids are 1, 2, 3, ... in that
- * order, so a seed can answer them. */
+ * order, so a seed can answer them. Oracle besides memory errors: the kept output of a
+ * command stays within its cap. */
 #include <config.h>
 
 #include <pthread.h>
 #include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -86,8 +89,18 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                               .opaque = &seen};
     eph_exec_result_t res;
     memset(&res, 0, sizeof res);
-    if (eph_guest_exec(g, &req, &res, &err) == 0)
+    if (eph_guest_exec(g, &req, &res, &err) == 0) {
+      /* Host memory per stream is bounded by the cap (plus the dropped-bytes line),
+       * whatever the guest sends. */
+      if (res.stdout_bytes > req.output_cap_bytes + 64 ||
+          res.stderr_bytes > req.output_cap_bytes + 64 ||
+          (!res.stdout_truncated && res.stdout_bytes > req.output_cap_bytes) ||
+          (!res.stderr_truncated && res.stderr_bytes > req.output_cap_bytes)) {
+        fprintf(stderr, "fuzz-guest-client: output over its cap\n");
+        abort();
+      }
       eph_exec_result_clear(&res);
+    }
     if (!eph_guest_broken(g))
       (void)eph_guest_write(g, "in.txt", "hello", 5, &err);
     if (!eph_guest_broken(g)) {
