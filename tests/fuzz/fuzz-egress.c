@@ -41,8 +41,7 @@ rewrite(const uint8_t *data, size_t size)
   if (line_end && strstr(buf, "\r\n\r\n") &&
       sscanf(buf, "%15s %2047s %15s", method, target, version) == 3 &&
       (strcmp(method, "GET") == 0 || strcmp(method, "HEAD") == 0) &&
-      strncasecmp(target, "http://", 7) == 0 &&
-      eph_net_url_host(target, &host, &port, &err) == 0) {
+      strncasecmp(target, "http://", 7) == 0 && eph_net_url_host(target, &host, &port, &err) == 0) {
     char *req = rewrite_request(method, target, host, port, line_end + 2);
     /* Still one head: the request line, headers, the blank line, nothing after it. */
     char *end = strstr(req, "\r\n\r\n");

@@ -17,12 +17,12 @@
 #include "fuzz.h"
 #include "request.h"
 
-#define CHECK(cond)                                                                     \
-  do {                                                                                  \
-    if (!(cond)) {                                                                      \
-      fprintf(stderr, "fuzz-request: accepted a request where %s is false\n", #cond); \
-      abort();                                                                          \
-    }                                                                                   \
+#define CHECK(cond)                                                                                \
+  do {                                                                                             \
+    if (!(cond)) {                                                                                 \
+      fprintf(stderr, "fuzz-request: accepted a request where %s is false\n", #cond);              \
+      abort();                                                                                     \
+    }                                                                                              \
   } while (0)
 
 /* The kept string s equals JSON string v (case-insensitively for HTTP methods). */

@@ -156,8 +156,7 @@ main(int argc, char **argv)
     alarm(0);
     free(data);
     const char *base = strrchr(paths.v[i], '/');
-    printf("ok %zu - %s %s (%zu bytes)\n", i + 1, FUZZ_TARGET, base ? base + 1 : paths.v[i],
-           size);
+    printf("ok %zu - %s %s (%zu bytes)\n", i + 1, FUZZ_TARGET, base ? base + 1 : paths.v[i], size);
     fflush(stdout);
     free(paths.v[i]);
   }
