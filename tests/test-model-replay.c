@@ -422,6 +422,57 @@ test_model_name_selects_transcript(void **state)
   rmdir(dir);
 }
 
+/* A transcript line is one JSON object and blanks, read to its length: bytes after the
+ * object (another object, text, or text behind a NUL) are an error naming the line, as
+ * model-openai refuses such a body, not a silently shorter response. */
+static void
+test_line_with_bytes_after_the_object_refused(void **state)
+{
+  static const char body[] =
+      "{\"choices\":[{\"index\":0,\"message\":{\"role\":\"assistant\",\"content\":\"hi\"},"
+      "\"finish_reason\":\"stop\"}],\"usage\":{\"prompt_tokens\":7,\"completion_tokens\":3}}";
+  static const char *const tails[] = {" {\"x\":1}\n", " trailing\n", "\0{\"x\":1}\n"};
+  static const size_t tail_len[] = {9, 10, 9};
+  char dir[] = "/tmp/eph-replay-tail-XXXXXX";
+  assert_non_null(mkdtemp(dir));
+  cleanup_free char *path = eph_xasprintf("%s/t.jsonl", dir);
+  cleanup_free char *model = eph_xasprintf("replay:%s", path);
+  loaded_t l;
+  load_replay(&l, NULL);
+  for (size_t i = 0; i < sizeof tails / sizeof tails[0]; i++) {
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    assert_int_equal(fwrite(body, 1, sizeof body - 1, f), sizeof body - 1);
+    assert_int_equal(fwrite(tails[i], 1, tail_len[i], f), tail_len[i]);
+    fclose(f);
+    convo_t c;
+    eph_model_response_t r = {.struct_size = sizeof r};
+    eph_error_t err = {0};
+    convo_init(&c, model);
+    assert_int_equal(model_call(&l, &c.req, &r, &err), -EPH_E_PROTOCOL);
+    assert_non_null(strstr(err.message, "t.jsonl:1"));
+    assert_non_null(strstr(err.message, "bytes after the object"));
+    convo_free(&c);
+  }
+  /* The same line without the tail replays. */
+  FILE *f = fopen(path, "w");
+  assert_non_null(f);
+  fprintf(f, "%s\n", body);
+  fclose(f);
+  convo_t c;
+  eph_model_response_t r = {.struct_size = sizeof r};
+  eph_error_t err = {0};
+  convo_init(&c, model);
+  if (model_call(&l, &c.req, &r, &err) < 0)
+    fail_msg("%s", err.message);
+  assert_string_equal(content_of(r.message), "hi");
+  eph_model_response_clear(&r);
+  convo_free(&c);
+  plugin_unload(&l);
+  unlink(path);
+  rmdir(dir);
+}
+
 /* conf.d's relative `transcript` is found under the data directory (the source tree here). */
 static void
 test_configured_transcript_under_data_dir(void **state)
@@ -559,6 +610,7 @@ main(void)
       cmocka_unit_test(test_exhausted_transcript_diverges),
       cmocka_unit_test(test_unoffered_tool_is_not_divergence),
       cmocka_unit_test(test_model_name_selects_transcript),
+      cmocka_unit_test(test_line_with_bytes_after_the_object_refused),
       cmocka_unit_test(test_configured_transcript_under_data_dir),
       cmocka_unit_test(test_pace_follows_recorded_latency),
       cmocka_unit_test(test_recorded_raw_bodies_replay_identically),

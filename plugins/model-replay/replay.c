@@ -77,11 +77,12 @@ transcript_free(transcript_t *t)
   t->n = 0;
 }
 
+/* Blanks only (space, tab, CR, LF) in the n bytes at s; a NUL is not a blank. */
 static bool
-blank(const char *s)
+blank(const char *s, size_t n)
 {
-  for (; *s; s++)
-    if (*s != ' ' && *s != '\t' && *s != '\r' && *s != '\n')
+  for (size_t i = 0; i < n; i++)
+    if (!memchr(" \t\r\n", s[i], 4))
       return false;
   return true;
 }
@@ -129,15 +130,30 @@ transcript_load(transcript_t *t, const char *path, eph_error_t *err)
                         TRANSCRIPT_MAX_BYTES >> 20);
       break;
     }
-    if (blank(line))
+    if (blank(line, (size_t)len))
       continue;
-    enum json_tokener_error jerr;
-    json_object *o = json_tokener_parse_verbose(line, &jerr);
-    if (!o || !json_object_is_type(o, json_type_object)) {
+    /* Exactly one object and blanks, as model-openai accepts a body: the line's length,
+     * not its first NUL, bounds it, and nothing may follow the object. */
+    json_tokener *tok = json_tokener_new();
+    if (!tok) {
+      r = eph_error_set(err, ENOMEM, "transcript %s: out of memory", path);
+      break;
+    }
+    json_object *o = json_tokener_parse_ex(tok, line, (int)len);
+    enum json_tokener_error jerr = json_tokener_get_error(tok);
+    size_t used = json_tokener_get_parse_end(tok);
+    json_tokener_free(tok);
+    const char *why = NULL;
+    if (!o || jerr != json_tokener_success)
+      why = jerr == json_tokener_continue ? "truncated" : json_tokener_error_desc(jerr);
+    else if (!blank(line + used, (size_t)len - used))
+      why = "bytes after the object";
+    else if (!json_object_is_type(o, json_type_object))
+      why = "another JSON value";
+    if (why) {
       if (o)
         json_object_put(o);
-      r = eph_error_set(err, EPH_E_PROTOCOL, "%s:%zu: not a JSON object (%s)", path, no,
-                        o ? "another JSON value" : json_tokener_error_desc(jerr));
+      r = eph_error_set(err, EPH_E_PROTOCOL, "%s:%zu: not a JSON object (%s)", path, no, why);
       break;
     }
     json_object **nl = realloc(t->lines, (t->n + 1) * sizeof *nl);

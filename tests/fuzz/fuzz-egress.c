@@ -1,0 +1,97 @@
+/* Fuzz target: the egress proxy's request-head parser (core/egress.c). A sandbox's
+ * workload writes these bytes, so they are hostile. The proxy's static functions are
+ * reached by including egress.c here (its public face needs a network namespace and a
+ * veth). One connection is served from a socketpair: the input is what the sandbox sends.
+ *
+ * No byte leaves the machine: the policy allows every name, so parsing and the domain
+ * check run, and the announce callback then refuses the charge, which ends the connection
+ * before any name is resolved. The upstream request of a GET/HEAD (rewrite_request: the
+ * Connection header and hop-by-hop removal) is then built directly from the same head. */
+#include "../../core/egress.c"
+
+#include <signal.h>
+
+#include "fuzz.h"
+
+/* The proxy's charge callback: refuses every connection, so nothing is resolved. */
+static int
+announce(void *opaque, const char *method, const char *target, const char *refusal,
+         eph_error_t *err)
+{
+  if (refusal)
+    return 0;
+  return eph_error_set(err, EPH_E_DENIED, "fuzzing: no connection is made");
+}
+
+/* The upstream request serve() would send for an allowed GET/HEAD, built from exactly
+ * what serve() passes rewrite_request (its head buffer is the first HEAD_MAX_BYTES - 1
+ * bytes, a C string). Called directly: serve() only gets there after connecting. */
+static void
+rewrite(const uint8_t *data, size_t size)
+{
+  size_t keep = size < HEAD_MAX_BYTES - 1 ? size : HEAD_MAX_BYTES - 1;
+  char *buf = eph_xmalloc(keep + 1);
+  memcpy(buf, data, keep);
+  buf[keep] = '\0';
+  char method[16], target[2048], version[16];
+  const char *line_end = strstr(buf, "\r\n");
+  char *host = NULL;
+  int port = 0;
+  eph_error_t err = {0};
+  if (line_end && strstr(buf, "\r\n\r\n") &&
+      sscanf(buf, "%15s %2047s %15s", method, target, version) == 3 &&
+      (strcmp(method, "GET") == 0 || strcmp(method, "HEAD") == 0) &&
+      strncasecmp(target, "http://", 7) == 0 && eph_net_url_host(target, &host, &port, &err) == 0) {
+    char *req = rewrite_request(method, target, host, port, line_end + 2);
+    /* Still one head: the request line, headers, the blank line, nothing after it. */
+    char *end = strstr(req, "\r\n\r\n");
+    if (!end || end[4] != '\0')
+      abort();
+    free(req);
+  }
+  free(host);
+  free(buf);
+}
+
+int
+LLVMFuzzerInitialize(int *argc, char ***argv)
+{
+  signal(SIGPIPE, SIG_IGN);
+  return 0;
+}
+
+int
+LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+  if (size >= HEAD_MAX_BYTES * 2)
+    return 0; /* the socket buffer holds it: no writer thread needed */
+  int sp[2];
+  if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp) < 0)
+    return 0;
+  size_t off = 0;
+  while (off < size) {
+    ssize_t w = send(sp[1], data + off, size - off, MSG_NOSIGNAL);
+    if (w <= 0)
+      break;
+    off += (size_t)w;
+  }
+  shutdown(sp[1], SHUT_WR);
+
+  static const eph_net_policy_t allow_all = {0};
+  eph_egress_t e;
+  memset(&e, 0, sizeof e);
+  e.opt.max_connections = 1;
+  e.opt.max_bytes = 1 << 20;
+  e.opt.max_connection_ms = 10000;
+  e.opt.idle_ms = 10000; /* the input ends with EOF: nothing waits for it */
+  e.opt.policy = &allow_all;
+  e.opt.announce = announce;
+  pthread_mutex_init(&e.lock, NULL);
+  conn_t c = {.e = &e, .client = sp[0], .upstream = -1};
+  serve(&c);
+  pthread_mutex_destroy(&e.lock);
+  close(sp[0]);
+  close(sp[1]);
+  rewrite(data, size);
+  return 0;
+}
