@@ -110,6 +110,11 @@ eph_cmd_config(eph_ctx_t *ctx, int argc, char **argv)
     fprintf(stderr, "config check: %d plugin(s) refused\n", ctx->plugins.refused);
     return 1;
   }
+  eph_error_t err = {0};
+  if (eph_ctx_check_selected(ctx, &err) < 0) {
+    fprintf(stderr, "config check: %s\n", err.message);
+    return 1;
+  }
   printf("%s: ok (%zu plugin(s) loaded of %d enabled, %d warning(s))\n",
          ctx->config.main_path ? ctx->config.main_path : "(embedded defaults)", ctx->plugins.n,
          enabled, ctx->config.warnings);

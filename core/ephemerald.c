@@ -158,6 +158,13 @@ main(int argc, char **argv)
   }
   if (ctx.plugins.refused)
     eph_warn("%d plugin(s) refused; see above", ctx.plugins.refused);
+  /* A daemon whose configured backend or model plugin is not there would only fail every
+   * run: refuse to start, naming the key. */
+  if (eph_ctx_check_selected(&ctx, &err) < 0) {
+    eph_error("%s", err.message);
+    eph_ctx_close(&ctx);
+    return 1;
+  }
   eph_server_options_t sopt;
   if (eph_server_options_from_config(&ctx, &sopt, &err) < 0) {
     eph_error("%s", err.message);
