@@ -597,15 +597,17 @@ claim_mark(eph_server_t *srv, const char *run_id, eph_error_t *err)
   if (eph_mkdir_p(dir, 0700, err) < 0)
     return -1;
   cleanup_free char *path = claim_mark_path(srv, run_id);
-  int fd = path ? open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600) : -1;
-  if (fd < 0) {
-    eph_error_set(err, path ? errno : EINVAL, "%s: %s", path ? path : run_id,
-                  strerror(path ? errno : EINVAL));
-    return -1;
-  }
-  if (flock(fd, LOCK_EX) < 0) {
+  if (!path)
+    return eph_error_set(err, EINVAL, "run id %s: not a name of ours", run_id), -1;
+  /* Locked under a private name, then renamed into place: the mark is never seen unlocked
+   * (the reconciler removes unlocked ones). */
+  cleanup_free char *tmp = eph_xasprintf("%s/.mark-%s", dir, run_id);
+  int fd = open(tmp, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (fd < 0)
+    return eph_error_set(err, errno, "%s: %s", tmp, strerror(errno)), -1;
+  if (flock(fd, LOCK_EX) < 0 || rename(tmp, path) < 0) {
     eph_error_set(err, errno, "%s: %s", path, strerror(errno));
-    unlink(path);
+    unlink(tmp);
     close(fd);
     return -1;
   }
