@@ -907,8 +907,10 @@ on_head(eph_server_t *srv, struct MHD_Connection *c, const char *url, const char
    * client closes and never answers (RFC 9112 6.1: 400 and close when chunked is not the
    * final coding). A body whose length cannot be determined is refused at once, before a
    * byte of it is read, and the connection closed. */
-  const char *te = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_TRANSFER_ENCODING);
-  if (te && (header_count(c, MHD_HTTP_HEADER_TRANSFER_ENCODING) > 1 || strcasecmp(te, "chunked")))
+  const char *te =
+      MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_TRANSFER_ENCODING);
+  if (te &&
+      (header_count(c, MHD_HTTP_HEADER_TRANSFER_ENCODING) > 1 || strcasecmp(te, "chunked") != 0))
     return eph_srv_error_h(c, srv, MHD_HTTP_BAD_REQUEST, MHD_HTTP_HEADER_CONNECTION, "close",
                            "invalid_request", "Transfer-Encoding", "%s",
                            "Transfer-Encoding: only 'chunked' is accepted");
