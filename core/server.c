@@ -903,6 +903,17 @@ on_head(eph_server_t *srv, struct MHD_Connection *c, const char *url, const char
     return refuse(srv, c, req, MHD_HTTP_BAD_REQUEST, "invalid_request", "Content-Length",
                   MHD_HTTP_HEADER_CONNECTION, "close",
                   "Content-Length: exactly one, and not with Transfer-Encoding");
+  /* libmicrohttpd decodes only "chunked"; with any other coding it reads the body until the
+   * client closes and never answers (RFC 9112 6.1: 400 and close when chunked is not the
+   * final coding). A body whose length cannot be determined is refused at once, before a
+   * byte of it is read, and the connection closed. */
+  const char *te =
+      MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_TRANSFER_ENCODING);
+  if (te &&
+      (header_count(c, MHD_HTTP_HEADER_TRANSFER_ENCODING) > 1 || strcasecmp(te, "chunked") != 0))
+    return eph_srv_error_h(c, srv, MHD_HTTP_BAD_REQUEST, MHD_HTTP_HEADER_CONNECTION, "close",
+                           "invalid_request", "Transfer-Encoding", "%s",
+                           "Transfer-Encoding: only 'chunked' is accepted");
   if (req->bad_uri)
     return refuse(srv, c, req, MHD_HTTP_BAD_REQUEST, "invalid_request", "path", NULL, NULL,
                   "the request target must not encode '/', '\\' or NUL (%%2F, %%5C, %%00)");
@@ -1088,13 +1099,15 @@ eph_server_start(eph_ctx_t *ctx, const eph_server_options_t *opt, eph_server_t *
   srv->mhd = MHD_start_daemon(
       MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME |
           MHD_USE_ERROR_LOG,
-      0, NULL, NULL, on_request, srv, MHD_OPTION_LISTEN_SOCKET, srv->listen_fd,
-      MHD_OPTION_THREAD_POOL_SIZE, (unsigned)opt->http_threads, MHD_OPTION_NOTIFY_COMPLETED,
-      on_completed, srv, MHD_OPTION_NOTIFY_CONNECTION, on_connection, srv,
-      MHD_OPTION_URI_LOG_CALLBACK, on_uri, srv, MHD_OPTION_CONNECTION_TIMEOUT,
-      (unsigned)opt->idle_timeout_seconds, MHD_OPTION_CONNECTION_LIMIT, max_conns,
-      MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)opt->max_connections_per_ip,
-      MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, srv, MHD_OPTION_END);
+      /* The logger first: MHD reports problems with the options that follow through
+       * whatever logger is set when it reads them (stderr before this one). */
+      0, NULL, NULL, on_request, srv, MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, srv,
+      MHD_OPTION_LISTEN_SOCKET, srv->listen_fd, MHD_OPTION_THREAD_POOL_SIZE,
+      (unsigned)opt->http_threads, MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv,
+      MHD_OPTION_NOTIFY_CONNECTION, on_connection, srv, MHD_OPTION_URI_LOG_CALLBACK, on_uri,
+      srv, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)opt->idle_timeout_seconds,
+      MHD_OPTION_CONNECTION_LIMIT, max_conns, MHD_OPTION_PER_IP_CONNECTION_LIMIT,
+      (unsigned)opt->max_connections_per_ip, MHD_OPTION_END);
   if (!srv->mhd) {
     r = eph_error_set(err, EIO, "listen %s: libmicrohttpd refused to start", opt->listen);
     goto fail;
