@@ -306,6 +306,15 @@ typedef struct eph_host {
   int (*sandbox_list)(eph_run_t *run, const char *path, eph_dirent_t **entries, size_t *count,
                       eph_error_t *err);
   void (*dirents_free)(eph_dirent_t *entries, size_t count);
+
+  /* ABI 1.2 addition, appended (check struct_size; the minor stays 2 because 1.2 is not yet
+   * released): shows a chunk of a running command's output live in the run's timeline.
+   * Called from an exec request's on_output (same thread, during sandbox_exec) with the
+   * chunk as received: stream 1 stdout, 2 stderr; data borrowed. The core coalesces chunks
+   * into `output` events (about every 100 ms or 4 KiB), bounds them per command and per
+   * run (a marker says what was dropped), and drops them under zero data retention. A tool
+   * whose commands are not the model's (internal plumbing) simply does not call it. */
+  void (*output)(eph_run_t *run, int stream, const char *data, size_t bytes);
 } eph_host_t;
 
 /* ---------------------------------------------------------------- the descriptor */
@@ -470,7 +479,20 @@ typedef struct eph_model_response {
    * priced separately (cached_input_micros_per_mtok, cache_write_micros_per_mtok). */
   uint64_t cache_read_tokens;
   uint64_t cache_write_tokens;
+  /* ABI 1.2 addition, appended (a plugin writes them only when struct_size covers them,
+   * see EPH_MODEL_RESPONSE_HAS_REPLAY; the minor stays 2 because 1.2 is not yet released):
+   * set by a plugin that answered from a recording instead of calling a model
+   * (model-replay). replayed_from names the transcript and line ("PATH:LINE");
+   * recorded_model is the model the recording names (its "model" field), or "". Both stay
+   * "" for a real model call. The core then reports the run as replayed. */
+  char replayed_from[4096];
+  char recorded_model[128];
 } eph_model_response_t;
+
+/* True when resp (sized by the caller) has room for the replay provenance. */
+#define EPH_MODEL_RESPONSE_HAS_REPLAY(resp)                                                      \
+  ((resp)->struct_size >= offsetof(eph_model_response_t, recorded_model) +                     \
+                              sizeof(((eph_model_response_t *)0)->recorded_model))
 
 /* True when resp (sized by the caller) has room for the cache token counts. */
 #define EPH_MODEL_RESPONSE_HAS_CACHE(resp)                                                       \
