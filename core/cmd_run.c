@@ -67,7 +67,8 @@ print_event_line(FILE *out, double t, const char *source, const char *kind, cons
   fflush(out);
 }
 
-/* Live command output (`output` events) printed under its command: indented, dimmed on a
+/* Live command output (`output` events; streamed model text, `model_delta`, alike) printed
+ * under its command: indented, dimmed on a
  * terminal, at most LIVE_MAX_LINES lines per command, then "… N more lines" once the
  * command's next event comes. Chunks need not end at a newline: a line continues across
  * events. Every byte goes through shown(). */
@@ -131,7 +132,7 @@ static void
 print_any(printer_t *p, double t, const char *source, const char *kind, const char *text,
           json_object *data)
 {
-  if (strcmp(kind, "output") == 0) {
+  if (strcmp(kind, "output") == 0 || strcmp(kind, "model_delta") == 0) {
     json_object *dropped = NULL;
     if (p->quiet)
       return;

@@ -59,6 +59,8 @@ struct eph_run {
   const eph_plugin_slot_t *ledger, *backend, *model;
   char *model_call_name; /* what the model plugin is asked for (may be "replay:...") */
   eph_live_t live;          /* the running command's live output (live.h) */
+  eph_live_t delta;         /* the running model call's streamed text (model_delta) */
+  int64_t delta_step;       /* its model call number */
   const char *live_call_id; /* the tool call running, borrowed for its duration */
   const char *live_source;  /* its timeline source ("Shell") */
   char *replayed_from;   /* the transcript answering the model calls, NULL for a real model */
@@ -935,6 +937,10 @@ note_replay(eph_run_t *run, const eph_model_response_t *resp, char *buf, size_t 
   return buf;
 }
 
+static int complete_streaming(eph_run_t *run, const eph_model_ops_t *mops,
+                              eph_model_request_t *mreq, eph_model_response_t *resp,
+                              eph_error_t *err, int64_t step);
+
 /* ------------------------------------------------------------------ agent loop */
 
 static void
@@ -1049,7 +1055,7 @@ agent_loop(eph_run_t *run)
     eph_model_response_t resp = {.struct_size = sizeof resp};
     eph_error_t err = {0};
     int64_t t0 = eph_now_ms();
-    int r = EPH_WITH_PLUGIN(run->model, mops->complete(run->model->state, &mreq, &resp, &err));
+    int r = complete_streaming(run, mops, &mreq, &resp, &err, step);
     if (r < 0) {
       eph_model_response_clear(&resp);
       if (err.code == ETIMEDOUT || eph_now_ms() >= run->deadline_ms)
@@ -1728,6 +1734,50 @@ host_output(eph_run_t *run, int stream, const char *data, size_t bytes)
   if (!run || !data || run->req.zero_data_retention || !run->live_call_id)
     return;
   eph_live_add(&run->live, stream, data, bytes, live_emit, run);
+}
+
+/* One coalesced `model_delta` event: the streamed text of the running model call. */
+static void
+delta_emit(void *opaque, int stream, const char *text, size_t bytes, uint64_t dropped_bytes)
+{
+  eph_run_t *run = opaque;
+  json_object *d = json_object_new_object();
+  json_object_object_add(d, "call", json_object_new_int64(run->delta_step));
+  if (stream) {
+    json_object_object_add(d, "bytes", json_object_new_int64((int64_t)bytes));
+    emit_full(run, "Model", "model_delta", text, d, true);
+  } else {
+    json_object_object_add(d, "dropped_bytes", json_object_new_int64((int64_t)dropped_bytes));
+    char marker[96];
+    snprintf(marker, sizeof marker, "[... %" PRIu64 " bytes of model text not shown live]",
+             dropped_bytes);
+    emit_full(run, "Model", "model_delta", marker, d, true);
+  }
+  json_object_put(d);
+}
+
+/* eph_model_request_t.on_delta: a piece of the answer's text as the provider streams it.
+ * Model text is content: nothing under zero data retention. */
+static void
+model_delta(void *opaque, const char *text, size_t bytes)
+{
+  eph_run_t *run = opaque;
+  if (!run->req.zero_data_retention && text)
+    eph_live_add(&run->delta, 1, text, bytes, delta_emit, run);
+}
+
+/* Wraps one model call so its streamed text reaches the timeline live. */
+static int
+complete_streaming(eph_run_t *run, const eph_model_ops_t *mops, eph_model_request_t *mreq,
+                   eph_model_response_t *resp, eph_error_t *err, int64_t step)
+{
+  mreq->on_delta = model_delta;
+  mreq->delta_opaque = run;
+  run->delta_step = step;
+  eph_live_begin(&run->delta, 0);
+  int r = EPH_WITH_PLUGIN(run->model, mops->complete(run->model->state, mreq, resp, err));
+  eph_live_end(&run->delta, delta_emit, run);
+  return r;
 }
 
 static int

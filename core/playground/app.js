@@ -95,7 +95,8 @@ function clearRun() {
 let outputs = new Map(); // call_id -> {details, pre, summary, lines}
 
 function addOutput(ev) {
-  const id = (ev.data && ev.data.call_id) || "";
+  const model = ev.kind === "model_delta";
+  const id = model ? "model-" + (ev.data && ev.data.call) : (ev.data && ev.data.call_id) || "";
   let o = outputs.get(id);
   if (!o) {
     const details = document.createElement("details");
@@ -111,11 +112,12 @@ function addOutput(ev) {
   const text = ev.data && ev.data.dropped_bytes ? "\n" + ev.text + "\n" : ev.text;
   o.pre.append(document.createTextNode(text));
   o.lines += (text.match(/\n/g) || []).length;
-  o.summary.textContent = "output · " + o.lines + (o.lines === 1 ? " line" : " lines");
+  o.summary.textContent = model ? "model text (streaming)"
+    : "output · " + o.lines + (o.lines === 1 ? " line" : " lines");
 }
 
 function addEvent(ev) {
-  if (ev.kind === "output") { addOutput(ev); return; }
+  if (ev.kind === "output" || ev.kind === "model_delta") { addOutput(ev); return; }
   const row = document.createElement("div");
   const result = ev.kind === "tool_result";
   row.className = "row" + (result ? " result" : "") + (ev.kind === "model_call" ? " model" : "");

@@ -461,7 +461,19 @@ typedef struct eph_model_request {
   json_object *tools;         /* OpenAI "tools" array (only the permitted ones), or NULL */
   uint32_t max_output_tokens; /* the core pre-authorised the call at this many tokens */
   int64_t deadline_ms;        /* the call must return by then (CLOCK_MONOTONIC ms) */
+  /* ABI 1.2 addition, appended (read it only when struct_size covers it, see
+   * EPH_MODEL_REQUEST_HAS_DELTA; the minor stays 2 because 1.2 is not yet released):
+   * optional, called on the calling thread with each piece of the answer's text as a
+   * streaming provider delivers it (text borrowed, not NUL-terminated); the core shows them
+   * as `model_delta` events. A retried attempt's pieces come again from its start. The
+   * response is still the whole answer. */
+  void (*on_delta)(void *opaque, const char *text, size_t bytes);
+  void *delta_opaque;
 } eph_model_request_t;
+
+/* True when req (sized by the caller) carries on_delta. */
+#define EPH_MODEL_REQUEST_HAS_DELTA(req)                                                         \
+  ((req)->struct_size >= offsetof(eph_model_request_t, delta_opaque) + sizeof(void *))
 
 /* One model answer. Filled by the plugin; owned by the caller, released with
  * eph_model_response_clear(). */
