@@ -432,7 +432,10 @@ eph_cmd_run(eph_ctx_t *ctx, int argc, char **argv)
     json_object_object_get_ex(req_obj, "model", &model);
     json_object_object_get_ex(head, "backend", &be);
     cleanup_free char *m = shown(json_object_get_string(model));
-    printf("Run %s · %s · %s\n\n", eph_run_id(run), m, json_object_get_string(be));
+    /* A replayed run says so from its first line (honest replay). */
+    cleanup_free char *rp = shown(replay ? model_override + strlen("replay:") : NULL);
+    printf("Run %s · %s%s%s · %s\n\n", eph_run_id(run), m, replay ? " replayed from " : "",
+           replay ? rp : "", json_object_get_string(be));
     fflush(stdout);
   }
   printer_t pr = {.out = stdout, .tty = isatty(STDOUT_FILENO) == 1, .quiet = quiet};
