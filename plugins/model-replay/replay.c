@@ -607,7 +607,12 @@ replay_init(const eph_host_t *host, const config_setting_t *config, void **state
         asprintf(&under_data, "%s/%s", host->data_dir, path) < 0)
       under_data = NULL;
     if (under_data && stat(under_data, &st) == 0) {
-      s->transcript = under_data;
+      /* Canonical, as a replayed run names it ("replayed from PATH:LINE"). */
+      s->transcript = realpath(under_data, NULL);
+      if (s->transcript)
+        free(under_data);
+      else
+        s->transcript = under_data;
     } else {
       free(under_data);
       s->transcript = strdup(path);
