@@ -14,8 +14,10 @@ utf8_len(const unsigned char *p, size_t n)
 {
   if (p[0] < 0x80)
     return 1;
-  int len = p[0] >= 0xc2 && p[0] <= 0xdf ? 2 : p[0] >= 0xe0 && p[0] <= 0xef ? 3
-            : p[0] >= 0xf0 && p[0] <= 0xf4                                   ? 4 : 0;
+  int len = p[0] >= 0xc2 && p[0] <= 0xdf   ? 2
+            : p[0] >= 0xe0 && p[0] <= 0xef ? 3
+            : p[0] >= 0xf0 && p[0] <= 0xf4 ? 4
+                                           : 0;
   if (!len)
     return 0;
   for (int i = 1; i < len; i++) {
@@ -82,10 +84,11 @@ eph_live_add(eph_live_t *l, int stream, const char *data, size_t bytes, eph_live
   if (!l->active || (stream != 1 && stream != 2))
     return;
   while (bytes) {
-    uint64_t room = l->cmd_shown_bytes < l->cmd_cap_bytes ? l->cmd_cap_bytes - l->cmd_shown_bytes
-                                                          : 0;
-    uint64_t run_room =
-        l->run_shown_bytes < EPH_LIVE_RUN_CAP_BYTES ? EPH_LIVE_RUN_CAP_BYTES - l->run_shown_bytes : 0;
+    uint64_t room =
+        l->cmd_shown_bytes < l->cmd_cap_bytes ? l->cmd_cap_bytes - l->cmd_shown_bytes : 0;
+    uint64_t run_room = l->run_shown_bytes < EPH_LIVE_RUN_CAP_BYTES
+                            ? EPH_LIVE_RUN_CAP_BYTES - l->run_shown_bytes
+                            : 0;
     if (run_room < room)
       room = run_room;
     if (room == 0) { /* past a cap: counted, not shown */

@@ -32,11 +32,11 @@ typedef void (*eph_live_emit_fn)(void *opaque, int stream, const char *text, siz
                                  uint64_t dropped_bytes);
 
 typedef struct eph_live {
-  bool active;           /* between eph_live_begin() and eph_live_end() */
-  int pending_stream;    /* stream of the pending bytes (1 or 2) */
+  bool active;        /* between eph_live_begin() and eph_live_end() */
+  int pending_stream; /* stream of the pending bytes (1 or 2) */
   size_t pending_bytes;
   char pending[EPH_LIVE_CHUNK_BYTES];
-  int64_t last_emit_ms;  /* CLOCK_MONOTONIC of the last event, 0 before the first */
+  int64_t last_emit_ms; /* CLOCK_MONOTONIC of the last event, 0 before the first */
   uint64_t cmd_cap_bytes, cmd_shown_bytes, cmd_dropped_bytes;
   uint64_t run_shown_bytes; /* across the run's commands */
 } eph_live_t;
@@ -44,8 +44,8 @@ typedef struct eph_live {
 /* Starts a command. cmd_cap_bytes: live bytes shown at most for it (0 = the default). */
 void eph_live_begin(eph_live_t *l, uint64_t cmd_cap_bytes);
 /* Adds a chunk of stream (1 or 2); may emit. */
-void eph_live_add(eph_live_t *l, int stream, const char *data, size_t bytes,
-                  eph_live_emit_fn emit, void *opaque);
+void eph_live_add(eph_live_t *l, int stream, const char *data, size_t bytes, eph_live_emit_fn emit,
+                  void *opaque);
 /* Ends the command: emits what is pending, then the marker when bytes were dropped. */
 void eph_live_end(eph_live_t *l, eph_live_emit_fn emit, void *opaque);
 
