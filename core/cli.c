@@ -18,9 +18,10 @@ const eph_cli_command_t eph_cli_commands[] = {
      true, 1, eph_cmd_config},
     {"exec", "exec [--backend NAME] [--timeout S] [--memory MIB] -- CMD [ARG...]",
      "run one command in a fresh sandbox; exit with its status", NULL, true, 1, eph_cmd_exec},
-    {"run", "run [--json] [--backend NAME] [--replay FILE] [--record FILE] REQUEST.json",
+    {"run", "run [--json] [--quiet] [--backend NAME] [--replay FILE] [--record FILE] REQUEST.json",
      "run a request end to end and print its timeline",
      "  --json            print the final run object instead of the timeline\n"
+     "  --quiet           do not print commands' output live under them\n"
      "  --backend NAME    jail or qemu (default: config `backend`)\n"
      "  --replay FILE     answer model calls from a recorded transcript (offline)\n"
      "  --record FILE     append the model's raw responses to FILE (a transcript)\n"

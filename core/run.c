@@ -15,6 +15,7 @@
 
 #include "egress.h"
 #include "gate.h"
+#include "live.h"
 #include "log.h"
 #include "sandbox.h"
 #include "util.h"
@@ -57,6 +58,13 @@ struct eph_run {
 
   const eph_plugin_slot_t *ledger, *backend, *model;
   char *model_call_name; /* what the model plugin is asked for (may be "replay:...") */
+  eph_live_t live;          /* the running command's live output (live.h) */
+  eph_live_t delta;         /* the running model call's streamed text (model_delta) */
+  int64_t delta_step;       /* its model call number */
+  const char *live_call_id; /* the tool call running, borrowed for its duration */
+  const char *live_source;  /* its timeline source ("Shell") */
+  char *replayed_from;   /* the transcript answering the model calls, NULL for a real model */
+  char *recorded_model;  /* the model the transcript recorded (see note_replay) */
   char *backend_name;
   eph_sbx_t *sbx;
 
@@ -886,7 +894,10 @@ run_tool_call(eph_run_t *run, json_object *tc, json_object *messages)
   json_object *result = NULL;
   eph_error_t err = {0};
   int64_t t0 = eph_now_ms();
+  run->live_call_id = call_id;
+  run->live_source = source;
   int r = EPH_WITH_PLUGIN(ref.slot, ops->call(ref.slot->state, &call, &result, &err));
+  run->live_call_id = NULL;
   if (r < 0 || !result) {
     if (result)
       json_object_put(result);
@@ -904,6 +915,35 @@ run_tool_call(eph_run_t *run, json_object *tc, json_object *messages)
   json_object_array_add(messages, tool_message(call_id, result));
   json_object_put(result);
 }
+
+/* ------------------------------------------------------------------ honest replay */
+
+/* A model answer from a recording (model-replay) says so: the run remembers the transcript
+ * and the model it recorded, reports "replayed": true and the recorded model, and the model
+ * event reads "replayed from TRANSCRIPT:LINE". Returns the event text's middle part ("" for
+ * a real model call), valid until the next call. */
+static const char *
+note_replay(eph_run_t *run, const eph_model_response_t *resp, char *buf, size_t size)
+{
+  if (!EPH_MODEL_RESPONSE_HAS_REPLAY(resp) || !resp->replayed_from[0])
+    return "";
+  pthread_mutex_lock(&run->lock);
+  if (!run->replayed_from) {
+    const char *line = strrchr(resp->replayed_from, ':');
+    run->replayed_from = line ? eph_xasprintf("%.*s", (int)(line - resp->replayed_from),
+                                              resp->replayed_from)
+                              : eph_xstrdup(resp->replayed_from);
+  }
+  if (!run->recorded_model && resp->recorded_model[0])
+    run->recorded_model = eph_xstrdup(resp->recorded_model);
+  pthread_mutex_unlock(&run->lock);
+  snprintf(buf, size, " · replayed from %s", resp->replayed_from);
+  return buf;
+}
+
+static int complete_streaming(eph_run_t *run, const eph_model_ops_t *mops,
+                              eph_model_request_t *mreq, eph_model_response_t *resp,
+                              eph_error_t *err, int64_t step);
 
 /* ------------------------------------------------------------------ agent loop */
 
@@ -1019,7 +1059,7 @@ agent_loop(eph_run_t *run)
     eph_model_response_t resp = {.struct_size = sizeof resp};
     eph_error_t err = {0};
     int64_t t0 = eph_now_ms();
-    int r = EPH_WITH_PLUGIN(run->model, mops->complete(run->model->state, &mreq, &resp, &err));
+    int r = complete_streaming(run, mops, &mreq, &resp, &err, step);
     if (r < 0) {
       eph_model_response_clear(&resp);
       if (err.code == ETIMEDOUT || eph_now_ms() >= run->deadline_ms)
@@ -1055,8 +1095,12 @@ agent_loop(eph_run_t *run)
     json_object_object_add(d, "cost_micros", json_object_new_int64(cost));
     json_object_object_add(d, "latency_ms", json_object_new_int64(eph_now_ms() - t0));
     json_object_object_add(d, "finish_reason", json_object_new_string(resp.finish_reason));
+    char replay_buf[4200];
+    const char *replayed = note_replay(run, &resp, replay_buf, sizeof replay_buf);
+    if (*replayed)
+      json_object_object_add(d, "replayed_from", json_object_new_string(resp.replayed_from));
     emit(run, "Model", "model_call", false, d,
-         "model call %" PRId64 " · %" PRIu64 " in / %" PRIu64 " out tokens", step,
+         "model call %" PRId64 "%s · %" PRIu64 " in / %" PRIu64 " out tokens", step, replayed,
          resp.input_tokens, resp.output_tokens);
     notify_update(run);
 
@@ -1480,6 +1524,8 @@ eph_run_free(eph_run_t *run)
   free(run->error);
   free(run->org);
   free(run->model_call_name);
+  free(run->replayed_from);
+  free(run->recorded_model);
   free(run->backend_name);
   pthread_mutex_destroy(&run->lock);
   pthread_mutex_destroy(&run->emit_lock);
@@ -1593,6 +1639,12 @@ eph_run_to_json(eph_run_t *run, bool include_events)
   json_object_object_add(o, "organisation", json_object_new_string(run->org));
   json_object_object_add(o, "backend", json_object_new_string(run->backend_name));
   json_object_object_add(o, "request", eph_request_to_json(&run->req));
+  /* The model that answered: the transcript's recorded one when the run was replayed. */
+  json_object_object_add(o, "model", json_object_new_string(run->recorded_model ? run->recorded_model
+                                                            : run->req.model ? run->req.model : ""));
+  json_object_object_add(o, "replayed", json_object_new_boolean(run->replayed_from != NULL));
+  if (run->replayed_from)
+    json_object_object_add(o, "transcript", json_object_new_string(run->replayed_from));
   if (include_events)
     json_object_object_add(o, "events", events_locked(run, 0));
   json_object *output = json_object_new_object();
@@ -1653,6 +1705,85 @@ need_sandbox(eph_run_t *run, eph_error_t *err)
   return 0;
 }
 
+/* ------------------------------------------------------------------ live output */
+
+/* One coalesced `output` event of the running tool call (live.h); stream 0 is the
+ * end-of-command marker counting what was not shown live. */
+static void
+live_emit(void *opaque, int stream, const char *text, size_t bytes, uint64_t dropped_bytes)
+{
+  eph_run_t *run = opaque;
+  json_object *d = json_object_new_object();
+  json_object_object_add(d, "call_id", json_object_new_string(run->live_call_id ? run->live_call_id
+                                                                                : ""));
+  if (stream) {
+    json_object_object_add(d, "stream", json_object_new_string(stream == 2 ? "stderr" : "stdout"));
+    json_object_object_add(d, "bytes", json_object_new_int64((int64_t)bytes));
+    emit_full(run, run->live_source ? run->live_source : "Shell", "output", text, d, true);
+  } else {
+    json_object_object_add(d, "dropped_bytes", json_object_new_int64((int64_t)dropped_bytes));
+    char marker[96];
+    snprintf(marker, sizeof marker, "[... %" PRIu64 " bytes of output not shown live]",
+             dropped_bytes);
+    emit_full(run, run->live_source ? run->live_source : "Shell", "output", marker, d, true);
+  }
+  json_object_put(d);
+}
+
+/* host->output: a chunk of the running command's output. Content: under zero data
+ * retention it is neither shown nor stored. */
+static void
+host_output(eph_run_t *run, int stream, const char *data, size_t bytes)
+{
+  if (!run || !data || run->req.zero_data_retention || !run->live_call_id)
+    return;
+  eph_live_add(&run->live, stream, data, bytes, live_emit, run);
+}
+
+/* One coalesced `model_delta` event: the streamed text of the running model call. */
+static void
+delta_emit(void *opaque, int stream, const char *text, size_t bytes, uint64_t dropped_bytes)
+{
+  eph_run_t *run = opaque;
+  json_object *d = json_object_new_object();
+  json_object_object_add(d, "call", json_object_new_int64(run->delta_step));
+  if (stream) {
+    json_object_object_add(d, "bytes", json_object_new_int64((int64_t)bytes));
+    emit_full(run, "Model", "model_delta", text, d, true);
+  } else {
+    json_object_object_add(d, "dropped_bytes", json_object_new_int64((int64_t)dropped_bytes));
+    char marker[96];
+    snprintf(marker, sizeof marker, "[... %" PRIu64 " bytes of model text not shown live]",
+             dropped_bytes);
+    emit_full(run, "Model", "model_delta", marker, d, true);
+  }
+  json_object_put(d);
+}
+
+/* eph_model_request_t.on_delta: a piece of the answer's text as the provider streams it.
+ * Model text is content: nothing under zero data retention. */
+static void
+model_delta(void *opaque, const char *text, size_t bytes)
+{
+  eph_run_t *run = opaque;
+  if (!run->req.zero_data_retention && text)
+    eph_live_add(&run->delta, 1, text, bytes, delta_emit, run);
+}
+
+/* Wraps one model call so its streamed text reaches the timeline live. */
+static int
+complete_streaming(eph_run_t *run, const eph_model_ops_t *mops, eph_model_request_t *mreq,
+                   eph_model_response_t *resp, eph_error_t *err, int64_t step)
+{
+  mreq->on_delta = model_delta;
+  mreq->delta_opaque = run;
+  run->delta_step = step;
+  eph_live_begin(&run->delta, 0);
+  int r = EPH_WITH_PLUGIN(run->model, mops->complete(run->model->state, mreq, resp, err));
+  eph_live_end(&run->delta, delta_emit, run);
+  return r;
+}
+
 static int
 host_exec(eph_run_t *run, const eph_exec_request_t *req, eph_exec_result_t *result,
           eph_error_t *err)
@@ -1667,7 +1798,10 @@ host_exec(eph_run_t *run, const eph_exec_request_t *req, eph_exec_result_t *resu
     return eph_error_set(err, ETIMEDOUT, "the run's deadline has passed");
   if (bounded.timeout_ms == 0 || (int64_t)bounded.timeout_ms > left)
     bounded.timeout_ms = (uint32_t)left;
-  return eph_sbx_exec(run->sbx, &bounded, result, err);
+  eph_live_begin(&run->live, bounded.output_cap_bytes);
+  r = eph_sbx_exec(run->sbx, &bounded, result, err);
+  eph_live_end(&run->live, live_emit, run);
+  return r;
 }
 
 static int
@@ -1704,5 +1838,6 @@ eph_run_host_services(eph_host_t *host)
   host->sandbox_read = host_read;
   host->sandbox_list = host_list;
   host->dirents_free = eph_dirents_free;
+  host->output = host_output;
 }
 

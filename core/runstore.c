@@ -58,6 +58,13 @@ on_update(void *opaque, eph_run_t *run)
   json_object *reason = NULL, *error = NULL;
   if (json_object_object_get_ex(obj, "reason", &reason))
     json_object_object_add(usage, "reason", json_object_get(reason));
+  /* A replayed run stays marked as one in its stored record (honest replay). */
+  json_object *replayed = NULL, *transcript = NULL;
+  if (json_object_object_get_ex(obj, "replayed", &replayed) && json_object_get_boolean(replayed)) {
+    json_object_object_add(usage, "replayed", json_object_get(replayed));
+    if (json_object_object_get_ex(obj, "transcript", &transcript))
+      json_object_object_add(usage, "transcript", json_object_get(transcript));
+  }
   if (json_object_object_get_ex(obj, "error", &error) && !eph_run_zdr(run))
     json_object_object_add(usage, "error", json_object_get(error));
   eph_error_t err = {0};

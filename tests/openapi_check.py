@@ -91,9 +91,9 @@ def server_routes(srcdir):
 
 
 def emitted_kinds(srcdir):
-    """The kinds core/run.c emits (emit(run, source, "kind", ...))."""
+    """The kinds core/run.c emits (emit(run, source, "kind", ...) or emit_full(...))."""
     text = open(os.path.join(srcdir, "core", "run.c")).read()
-    return set(re.findall(r'\bemit\([^,]+,[^,]+, "([a-z_]+)",', text))
+    return set(re.findall(r'\bemit(?:_full)?\([^,]+,[^,]+, "([a-z_]+)",', text))
 
 
 def typed_kinds(doc):

@@ -320,6 +320,12 @@ export interface components {
             /** @description the sandbox backend (runs in memory only) */
             backend?: string;
             request?: components["schemas"]["RunRequest"];
+            /** @description the model that answered: the request's, or for a replayed run the model its transcript recorded */
+            model?: string;
+            /** @description true when the model calls were answered from a recorded transcript (model-replay), not by a model */
+            replayed?: boolean;
+            /** @description the transcript a replayed run was answered from (replayed runs only) */
+            transcript?: string;
             /** @description GET /v1/runs/{id} and ?wait answers only */
             events?: components["schemas"]["Event"][];
             output?: components["schemas"]["Output"];
@@ -392,6 +398,19 @@ export interface components {
             kind?: "worker_started";
             data?: never;
         } & components["schemas"]["EventBase"];
+        /** @description The answer's text as a streaming provider delivers it (model-anthropic, model-openai with `stream = true`), coalesced like output (about every 100 ms or 4 KiB), before the call's model_call event. The model_call event and the run's output remain the record of the answer; a retried attempt streams again from its start. Bounded per call (64 KiB) and per run (1 MiB), past which one final event has `dropped_bytes`. Never emitted under zero data retention. A content event. */
+        ModelDeltaEvent: {
+            /** @constant */
+            kind?: "model_delta";
+            /** @constant */
+            source?: "Model";
+            data?: {
+                /** @description the model call's number (as in `model call N`) */
+                call: number;
+                bytes?: number;
+                dropped_bytes?: number;
+            };
+        } & components["schemas"]["EventBase"];
         /** @description One model call returned (and was charged). */
         ModelCallEvent: {
             /** @constant */
@@ -405,6 +424,8 @@ export interface components {
                 cost_micros: number;
                 latency_ms: number;
                 finish_reason: string;
+                /** @description replayed runs: the transcript line that answered (PATH:LINE); the text then reads `model call N · replayed from PATH:LINE · ...` */
+                replayed_from?: string;
             };
         } & components["schemas"]["EventBase"];
         /** @description A model call failed; the run ends. */
@@ -434,6 +455,21 @@ export interface components {
                 call_id: string;
                 result: unknown;
                 duration_ms: number;
+            };
+        } & components["schemas"]["EventBase"];
+        /** @description A running command's output, live (tool-shell through host->output): its chunks coalesced (about every 100 ms or 4 KiB, valid UTF-8) in `text`, before the command's tool_result. Bounded: per command its output cap, per run 1 MiB; past either, one final event per command has `dropped_bytes` and no `stream`. Never emitted under zero data retention. A content event. */
+        OutputEvent: {
+            /** @constant */
+            kind?: "output";
+            data?: {
+                /** @description the tool call whose command printed it */
+                call_id: string;
+                /** @enum {unknown} */
+                stream?: "stdout" | "stderr";
+                /** @description bytes of text */
+                bytes?: number;
+                /** @description the end-of-command marker: bytes of the command's output not shown live (the tool_result keeps head and tail) */
+                dropped_bytes?: number;
             };
         } & components["schemas"]["EventBase"];
         /** @description A tool call refused: by the gate (the plugin was never entered; no data for an unknown tool) or by a tool plugin (its budget or policy). A content event. */
@@ -604,7 +640,7 @@ export interface components {
             kind?: string;
         } & components["schemas"]["EventBase"];
         /** @description A timeline event, typed by kind (each member's kind is a constant; PluginEvent takes any other kind). In the SSE stream each is `id: <seq>`, `event: <kind>`, `data: <this JSON>`. */
-        Event: components["schemas"]["ReservedEvent"] | components["schemas"]["SandboxReadyEvent"] | components["schemas"]["SandboxErrorEvent"] | components["schemas"]["EgressErrorEvent"] | components["schemas"]["WorkerStartedEvent"] | components["schemas"]["ModelCallEvent"] | components["schemas"]["ModelErrorEvent"] | components["schemas"]["ToolCallEvent"] | components["schemas"]["ToolResultEvent"] | components["schemas"]["DeniedEvent"] | components["schemas"]["EgressEvent"] | components["schemas"]["SandboxDestroyedEvent"] | components["schemas"]["EndedEvent"] | components["schemas"]["SettledEvent"] | components["schemas"]["WebRequestEvent"] | components["schemas"]["WebRefusedEvent"] | components["schemas"]["FileReadEvent"] | components["schemas"]["FileWriteEvent"] | components["schemas"]["FileListEvent"] | components["schemas"]["FileRefusedEvent"] | components["schemas"]["ConnectionRequestEvent"] | components["schemas"]["HeaderDroppedEvent"] | components["schemas"]["PluginEvent"];
+        Event: components["schemas"]["ReservedEvent"] | components["schemas"]["SandboxReadyEvent"] | components["schemas"]["SandboxErrorEvent"] | components["schemas"]["EgressErrorEvent"] | components["schemas"]["WorkerStartedEvent"] | components["schemas"]["ModelDeltaEvent"] | components["schemas"]["ModelCallEvent"] | components["schemas"]["ModelErrorEvent"] | components["schemas"]["ToolCallEvent"] | components["schemas"]["ToolResultEvent"] | components["schemas"]["OutputEvent"] | components["schemas"]["DeniedEvent"] | components["schemas"]["EgressEvent"] | components["schemas"]["SandboxDestroyedEvent"] | components["schemas"]["EndedEvent"] | components["schemas"]["SettledEvent"] | components["schemas"]["WebRequestEvent"] | components["schemas"]["WebRefusedEvent"] | components["schemas"]["FileReadEvent"] | components["schemas"]["FileWriteEvent"] | components["schemas"]["FileListEvent"] | components["schemas"]["FileRefusedEvent"] | components["schemas"]["ConnectionRequestEvent"] | components["schemas"]["HeaderDroppedEvent"] | components["schemas"]["PluginEvent"];
     };
     responses: {
         /** @description Invalid input; error.field names the field, query parameter or header: a request field (a grant of a connection the operator did not define: connections[i].name), an encoded /, \ or NUL in the request target (path), more than one Content-Length (Content-Length), a bad ?wait, ?limit, ?cursor or Last-Event-ID */
