@@ -19,6 +19,7 @@
 
 #include "log.h"
 #include "util.h"
+#include "webhook.h"
 
 #define STATIC_MAX_BYTES (4u << 20)
 #define RETRY_AFTER_SECONDS "2"
@@ -52,6 +53,11 @@ static const route_t routes[] = {
     {"GET", "/v1/runs/{id}", true, false, eph_srv_runs_get},
     {"GET", "/v1/runs/{id}/events", true, false, eph_srv_runs_events},
     {"POST", "/v1/runs/{id}/cancel", true, false, eph_srv_runs_cancel},
+    {"POST", "/v1/webhooks", true, true, eph_srv_webhooks_create},
+    {"GET", "/v1/webhooks", true, false, eph_srv_webhooks_list},
+    /* Before "/v1/webhooks/{id}": the first path and method that match win. */
+    {"GET", "/v1/webhooks/deliveries", true, false, eph_srv_webhooks_deliveries},
+    {"DELETE", "/v1/webhooks/{id}", true, false, eph_srv_webhooks_delete},
 };
 #define N_ROUTES (sizeof routes / sizeof routes[0])
 
@@ -1064,6 +1070,8 @@ eph_server_start(eph_ctx_t *ctx, const eph_server_options_t *opt, eph_server_t *
   eph_store_options_t so = {.idempotency_hours = opt->idempotency_hours};
   if ((r = eph_store_open(path, &so, &srv->store, err)) < 0)
     goto fail;
+  if ((r = eph_webhooks_start(ctx, srv->store, &srv->webhooks, err)) < 0)
+    goto fail;
   if ((r = open_listener(srv, err)) < 0)
     goto fail;
   if ((r = eph_srv_runs_init(srv, err)) < 0)
@@ -1132,6 +1140,9 @@ eph_server_drain(eph_server_t *srv, int grace_seconds)
    * with Retry-After (and can go elsewhere) rather than a refused connection. */
   eph_srv_runs_drain(srv, grace_seconds);
   eph_srv_runs_stop(srv);
+  /* Every run has settled and queued its deliveries; the pending ones wait in the store. */
+  eph_webhooks_stop(srv->webhooks);
+  srv->webhooks = NULL;
   if (srv->mhd) {
     MHD_stop_daemon(srv->mhd);
     srv->mhd = NULL;
@@ -1149,6 +1160,7 @@ eph_server_free(eph_server_t *srv)
   stop_guard(srv);
   if (srv->listen_fd >= 0)
     close(srv->listen_fd);
+  eph_webhooks_stop(srv->webhooks);
   if (srv->store)
     eph_store_close(srv->store);
   free(srv->workers);

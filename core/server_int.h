@@ -141,6 +141,7 @@ struct eph_server {
   bool reconciler_started;
   json_object *health; /* components, as eph_health_check returns them */
   bool healthy, storage_ok;
+  struct eph_webhooks *webhooks; /* core/webhook.c: run-end deliveries */
 };
 
 /* server.c */
@@ -182,6 +183,13 @@ void eph_srv_health_stop(eph_server_t *srv); /* after srv->stopping is set */
 /* False while the store or the ledger fails its probe; why receives the reason. */
 bool eph_srv_storage_ok(eph_server_t *srv, char *why, size_t size);
 MHD_RESULT eph_srv_health(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req);
+
+/* server_webhooks.c */
+MHD_RESULT eph_srv_webhooks_create(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req);
+MHD_RESULT eph_srv_webhooks_list(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req);
+MHD_RESULT eph_srv_webhooks_delete(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req);
+MHD_RESULT eph_srv_webhooks_deliveries(eph_server_t *srv, struct MHD_Connection *c,
+                                       conn_req_t *req);
 
 /* server_sse.c */
 MHD_RESULT eph_srv_runs_events(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req);

@@ -15,6 +15,7 @@
 #include "log.h"
 #include "runstore.h"
 #include "util.h"
+#include "webhook.h"
 
 /* ------------------------------------------------------------------ the table */
 
@@ -188,6 +189,7 @@ finished(eph_server_t *srv, live_t *l)
   wake_locked(srv, l);
   pthread_cond_broadcast(&srv->cond);
   pthread_mutex_unlock(&srv->lock);
+  eph_webhooks_run_ended(srv->webhooks, l->org, l->id, o);
 }
 
 static void *
