@@ -13,7 +13,7 @@
 static MHD_RESULT
 failure(eph_server_t *srv, struct MHD_Connection *c, const eph_error_t *err)
 {
-  return eph_srv_error(c, srv, MHD_HTTP_SERVICE_UNAVAILABLE, "storage_error", NULL, "%s",
+  return eph_srv_error(c, srv, MHD_HTTP_SERVICE_UNAVAILABLE, "storage_unavailable", NULL, "%s",
                        err->message);
 }
 

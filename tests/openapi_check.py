@@ -347,6 +347,23 @@ def check_live(url, key, srcdir):
            "zero_data_retention": True}
     L.call("POST", "/v1/runs", "/v1/runs?wait=120", body=zdr)
 
+    # Webhooks (the daemon allows loopback targets): registered and deleted after the last
+    # run, so nothing is delivered to the unserved address.
+    _, _, _, wh = L.call("POST", "/v1/webhooks", body={"url": "http://127.0.0.1/hook"})
+    L.call("POST", "/v1/webhooks", body={"url": "http://10.0.0.1/hook"})
+    L.call("POST", "/v1/webhooks", body='{"url": 1')
+    L.call("POST", "/v1/webhooks", body=json.dumps({"url": "http://127.0.0.1/"}), ctype="text/plain")
+    L.call("POST", "/v1/webhooks", body=json.dumps({"url": "x" * 70000}))
+    L.call("POST", "/v1/webhooks", body={"url": "http://127.0.0.1/"}, key=False)
+    L.call("GET", "/v1/webhooks")
+    L.call("GET", "/v1/webhooks", key=False)
+    L.call("GET", "/v1/webhooks/deliveries")
+    L.call("GET", "/v1/webhooks/deliveries", "/v1/webhooks/deliveries?limit=0")
+    L.call("GET", "/v1/webhooks/deliveries", key=False)
+    L.call("DELETE", "/v1/webhooks/{id}", "/v1/webhooks/" + (wh or {}).get("id", "wh_none"))
+    L.call("DELETE", "/v1/webhooks/{id}", "/v1/webhooks/wh_0000000000000000")
+    L.call("DELETE", "/v1/webhooks/{id}", "/v1/webhooks/wh_0000000000000000", key=False)
+
     statuses = {(m, p): set() for m, p, _ in operations(doc)}
     for m, p, s_ in L.seen:
         statuses.setdefault((m, p), set()).add(str(s_))

@@ -158,6 +158,61 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/webhooks": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** The organisation's endpoints, newest first (without secrets) */
+        get: operations["listWebhooks"];
+        put?: never;
+        /**
+         * Register an endpoint: every run of the organisation that ends is POSTed there, signed
+         * @description The URL is checked against the operator's `webhooks` address policy now and at every delivery: loopback, private, link-local and the host's own addresses, and ports off `allowed_ports`, are refused unless the operator allows them. The answer carries the signing secret, shown only here. When a run of the organisation ends, the endpoint receives POST {"type": "run.ended", "created_at_us": ..., "run": {id, object, status, reason, created_at, organisation, backend, usage, output, error}} (never the request; under zero data retention not output or error) with headers Ephemeral-Signature: t=UNIX_SECONDS,v1=hex(HMAC-SHA256(secret, t + "." + body)) and Ephemeral-Delivery (the delivery id). Any answer but 2xx (a redirect included) is retried with doubling delays for webhooks.retry_hours (24).
+         */
+        post: operations["createWebhook"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/webhooks/deliveries": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** The organisation's deliveries, newest first, with their attempts */
+        get: operations["listWebhookDeliveries"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/webhooks/{id}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        post?: never;
+        /** Delete an endpoint; its pending deliveries are given up */
+        delete: operations["deleteWebhook"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
 }
 export type webhooks = Record<string, never>;
 export interface components {
@@ -605,6 +660,55 @@ export interface components {
         } & components["schemas"]["EventBase"];
         /** @description A timeline event, typed by kind (each member's kind is a constant; PluginEvent takes any other kind). In the SSE stream each is `id: <seq>`, `event: <kind>`, `data: <this JSON>`. */
         Event: components["schemas"]["ReservedEvent"] | components["schemas"]["SandboxReadyEvent"] | components["schemas"]["SandboxErrorEvent"] | components["schemas"]["EgressErrorEvent"] | components["schemas"]["WorkerStartedEvent"] | components["schemas"]["ModelCallEvent"] | components["schemas"]["ModelErrorEvent"] | components["schemas"]["ToolCallEvent"] | components["schemas"]["ToolResultEvent"] | components["schemas"]["DeniedEvent"] | components["schemas"]["EgressEvent"] | components["schemas"]["SandboxDestroyedEvent"] | components["schemas"]["EndedEvent"] | components["schemas"]["SettledEvent"] | components["schemas"]["WebRequestEvent"] | components["schemas"]["WebRefusedEvent"] | components["schemas"]["FileReadEvent"] | components["schemas"]["FileWriteEvent"] | components["schemas"]["FileListEvent"] | components["schemas"]["FileRefusedEvent"] | components["schemas"]["ConnectionRequestEvent"] | components["schemas"]["HeaderDroppedEvent"] | components["schemas"]["PluginEvent"];
+        WebhookRequest: {
+            /** @description http:// or https:// URL the run-end notices are POSTed to */
+            url: string;
+        };
+        Webhook: {
+            id: string;
+            url: string;
+            /** @description unix time, microseconds */
+            created_at_us: number;
+        };
+        WebhookCreated: components["schemas"]["Webhook"] & {
+            /** @description whsec_ + 48 hex digits: the HMAC-SHA256 key of Ephemeral-Signature. Shown once. */
+            secret: string;
+        };
+        WebhookList: {
+            /** @constant */
+            object: "list";
+            data: components["schemas"]["Webhook"][];
+        };
+        WebhookDeleted: {
+            id: string;
+            /** @constant */
+            deleted: true;
+        };
+        WebhookDelivery: {
+            id: string;
+            webhook_id: string;
+            run_id: string;
+            url: string;
+            /**
+             * @description failed: retry_hours passed (24 by default) or the endpoint was deleted
+             * @enum {string}
+             */
+            status: "pending" | "delivered" | "failed";
+            attempts: number;
+            /** @description when the next attempt is due (pending), unix microseconds */
+            next_attempt_us: number;
+            /** @description HTTP status of the last attempt; null when none was received */
+            last_status_code: number | null;
+            /** @description why the last attempt failed */
+            last_error: string | null;
+            created_at_us: number;
+            updated_at_us: number;
+        };
+        WebhookDeliveryList: {
+            /** @constant */
+            object: "list";
+            data: components["schemas"]["WebhookDelivery"][];
+        };
     };
     responses: {
         /** @description Invalid input; error.field names the field, query parameter or header: a request field (a grant of a connection the operator did not define: connections[i].name), an encoded /, \ or NUL in the request target (path), more than one Content-Length (Content-Length), a bad ?wait, ?limit, ?cursor or Last-Event-ID */
@@ -1059,6 +1163,172 @@ export interface operations {
                 };
             };
             500: components["responses"]["InternalError"];
+        };
+    };
+    listWebhooks: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The endpoints */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["WebhookList"];
+                };
+            };
+            401: components["responses"]["Unauthorized"];
+            405: components["responses"]["MethodNotAllowed"];
+            500: components["responses"]["InternalError"];
+            /** @description storage_unavailable: the store cannot be read or written now */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+        };
+    };
+    createWebhook: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["WebhookRequest"];
+            };
+        };
+        responses: {
+            /** @description Registered; keep the secret */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["WebhookCreated"];
+                };
+            };
+            /** @description Invalid input; error.field is `url` for a malformed URL or one the address policy refuses (the message names the reason), or the unknown field */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            401: components["responses"]["Unauthorized"];
+            405: components["responses"]["MethodNotAllowed"];
+            /** @description The body is larger than server.max_body_bytes (Connection: close) */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Content-Type is not application/json */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            500: components["responses"]["InternalError"];
+            /** @description storage_unavailable: the store cannot be read or written now */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+        };
+    };
+    listWebhookDeliveries: {
+        parameters: {
+            query?: {
+                limit?: number;
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The deliveries */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["WebhookDeliveryList"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            405: components["responses"]["MethodNotAllowed"];
+            500: components["responses"]["InternalError"];
+            /** @description storage_unavailable: the store cannot be read or written now */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+        };
+    };
+    deleteWebhook: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description the endpoint's id (wh_...) */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Deleted */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["WebhookDeleted"];
+                };
+            };
+            401: components["responses"]["Unauthorized"];
+            404: components["responses"]["NotFound"];
+            405: components["responses"]["MethodNotAllowed"];
+            500: components["responses"]["InternalError"];
+            /** @description storage_unavailable: the store cannot be read or written now */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
         };
     };
 }
