@@ -31,6 +31,8 @@ struct eph_webhooks {
   int64_t retry_us;      /* give up this long after the run ended */
   int64_t base_delay_us; /* first retry after this; doubles per attempt */
   int64_t timeout_ms;    /* one attempt */
+  int64_t retention_us;  /* finished deliveries older than this are purged (retention_days) */
+  int64_t next_purge_us;
   pthread_mutex_t mu;
   pthread_cond_t cond;
   bool stop, kicked, started;
@@ -280,6 +282,23 @@ db_next_due(sqlite3 *db, void *opaque, eph_error_t *err)
   return r;
 }
 
+/* Finished deliveries (delivered, failed) go with the history they describe. */
+static int
+db_purge(sqlite3 *db, void *opaque, eph_error_t *err)
+{
+  sql_args_t *a = opaque;
+  sqlite3_stmt *st = NULL;
+  if (sqlite3_prepare_v2(db,
+                         "DELETE FROM webhook_deliveries"
+                         " WHERE status != 'pending' AND updated_at_us < ?1",
+                         -1, &st, NULL) != SQLITE_OK)
+    return sql_error(db, "purging deliveries", err);
+  sqlite3_bind_int64(st, 1, a->now_us);
+  int r = sqlite3_step(st) == SQLITE_DONE ? 0 : sql_error(db, "purging deliveries", err);
+  sqlite3_finalize(st);
+  return r;
+}
+
 static int
 db_record(sqlite3 *db, void *opaque, eph_error_t *err)
 {
@@ -396,6 +415,13 @@ deliver_main(void *arg)
     pthread_mutex_unlock(&wh->mu);
     if (stop)
       break;
+    if (eph_wall_us() >= wh->next_purge_us) {
+      eph_error_t err = {0};
+      sql_args_t a = {.now_us = eph_wall_us() - wh->retention_us};
+      if (eph_store_with_db(wh->store, db_purge, &a, &err) < 0)
+        eph_warn("%s", err.message);
+      wh->next_purge_us = eph_wall_us() + 3600LL * 1000000;
+    }
     int64_t next = 0;
     for (;;) {
       eph_error_t err = {0};
@@ -446,11 +472,12 @@ eph_webhooks_start(eph_ctx_t *ctx, eph_store_t *store, eph_webhooks_t **out, eph
 {
   const config_setting_t *g =
       ctx->config.core ? config_setting_get_member(ctx->config.core, "webhooks") : NULL;
-  int64_t hours, base_ms, timeout_ms;
+  int64_t hours, base_ms, timeout_ms, retention_days;
   int r;
   if ((r = eph_cfg_int(g, "retry_hours", 24, &hours, err)) < 0 ||
       (r = eph_cfg_int(g, "retry_base_ms", 10000, &base_ms, err)) < 0 ||
-      (r = eph_cfg_int(g, "timeout_ms", 10000, &timeout_ms, err)) < 0)
+      (r = eph_cfg_int(g, "timeout_ms", 10000, &timeout_ms, err)) < 0 ||
+      (r = eph_cfg_int(ctx->config.core, "retention_days", 30, &retention_days, err)) < 0)
     return r;
   if (hours < 1 || hours > 24 * 30 || base_ms < 100 || base_ms > 3600000 || timeout_ms < 100 ||
       timeout_ms > 120000) {
@@ -469,6 +496,7 @@ eph_webhooks_start(eph_ctx_t *ctx, eph_store_t *store, eph_webhooks_t **out, eph
   wh->retry_us = hours * 3600 * 1000000;
   wh->base_delay_us = base_ms * 1000;
   wh->timeout_ms = timeout_ms;
+  wh->retention_us = (retention_days > 0 ? retention_days : 30) * 86400LL * 1000000;
   pthread_mutex_init(&wh->mu, NULL);
   pthread_cond_init(&wh->cond, NULL);
   if ((r = pthread_create(&wh->thread, NULL, deliver_main, wh)) != 0) {

@@ -6,7 +6,8 @@
  * Delivery rows live in the store (tables webhooks, webhook_deliveries, created by the
  * store's migration 2 -> 3), inserted in the same call that learns of the run's end, so a
  * daemon restart resumes every pending delivery. A (webhook, run) pair has one row: a run
- * is announced once per endpoint.
+ * is announced once per endpoint. Delivered and failed rows are purged (hourly) once older
+ * than the config's retention_days; pending ones never are.
  *
  * The signature: header `Ephemeral-Signature: t=UNIX_SECONDS,v1=HEX` where HEX is the
  * lowercase hex HMAC-SHA256 (OpenSSL) keyed with the endpoint's secret ("whsec_" + 48 hex
