@@ -58,6 +58,13 @@ static const route_t routes[] = {
     /* Before "/v1/webhooks/{id}": the first path and method that match win. */
     {"GET", "/v1/webhooks/deliveries", true, false, eph_srv_webhooks_deliveries},
     {"DELETE", "/v1/webhooks/{id}", true, false, eph_srv_webhooks_delete},
+    {"POST", "/v1/admin/keys", true, true, eph_srv_admin_keys_create},
+    {"GET", "/v1/admin/keys", true, false, eph_srv_admin_keys_list},
+    {"POST", "/v1/admin/keys/{id}/revoke", true, false, eph_srv_admin_keys_revoke},
+    {"POST", "/v1/admin/orgs/{id}/credit", true, true, eph_srv_admin_credit},
+    {"GET", "/v1/admin/orgs/{id}/balance", true, false, eph_srv_admin_balance},
+    {"GET", "/v1/admin/orgs/{id}/usage", true, false, eph_srv_admin_usage},
+    {"GET", "/v1/admin/audit", true, false, eph_srv_admin_audit},
 };
 #define N_ROUTES (sizeof routes / sizeof routes[0])
 
@@ -620,7 +627,7 @@ authenticate(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req)
   while (*key == ' ')
     key++;
   eph_error_t err = {0};
-  return eph_store_key_verify(srv->store, key, &req->org, NULL, &err) < 0 ? -1 : 0;
+  return eph_store_key_verify(srv->store, key, &req->org, &req->key_id, &err) < 0 ? -1 : 0;
 }
 
 static bool
@@ -1021,6 +1028,7 @@ on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
   if (req->created)
     json_object_put(req->created);
   free(req->org);
+  free(req->key_id);
   free(req->body);
   free(req);
   *con_cls = NULL;

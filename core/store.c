@@ -119,6 +119,21 @@ static const char *const migrations[] = {
   ");"
   "CREATE INDEX webhook_deliveries_due ON webhook_deliveries(status, next_attempt_us);"
   "CREATE INDEX webhook_deliveries_org ON webhook_deliveries(org, created_at_us DESC);",
+  /* 3 -> 4: admin keys and the audit trail of admin actions (core/admin.c). */
+  "ALTER TABLE api_keys ADD COLUMN admin INTEGER NOT NULL DEFAULT 0 CHECK (admin IN (0, 1));"
+  "CREATE TABLE audit ("
+  "  id INTEGER PRIMARY KEY AUTOINCREMENT,"
+  "  at_us INTEGER NOT NULL,"
+  "  actor_key_id TEXT NOT NULL,"
+  "  actor_org TEXT NOT NULL,"
+  "  action TEXT NOT NULL,"
+  "  target_org TEXT,"
+  "  target TEXT,"
+  "  detail TEXT,"
+  "  address TEXT NOT NULL,"
+  "  status INTEGER NOT NULL"
+  ");"
+  "CREATE INDEX audit_at ON audit(at_us);",
 };
 #define SCHEMA_VERSION ((int)(sizeof migrations / sizeof migrations[0]))
 
