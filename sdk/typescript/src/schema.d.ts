@@ -213,6 +213,130 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/admin/keys": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * The organisation's keys, newest first, revoked ones included (never the key)
+         * @description Admin keys only; every call, allowed or refused, is an audit record (GET /v1/admin/audit).
+         */
+        get: operations["adminListKeys"];
+        put?: never;
+        /**
+         * Create an API key of an organisation (created if new); the key is in this answer only
+         * @description Only the key's SHA-256 is stored. Admin keys only; every call, allowed or refused, is an audit record (GET /v1/admin/audit).
+         */
+        post: operations["adminCreateKey"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/admin/keys/{id}/revoke": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Revoke a key: it gets 401 from then on
+         * @description Admin keys only; every call, allowed or refused, is an audit record (GET /v1/admin/audit).
+         */
+        post: operations["adminRevokeKey"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/admin/orgs/{id}/credit": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Add credit to an organisation (created if new); answers the new balance
+         * @description Admin keys only; every call, allowed or refused, is an audit record (GET /v1/admin/audit).
+         */
+        post: operations["adminCredit"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/admin/orgs/{id}/balance": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * An organisation's available balance (credits - open reservations - billed)
+         * @description Admin keys only; every call, allowed or refused, is an audit record (GET /v1/admin/audit).
+         */
+        get: operations["adminBalance"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/admin/orgs/{id}/usage": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * An organisation's runs and their costs over a period (runs created in [from_us, to_us))
+         * @description Admin keys only; every call, allowed or refused, is an audit record (GET /v1/admin/audit).
+         */
+        get: operations["adminUsage"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/admin/audit": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * The audit trail of admin calls, newest first (kept retention_days)
+         * @description Admin keys only; every call, allowed or refused, is an audit record (GET /v1/admin/audit).
+         */
+        get: operations["adminAudit"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
 }
 export type webhooks = Record<string, never>;
 export interface components {
@@ -231,10 +355,10 @@ export interface components {
             };
         };
         /**
-         * @description 400 invalid_request, 401 authentication_error, 402 insufficient_balance, 404 not_found, 405 method_not_allowed, 409 conflict, 413 payload_too_large, 415 unsupported_media_type, 422 idempotency_error, 429 rate_limited, 503 overloaded (request bodies in flight would pass server.max_inflight_body_bytes), 503 unavailable (draining, or the run cannot be taken now), 503 storage_unavailable (the store or the ledger cannot commit; nothing was reserved), 500 internal_error (the message carries a reference to the daemon's log). Clients should accept types they do not know.
+         * @description 400 invalid_request, 401 authentication_error, 402 insufficient_balance, 403 permission_denied (an admin route called with a plain key), 404 not_found, 405 method_not_allowed, 409 conflict, 413 payload_too_large, 415 unsupported_media_type, 422 idempotency_error, 429 rate_limited, 503 overloaded (request bodies in flight would pass server.max_inflight_body_bytes), 503 unavailable (draining, or the run cannot be taken now), 503 storage_unavailable (the store or the ledger cannot commit; nothing was reserved), 500 internal_error (the message carries a reference to the daemon's log). Clients should accept types they do not know.
          * @enum {string}
          */
-        ErrorType: "invalid_request" | "authentication_error" | "insufficient_balance" | "not_found" | "method_not_allowed" | "conflict" | "payload_too_large" | "unsupported_media_type" | "idempotency_error" | "rate_limited" | "overloaded" | "unavailable" | "storage_unavailable" | "internal_error";
+        ErrorType: "invalid_request" | "authentication_error" | "insufficient_balance" | "permission_denied" | "not_found" | "method_not_allowed" | "conflict" | "payload_too_large" | "unsupported_media_type" | "idempotency_error" | "rate_limited" | "overloaded" | "unavailable" | "storage_unavailable" | "internal_error";
         Health: {
             /** @enum {string} */
             status: "ok" | "degraded" | "draining";
@@ -709,6 +833,90 @@ export interface components {
             object: "list";
             data: components["schemas"]["WebhookDelivery"][];
         };
+        AdminKeyRequest: {
+            org: string;
+            /** @description unique among the organisation's active keys */
+            name: string;
+            /**
+             * @description an admin key (may call /v1/admin/)
+             * @default false
+             */
+            admin?: boolean;
+        };
+        AdminKeyCreated: {
+            /** @constant */
+            object: "api_key";
+            id: string;
+            org: string;
+            name: string;
+            admin: boolean;
+            /** @description eph_ + 48 hex digits; shown once */
+            key: string;
+        };
+        AdminKey: {
+            id: string;
+            name: string;
+            created_at_us: number;
+            revoked_at_us: number | null;
+        };
+        AdminKeyList: {
+            /** @constant */
+            object: "list";
+            data: components["schemas"]["AdminKey"][];
+        };
+        AdminKeyRevoked: {
+            id: string;
+            org: string;
+            /** @constant */
+            revoked: true;
+        };
+        AdminCreditRequest: {
+            /** @description micro-dollars: 1000000 = $1 */
+            amount_micros: number;
+        };
+        Balance: {
+            /** @constant */
+            object: "balance";
+            org: string;
+            balance_micros: number;
+        };
+        AdminUsage: {
+            /** @constant */
+            object: "usage";
+            org: string;
+            from_us: number;
+            to_us: number;
+            runs: number;
+            model_micros: number;
+            web_micros: number;
+            compute_micros: number;
+            billed_micros: number;
+        };
+        AuditRecord: {
+            id: number;
+            /** @description when, unix microseconds */
+            at_us: number;
+            /** @description who: the calling key's id */
+            actor_key_id: string;
+            /** @description the calling key's organisation */
+            actor_org: string;
+            /** @enum {string} */
+            action: "keys.create" | "keys.list" | "keys.revoke" | "orgs.credit" | "orgs.balance" | "orgs.usage" | "audit.list";
+            target_org: string | null;
+            /** @description the key id or name acted on */
+            target: string | null;
+            /** @description a JSON text: the amount credited, the key's name and admin flag */
+            detail: string | null;
+            /** @description the client's address */
+            address: string;
+            /** @description the HTTP status the call got */
+            status: number;
+        };
+        AuditList: {
+            /** @constant */
+            object: "list";
+            data: components["schemas"]["AuditRecord"][];
+        };
     };
     responses: {
         /** @description Invalid input; error.field names the field, query parameter or header: a request field (a grant of a connection the operator did not define: connections[i].name), an encoded /, \ or NUL in the request target (path), more than one Content-Length (Content-Length), a bad ?wait, ?limit, ?cursor or Last-Event-ID */
@@ -753,6 +961,15 @@ export interface components {
         InternalError: {
             headers: {
                 "Retry-After": components["headers"]["RetryAfter"];
+                [name: string]: unknown;
+            };
+            content: {
+                "application/json": components["schemas"]["Error"];
+            };
+        };
+        /** @description permission_denied: the key is not an admin key (ephemeral keys create --admin); the attempt is audited */
+        Forbidden: {
+            headers: {
                 [name: string]: unknown;
             };
             content: {
@@ -1321,6 +1538,366 @@ export interface operations {
             405: components["responses"]["MethodNotAllowed"];
             500: components["responses"]["InternalError"];
             /** @description storage_unavailable: the store cannot be read or written now */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+        };
+    };
+    adminListKeys: {
+        parameters: {
+            query: {
+                org: string;
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The keys */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["AdminKeyList"];
+                };
+            };
+            /** @description invalid_request: org missing or malformed (error.field org) */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            405: components["responses"]["MethodNotAllowed"];
+            500: components["responses"]["InternalError"];
+            /** @description storage_unavailable: the store or the ledger cannot be read or written now */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+        };
+    };
+    adminCreateKey: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["AdminKeyRequest"];
+            };
+        };
+        responses: {
+            /** @description Created */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["AdminKeyCreated"];
+                };
+            };
+            /** @description invalid_request; error.field names org, name, admin or the unknown field */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            405: components["responses"]["MethodNotAllowed"];
+            /** @description conflict: the organisation has an active key of that name */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description The body is larger than server.max_body_bytes (Connection: close) */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Content-Type is not application/json */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            500: components["responses"]["InternalError"];
+            /** @description storage_unavailable: the store or the ledger cannot be read or written now */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+        };
+    };
+    adminRevokeKey: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description the key's id (key_...) */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Revoked */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["AdminKeyRevoked"];
+                };
+            };
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["NotFound"];
+            405: components["responses"]["MethodNotAllowed"];
+            500: components["responses"]["InternalError"];
+            /** @description storage_unavailable: the store or the ledger cannot be read or written now */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+        };
+    };
+    adminCredit: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description the organisation */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["AdminCreditRequest"];
+            };
+        };
+        responses: {
+            /** @description The balance after the credit */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Balance"];
+                };
+            };
+            /** @description invalid_request; error.field names amount_micros, org or the unknown field */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            405: components["responses"]["MethodNotAllowed"];
+            /** @description The body is larger than server.max_body_bytes (Connection: close) */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Content-Type is not application/json */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            500: components["responses"]["InternalError"];
+            /** @description storage_unavailable: the store or the ledger cannot be read or written now */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+        };
+    };
+    adminBalance: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description the organisation */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The balance */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Balance"];
+                };
+            };
+            /** @description invalid_request: a malformed organisation (error.field org) */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            405: components["responses"]["MethodNotAllowed"];
+            500: components["responses"]["InternalError"];
+            /** @description storage_unavailable: the store or the ledger cannot be read or written now */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+        };
+    };
+    adminUsage: {
+        parameters: {
+            query?: {
+                /** @description unix microseconds; default 30 days ago */
+                from_us?: number;
+                /** @description unix microseconds, exclusive; default now */
+                to_us?: number;
+            };
+            header?: never;
+            path: {
+                /** @description the organisation */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The usage */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["AdminUsage"];
+                };
+            };
+            /** @description invalid_request; error.field names from_us, to_us or org */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            405: components["responses"]["MethodNotAllowed"];
+            500: components["responses"]["InternalError"];
+            /** @description storage_unavailable: the store or the ledger cannot be read or written now */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+        };
+    };
+    adminAudit: {
+        parameters: {
+            query?: {
+                limit?: number;
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The records */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["AuditList"];
+                };
+            };
+            /** @description invalid_request: a bad ?limit */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            405: components["responses"]["MethodNotAllowed"];
+            500: components["responses"]["InternalError"];
+            /** @description storage_unavailable: the store or the ledger cannot be read or written now */
             503: {
                 headers: {
                     [name: string]: unknown;
