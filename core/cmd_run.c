@@ -277,6 +277,12 @@ eph_cmd_run(eph_ctx_t *ctx, int argc, char **argv)
     eph_error("%s: %s", path, err.message);
     return 2;
   }
+  if (req.webhook_url) {
+    /* Accepted and never called would be a silent loss: only the daemon delivers. */
+    eph_error("%s: field 'webhook_url': webhooks are delivered by ephemerald only", path);
+    eph_request_free(&req);
+    return 2;
+  }
 
   const eph_plugin_slot_t *ledger = ledger_slot(ctx);
   if (!ledger) {

@@ -57,6 +57,7 @@ static const route_t routes[] = {
     {"GET", "/v1/webhooks", true, false, eph_srv_webhooks_list},
     /* Before "/v1/webhooks/{id}": the first path and method that match win. */
     {"GET", "/v1/webhooks/deliveries", true, false, eph_srv_webhooks_deliveries},
+    {"GET", "/v1/webhooks/secret", true, false, eph_srv_webhooks_secret},
     {"DELETE", "/v1/webhooks/{id}", true, false, eph_srv_webhooks_delete},
     {"POST", "/v1/admin/keys", true, true, eph_srv_admin_keys_create},
     {"GET", "/v1/admin/keys", true, false, eph_srv_admin_keys_list},

@@ -189,6 +189,7 @@ MHD_RESULT eph_srv_health(eph_server_t *srv, struct MHD_Connection *c, conn_req_
 MHD_RESULT eph_srv_webhooks_create(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req);
 MHD_RESULT eph_srv_webhooks_list(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req);
 MHD_RESULT eph_srv_webhooks_delete(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req);
+MHD_RESULT eph_srv_webhooks_secret(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req);
 MHD_RESULT eph_srv_webhooks_deliveries(eph_server_t *srv, struct MHD_Connection *c,
                                        conn_req_t *req);
 

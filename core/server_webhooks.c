@@ -103,3 +103,16 @@ eph_srv_webhooks_deliveries(eph_server_t *srv, struct MHD_Connection *c, conn_re
     return failure(srv, c, &err);
   return eph_srv_json(c, srv, MHD_HTTP_OK, list_of(data));
 }
+
+MHD_RESULT
+eph_srv_webhooks_secret(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req)
+{
+  eph_error_t err = {0};
+  cleanup_free char *secret = NULL;
+  if (eph_webhooks_default_secret(srv->webhooks, req->org, &secret, &err) < 0)
+    return failure(srv, c, &err);
+  json_object *o = json_object_new_object();
+  json_object_object_add(o, "object", json_object_new_string("webhook_secret"));
+  json_object_object_add(o, "secret", json_object_new_string(secret));
+  return eph_srv_json(c, srv, MHD_HTTP_OK, o);
+}

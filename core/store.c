@@ -98,8 +98,11 @@ static const char *const migrations[] = {
   "  url TEXT NOT NULL,"
   "  secret TEXT NOT NULL,"
   "  created_at_us INTEGER NOT NULL,"
-  "  deleted_at_us INTEGER"
+  "  deleted_at_us INTEGER,"
+  /* 'default': the org's signing secret for requests' own webhook_url (url unused). */
+  "  kind TEXT NOT NULL DEFAULT 'endpoint' CHECK (kind IN ('endpoint', 'default'))"
   ");"
+  "CREATE UNIQUE INDEX webhooks_default ON webhooks(org) WHERE kind = 'default';"
   "CREATE INDEX webhooks_org ON webhooks(org);"
   "CREATE TABLE webhook_deliveries ("
   "  id TEXT PRIMARY KEY NOT NULL,"

@@ -90,6 +90,7 @@ typedef struct {
   const char *status;
   json_object *out;
   int changes;
+  char *text, *default_id; /* heap results */
 } sql_args_t;
 
 static void
@@ -128,7 +129,7 @@ db_list(sqlite3 *db, void *opaque, eph_error_t *err)
   sqlite3_stmt *st = NULL;
   if (sqlite3_prepare_v2(db,
                          "SELECT id, url, created_at_us FROM webhooks"
-                         " WHERE org = ?1 AND deleted_at_us IS NULL"
+                         " WHERE org = ?1 AND deleted_at_us IS NULL AND kind = 'endpoint'"
                          " ORDER BY created_at_us DESC, id DESC",
                          -1, &st, NULL) != SQLITE_OK)
     return sql_error(db, "listing", err);
@@ -153,7 +154,7 @@ db_delete(sqlite3 *db, void *opaque, eph_error_t *err)
   sql_args_t *a = opaque;
   static const char *const sql[] = {
       "UPDATE webhooks SET deleted_at_us = ?3"
-      " WHERE org = ?1 AND id = ?2 AND deleted_at_us IS NULL",
+      " WHERE org = ?1 AND id = ?2 AND deleted_at_us IS NULL AND kind = 'endpoint'",
       "UPDATE webhook_deliveries SET status = 'failed', last_error = 'endpoint deleted',"
       " updated_at_us = ?3 WHERE org = ?1 AND webhook_id = ?2 AND status = 'pending'",
   };
@@ -190,7 +191,7 @@ db_enqueue(sqlite3 *db, void *opaque, eph_error_t *err)
                          " status, next_attempt_us, created_at_us, updated_at_us)"
                          " SELECT 'whd_' || lower(hex(randomblob(12))), id, org, ?2, url, ?3,"
                          " 'pending', ?4, ?4, ?4 FROM webhooks"
-                         " WHERE org = ?1 AND deleted_at_us IS NULL"
+                         " WHERE org = ?1 AND deleted_at_us IS NULL AND kind = 'endpoint'"
                          " ON CONFLICT(webhook_id, run_id) DO NOTHING",
                          -1, &st, NULL) != SQLITE_OK)
     return sql_error(db, "queueing a delivery", err);
@@ -199,6 +200,60 @@ db_enqueue(sqlite3 *db, void *opaque, eph_error_t *err)
   bind_opt_text(st, 3, a->body);
   sqlite3_bind_int64(st, 4, a->now_us);
   int r = sqlite3_step(st) == SQLITE_DONE ? 0 : sql_error(db, "queueing a delivery", err);
+  a->changes = sqlite3_changes(db);
+  sqlite3_finalize(st);
+  return r;
+}
+
+/* The org's default row (created with a->id and a->secret when missing); a->text gets its
+ * secret (heap). */
+static int
+db_default(sqlite3 *db, void *opaque, eph_error_t *err)
+{
+  sql_args_t *a = opaque;
+  sqlite3_stmt *st = NULL;
+  if (sqlite3_prepare_v2(db,
+                         "INSERT INTO webhooks(id, org, url, secret, created_at_us, kind)"
+                         " VALUES (?1, ?2, '', ?3, ?4, 'default')"
+                         " ON CONFLICT DO NOTHING",
+                         -1, &st, NULL) != SQLITE_OK)
+    return sql_error(db, "creating the default secret", err);
+  bind_opt_text(st, 1, a->id);
+  bind_opt_text(st, 2, a->org);
+  bind_opt_text(st, 3, a->secret);
+  sqlite3_bind_int64(st, 4, a->now_us);
+  int r = sqlite3_step(st) == SQLITE_DONE ? 0 : sql_error(db, "creating the default secret", err);
+  sqlite3_finalize(st);
+  if (r < 0)
+    return r;
+  if (sqlite3_prepare_v2(db, "SELECT id, secret FROM webhooks WHERE org = ?1 AND kind = 'default'",
+                         -1, &st, NULL) != SQLITE_OK)
+    return sql_error(db, "reading the default secret", err);
+  bind_opt_text(st, 1, a->org);
+  if (sqlite3_step(st) == SQLITE_ROW) {
+    a->default_id = eph_xstrdup((const char *)sqlite3_column_text(st, 0));
+    a->text = eph_xstrdup((const char *)sqlite3_column_text(st, 1));
+  } else {
+    r = sql_error(db, "reading the default secret", err);
+  }
+  sqlite3_finalize(st);
+  if (r < 0 || !a->run_id)
+    return r;
+  /* A request's own webhook_url: one delivery signed with the default secret. */
+  if (sqlite3_prepare_v2(db,
+                         "INSERT INTO webhook_deliveries(id, webhook_id, org, run_id, url, body,"
+                         " status, next_attempt_us, created_at_us, updated_at_us)"
+                         " VALUES ('whd_' || lower(hex(randomblob(12))), ?1, ?2, ?3, ?4, ?5,"
+                         " 'pending', ?6, ?6, ?6) ON CONFLICT(webhook_id, run_id) DO NOTHING",
+                         -1, &st, NULL) != SQLITE_OK)
+    return sql_error(db, "queueing the request's delivery", err);
+  bind_opt_text(st, 1, a->default_id);
+  bind_opt_text(st, 2, a->org);
+  bind_opt_text(st, 3, a->run_id);
+  bind_opt_text(st, 4, a->url);
+  bind_opt_text(st, 5, a->body);
+  sqlite3_bind_int64(st, 6, a->now_us);
+  r = sqlite3_step(st) == SQLITE_DONE ? 0 : sql_error(db, "queueing the request's delivery", err);
   a->changes = sqlite3_changes(db);
   sqlite3_finalize(st);
   return r;
@@ -567,6 +622,69 @@ eph_webhooks_run_ended(eph_webhooks_t *wh, const char *org, const char *run_id,
     eph_warn("run %s: %s", run_id, err.message);
   else if (a.changes > 0)
     kick(wh);
+  json_object *req = NULL, *u = NULL;
+  if (json_object_object_get_ex(run, "request", &req) &&
+      json_object_object_get_ex(req, "webhook_url", &u) && json_object_is_type(u, json_type_string)) {
+    char id[3 + 16 + 1] = "wh_", secret[6 + 48 + 1] = "whsec_";
+    if (eph_random_hex(id + 3, 8) < 0 || eph_random_hex(secret + 6, 24) < 0) {
+      eph_warn("run %s: webhook_url: no random bytes", run_id);
+      return;
+    }
+    a.id = id;
+    a.secret = secret;
+    a.url = json_object_get_string(u);
+    a.changes = 0;
+    if (eph_store_with_db(wh->store, db_default, &a, &err) < 0)
+      eph_warn("run %s: %s", run_id, err.message);
+    else if (a.changes > 0)
+      kick(wh);
+    free(a.text);
+    free(a.default_id);
+  }
+}
+
+int
+eph_webhooks_default_secret(eph_webhooks_t *wh, const char *org, char **secret_out,
+                            eph_error_t *err)
+{
+  char id[3 + 16 + 1] = "wh_", secret[6 + 48 + 1] = "whsec_";
+  if (eph_random_hex(id + 3, 8) < 0 || eph_random_hex(secret + 6, 24) < 0)
+    return eph_error_set(err, EIO, "webhooks: no random bytes");
+  sql_args_t a = {.org = org, .id = id, .secret = secret, .now_us = eph_wall_us()};
+  int r = eph_store_with_db(wh->store, db_default, &a, err);
+  free(a.default_id);
+  if (r < 0) {
+    free(a.text);
+    return r;
+  }
+  *secret_out = a.text;
+  return 0;
+}
+
+int
+eph_webhooks_check_url(eph_webhooks_t *wh, const char *url, eph_error_t *err)
+{
+  if (!url || strlen(url) > MAX_URL_BYTES ||
+      (strncmp(url, "http://", 7) != 0 && strncmp(url, "https://", 8) != 0))
+    return eph_error_set(err, EINVAL, "expected an http:// or https:// URL of at most %d bytes",
+                         MAX_URL_BYTES);
+  cleanup_free char *host = NULL;
+  int port = 0;
+  eph_error_t herr = {0};
+  if (eph_net_url_host(url, &host, &port, &herr) < 0)
+    return eph_error_set(err, EINVAL, "%s", herr.message);
+  const char *why = eph_net_host_refusal(&wh->policy, host);
+  if (!why)
+    why = eph_net_port_refusal(&wh->policy, port);
+  if (why)
+    return eph_error_set(err, EINVAL, "%s:%d refused by the webhook policy: %s", host, port,
+                         why);
+  struct sockaddr_storage ss;
+  char addr[64];
+  eph_error_t rerr = {0};
+  if (eph_net_resolve_checked(&wh->policy, host, port, &ss, addr, &rerr) < 0)
+    return eph_error_set(err, EINVAL, "%s", rerr.message);
+  return 0;
 }
 
 int
@@ -574,25 +692,9 @@ eph_webhooks_register(eph_webhooks_t *wh, const char *org, const char *url, json
                       const char **field, eph_error_t *err)
 {
   *field = "url";
-  if (!url || strlen(url) > MAX_URL_BYTES ||
-      (strncmp(url, "http://", 7) != 0 && strncmp(url, "https://", 8) != 0))
-    return eph_error_set(err, EINVAL, "field 'url': expected an http:// or https:// URL of "
-                         "at most %d bytes", MAX_URL_BYTES);
-  cleanup_free char *host = NULL;
-  int port = 0;
-  if (eph_net_url_host(url, &host, &port, err) < 0)
-    return eph_error_set(err, EINVAL, "field 'url': %s", err->message);
-  const char *why = eph_net_host_refusal(&wh->policy, host);
-  if (!why)
-    why = eph_net_port_refusal(&wh->policy, port);
-  if (why)
-    return eph_error_set(err, EINVAL, "field 'url': %s:%d refused by the webhook policy: %s",
-                         host, port, why);
-  struct sockaddr_storage ss;
-  char addr[64];
-  eph_error_t rerr = {0};
-  if (eph_net_resolve_checked(&wh->policy, host, port, &ss, addr, &rerr) < 0)
-    return eph_error_set(err, EINVAL, "field 'url': %s", rerr.message);
+  eph_error_t cerr = {0};
+  if (eph_webhooks_check_url(wh, url, &cerr) < 0)
+    return eph_error_set(err, EINVAL, "field 'url': %s", cerr.message);
   char id[3 + 16 + 1] = "wh_", secret[6 + 48 + 1] = "whsec_";
   if (eph_random_hex(id + 3, 8) < 0 || eph_random_hex(secret + 6, 24) < 0)
     return eph_error_set(err, EIO, "webhooks: no random bytes");

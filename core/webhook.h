@@ -48,9 +48,10 @@ int eph_webhooks_start(eph_ctx_t *ctx, eph_store_t *store, eph_webhooks_t **out,
  * Pending deliveries stay in the store for the next start. NULL is a no-op. */
 void eph_webhooks_stop(eph_webhooks_t *wh);
 
-/* A run of org settled: queues one delivery per registered endpoint of org, body
- * {"type":"run.ended","created_at_us":..,"run":summary} (summary borrowed). Failures are
- * logged (the run's own record is unaffected). */
+/* A run of org settled: queues one delivery per registered endpoint of org, and one to the
+ * request's webhook_url (run.request.webhook_url, signed with the org's default secret),
+ * body {"type":"run.ended","created_at_us":..,"run":summary of run} (run borrowed).
+ * Failures are logged (the run's own record is unaffected). */
 void eph_webhooks_run_ended(eph_webhooks_t *wh, const char *org, const char *run_id,
                             json_object *summary);
 
@@ -60,6 +61,15 @@ void eph_webhooks_run_ended(eph_webhooks_t *wh, const char *org, const char *run
  * refused by the policy. */
 int eph_webhooks_register(eph_webhooks_t *wh, const char *org, const char *url,
                           json_object **out, const char **field, eph_error_t *err);
+
+/* Judges a URL as registration does (scheme, length, host, port, every resolved address).
+ * 0, or -EINVAL with err naming the reason (without a field name). */
+int eph_webhooks_check_url(eph_webhooks_t *wh, const char *url, eph_error_t *err);
+
+/* The org's default signing secret (created on first use), which signs deliveries to a
+ * request's own webhook_url. *secret_out heap, owned by the caller. */
+int eph_webhooks_default_secret(eph_webhooks_t *wh, const char *org, char **secret_out,
+                                eph_error_t *err);
 
 /* The org's endpoints, newest first, without secrets: a JSON array owned by the caller. */
 int eph_webhooks_list(eph_webhooks_t *wh, const char *org, json_object **out,

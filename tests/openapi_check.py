@@ -358,6 +358,8 @@ def check_live(url, key, srcdir):
     L.call("GET", "/v1/webhooks")
     L.call("GET", "/v1/webhooks", key=False)
     L.call("GET", "/v1/webhooks/deliveries")
+    L.call("GET", "/v1/webhooks/secret")
+    L.call("GET", "/v1/webhooks/secret", key=False)
     L.call("GET", "/v1/webhooks/deliveries", "/v1/webhooks/deliveries?limit=0")
     L.call("GET", "/v1/webhooks/deliveries", key=False)
     L.call("DELETE", "/v1/webhooks/{id}", "/v1/webhooks/" + (wh or {}).get("id", "wh_none"))

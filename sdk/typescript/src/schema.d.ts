@@ -337,6 +337,23 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/webhooks/secret": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** The organisation's default signing secret (created on first use): it signs deliveries to a request's own webhook_url */
+        get: operations["getWebhookSecret"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
 }
 export type webhooks = Record<string, never>;
 export interface components {
@@ -424,6 +441,8 @@ export interface components {
             metadata?: {
                 [key: string]: string;
             };
+            /** @description http:// or https:// URL told when this run ends (POST, signed with GET /v1/webhooks/secret's secret; the operator's webhooks address policy applies: a refused URL is 400 naming webhook_url). ephemerald only: `ephemeral run` refuses it. */
+            webhook_url?: string;
         };
         /** @description The request as the run holds it: every default filled in; file contents are not echoed (their size is); under zero data retention the prompt and file paths are left out. */
         RunRequest: {
@@ -446,6 +465,8 @@ export interface components {
             metadata?: {
                 [key: string]: string;
             };
+            /** @description the request's webhook_url, when it named one */
+            webhook_url?: string;
         };
         /**
          * @description queued, running, then exactly one end state
@@ -916,6 +937,12 @@ export interface components {
             /** @constant */
             object: "list";
             data: components["schemas"]["AuditRecord"][];
+        };
+        WebhookSecret: {
+            /** @constant */
+            object: "webhook_secret";
+            /** @description whsec_ + 48 hex digits */
+            secret: string;
         };
     };
     responses: {
@@ -1898,6 +1925,38 @@ export interface operations {
             405: components["responses"]["MethodNotAllowed"];
             500: components["responses"]["InternalError"];
             /** @description storage_unavailable: the store or the ledger cannot be read or written now */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+        };
+    };
+    getWebhookSecret: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The secret */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["WebhookSecret"];
+                };
+            };
+            401: components["responses"]["Unauthorized"];
+            405: components["responses"]["MethodNotAllowed"];
+            500: components["responses"]["InternalError"];
+            /** @description storage_unavailable: the store cannot be read or written now */
             503: {
                 headers: {
                     [name: string]: unknown;
