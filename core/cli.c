@@ -34,7 +34,7 @@ const eph_cli_command_t eph_cli_commands[] = {
      false, 1, eph_cmd_runs},
     {"orgs", "orgs credit ORG MICROS | orgs balance ORG",
      "add credit to an organisation, or show its balance", NULL, true, 1, eph_cmd_orgs},
-    {"keys", "keys create|revoke|list --org ORG [--name NAME]",
+    {"keys", "keys create|revoke|list --org ORG [--name NAME] [--admin]",
      "make (printed once), revoke or list API keys of an organisation", NULL, false, 1,
      eph_cmd_keys},
     {"doctor", "doctor",

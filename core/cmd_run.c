@@ -15,6 +15,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "admin.h"
 #include "cli.h"
 #include "log.h"
 #include "run.h"
@@ -363,6 +364,12 @@ eph_cmd_run(eph_ctx_t *ctx, int argc, char **argv)
     eph_error("%s: %s", path, err.message);
     return 2;
   }
+  if (req.webhook_url) {
+    /* Accepted and never called would be a silent loss: only the daemon delivers. */
+    eph_error("%s: field 'webhook_url': webhooks are delivered by ephemerald only", path);
+    eph_request_free(&req);
+    return 2;
+  }
 
   const eph_plugin_slot_t *ledger = ledger_slot(ctx);
   if (!ledger) {
@@ -631,8 +638,13 @@ int
 eph_cmd_keys(eph_ctx_t *ctx, int argc, char **argv)
 {
   const char *org = NULL, *name = NULL;
-  for (int i = 2; i + 1 < argc; i++) {
-    if (strcmp(argv[i], "--org") == 0)
+  bool admin = false;
+  for (int i = 2; i < argc; i++) {
+    if (strcmp(argv[i], "--admin") == 0)
+      admin = true;
+    else if (i + 1 >= argc)
+      break;
+    else if (strcmp(argv[i], "--org") == 0)
       org = argv[++i];
     else if (strcmp(argv[i], "--name") == 0)
       name = argv[++i];
@@ -641,7 +653,7 @@ eph_cmd_keys(eph_ctx_t *ctx, int argc, char **argv)
   bool create = strcmp(sub, "create") == 0, revoke = strcmp(sub, "revoke") == 0,
        list = strcmp(sub, "list") == 0;
   if (!org || (!create && !revoke && !list) || ((create || revoke) && !name)) {
-    fprintf(stderr, "usage: ephemeral keys create --org ORG --name NAME\n"
+    fprintf(stderr, "usage: ephemeral keys create --org ORG --name NAME [--admin]\n"
                     "       ephemeral keys revoke --org ORG --name NAME|KEY_ID\n"
                     "       ephemeral keys list --org ORG\n");
     return 2;
@@ -653,14 +665,20 @@ eph_cmd_keys(eph_ctx_t *ctx, int argc, char **argv)
   int status = 0;
   if (create) {
     char *key = NULL, *id = NULL;
-    if (eph_store_key_create(store, org, name, &key, &id, &err) < 0) {
+    if (eph_store_key_create(store, org, name, &key, &id, &err) < 0 ||
+        (admin && eph_admin_key_mark(store, id, &err) < 0)) {
+      /* An admin key that could not be marked is revoked, not left as a plain key. */
+      if (id)
+        eph_store_key_revoke(store, id, org, &(eph_error_t){0});
       eph_error("%s", err.message);
       status = 1;
+      free(key);
+      free(id);
     } else {
       /* Shown once: only its hash is stored. */
       printf("%s\n", key);
-      fprintf(stderr, "created %s (%s) for %s; store it now, it is not shown again\n", id, name,
-              org);
+      fprintf(stderr, "created %s%s (%s) for %s; store it now, it is not shown again\n", id,
+              admin ? " (admin)" : "", name, org);
       explicit_bzero(key, strlen(key));
       free(key);
       free(id);

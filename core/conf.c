@@ -64,6 +64,15 @@ const eph_config_key_t eph_core_config_keys[] = {
      "(300000) and idle_ms (30000). Where it may go and what a connection costs are "
      "tool-web's (allow_domains, deny_domains, allow_private_addresses, allow_loopback, "
      "price_micros_per_request)."},
+    {"webhooks", EPH_CFG_GROUP, "(see below)", NULL,
+     "Where and how run-end webhooks are delivered (POST /v1/webhooks registers one): "
+     "retry_hours (how long a failing endpoint is retried after the run ended, default 24, "
+     "1..720); retry_base_ms (the first retry's delay, doubling per attempt up to an hour, "
+     "default 10000); timeout_ms (one attempt, default 10000); and the address policy, read "
+     "like tool-web's: allow_domains, deny_domains, allowed_ports (default [80, 443]), "
+     "allow_private_addresses and allow_loopback (both false: a tenant's endpoint on the "
+     "operator's own or private network is refused at registration and at every attempt; "
+     "addresses of the host's interfaces are always refused)."},
     {"server", EPH_CFG_GROUP, "(see below)", NULL,
      "ephemerald's settings: listen (\"ADDR:PORT\" or \"[V6]:PORT\", default "
      "\"127.0.0.1:8080\"); max_concurrent_runs (runs executing at once, default 4); "

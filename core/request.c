@@ -417,10 +417,23 @@ eph_request_parse(const char *json, size_t len, const eph_request_limits_t *limi
     } else if (strcmp(key, "metadata") == 0) {
       if ((r = parse_metadata(v, req, field, err)) < 0)
         goto out;
+    } else if (strcmp(key, "webhook_url") == 0) {
+      if ((r = want_type(v, json_type_string, key, field, err)) < 0)
+        goto out;
+      const char *u = json_object_get_string(v);
+      size_t n = (size_t)json_object_get_string_len(v);
+      if (n > 2048 || strlen(u) != n ||
+          (strncmp(u, "http://", 7) != 0 && strncmp(u, "https://", 8) != 0)) {
+        r = field_error(field, err, key, "must be an http:// or https:// URL of at most 2048 "
+                                         "bytes");
+        goto out;
+      }
+      req->webhook_url = eph_xstrdup(u);
     } else {
       r = field_error(field, err, key, "unknown field (request v1 has prompt, model, shell, "
                                        "web, files, connections, outputs, timeout_seconds, "
-                                       "max_cost_micros, zero_data_retention, metadata)");
+                                       "max_cost_micros, zero_data_retention, metadata, "
+                                       "webhook_url)");
       goto out;
     }
   }
@@ -463,6 +476,7 @@ eph_request_free(eph_request_t *req)
   free(req->outputs);
   if (req->metadata)
     json_object_put(req->metadata);
+  free(req->webhook_url);
   memset(req, 0, sizeof *req);
 }
 
@@ -517,6 +531,8 @@ eph_request_to_json(const eph_request_t *req)
                          json_object_new_boolean(req->zero_data_retention));
   if (req->metadata)
     json_object_object_add(o, "metadata", json_object_get(req->metadata));
+  if (req->webhook_url)
+    json_object_object_add(o, "webhook_url", json_object_new_string(req->webhook_url));
   return o;
 }
 

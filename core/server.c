@@ -19,6 +19,7 @@
 
 #include "log.h"
 #include "util.h"
+#include "webhook.h"
 
 #define STATIC_MAX_BYTES (4u << 20)
 #define RETRY_AFTER_SECONDS "2"
@@ -52,6 +53,19 @@ static const route_t routes[] = {
     {"GET", "/v1/runs/{id}", true, false, eph_srv_runs_get},
     {"GET", "/v1/runs/{id}/events", true, false, eph_srv_runs_events},
     {"POST", "/v1/runs/{id}/cancel", true, false, eph_srv_runs_cancel},
+    {"POST", "/v1/webhooks", true, true, eph_srv_webhooks_create},
+    {"GET", "/v1/webhooks", true, false, eph_srv_webhooks_list},
+    /* Before "/v1/webhooks/{id}": the first path and method that match win. */
+    {"GET", "/v1/webhooks/deliveries", true, false, eph_srv_webhooks_deliveries},
+    {"GET", "/v1/webhooks/secret", true, false, eph_srv_webhooks_secret},
+    {"DELETE", "/v1/webhooks/{id}", true, false, eph_srv_webhooks_delete},
+    {"POST", "/v1/admin/keys", true, true, eph_srv_admin_keys_create},
+    {"GET", "/v1/admin/keys", true, false, eph_srv_admin_keys_list},
+    {"POST", "/v1/admin/keys/{id}/revoke", true, false, eph_srv_admin_keys_revoke},
+    {"POST", "/v1/admin/orgs/{id}/credit", true, true, eph_srv_admin_credit},
+    {"GET", "/v1/admin/orgs/{id}/balance", true, false, eph_srv_admin_balance},
+    {"GET", "/v1/admin/orgs/{id}/usage", true, false, eph_srv_admin_usage},
+    {"GET", "/v1/admin/audit", true, false, eph_srv_admin_audit},
 };
 #define N_ROUTES (sizeof routes / sizeof routes[0])
 
@@ -614,7 +628,7 @@ authenticate(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req)
   while (*key == ' ')
     key++;
   eph_error_t err = {0};
-  return eph_store_key_verify(srv->store, key, &req->org, NULL, &err) < 0 ? -1 : 0;
+  return eph_store_key_verify(srv->store, key, &req->org, &req->key_id, &err) < 0 ? -1 : 0;
 }
 
 static bool
@@ -1026,6 +1040,7 @@ on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
   if (req->created)
     json_object_put(req->created);
   free(req->org);
+  free(req->key_id);
   free(req->body);
   free(req);
   *con_cls = NULL;
@@ -1074,6 +1089,8 @@ eph_server_start(eph_ctx_t *ctx, const eph_server_options_t *opt, eph_server_t *
   path = eph_xasprintf("%s/ephemeral.sqlite", ctx->state_dir);
   eph_store_options_t so = {.idempotency_hours = opt->idempotency_hours};
   if ((r = eph_store_open(path, &so, &srv->store, err)) < 0)
+    goto fail;
+  if ((r = eph_webhooks_start(ctx, srv->store, &srv->webhooks, err)) < 0)
     goto fail;
   if ((r = open_listener(srv, err)) < 0)
     goto fail;
@@ -1145,6 +1162,9 @@ eph_server_drain(eph_server_t *srv, int grace_seconds)
    * with Retry-After (and can go elsewhere) rather than a refused connection. */
   eph_srv_runs_drain(srv, grace_seconds);
   eph_srv_runs_stop(srv);
+  /* Every run has settled and queued its deliveries; the pending ones wait in the store. */
+  eph_webhooks_stop(srv->webhooks);
+  srv->webhooks = NULL;
   if (srv->mhd) {
     MHD_stop_daemon(srv->mhd);
     srv->mhd = NULL;
@@ -1162,6 +1182,7 @@ eph_server_free(eph_server_t *srv)
   stop_guard(srv);
   if (srv->listen_fd >= 0)
     close(srv->listen_fd);
+  eph_webhooks_stop(srv->webhooks);
   if (srv->store)
     eph_store_close(srv->store);
   free(srv->workers);

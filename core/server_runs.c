@@ -18,6 +18,7 @@
 #include "log.h"
 #include "runstore.h"
 #include "util.h"
+#include "webhook.h"
 
 /* ------------------------------------------------------------------ the table */
 
@@ -191,6 +192,7 @@ finished(eph_server_t *srv, live_t *l)
   wake_locked(srv, l);
   pthread_cond_broadcast(&srv->cond);
   pthread_mutex_unlock(&srv->lock);
+  eph_webhooks_run_ended(srv->webhooks, l->org, l->id, o);
 }
 
 static void *
@@ -672,6 +674,11 @@ eph_srv_runs_create(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req
     return eph_srv_error(c, srv, MHD_HTTP_BAD_REQUEST, "invalid_request", "model",
                          "field 'model': replay transcripts are not served by this daemon "
                          "(model_plugin is not \"model-replay\")");
+  }
+  if (rq.webhook_url && eph_webhooks_check_url(srv->webhooks, rq.webhook_url, &err) < 0) {
+    eph_request_free(&rq);
+    return eph_srv_error(c, srv, MHD_HTTP_BAD_REQUEST, "invalid_request", "webhook_url",
+                         "field 'webhook_url': %s", err.message);
   }
   char sha[65];
   if (idem && eph_sha256_hex(req->body ? req->body : "", req->body_len, sha, &err) < 0) {
