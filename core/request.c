@@ -333,30 +333,11 @@ eph_request_parse(const char *json, size_t len, const eph_request_limits_t *limi
   memset(req, 0, sizeof *req);
   if (field)
     *field = NULL;
-  json_tokener *tok = json_tokener_new();
   /* Invalid UTF-8 would reach the model API (which refuses it after the budget is
    * reserved and the sandbox booted), the store and every JSON client of the timeline. */
-  json_tokener_set_flags(tok, JSON_TOKENER_VALIDATE_UTF8);
-  json_object *root = json_tokener_parse_ex(tok, json, (int)len);
-  enum json_tokener_error jerr = json_tokener_get_error(tok);
-  size_t consumed = tok->char_offset;
-  json_tokener_free(tok);
-  if (!root || jerr != json_tokener_success) {
-    if (root)
-      json_object_put(root);
-    /* json-c reports input that ends inside a value as "continue" (it waits for more). */
-    return eph_error_set(err, EBADMSG, "malformed JSON at byte %zu: %s", consumed,
-                         jerr == json_tokener_continue ? "unexpected end of input"
-                                                       : json_tokener_error_desc(jerr));
-  }
-  /* Blanks only: memchr, as strchr() would also find the string's own NUL terminator and
-   * so let NUL bytes after the object through. */
-  while (consumed < len && memchr(" \t\r\n", json[consumed], 4))
-    consumed++;
-  if (consumed != len) {
-    json_object_put(root);
-    return eph_error_set(err, EBADMSG, "malformed JSON: trailing data at byte %zu", consumed);
-  }
+  json_object *root = eph_json_parse_strict(json, len, err);
+  if (!root)
+    return -EBADMSG;
   int r = 0;
   if (!json_object_is_type(root, json_type_object)) {
     r = eph_error_set(err, EINVAL, "the request must be a JSON object");

@@ -102,7 +102,8 @@ valid_org(const char *org)
 static json_object *
 parse_body(conn_req_t *req)
 {
-  json_object *o = req->body ? json_tokener_parse(req->body) : NULL;
+  eph_error_t err = {0};
+  json_object *o = req->body ? eph_json_parse_strict(req->body, req->body_len, &err) : NULL;
   if (o && !json_object_is_type(o, json_type_object)) {
     json_object_put(o);
     return NULL;

@@ -29,8 +29,9 @@ list_of(json_object *data)
 MHD_RESULT
 eph_srv_webhooks_create(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req)
 {
+  eph_error_t perr = {0};
   cleanup_json json_object *body =
-      req->body ? json_tokener_parse(req->body) : NULL;
+      req->body ? eph_json_parse_strict(req->body, req->body_len, &perr) : NULL;
   json_object *url = NULL;
   if (!json_object_is_type(body, json_type_object))
     return eph_srv_error(c, srv, MHD_HTTP_BAD_REQUEST, "invalid_request", NULL,

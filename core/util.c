@@ -225,3 +225,55 @@ eph_base64_encode(const void *in, size_t in_bytes)
   out[n] = '\0';
   return out;
 }
+
+/* Line and column (1-based, in bytes) of byte offset off in text. */
+static void
+line_col(const char *text, size_t off, size_t *line, size_t *col)
+{
+  *line = 1;
+  size_t start = 0;
+  for (size_t i = 0; i < off; i++)
+    if (text[i] == '\n') {
+      (*line)++;
+      start = i + 1;
+    }
+  *col = off - start + 1;
+}
+
+json_object *
+eph_json_parse_strict(const char *text, size_t len, eph_error_t *err)
+{
+  if (!text)
+    text = "", len = 0;
+  json_tokener *tok = json_tokener_new();
+  if (!tok) {
+    eph_error_set(err, ENOMEM, "out of memory");
+    return NULL;
+  }
+  json_tokener_set_flags(tok, JSON_TOKENER_STRICT | JSON_TOKENER_VALIDATE_UTF8);
+  json_object *root = json_tokener_parse_ex(tok, text, (int)len);
+  enum json_tokener_error jerr = json_tokener_get_error(tok);
+  size_t consumed = tok->char_offset, line, col;
+  json_tokener_free(tok);
+  if (!root || jerr != json_tokener_success) {
+    json_object_put(root);
+    /* json-c reports input that ends inside a value as "continue" (it waits for more). */
+    line_col(text, consumed > len ? len : consumed, &line, &col);
+    eph_error_set(err, EBADMSG, "malformed JSON at line %zu, column %zu: %s", line, col,
+                  jerr == json_tokener_continue ? "unexpected end of input"
+                                                : json_tokener_error_desc(jerr));
+    return NULL;
+  }
+  /* Blanks only: memchr, as strchr() would also find the string's own NUL terminator and
+   * so let NUL bytes after the value through. */
+  while (consumed < len && memchr(" \t\r\n", text[consumed], 4))
+    consumed++;
+  if (consumed != len) {
+    json_object_put(root);
+    line_col(text, consumed, &line, &col);
+    eph_error_set(err, EBADMSG, "malformed JSON: trailing data at line %zu, column %zu", line,
+                  col);
+    return NULL;
+  }
+  return root;
+}

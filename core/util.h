@@ -26,6 +26,12 @@ static inline void eph_json_putp(json_object **o) { if (*o) json_object_put(*o);
 void *eph_xmalloc(size_t bytes);
 void *eph_xcalloc(size_t n, size_t bytes);
 void *eph_xrealloc(void *p, size_t bytes);
+/* Parses len bytes as exactly one JSON value, strictly (RFC 8259: no trailing commas, no
+ * single quotes, valid UTF-8), followed only by blanks (a NUL is not a blank). Returns a
+ * new reference owned by the caller, or NULL with err set (EBADMSG) to a message locating
+ * the fault by line and column ("malformed JSON at line 3, column 7: ..."): request files
+ * are edited by hand. json-c keeps the last of duplicate keys; that is not detected. */
+json_object *eph_json_parse_strict(const char *text, size_t len, eph_error_t *err);
 char *eph_xstrdup(const char *s);
 char *eph_xstrndup(const char *s, size_t n);
 char *eph_xasprintf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

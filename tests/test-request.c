@@ -160,6 +160,13 @@ test_malformed_json(void **state)
   eph_request_t req;
   eph_error_t err = {0};
   assert_int_equal(eph_request_parse("{\"a\":", 5, &limits, &req, NULL, &err), -EBADMSG);
+  /* A complete request but for a trailing comma is malformed (json-c accepted it unless
+   * strict), and the error locates it by line and column: request files are hand-edited. */
+  const char *comma = "{\"prompt\": \"hi\", \"timeout_seconds\": 60,\n"
+                      "  \"max_cost_micros\": 1000,\n}";
+  err = (eph_error_t){0};
+  assert_int_equal(eph_request_parse(comma, strlen(comma), &limits, &req, NULL, &err), -EBADMSG);
+  assert_non_null(strstr(err.message, "malformed JSON at line 3, column 1"));
 }
 
 /* A tool plugin of this test that defines one connection, "crm", and one of ABI 1.1 whose
