@@ -7,7 +7,7 @@
 #
 # usage: build-image.sh [--state-dir DIR] GUEST_BINARY
 #   GUEST_BINARY  the static ephemeral-guest; it becomes PID 1 (exec'd by /init)
-#   DIR           default: $EPH_STATE_DIR, else ~/.local/state/ephemeral
+#   DIR           default: $EPH_STATE_DIR, else $EPHEMERAL_STATE_DIR (as ephemeral reads it), else ~/.local/state/ephemeral
 #
 # Why an uncompressed initramfs as the root: under TCG the kernel's decompressor is the
 # slowest step of unpacking; a plain cpio is copied, not inflated, and needs no block driver,
@@ -20,7 +20,7 @@
 # --reproducible, the bytecode is hash-based).
 set -eu
 
-state_dir=${EPH_STATE_DIR:-${HOME:-/root}/.local/state/ephemeral}
+state_dir=${EPH_STATE_DIR:-${EPHEMERAL_STATE_DIR:-${HOME:-/root}/.local/state/ephemeral}}
 while [ $# -gt 0 ]; do
   case $1 in
     --state-dir) state_dir=$2; shift 2 ;;
