@@ -514,7 +514,7 @@ int
 eph_cmd_runs(eph_ctx_t *ctx, int argc, char **argv)
 {
   if (argc < 2) {
-    fprintf(stderr, "usage: ephemeral runs list [--limit N] | show ID | replay ID [--speed N]\n");
+    fprintf(stderr, "usage: ephemeral runs list [--org ORG] [--limit N] | show ID | replay ID [--speed N]\n");
     return 2;
   }
   eph_store_t *store = NULL;
@@ -538,6 +538,10 @@ eph_cmd_runs(eph_ctx_t *ctx, int argc, char **argv)
       eph_error("%s", err.message);
       status = 1;
     } else {
+      /* Runs belong to an organisation: the CLI's own are cli_org's ("local"), a daemon's
+       * are its keys' organisations. Say whose list this is, so an empty one is not a
+       * mystery. */
+      fprintf(stderr, "runs of organisation '%s' (--org ORG for another)\n", org);
       printf("%-37s %-17s %-24s %s\n", "ID", "STATUS", "CREATED", "BILLED");
       for (size_t i = 0; i < json_object_array_length(runs); i++) {
         json_object *r = json_object_array_get_idx(runs, i), *v, *usage = NULL;
@@ -582,7 +586,7 @@ eph_cmd_runs(eph_ctx_t *ctx, int argc, char **argv)
       status = runs_replay(store, argv[2], speed);
     }
   } else {
-    fprintf(stderr, "usage: ephemeral runs list [--limit N] | show ID | replay ID [--speed N]\n");
+    fprintf(stderr, "usage: ephemeral runs list [--org ORG] [--limit N] | show ID | replay ID [--speed N]\n");
     status = 2;
   }
   eph_store_close(store);
