@@ -570,7 +570,14 @@ h_static(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req)
                      : strcmp(dot, ".json") == 0 ? "application/json"
                      : strcmp(dot, ".svg") == 0  ? "image/svg+xml"
                                                  : "application/octet-stream";
-  cleanup_free char *rel = eph_xasprintf("playground/%s", name);
+  /* The page imports the TypeScript SDK itself (one ESM file, no dependencies): in the
+   * source tree it is read where it is kept (data_path adds core/), installed it sits
+   * under playground/sdk/. */
+  bool sdk = strcmp(name, "ephemeral.js") == 0;
+  cleanup_free char *rel = !sdk ? eph_xasprintf("playground/%s", name)
+                           : srv->ctx->paths.build_tree && srv->ctx->paths.src_dir
+                               ? eph_xstrdup("../sdk/typescript/src/index.js")
+                               : eph_xstrdup("playground/sdk/index.js");
   return send_file(srv, c, rel, type);
 }
 

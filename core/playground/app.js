@@ -1,8 +1,9 @@
 // ephemeral playground: edits a request, runs it with the pasted API key and shows the
 // timeline as it arrives (Server-Sent Events read through fetch(), because EventSource
 // cannot send an Authorization header), then the header line and the cost line; replays a
-// past run's timeline at its original pace. Plain script, no build step.
-"use strict";
+// past run's timeline at its original pace. Every call goes through the TypeScript SDK
+// (sdk/typescript, served as /playground/ephemeral.js): an ES module, no build step.
+import { Client, ConflictError } from "/playground/ephemeral.js";
 
 const EXAMPLE = {
   prompt:
@@ -31,14 +32,103 @@ function dollars(micros) {
 
 function key() { return $("apikey").value.trim(); }
 
+// One client per call: the key field may change between calls.
+function client() { return new Client(location.origin, key(), { maxRetries: 2 }); }
+
+// crypto.randomUUID() exists only in a secure context (https, localhost); a page served
+// over plain http elsewhere still needs a unique Idempotency-Key.
+function idempotencyKey() {
+  if (crypto.randomUUID) return crypto.randomUUID();
+  return Array.from(crypto.getRandomValues(new Uint8Array(16)), (b) => b.toString(16).padStart(2, "0")).join("");
+}
+
+const METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"];
+
+// The request v1 from the form: what is left empty is not sent (the daemon's defaults, and
+// anything not granted is not available). Bad values go as typed: the daemon names the field.
 function requestBody() {
-  return {
+  const body = {
     prompt: $("prompt").value,
     shell: $("shell").checked,
     web: $("web").checked,
     timeout_seconds: parseInt($("timeout").value, 10) || 0,
     max_cost_micros: Math.round(parseFloat($("budget").value) * 1e6) || 0,
   };
+  const model = $("model").value.trim();
+  if (model) body.model = model;
+  const files = Array.from($("files").children, (it) => ({
+    path: it.querySelector("input").value.trim(), content: it.querySelector("textarea").value }));
+  if (files.length) body.files = files;
+  const conns = Array.from($("conns").children, (it) => {
+    const name = it.querySelector("input[type=text]").value.trim();
+    const methods = Array.from(it.querySelectorAll(".methods input:checked"), (m) => m.value);
+    return methods.length ? { name, methods } : name;
+  });
+  if (conns.length) body.connections = conns;
+  if ($("zdr").checked) body.zero_data_retention = true;
+  return body;
+}
+
+function removable(item) {
+  const x = document.createElement("button");
+  x.type = "button";
+  x.className = "ghost small";
+  x.textContent = "Remove";
+  x.addEventListener("click", () => { item.remove(); showBody(); });
+  return x;
+}
+
+function addFile(path = "", content = "") {
+  const item = document.createElement("div");
+  item.className = "item file";
+  const line = document.createElement("div");
+  line.className = "line";
+  const p = document.createElement("input");
+  p.type = "text";
+  p.placeholder = "path in scratch, e.g. data/notes.txt";
+  p.spellcheck = false;
+  p.value = path;
+  line.append(p, removable(item));
+  const c = document.createElement("textarea");
+  c.rows = 3;
+  c.spellcheck = false;
+  c.placeholder = "content (UTF-8)";
+  c.value = content;
+  item.append(line, c);
+  item.addEventListener("input", showBody);
+  $("files").append(item);
+  showBody();
+  return item;
+}
+
+function addConnection(name = "", methods = []) {
+  const item = document.createElement("div");
+  item.className = "item conn";
+  const line = document.createElement("div");
+  line.className = "line";
+  const n = document.createElement("input");
+  n.type = "text";
+  n.placeholder = "connection name";
+  n.spellcheck = false;
+  n.value = name;
+  line.append(n, removable(item));
+  const ms = document.createElement("div");
+  ms.className = "methods";
+  for (const m of METHODS) {
+    const l = document.createElement("label");
+    const box = document.createElement("input");
+    box.type = "checkbox";
+    box.value = m;
+    box.checked = methods.includes(m);
+    l.append(box, m);
+    ms.append(l);
+  }
+  item.append(line, ms);
+  item.addEventListener("input", showBody);
+  item.addEventListener("change", showBody);
+  $("conns").append(item);
+  showBody();
+  return item;
 }
 
 function showBody() { $("body").textContent = JSON.stringify(requestBody(), null, 2); }
@@ -49,21 +139,11 @@ function loadExample() {
   $("web").checked = EXAMPLE.web;
   $("budget").value = (EXAMPLE.max_cost_micros / 1e6).toString();
   $("timeout").value = EXAMPLE.timeout_seconds;
+  $("zdr").checked = false;
+  $("model").value = "";
+  $("files").innerHTML = "";
+  $("conns").innerHTML = "";
   showBody();
-}
-
-async function api(path, opts = {}) {
-  const headers = Object.assign({ Authorization: "Bearer " + key() }, opts.headers || {});
-  const resp = await fetch(path, Object.assign({}, opts, { headers }));
-  let body = null;
-  try { body = await resp.json(); } catch (e) { body = null; }
-  if (!resp.ok) {
-    const err = (body && body.error) || { message: resp.statusText };
-    const e = new Error(err.message + (err.field ? " (" + err.field + ")" : ""));
-    e.status = resp.status;
-    throw e;
-  }
-  return body;
 }
 
 // ------------------------------------------------------------------ the run panel
@@ -161,48 +241,34 @@ function showFinal(run) {
   cost.hidden = false;
 }
 
-// Reads the SSE stream of a run with fetch(); resumes with Last-Event-ID when the
-// connection drops, so no event is shown twice or lost.
-async function follow(id, my) {
-  let last = 0;
-  for (let attempt = 0; attempt < 20 && my === view; attempt++) {
-    let resp;
-    try {
-      const headers = { Authorization: "Bearer " + key(), Accept: "text/event-stream" };
-      if (last) headers["Last-Event-ID"] = String(last);
-      resp = await fetch("/v1/runs/" + id + "/events", { headers });
-    } catch (e) {
-      await new Promise((r) => setTimeout(r, 500));
-      continue;
-    }
-    if (!resp.ok) throw new Error("events: HTTP " + resp.status);
-    const reader = resp.body.getReader();
-    const dec = new TextDecoder();
-    let buf = "", settled = false;
-    try {
-      for (;;) {
-        const { value, done } = await reader.read();
-        if (done) break;
-        buf += dec.decode(value, { stream: true });
-        let cut;
-        while ((cut = buf.indexOf("\n\n")) >= 0) {
-          const block = buf.slice(0, cut);
-          buf = buf.slice(cut + 2);
-          let data = "", seq = 0;
-          for (const line of block.split("\n")) {
-            if (line.startsWith("data:")) data += line.slice(5).trim();
-            else if (line.startsWith("id:")) seq = parseInt(line.slice(3), 10);
-          }
-          if (!data || my !== view) continue;
-          const ev = JSON.parse(data);
-          last = seq || ev.seq;
-          addEvent(ev);
-          setHeader("running", id, 0, reserved);
-          if (ev.kind === "settled") settled = true;
-        }
-      }
-    } catch (e) { /* dropped: resume below */ }
-    if (settled) return;
+// Follows the run's events through the SDK (fetch() underneath, since EventSource cannot
+// send an Authorization header); it resumes with Last-Event-ID when the connection drops,
+// so no event is shown twice or lost. Leaving the loop closes the stream.
+async function follow(c, id, my) {
+  for await (const ev of c.runs.events(id)) {
+    if (my !== view) return;
+    addEvent(ev);
+    setHeader("running", id, 0, reserved);
+  }
+}
+
+let current = null; // the id of the run this page started and follows, while it runs
+
+function showCancel(id) {
+  current = id;
+  const b = $("cancel");
+  b.hidden = !id;
+  b.disabled = false;
+}
+
+// POST /v1/runs/{id}/cancel; a run that ended meanwhile (409) is no error: its end shows.
+async function cancel() {
+  if (!current) return;
+  $("cancel").disabled = true;
+  try {
+    await client().runs.cancel(current);
+  } catch (e) {
+    if (!(e instanceof ConflictError)) { $("formerror").textContent = e.message; $("cancel").disabled = false; }
   }
 }
 
@@ -212,20 +278,20 @@ async function run() {
   const btn = $("run");
   btn.disabled = true;
   const my = clearRun();
+  const c = client();
   try {
-    const created = await api("/v1/runs", {
-      method: "POST",
-      headers: { "Content-Type": "application/json", "Idempotency-Key": crypto.randomUUID() },
-      body: JSON.stringify(requestBody()),
-    });
+    const created = await c.runs.create(requestBody(), { idempotencyKey: idempotencyKey() });
     setHeader("queued", created.id, 0, created.usage && created.usage.reserved_micros);
-    await follow(created.id, my);
-    if (my === view) showFinal(await api("/v1/runs/" + created.id));
+    showCancel(created.id);
+    refreshRuns();
+    await follow(c, created.id, my);
+    if (my === view) showFinal(await c.runs.get(created.id));
     refreshRuns();
   } catch (e) {
     $("formerror").textContent = e.message;
     if (my === view) setHeader("idle", "", 0, 0);
   } finally {
+    showCancel(null);
     btn.disabled = false;
   }
 }
@@ -234,7 +300,7 @@ async function run() {
 async function replay(id) {
   const my = clearRun();
   const speed = parseFloat($("speed").value) || 1;
-  const r = await api("/v1/runs/" + id);
+  const r = await client().runs.get(id);
   setHeader("running", r.id, 0, r.usage && r.usage.reserved_micros);
   let prev = 0;
   for (const ev of r.events || []) {
@@ -247,14 +313,25 @@ async function replay(id) {
   showFinal(r);
 }
 
-async function refreshRuns() {
-  const ul = $("runs");
+// Past runs, newest first, 8 a page: "Older runs" follows next_cursor. A refresh starts
+// again from the first page; an answer of an older refresh is dropped.
+let cursor = null;
+let listing = 0;
+
+async function loadRuns(more) {
   if (!key()) return;
-  let list;
-  try { list = await api("/v1/runs?limit=8"); } catch (e) { return; }
-  ul.innerHTML = "";
-  if (!list.data.length) { ul.innerHTML = '<li class="empty">No runs yet.</li>'; return; }
-  for (const r of list.data) {
+  const my = more ? listing : ++listing;
+  let page;
+  try {
+    page = (await client().request("GET", "/v1/runs", { query: { limit: 8, cursor: more ? cursor : null } })).body;
+  } catch (e) { return; }
+  if (my !== listing) return;
+  const ul = $("runs");
+  if (!more) ul.innerHTML = "";
+  cursor = page.next_cursor;
+  $("more").hidden = !cursor;
+  if (!more && !page.data.length) { ul.innerHTML = '<li class="empty">No runs yet.</li>'; return; }
+  for (const r of page.data) {
     const li = document.createElement("li");
     const id = document.createElement("span");
     id.className = "rid";
@@ -271,6 +348,8 @@ async function refreshRuns() {
   }
 }
 
+function refreshRuns() { return loadRuns(false); }
+
 function init() {
   const saved = localStorage.getItem("ephemeral.key") || "";
   $("apikey").value = saved;
@@ -281,8 +360,12 @@ function init() {
     refreshRuns();
   });
   $("keyform").addEventListener("submit", (e) => e.preventDefault());
-  for (const id of ["prompt", "shell", "web", "budget", "timeout"]) $(id).addEventListener("input", showBody);
+  for (const id of ["prompt", "shell", "web", "budget", "timeout", "zdr", "model"]) $(id).addEventListener("input", showBody);
   $("run").addEventListener("click", run);
+  $("cancel").addEventListener("click", cancel);
+  $("addfile").addEventListener("click", () => addFile().querySelector("input").focus());
+  $("addconn").addEventListener("click", () => addConnection().querySelector("input").focus());
+  $("more").addEventListener("click", () => loadRuns(true));
   $("example").addEventListener("click", loadExample);
   $("refresh").addEventListener("click", refreshRuns);
   loadExample();

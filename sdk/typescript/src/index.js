@@ -1,5 +1,5 @@
 // ephemeral: a client of the ephemeral API for Node 18+ (ESM, no dependencies: fetch,
-// AbortSignal and node:crypto). Types: index.d.ts, over schema.d.ts which openapi-typescript
+// AbortSignal, Web Crypto; it also runs in a browser: the playground imports it). Types: index.d.ts, over schema.d.ts which openapi-typescript
 // generates from core/openapi.json (`npm run generate`).
 //
 //   import { Client } from "ephemeral";
@@ -13,9 +13,15 @@
 // Idempotency-Key, generated once per create() and sent unchanged on every retry: a retry
 // after a lost answer gets the run the first attempt created, never a second one. cancel()
 // is not retried after a lost answer (a second cancel of the ended run would be a 409).
-import { randomUUID } from "node:crypto";
 
 const RETRY_AFTER_MAX_MS = 60_000;
+
+// The global Web Crypto (browsers, Node 19+), else node:crypto (Node 18): no static import
+// of a node: module, so a browser can load this file as it is.
+async function randomUUID() {
+  if (globalThis.crypto?.randomUUID) return globalThis.crypto.randomUUID();
+  return (await import("node:crypto")).randomUUID();
+}
 
 /** The base of every error this package throws. */
 export class EphemeralError extends Error {}
@@ -121,7 +127,8 @@ export class Client {
     this.timeoutMs = timeoutMs;
     this.maxRetries = maxRetries;
     this.backoffMs = backoffMs;
-    this._fetch = fetch;
+    // Called as a plain function: a browser's fetch refuses another `this` (Illegal invocation).
+    this._fetch = (input, init) => fetch(input, init);
     this.runs = new Runs(this);
   }
 
@@ -189,7 +196,7 @@ export class Runs {
    */
   async create(request, { idempotencyKey, wait } = {}) {
     const body = typeof request === "string" ? request : JSON.stringify(request);
-    const key = idempotencyKey ?? randomUUID();
+    const key = idempotencyKey ?? await randomUUID();
     const { status, body: run } = await this._c.request("POST", "/v1/runs", {
       query: { wait }, body, headers: { "Idempotency-Key": key },
       timeoutMs: this._c.timeoutMs + (wait ?? 0) * 1000,
@@ -250,7 +257,10 @@ export class Runs {
         const decoder = new TextDecoder();
         let buf = "";
         let data = [];
-        for await (const chunk of res.body) {
+        const reader = res.body.getReader(); // not `for await`: Safari's streams lack it
+        for (;;) {
+          const { value: chunk, done } = await reader.read();
+          if (done) break;
           clearTimeout(timer);
           timer = setTimeout(() => idle.abort(), idleMs);
           buf += decoder.decode(chunk, { stream: true });
