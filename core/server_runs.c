@@ -165,13 +165,8 @@ eph_srv_req_done(eph_server_t *srv, conn_req_t *req)
 static void
 finished(eph_server_t *srv, live_t *l)
 {
-  cleanup_json json_object *o = eph_run_to_json(l->run, false);
-  json_object *u = NULL, *v = NULL;
-  json_object_object_get_ex(o, "usage", &u);
-  int64_t model = json_object_object_get_ex(u, "model_micros", &v) ? json_object_get_int64(v) : 0;
-  int64_t web = json_object_object_get_ex(u, "web_micros", &v) ? json_object_get_int64(v) : 0;
-  int64_t compute =
-      json_object_object_get_ex(u, "compute_micros", &v) ? json_object_get_int64(v) : 0;
+  eph_run_usage_t u;
+  eph_run_usage(l->run, &u);
   eph_run_status_t s = eph_run_status(l->run);
   pthread_mutex_lock(&srv->lock);
   if (l->running) {
@@ -182,9 +177,9 @@ finished(eph_server_t *srv, live_t *l)
   l->settled_ms = eph_now_ms();
   if (s <= EPH_RUN_CANCELLED)
     srv->runs_ended[s]++;
-  srv->billed_model_micros += model;
-  srv->billed_web_micros += web;
-  srv->billed_compute_micros += compute;
+  srv->billed_model_micros += u.model_micros;
+  srv->billed_web_micros += u.web_micros;
+  srv->billed_compute_micros += u.compute_micros;
   wake_locked(srv, l);
   pthread_cond_broadcast(&srv->cond);
   pthread_mutex_unlock(&srv->lock);
