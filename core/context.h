@@ -36,7 +36,8 @@ int eph_ctx_open(eph_ctx_t *ctx, const eph_ctx_options_t *opt, eph_error_t *err)
 void eph_ctx_close(eph_ctx_t *ctx);
 
 /* Finds a backend by short or full name ("jail" or "backend-jail"); NULL = the configured
- * default backend (core key `backend`). Returns NULL with err set when it is not loaded. */
+ * default backend (core key `backend`). Returns NULL with err set when it is not loaded.
+ * Defined in sandbox.c (no unit below context.c may call into context.c). */
 const eph_plugin_slot_t *eph_ctx_backend(eph_ctx_t *ctx, const char *name, eph_error_t *err);
 
 /* CLI subcommands: argv[0] is the subcommand name; return the process exit code. */
