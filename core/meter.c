@@ -48,6 +48,60 @@ eph_meter_prices(eph_run_t *run, eph_error_t *err)
   return 0;
 }
 
+/* Flags the budget as exhausted and stops the sandbox. The pointer is read under the run's
+ * lock: eph_run_execute unpublishes it under the lock before destroying it, so a charge from
+ * another thread (the compute meter, the egress proxy) never cancels a freed sandbox. */
+static void
+budget_cut(eph_run_t *run)
+{
+  atomic_store(&run->budget_exhausted, true);
+  pthread_mutex_lock(&run->lock);
+  if (run->sbx)
+    eph_sbx_cancel(run->sbx);
+  pthread_mutex_unlock(&run->lock);
+}
+
+/* eph_meter_charge with money_lock held. The ledger is written without the run's lock (an
+ * fsync must not stall the HTTP threads reading the run); money_lock keeps this run's
+ * charges one at a time, so what is left cannot change between the check and the write. */
+static int64_t
+charge_held(eph_run_t *run, eph_cost_t cat, int64_t micros, const char *memo)
+{
+  pthread_mutex_lock(&run->lock);
+  int64_t left = run->reserved - run->billed;
+  pthread_mutex_unlock(&run->lock);
+  int64_t amount = micros > left ? left : micros;
+  bool short_of_budget = micros > left;
+  int64_t charged = 0;
+  if (amount > 0) {
+    eph_error_t err = {0};
+    int r = EPH_WITH_PLUGIN(run->ledger, eph_run_ledger_ops(run)->charge(
+                                             run->ledger->state, run->id, cat, amount, memo, &err));
+    if (r < 0 && err.code == EPH_E_BUDGET) {
+      short_of_budget = true;
+    } else if (r < 0) {
+      /* Not the budget: the ledger could not record the charge (full disk, I/O error).
+       * The run stops as failed/storage_error; what was not recorded is not billed. */
+      eph_error("run %s: ledger charge of %" PRId64 " micros failed: %s", run->id, amount,
+                err.message);
+      eph_run_storage_failed(run, err.message);
+    } else {
+      charged = amount;
+      pthread_mutex_lock(&run->lock);
+      run->billed += amount;
+      if (cat == EPH_COST_MODEL)
+        run->model_micros += amount;
+      else if (cat == EPH_COST_WEB)
+        run->web_micros += amount;
+      else
+        run->compute_micros += amount;
+      pthread_mutex_unlock(&run->lock);
+    }
+  }
+  if (short_of_budget)
+    budget_cut(run);
+  return charged;
+}
 
 /* Charges up to `micros`; when that would pass the reservation, charges what is left and
  * flags the budget as exhausted. Returns the micros actually charged. */
@@ -56,42 +110,9 @@ eph_meter_charge(eph_run_t *run, eph_cost_t cat, int64_t micros, const char *mem
 {
   if (micros <= 0)
     return 0;
-  pthread_mutex_lock(&run->lock);
-  int64_t left = run->reserved - run->billed;
-  int64_t amount = micros > left ? left : micros;
-  bool short_of_budget = micros > left;
-  int64_t charged = 0;
-  if (amount > 0) {
-    eph_error_t err = {0};
-    int r = EPH_WITH_PLUGIN(run->ledger, eph_run_ledger_ops(run)->charge(run->ledger->state, run->id,
-                                                                 cat, amount, memo, &err));
-    if (r < 0 && err.code == EPH_E_BUDGET) {
-      short_of_budget = true;
-    } else if (r < 0) {
-      /* Not the budget: the ledger could not record the charge (full disk, I/O error).
-       * The run stops as failed/storage_error; what was not recorded is not billed. */
-      eph_error("run %s: ledger charge of %" PRId64 " micros failed: %s", run->id, amount,
-                err.message);
-      pthread_mutex_unlock(&run->lock);
-      eph_run_storage_failed(run, err.message);
-      pthread_mutex_lock(&run->lock);
-    } else {
-      charged = amount;
-      run->billed += amount;
-      if (cat == EPH_COST_MODEL)
-        run->model_micros += amount;
-      else if (cat == EPH_COST_WEB)
-        run->web_micros += amount;
-      else
-        run->compute_micros += amount;
-    }
-  }
-  pthread_mutex_unlock(&run->lock);
-  if (short_of_budget) {
-    atomic_store(&run->budget_exhausted, true);
-    if (run->sbx)
-      eph_sbx_cancel(run->sbx);
-  }
+  pthread_mutex_lock(&run->money_lock);
+  int64_t charged = charge_held(run, cat, micros, memo);
+  pthread_mutex_unlock(&run->money_lock);
   return charged;
 }
 
@@ -203,13 +224,19 @@ int
 eph_meter_charge_exact(eph_run_t *run, eph_cost_t category, int64_t micros, const char *memo,
                        eph_error_t *err)
 {
-  /* A plugin's charge is all or nothing: it is refused when it does not fit. */
+  /* A plugin's charge is all or nothing: it is refused when it does not fit. The check and
+   * the charge are one step under money_lock (no other charge of the run in between), so
+   * a charge that passed the check is never cut to what another one left. */
+  pthread_mutex_lock(&run->money_lock);
   if (micros > eph_meter_remaining(run)) {
+    pthread_mutex_unlock(&run->money_lock);
     atomic_store(&run->budget_exhausted, true);
     return eph_error_set(err, EPH_E_BUDGET, "the run's budget cannot pay %" PRId64 " micros",
                          micros);
   }
-  if (micros > 0 && eph_meter_charge(run, category, micros, memo) == 0)
+  int64_t charged = micros > 0 ? charge_held(run, category, micros, memo) : 0;
+  pthread_mutex_unlock(&run->money_lock);
+  if (micros > 0 && charged == 0)
     return eph_error_set(err, EIO, "the charge could not be recorded: the ledger is failing");
   return 0;
 }

@@ -133,6 +133,7 @@ eph_run_new(eph_ctx_t *ctx, eph_request_t *req, const eph_run_options_t *opt,
   eph_run_t *run = eph_xcalloc(1, sizeof *run);
   pthread_mutex_init(&run->lock, NULL);
   pthread_mutex_init(&run->emit_lock, NULL);
+  pthread_mutex_init(&run->money_lock, NULL);
   pthread_condattr_t ca;
   pthread_condattr_init(&ca);
   pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
@@ -550,6 +551,7 @@ eph_run_free(eph_run_t *run)
   free(run->backend_name);
   pthread_mutex_destroy(&run->lock);
   pthread_mutex_destroy(&run->emit_lock);
+  pthread_mutex_destroy(&run->money_lock);
   pthread_cond_destroy(&run->cond);
   free(run);
 }

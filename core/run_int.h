@@ -35,6 +35,9 @@
 struct eph_run {
   pthread_mutex_t lock;
   pthread_mutex_t emit_lock; /* events reach the observer in seq order, from any thread */
+  /* Serialises the run's charges (meter.c): held across the ledger call so a charge's
+   * check and its write are one step, while `lock` is not (readers never wait on disk). */
+  pthread_mutex_t money_lock;
   pthread_cond_t cond;
   eph_ctx_t *ctx;
   char id[40];
