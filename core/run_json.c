@@ -41,17 +41,6 @@ eph_run_events_json(eph_run_t *run, int64_t after_seq)
   return a;
 }
 
-static void
-iso8601(int64_t us, char *buf, size_t size)
-{
-  time_t s = (time_t)(us / 1000000);
-  struct tm tm;
-  gmtime_r(&s, &tm);
-  char base[32];
-  strftime(base, sizeof base, "%Y-%m-%dT%H:%M:%S", &tm);
-  snprintf(buf, size, "%s.%03dZ", base, (int)((us / 1000) % 1000));
-}
-
 json_object *
 eph_run_to_json(eph_run_t *run, bool include_events)
 {
@@ -65,7 +54,7 @@ eph_run_to_json(eph_run_t *run, bool include_events)
   if (run->error)
     json_object_object_add(o, "error", json_object_new_string(run->error));
   char created[40];
-  iso8601(run->created_us, created, sizeof created);
+  eph_format_iso8601(run->created_us, created, sizeof created);
   json_object_object_add(o, "created_at", json_object_new_string(created));
   json_object_object_add(o, "organisation", json_object_new_string(run->org));
   json_object_object_add(o, "backend", json_object_new_string(run->backend_name));

@@ -392,17 +392,6 @@ eph_srv_runs_drain(eph_server_t *srv, int grace_seconds)
 
 /* ------------------------------------------------------------------ run objects */
 
-static void
-iso8601(int64_t us, char *buf, size_t size)
-{
-  time_t s = (time_t)(us / 1000000);
-  struct tm tm;
-  gmtime_r(&s, &tm);
-  char base[32];
-  strftime(base, sizeof base, "%Y-%m-%dT%H:%M:%S", &tm);
-  snprintf(buf, size, "%s.%03dZ", base, (int)((us / 1000) % 1000));
-}
-
 json_object *
 eph_srv_event_from_store(json_object *e)
 {
@@ -433,8 +422,9 @@ from_store(json_object *row, json_object *events)
   if (usage && json_object_object_get_ex(usage, "error", &v))
     json_object_object_add(o, "error", json_object_get(v));
   char created[40];
-  iso8601(json_object_object_get_ex(row, "created_at_us", &v) ? json_object_get_int64(v) : 0,
-          created, sizeof created);
+  eph_format_iso8601(
+      json_object_object_get_ex(row, "created_at_us", &v) ? json_object_get_int64(v) : 0,
+      created, sizeof created);
   json_object_object_add(o, "created_at", json_object_new_string(created));
   json_object_object_add(o, "organisation", json_object_get(json_object_object_get(row, "org")));
   if (json_object_object_get_ex(row, "request", &v))
