@@ -10,6 +10,79 @@
 #include "run_int.h"
 #include "util.h"
 
+/* ------------------------------------------------------------------ honest replay */
+
+/* A model answer from a recording (model-replay) says so: the run remembers the transcript
+ * and the model it recorded, reports "replayed": true and the recorded model, and the model
+ * event reads "replayed from TRANSCRIPT:LINE". Returns the event text's middle part ("" for
+ * a real model call), valid until the next call. */
+static const char *
+note_replay(eph_run_t *run, const eph_model_response_t *resp, char *buf, size_t size)
+{
+  if (!EPH_MODEL_RESPONSE_HAS_REPLAY(resp) || !resp->replayed_from[0])
+    return "";
+  pthread_mutex_lock(&run->lock);
+  if (!run->replayed_from) {
+    const char *line = strrchr(resp->replayed_from, ':');
+    run->replayed_from = line ? eph_xasprintf("%.*s", (int)(line - resp->replayed_from),
+                                              resp->replayed_from)
+                              : eph_xstrdup(resp->replayed_from);
+  }
+  if (!run->recorded_model && resp->recorded_model[0])
+    run->recorded_model = eph_xstrdup(resp->recorded_model);
+  pthread_mutex_unlock(&run->lock);
+  snprintf(buf, size, " · replayed from %s", resp->replayed_from);
+  return buf;
+}
+
+/* ------------------------------------------------------------------ streamed model text */
+
+/* One coalesced `model_delta` event: the streamed text of the running model call. */
+static void
+delta_emit(void *opaque, int stream, const char *text, size_t bytes, uint64_t dropped_bytes)
+{
+  eph_run_t *run = opaque;
+  json_object *d = json_object_new_object();
+  json_object_object_add(d, "call", json_object_new_int64(run->delta_step));
+  if (stream) {
+    json_object_object_add(d, "bytes", json_object_new_int64((int64_t)bytes));
+    eph_run_emit_full(run, "Model", "model_delta", text, d, true);
+  } else {
+    json_object_object_add(d, "dropped_bytes", json_object_new_int64((int64_t)dropped_bytes));
+    char marker[96];
+    snprintf(marker, sizeof marker, "[... %" PRIu64 " bytes of model text not shown live]",
+             dropped_bytes);
+    eph_run_emit_full(run, "Model", "model_delta", marker, d, true);
+  }
+  json_object_put(d);
+}
+
+/* eph_model_request_t.on_delta: a piece of the answer's text as the provider streams it.
+ * Model text is content: nothing under zero data retention. */
+static void
+model_delta(void *opaque, const char *text, size_t bytes)
+{
+  eph_run_t *run = opaque;
+  if (!run->req.zero_data_retention && text)
+    eph_live_add(&run->delta, 1, text, bytes, delta_emit, run);
+}
+
+/* Wraps one model call so its streamed text reaches the timeline live. */
+static int
+complete_streaming(eph_run_t *run, const eph_model_ops_t *mops, eph_model_request_t *mreq,
+                   eph_model_response_t *resp, eph_error_t *err, int64_t step)
+{
+  mreq->on_delta = model_delta;
+  mreq->delta_opaque = run;
+  run->delta_step = step;
+  eph_live_begin(&run->delta, 0);
+  int r = EPH_WITH_PLUGIN(run->model, mops->complete(run->model->state, mreq, resp, err));
+  eph_live_end(&run->delta, delta_emit, run);
+  return r;
+}
+
+/* ------------------------------------------------------------------ the loop */
+
 /* Ends the loop for a storage failure, cancellation, deadline or budget; true when it
  * did. */
 static bool
@@ -98,7 +171,7 @@ eph_agent_loop(eph_run_t *run)
     eph_model_response_t resp = {.struct_size = sizeof resp};
     eph_error_t err = {0};
     int64_t t0 = eph_now_ms();
-    int r = EPH_WITH_PLUGIN(run->model, mops->complete(run->model->state, &mreq, &resp, &err));
+    int r = complete_streaming(run, mops, &mreq, &resp, &err, step);
     if (r < 0) {
       eph_model_response_clear(&resp);
       if (err.code == ETIMEDOUT || eph_now_ms() >= run->deadline_ms)
@@ -134,8 +207,12 @@ eph_agent_loop(eph_run_t *run)
     json_object_object_add(d, "cost_micros", json_object_new_int64(cost));
     json_object_object_add(d, "latency_ms", json_object_new_int64(eph_now_ms() - t0));
     json_object_object_add(d, "finish_reason", json_object_new_string(resp.finish_reason));
+    char replay_buf[4200];
+    const char *replayed = note_replay(run, &resp, replay_buf, sizeof replay_buf);
+    if (*replayed)
+      json_object_object_add(d, "replayed_from", json_object_new_string(resp.replayed_from));
     eph_run_emit(run, "Model", "model_call", false, d,
-         "model call %" PRId64 " · %" PRIu64 " in / %" PRIu64 " out tokens", step,
+         "model call %" PRId64 "%s · %" PRIu64 " in / %" PRIu64 " out tokens", step, replayed,
          resp.input_tokens, resp.output_tokens);
     eph_run_notify_update(run);
 

@@ -18,9 +18,10 @@ const eph_cli_command_t eph_cli_commands[] = {
      true, 1, eph_cmd_config},
     {"exec", "exec [--backend NAME] [--timeout S] [--memory MIB] -- CMD [ARG...]",
      "run one command in a fresh sandbox; exit with its status", NULL, true, 1, eph_cmd_exec},
-    {"run", "run [--json] [--backend NAME] [--replay FILE] [--record FILE] REQUEST.json",
+    {"run", "run [--json] [--quiet] [--backend NAME] [--replay FILE] [--record FILE] REQUEST.json",
      "run a request end to end and print its timeline",
      "  --json            print the final run object instead of the timeline\n"
+     "  --quiet           do not print commands' output live under them\n"
      "  --backend NAME    jail or qemu (default: config `backend`)\n"
      "  --replay FILE     answer model calls from a recorded transcript (offline)\n"
      "  --record FILE     append the model's raw responses to FILE (a transcript)\n"
@@ -33,7 +34,7 @@ const eph_cli_command_t eph_cli_commands[] = {
      false, 1, eph_cmd_runs},
     {"orgs", "orgs credit ORG MICROS | orgs balance ORG",
      "add credit to an organisation, or show its balance", NULL, true, 1, eph_cmd_orgs},
-    {"keys", "keys create|revoke|list --org ORG [--name NAME]",
+    {"keys", "keys create|revoke|list --org ORG [--name NAME] [--admin]",
      "make (printed once), revoke or list API keys of an organisation", NULL, false, 1,
      eph_cmd_keys},
     {"doctor", "doctor",
@@ -108,6 +109,11 @@ eph_cmd_config(eph_ctx_t *ctx, int argc, char **argv)
   }
   if (ctx->plugins.refused) {
     fprintf(stderr, "config check: %d plugin(s) refused\n", ctx->plugins.refused);
+    return 1;
+  }
+  eph_error_t err = {0};
+  if (eph_ctx_check_selected(ctx, &err) < 0) {
+    fprintf(stderr, "config check: %s\n", err.message);
     return 1;
   }
   printf("%s: ok (%zu plugin(s) loaded of %d enabled, %d warning(s))\n",

@@ -15,6 +15,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "admin.h"
 #include "cli.h"
 #include "log.h"
 #include "run.h"
@@ -67,11 +68,94 @@ print_event_line(FILE *out, double t, const char *source, const char *kind, cons
   fflush(out);
 }
 
+/* Live command output (`output` events; streamed model text, `model_delta`, alike) printed
+ * under its command: indented, dimmed on a
+ * terminal, at most LIVE_MAX_LINES lines per command, then "… N more lines" once the
+ * command's next event comes. Chunks need not end at a newline: a line continues across
+ * events. Every byte goes through shown(). */
+#define LIVE_MAX_LINES 20
+#define LIVE_INDENT "                            " /* under the command text */
+
+typedef struct printer {
+  FILE *out;
+  bool tty;          /* dim the output */
+  bool quiet;        /* --quiet: no live output */
+  bool mid_line;     /* the last output line has no newline yet */
+  int64_t lines;     /* lines started for the current command */
+  int64_t more;      /* lines not printed past LIVE_MAX_LINES */
+} printer_t;
+
+/* Closes the current command's output: ends a partial line, prints the "more" marker. */
+static void
+live_close(printer_t *p)
+{
+  if (p->mid_line)
+    fputs(p->tty ? "\033[0m\n" : "\n", p->out);
+  if (p->more)
+    fprintf(p->out, "%s%s… %" PRId64 " more line%s%s\n", LIVE_INDENT, p->tty ? "\033[2m" : "",
+            p->more, p->more == 1 ? "" : "s", p->tty ? "\033[0m" : "");
+  p->mid_line = false;
+  p->lines = p->more = 0;
+}
+
+static void
+live_print(printer_t *p, const char *text)
+{
+  cleanup_free char *txt = shown(text);
+  for (const char *s = txt; *s;) {
+    const char *nl = strchr(s, '\n');
+    size_t len = nl ? (size_t)(nl - s) : strlen(s);
+    if (!p->mid_line) {
+      p->lines++;
+      if (p->lines > LIVE_MAX_LINES) {
+        p->more++;
+      } else {
+        fputs(LIVE_INDENT, p->out);
+      }
+    }
+    bool shown_line = p->lines <= LIVE_MAX_LINES;
+    if (shown_line)
+      fprintf(p->out, "%s%.*s%s", p->tty ? "\033[2m" : "", (int)len, s, p->tty ? "\033[0m" : "");
+    if (nl) {
+      if (shown_line)
+        fputc('\n', p->out);
+      p->mid_line = false;
+      s = nl + 1;
+    } else {
+      p->mid_line = len > 0 || p->mid_line;
+      s += len;
+    }
+  }
+  fflush(p->out);
+}
+
+static void
+print_any(printer_t *p, double t, const char *source, const char *kind, const char *text,
+          json_object *data)
+{
+  if (strcmp(kind, "output") == 0 || strcmp(kind, "model_delta") == 0) {
+    json_object *dropped = NULL;
+    if (p->quiet)
+      return;
+    if (data && json_object_object_get_ex(data, "dropped_bytes", &dropped)) {
+      if (p->mid_line)
+        live_print(p, "\n");
+      live_print(p, text);
+      live_print(p, "\n");
+      return;
+    }
+    live_print(p, text);
+    return;
+  }
+  live_close(p);
+  print_event_line(p->out, t, source, kind, text);
+}
+
 static void
 print_event(void *opaque, eph_run_t *run, const eph_event_t *ev)
 {
   (void)run;
-  print_event_line(opaque, (double)ev->t_ms / 1000.0, ev->source, ev->kind, ev->text);
+  print_any(opaque, (double)ev->t_ms / 1000.0, ev->source, ev->kind, ev->text, ev->data);
 }
 
 static int64_t
@@ -213,16 +297,20 @@ eph_cmd_run(eph_ctx_t *ctx, int argc, char **argv)
   static const struct option options[] = {
       {"json", no_argument, NULL, 'j'},         {"backend", required_argument, NULL, 'b'},
       {"replay", required_argument, NULL, 'r'}, {"record", required_argument, NULL, 'R'},
-      {"org", required_argument, NULL, 'o'},    {0},
+      {"org", required_argument, NULL, 'o'},    {"quiet", no_argument, NULL, 'q'},
+      {0},
   };
-  bool json = false;
+  bool json = false, quiet = false;
   const char *backend = NULL, *replay = NULL, *record = NULL, *org = NULL;
   int c;
   optind = 1;
-  while ((c = getopt_long(argc, argv, "+jb:", options, NULL)) != -1) {
+  while ((c = getopt_long(argc, argv, "+jqb:", options, NULL)) != -1) {
     switch (c) {
     case 'j':
       json = true;
+      break;
+    case 'q':
+      quiet = true;
       break;
     case 'b':
       backend = optarg;
@@ -241,8 +329,8 @@ eph_cmd_run(eph_ctx_t *ctx, int argc, char **argv)
     }
   }
   if (optind != argc - 1) {
-    fprintf(stderr, "usage: ephemeral run [--json] [--backend NAME] [--replay TRANSCRIPT] "
-                    "[--record FILE] REQUEST.json\n");
+    fprintf(stderr, "usage: ephemeral run [--json] [--quiet] [--backend NAME] "
+                    "[--replay TRANSCRIPT] [--record FILE] REQUEST.json\n");
     return 2;
   }
   const char *path = argv[optind];
@@ -274,6 +362,12 @@ eph_cmd_run(eph_ctx_t *ctx, int argc, char **argv)
   const char *field = NULL;
   if (eph_request_parse(body, len, &limits, &req, &field, &err) < 0) {
     eph_error("%s: %s", path, err.message);
+    return 2;
+  }
+  if (req.webhook_url) {
+    /* Accepted and never called would be a silent loss: only the daemon delivers. */
+    eph_error("%s: field 'webhook_url': webhooks are delivered by ephemerald only", path);
+    eph_request_free(&req);
     return 2;
   }
 
@@ -345,10 +439,14 @@ eph_cmd_run(eph_ctx_t *ctx, int argc, char **argv)
     json_object_object_get_ex(req_obj, "model", &model);
     json_object_object_get_ex(head, "backend", &be);
     cleanup_free char *m = shown(json_object_get_string(model));
-    printf("Run %s · %s · %s\n\n", eph_run_id(run), m, json_object_get_string(be));
+    /* A replayed run says so from its first line (honest replay). */
+    cleanup_free char *rp = shown(replay ? model_override + strlen("replay:") : NULL);
+    printf("Run %s · %s%s%s · %s\n\n", eph_run_id(run), m, replay ? " replayed from " : "",
+           replay ? rp : "", json_object_get_string(be));
     fflush(stdout);
   }
-  eph_run_observer_t printer = {.on_event = json ? NULL : print_event, .opaque = stdout};
+  printer_t pr = {.out = stdout, .tty = isatty(STDOUT_FILENO) == 1, .quiet = quiet};
+  eph_run_observer_t printer = {.on_event = json ? NULL : print_event, .opaque = &pr};
   if (eph_runstore_attach(store, run, &printer, &err) < 0) {
     eph_error("%s", err.message);
     eph_run_abandon(run, "host_error");
@@ -389,6 +487,7 @@ runs_replay(eph_store_t *store, const char *id, double speed)
     return 1;
   }
   int64_t prev = 0;
+  printer_t pr = {.out = stdout, .tty = isatty(STDOUT_FILENO) == 1};
   for (size_t i = 0; i < json_object_array_length(events); i++) {
     json_object *e = json_object_array_get_idx(events, i), *v;
     int64_t t = jint(e, "t_ms");
@@ -401,8 +500,10 @@ runs_replay(eph_store_t *store, const char *id, double speed)
     const char *src = json_object_object_get_ex(e, "source", &v) ? json_object_get_string(v) : "";
     const char *kind = json_object_object_get_ex(e, "kind", &v) ? json_object_get_string(v) : "";
     const char *text = json_object_object_get_ex(e, "text", &v) ? json_object_get_string(v) : "";
-    print_event_line(stdout, (double)t / 1000.0, src, kind, text);
+    json_object *data = json_object_object_get_ex(e, "data", &v) ? v : NULL;
+    print_any(&pr, (double)t / 1000.0, src, kind, text, data);
   }
+  live_close(&pr);
   print_summary(stdout, run);
   json_object_put(events);
   json_object_put(run);
@@ -537,8 +638,13 @@ int
 eph_cmd_keys(eph_ctx_t *ctx, int argc, char **argv)
 {
   const char *org = NULL, *name = NULL;
-  for (int i = 2; i + 1 < argc; i++) {
-    if (strcmp(argv[i], "--org") == 0)
+  bool admin = false;
+  for (int i = 2; i < argc; i++) {
+    if (strcmp(argv[i], "--admin") == 0)
+      admin = true;
+    else if (i + 1 >= argc)
+      break;
+    else if (strcmp(argv[i], "--org") == 0)
       org = argv[++i];
     else if (strcmp(argv[i], "--name") == 0)
       name = argv[++i];
@@ -547,7 +653,7 @@ eph_cmd_keys(eph_ctx_t *ctx, int argc, char **argv)
   bool create = strcmp(sub, "create") == 0, revoke = strcmp(sub, "revoke") == 0,
        list = strcmp(sub, "list") == 0;
   if (!org || (!create && !revoke && !list) || ((create || revoke) && !name)) {
-    fprintf(stderr, "usage: ephemeral keys create --org ORG --name NAME\n"
+    fprintf(stderr, "usage: ephemeral keys create --org ORG --name NAME [--admin]\n"
                     "       ephemeral keys revoke --org ORG --name NAME|KEY_ID\n"
                     "       ephemeral keys list --org ORG\n");
     return 2;
@@ -559,14 +665,20 @@ eph_cmd_keys(eph_ctx_t *ctx, int argc, char **argv)
   int status = 0;
   if (create) {
     char *key = NULL, *id = NULL;
-    if (eph_store_key_create(store, org, name, &key, &id, &err) < 0) {
+    if (eph_store_key_create(store, org, name, &key, &id, &err) < 0 ||
+        (admin && eph_admin_key_mark(store, id, &err) < 0)) {
+      /* An admin key that could not be marked is revoked, not left as a plain key. */
+      if (id)
+        eph_store_key_revoke(store, id, org, &(eph_error_t){0});
       eph_error("%s", err.message);
       status = 1;
+      free(key);
+      free(id);
     } else {
       /* Shown once: only its hash is stored. */
       printf("%s\n", key);
-      fprintf(stderr, "created %s (%s) for %s; store it now, it is not shown again\n", id, name,
-              org);
+      fprintf(stderr, "created %s%s (%s) for %s; store it now, it is not shown again\n", id,
+              admin ? " (admin)" : "", name, org);
       explicit_bzero(key, strlen(key));
       free(key);
       free(id);

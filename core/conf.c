@@ -64,6 +64,15 @@ const eph_config_key_t eph_core_config_keys[] = {
      "(300000) and idle_ms (30000). Where it may go and what a connection costs are "
      "tool-web's (allow_domains, deny_domains, allow_private_addresses, allow_loopback, "
      "price_micros_per_request)."},
+    {"webhooks", EPH_CFG_GROUP, "(see below)", NULL,
+     "Where and how run-end webhooks are delivered (POST /v1/webhooks registers one): "
+     "retry_hours (how long a failing endpoint is retried after the run ended, default 24, "
+     "1..720); retry_base_ms (the first retry's delay, doubling per attempt up to an hour, "
+     "default 10000); timeout_ms (one attempt, default 10000); and the address policy, read "
+     "like tool-web's: allow_domains, deny_domains, allowed_ports (default [80, 443]), "
+     "allow_private_addresses and allow_loopback (both false: a tenant's endpoint on the "
+     "operator's own or private network is refused at registration and at every attempt; "
+     "addresses of the host's interfaces are always refused)."},
     {"server", EPH_CFG_GROUP, "(see below)", NULL,
      "ephemerald's settings: listen (\"ADDR:PORT\" or \"[V6]:PORT\", default "
      "\"127.0.0.1:8080\"); max_concurrent_runs (runs executing at once, default 4); "
@@ -81,11 +90,6 @@ const eph_config_key_t eph_core_config_keys[] = {
      "its head, default 60); idle_timeout_seconds (a connection without traffic is closed, "
      "default 60)."},
     {0},
-};
-
-/* Plugins enabled when there is no conf.d: enough to run the product page's example. */
-const char *const eph_config_default_plugins[] = {
-    "backend-jail", "tool-shell", "model-openai", "model-replay", "ledger-sqlite", NULL,
 };
 
 const char *
@@ -332,13 +336,21 @@ eph_config_load(eph_config_t *c, const char *main_path, const char *confd_path,
   int r = 0;
   struct dirent **names = NULL;
   int n_names = 0;
-  bool have_confd = is_dir(confd_path);
-
-  if (have_confd) {
-    n_names = scandir(confd_path, &names, confd_filter, alphasort);
-    if (n_names < 0)
-      return eph_error_set(err, errno, "%s: %s", confd_path, strerror(errno));
+  /* No conf.d is an error, never a fallback: a missing directory is a wrong --sysconfdir,
+   * a staging copy looking at the host's /etc, or a half-removed package, and a built-in
+   * plugin set would hide which configuration (or none) the run got. */
+  if (!confd_path || !is_dir(confd_path)) {
+    int e = confd_path && stat(confd_path, &(struct stat){0}) == 0 ? ENOTDIR : ENOENT;
+    return eph_error_set(err, EPH_E_CONFIG,
+                         "%s: the plugin configuration directory (conf.d) %s: no plugin "
+                         "would be enabled; create it, or name an ephemeral.conf with a "
+                         "conf.d beside it (--config, EPHEMERAL_CONFIG)",
+                         confd_path ? confd_path : "(none)",
+                         e == ENOTDIR ? "is not a directory" : "does not exist");
   }
+  n_names = scandir(confd_path, &names, confd_filter, alphasort);
+  if (n_names < 0)
+    return eph_error_set(err, errno, "%s: %s", confd_path, strerror(errno));
   c->files = eph_xcalloc((size_t)n_names + 1, sizeof *c->files);
 
   if (is_file(main_path)) {
@@ -359,21 +371,16 @@ eph_config_load(eph_config_t *c, const char *main_path, const char *confd_path,
     c->n_files = 1;
   }
 
-  if (have_confd) {
-    c->confd_path = eph_xstrdup(confd_path);
-    for (int i = 0; i < n_names; i++) {
-      cleanup_free char *path = eph_xasprintf("%s/%s", confd_path, names[i]->d_name);
-      r = parse_file(&c->files[c->n_files], path, err);
-      if (r < 0)
-        goto out;
-      c->n_files++;
-      r = collect_blocks(c, &c->files[c->n_files - 1], err);
-      if (r < 0)
-        goto out;
-    }
-  } else {
-    for (const char *const *p = eph_config_default_plugins; *p; p++)
-      add_block(c, *p, NULL, true, NULL, "(embedded defaults)");
+  c->confd_path = eph_xstrdup(confd_path);
+  for (int i = 0; i < n_names; i++) {
+    cleanup_free char *path = eph_xasprintf("%s/%s", confd_path, names[i]->d_name);
+    r = parse_file(&c->files[c->n_files], path, err);
+    if (r < 0)
+      goto out;
+    c->n_files++;
+    r = collect_blocks(c, &c->files[c->n_files - 1], err);
+    if (r < 0)
+      goto out;
   }
 
 out:

@@ -5,8 +5,8 @@
  *
  * Keys every block accepts besides the plugin's own table: `enabled` (bool, default false)
  * and `file` (string: the .so to load, relative to plugin_dir; default "<name>.so").
- * When ephemeral.conf is absent the embedded defaults apply; when conf.d is absent, the
- * embedded default set of plugins is enabled (eph_config_default_plugins). */
+ * When ephemeral.conf is absent the embedded defaults of the core keys apply; a missing
+ * conf.d is an error (no plugin set is ever assumed). */
 #ifndef EPH_CONF_H
 #define EPH_CONF_H
 
@@ -15,18 +15,18 @@
 
 #include <ephemeral/plugin.h>
 
-/* One plugin block found in conf.d (or synthesised from the embedded defaults). */
+/* One plugin block found in conf.d. */
 typedef struct eph_config_block {
   char *name;                /* block name = plugin name; owned */
-  config_setting_t *setting; /* the group; NULL for an embedded default; owned by its file */
+  config_setting_t *setting; /* the group; owned by its file */
   char *file;                /* the .so file name or path; owned */
   bool enabled;
-  char *where;               /* "conf.d/10-x.conf:3" or "(embedded defaults)"; owned */
+  char *where;               /* "conf.d/10-x.conf:3"; owned */
 } eph_config_block_t;
 
 typedef struct eph_config {
   char *main_path;           /* ephemeral.conf used, or NULL (embedded defaults); owned */
-  char *confd_path;          /* conf.d directory used, or NULL; owned */
+  char *confd_path;          /* conf.d directory used; owned */
   config_t *files;           /* parsed files: [0] ephemeral.conf (maybe empty), then conf.d */
   size_t n_files;
   eph_config_block_t *blocks;
@@ -38,11 +38,9 @@ typedef struct eph_config {
 /* The core's own documented keys (ephemeral.conf), {0}-terminated. */
 extern const eph_config_key_t eph_core_config_keys[];
 
-/* Plugins enabled when no conf.d directory exists. NULL-terminated, static. */
-extern const char *const eph_config_default_plugins[];
-
 /* Loads main_path (may be NULL or missing: embedded defaults) and every *.conf in
- * confd_path (may be NULL or missing: embedded plugin set), in lexical order. Syntax errors,
+ * confd_path, in lexical order. A confd_path that is NULL, missing or not a directory
+ * fails with -EPH_E_CONFIG and a message naming it. Syntax errors,
  * type errors of core keys and duplicate blocks fail with "file:line: message"; unknown core
  * keys are warnings (counted in c->warnings). On failure c is left empty. Free with
  * eph_config_free(). */

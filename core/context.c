@@ -89,7 +89,7 @@ resolve_state_dir(eph_ctx_t *ctx, const eph_ctx_options_t *opt, eph_error_t *err
   else if (from_config)
     ctx->state_dir = eph_xstrdup(from_config);
   else
-    ctx->state_dir = eph_paths_default_state_dir(opt->daemon);
+    ctx->state_dir = eph_paths_default_state_dir(&ctx->paths, opt->daemon);
   r = eph_mkdir_p(ctx->state_dir, 0700, err);
   if (r < 0)
     return eph_error_wrap(err, "state directory");
@@ -202,4 +202,35 @@ eph_ctx_close(eph_ctx_t *ctx)
   free(ctx->state_dir);
   free(ctx->plugin_dir);
   memset(ctx, 0, sizeof *ctx);
+}
+
+/* "FILE:LINE: " of ephemeral.conf's core key, or "" when it is not set there. */
+static char *
+core_key_where(const eph_ctx_t *ctx, const char *key)
+{
+  const config_setting_t *s = ctx->config.core ? config_setting_get_member(ctx->config.core, key) : NULL;
+  if (!s || !config_setting_source_file(s))
+    return eph_xstrdup("");
+  return eph_xasprintf("%s:%d: ", config_setting_source_file(s), config_setting_source_line(s));
+}
+
+int
+eph_ctx_check_selected(eph_ctx_t *ctx, eph_error_t *err)
+{
+  eph_error_t e = {0};
+  if (!eph_ctx_backend(ctx, NULL, &e)) {
+    cleanup_free char *where = core_key_where(ctx, "backend");
+    return eph_error_set(err, ENOENT, "%sbackend: %s", where, e.message);
+  }
+  const char *model_plugin = NULL;
+  if (eph_cfg_string(ctx->config.core, "model_plugin", "model-openai", &model_plugin, err) < 0)
+    return -EINVAL;
+  const eph_plugin_slot_t *m = eph_plugins_find(&ctx->plugins, model_plugin);
+  if (!m || m->desc->kind != EPH_KIND_MODEL) {
+    cleanup_free char *where = core_key_where(ctx, "model_plugin");
+    return eph_error_set(err, ENOENT,
+                         "%smodel_plugin: '%s' is not a loaded model plugin (enable it in conf.d)",
+                         where, model_plugin);
+  }
+  return 0;
 }

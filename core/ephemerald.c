@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -125,6 +126,16 @@ main(int argc, char **argv)
    * "0.025000000000000001". */
   json_c_set_serialization_double_format("%.15g", JSON_C_OPTION_GLOBAL);
 
+  /* The unit hands its capabilities over as ambient ones (a non-root User= has no other
+   * way under NoNewPrivileges): the daemon keeps them (permitted, effective), but nothing
+   * it executes may inherit them. Without this QEMU, started by backend-qemu in the
+   * host's namespaces, would run with CAP_SYS_ADMIN and CAP_NET_ADMIN. EINVAL: a kernel
+   * without ambient capabilities has nothing to clear. */
+  if (prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) < 0 && errno != EINVAL) {
+    eph_error("cannot clear the ambient capabilities: %s", strerror(errno));
+    return 1;
+  }
+
   /* Signals are taken by sigwait() below; every thread started from here on blocks them. */
   sigset_t set;
   sigemptyset(&set);
@@ -147,6 +158,13 @@ main(int argc, char **argv)
   }
   if (ctx.plugins.refused)
     eph_warn("%d plugin(s) refused; see above", ctx.plugins.refused);
+  /* A daemon whose configured backend or model plugin is not there would only fail every
+   * run: refuse to start, naming the key. */
+  if (eph_ctx_check_selected(&ctx, &err) < 0) {
+    eph_error("%s", err.message);
+    eph_ctx_close(&ctx);
+    return 1;
+  }
   eph_server_options_t sopt;
   if (eph_server_options_from_config(&ctx, &sopt, &err) < 0) {
     eph_error("%s", err.message);

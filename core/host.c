@@ -3,6 +3,8 @@
 #include "host.h"
 
 #include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "conf.h"
@@ -41,6 +43,42 @@ need_sandbox(eph_run_t *run, eph_error_t *err)
   return 0;
 }
 
+/* ------------------------------------------------------------------ live output */
+
+/* One coalesced `output` event of the running tool call (live.h); stream 0 is the
+ * end-of-command marker counting what was not shown live. */
+static void
+live_emit(void *opaque, int stream, const char *text, size_t bytes, uint64_t dropped_bytes)
+{
+  eph_run_t *run = opaque;
+  json_object *d = json_object_new_object();
+  json_object_object_add(d, "call_id", json_object_new_string(run->live_call_id ? run->live_call_id
+                                                                                : ""));
+  if (stream) {
+    json_object_object_add(d, "stream", json_object_new_string(stream == 2 ? "stderr" : "stdout"));
+    json_object_object_add(d, "bytes", json_object_new_int64((int64_t)bytes));
+    eph_run_emit_full(run, run->live_source ? run->live_source : "Shell", "output", text, d, true);
+  } else {
+    json_object_object_add(d, "dropped_bytes", json_object_new_int64((int64_t)dropped_bytes));
+    char marker[96];
+    snprintf(marker, sizeof marker, "[... %" PRIu64 " bytes of output not shown live]",
+             dropped_bytes);
+    eph_run_emit_full(run, run->live_source ? run->live_source : "Shell", "output", marker, d,
+                      true);
+  }
+  json_object_put(d);
+}
+
+/* host->output: a chunk of the running command's output. Content: under zero data
+ * retention it is neither shown nor stored. */
+static void
+host_output(eph_run_t *run, int stream, const char *data, size_t bytes)
+{
+  if (!run || !data || run->req.zero_data_retention || !run->live_call_id)
+    return;
+  eph_live_add(&run->live, stream, data, bytes, live_emit, run);
+}
+
 static int
 host_exec(eph_run_t *run, const eph_exec_request_t *req, eph_exec_result_t *result,
           eph_error_t *err)
@@ -55,7 +93,10 @@ host_exec(eph_run_t *run, const eph_exec_request_t *req, eph_exec_result_t *resu
     return eph_error_set(err, ETIMEDOUT, "the run's deadline has passed");
   if (bounded.timeout_ms == 0 || (int64_t)bounded.timeout_ms > left)
     bounded.timeout_ms = (uint32_t)left;
-  return eph_sbx_exec(run->sbx, &bounded, result, err);
+  eph_live_begin(&run->live, bounded.output_cap_bytes);
+  r = eph_sbx_exec(run->sbx, &bounded, result, err);
+  eph_live_end(&run->live, live_emit, run);
+  return r;
 }
 
 static int
@@ -92,6 +133,7 @@ run_services(eph_host_t *host)
   host->sandbox_read = host_read;
   host->sandbox_list = host_list;
   host->dirents_free = eph_dirents_free;
+  host->output = host_output;
 }
 
 

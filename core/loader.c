@@ -5,6 +5,7 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "log.h"
 #include "util.h"
@@ -196,6 +197,28 @@ eph_plugins_load(eph_plugins_t *ps, eph_config_t *cfg, const char *plugin_dir,
                  const eph_host_t *host, eph_error_t *err)
 {
   memset(ps, 0, sizeof *ps);
+  /* A missing plugin directory is one error naming it, not one "cannot load" per plugin
+   * followed by a daemon that serves without them. Only blocks naming a relative file
+   * use it. */
+  for (size_t i = 0; i < cfg->n_blocks; i++) {
+    const eph_config_block_t *b = &cfg->blocks[i];
+    if (!b->enabled || b->file[0] == '/')
+      continue;
+    struct stat st;
+    int e = !plugin_dir                 ? ENOENT
+            : stat(plugin_dir, &st) < 0 ? errno
+            : !S_ISDIR(st.st_mode)      ? ENOTDIR
+                                        : 0;
+    if (e) {
+      return eph_error_set(err, e,
+                           "plugin directory %s: %s (needed by '%s', enabled at %s); set "
+                           "plugin_dir in ephemeral.conf, --plugin-dir or "
+                           "EPHEMERAL_PLUGIN_DIR to where the plugins are installed",
+                           plugin_dir ? plugin_dir : "(none)",
+                           e == ENOTDIR ? "not a directory" : strerror(e), b->name, b->where);
+    }
+    break;
+  }
   for (size_t i = 0; i < cfg->n_blocks; i++) {
     const eph_config_block_t *b = &cfg->blocks[i];
     if (!b->enabled)
@@ -213,7 +236,6 @@ eph_plugins_load(eph_plugins_t *ps, eph_config_t *cfg, const char *plugin_dir,
       eph_warn("%s: block '%s' loaded a plugin that calls itself '%s'", b->where, b->name,
                s->desc->name);
   }
-  (void)err;
   return 0;
 }
 

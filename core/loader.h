@@ -44,7 +44,8 @@ typedef struct eph_plugins {
 
 /* Loads every enabled block of cfg. Each refusal is logged as an error naming the file and
  * counted in ps->refused; the others load. host is borrowed and must outlive ps.
- * Returns 0, or negative only when nothing can proceed (plugin_dir unreadable). */
+ * Returns 0, or negative (err names the directory) when an enabled block needs plugin_dir
+ * and it is NULL, missing or not a directory: then nothing is loaded. */
 int eph_plugins_load(eph_plugins_t *ps, eph_config_t *cfg, const char *plugin_dir,
                      const eph_host_t *host, eph_error_t *err);
 

@@ -154,6 +154,10 @@ eph_meter_model_cost(const eph_run_t *run, const eph_model_response_t *resp)
 static void
 meter_tick(eph_run_t *run, int64_t now)
 {
+  /* Never past the deadline the client bought: a daemon stopped (SIGSTOP, a frozen host)
+   * and continued later finds its run over, not a bill for the time it was away. */
+  if (now > run->deadline_ms)
+    now = run->deadline_ms;
   int64_t elapsed = now - run->sandbox_start_ms;
   /* Charged per started millisecond-priced micro: due = ceil(ms * price / 1000). */
   int64_t due = (elapsed * run->compute_price_s + 999) / 1000;

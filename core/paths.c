@@ -29,10 +29,16 @@ dirname_dup(const char *path)
   return d;
 }
 
-/* Rebases an install path from the compiled prefix onto the prefix we actually run from. */
+/* Where a compiled-in install path is for the copy we run from. `root` non-NULL: a DESTDIR
+ * staging copy (the running prefix is root + EPH_PREFIX), so every absolute install path,
+ * under the prefix or not (--sysconfdir=/etc, --localstatedir=/var), is root + path: a
+ * staged binary never reads the host's /etc/ephemeral or writes its /var/lib/ephemeral.
+ * Else `actual_prefix` non-NULL: a relocated prefix; only paths under the prefix move. */
 static char *
-rebase(const char *compiled, const char *actual_prefix)
+rebase(const char *compiled, const char *root, const char *actual_prefix)
 {
+  if (root)
+    return eph_xasprintf("%s%s", root, compiled);
   size_t n = strlen(EPH_PREFIX);
   if (actual_prefix && strncmp(compiled, EPH_PREFIX, n) == 0 &&
       (compiled[n] == '/' || compiled[n] == '\0'))
@@ -40,15 +46,23 @@ rebase(const char *compiled, const char *actual_prefix)
   return eph_xstrdup(compiled);
 }
 
-int
-eph_paths_init(eph_paths_t *p)
+/* The DESTDIR of a staging copy: actual_prefix = ROOT + EPH_PREFIX with ROOT a non-empty
+ * absolute path; NULL when we run from the compiled prefix or a relocated one. */
+static char *
+staging_root(const char *actual_prefix)
+{
+  size_t n = strlen(EPH_PREFIX), an = strlen(actual_prefix);
+  if (strcmp(EPH_PREFIX, "/") == 0 || n == 0 || an <= n ||
+      strcmp(actual_prefix + an - n, EPH_PREFIX) != 0 || actual_prefix[0] != '/')
+    return NULL;
+  return eph_xstrndup(actual_prefix, an - n);
+}
+
+/* eph_paths_init for a given executable path (tests/test-paths.c calls it directly). */
+static void
+paths_init_exe(eph_paths_t *p, const char *exe)
 {
   memset(p, 0, sizeof *p);
-  char exe[PATH_MAX];
-  ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-  if (n < 0)
-    return -errno;
-  exe[n] = '\0';
   p->exe = eph_xstrdup(exe);
   char *exe_dir = dirname_dup(exe);
 
@@ -76,14 +90,28 @@ eph_paths_init(eph_paths_t *p)
       free(prefix);
       prefix = eph_xstrdup("");
     }
-    p->config_file = rebase(EPH_CONFDIR "/ephemeral.conf", prefix);
-    p->confd_dir = rebase(EPH_CONFDIR "/conf.d", prefix);
-    p->plugin_dir = rebase(EPH_PLUGINDIR, prefix);
-    p->libexec_dir = rebase(EPH_LIBEXECDIR, prefix);
-    p->data_dir = rebase(EPH_DATADIR, prefix);
+    p->root = prefix ? staging_root(prefix) : NULL;
+    p->config_file = rebase(EPH_CONFDIR "/ephemeral.conf", p->root, prefix);
+    p->confd_dir = rebase(EPH_CONFDIR "/conf.d", p->root, prefix);
+    p->plugin_dir = rebase(EPH_PLUGINDIR, p->root, prefix);
+    p->libexec_dir = rebase(EPH_LIBEXECDIR, p->root, prefix);
+    p->data_dir = rebase(EPH_DATADIR, p->root, prefix);
+    p->state_dir = rebase(EPH_LOCALSTATEDIR "/lib/ephemeral", p->root, NULL);
     free(prefix);
   }
   free(exe_dir);
+}
+
+int
+eph_paths_init(eph_paths_t *p)
+{
+  memset(p, 0, sizeof *p);
+  char exe[PATH_MAX];
+  ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+  if (n < 0)
+    return -errno;
+  exe[n] = '\0';
+  paths_init_exe(p, exe);
   return 0;
 }
 
@@ -97,17 +125,19 @@ eph_paths_free(eph_paths_t *p)
   free(p->libexec_dir);
   free(p->data_dir);
   free(p->src_dir);
+  free(p->root);
+  free(p->state_dir);
   memset(p, 0, sizeof *p);
 }
 
 char *
-eph_paths_default_state_dir(bool daemon)
+eph_paths_default_state_dir(const eph_paths_t *p, bool daemon)
 {
   const char *env = getenv("EPHEMERAL_STATE_DIR");
   if (env && *env)
     return eph_xstrdup(env);
   if (daemon)
-    return eph_xstrdup(EPH_LOCALSTATEDIR "/lib/ephemeral");
+    return eph_xstrdup(p && p->state_dir ? p->state_dir : EPH_LOCALSTATEDIR "/lib/ephemeral");
   const char *xdg = getenv("XDG_STATE_HOME");
   if (xdg && *xdg == '/')
     return eph_xasprintf("%s/ephemeral", xdg);

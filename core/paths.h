@@ -15,6 +15,8 @@ typedef struct eph_paths {
   char *libexec_dir; /* ephemeral-guest */
   char *data_dir;    /* playground, guest image sources, examples */
   char *src_dir;     /* source tree (build tree only), else NULL */
+  char *root;        /* DESTDIR of a staging copy (exe is ROOT<prefix>/bin/...), else NULL */
+  char *state_dir;   /* the daemon's default state directory (installed only), else NULL */
 } eph_paths_t;
 
 /* Fills p for the running executable. All strings owned by p; eph_paths_free() releases.
@@ -24,7 +26,8 @@ void eph_paths_free(eph_paths_t *p);
 
 /* The default state directory: $EPHEMERAL_STATE_DIR, else for the CLI
  * $XDG_STATE_HOME/ephemeral or ~/.local/state/ephemeral, for the daemon
- * <localstatedir>/lib/ephemeral. Heap string owned by the caller. */
-char *eph_paths_default_state_dir(bool daemon);
+ * <localstatedir>/lib/ephemeral (under p->root for a staging copy; p may be NULL). Heap
+ * string owned by the caller. */
+char *eph_paths_default_state_dir(const eph_paths_t *p, bool daemon);
 
 #endif

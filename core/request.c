@@ -83,6 +83,14 @@ get_int(json_object *v, const char *name, int64_t lo, int64_t hi, const char *hi
   return 0;
 }
 
+/* True when JSON string v holds no NUL: json-c keeps a "\u0000" inside a string, and a C
+ * copy of it would silently end there, naming something other than what the client sent. */
+static bool
+no_nul(json_object *v)
+{
+  return strlen(json_object_get_string(v)) == (size_t)json_object_get_string_len(v);
+}
+
 /* A scratch-relative path: no absolute path, no "..", no empty or "." segments, no NUL. */
 static bool
 safe_relative_path(const char *p, size_t len)
@@ -184,6 +192,8 @@ parse_connections(json_object *v, eph_request_t *req, const char **field, eph_er
     /* Counted before it is filled, so a failure half-way is still freed. */
     eph_connection_grant_t *g = &req->connections[req->n_connections++];
     if (json_object_is_type(c, json_type_string)) {
+      if (!no_nul(c))
+        return field_error(field, err, name, "connection name must not contain NUL");
       g->name = eph_xstrdup(json_object_get_string(c));
     } else {
       if ((r = want_type(c, json_type_object, name, field, err)) < 0)
@@ -201,6 +211,8 @@ parse_connections(json_object *v, eph_request_t *req, const char **field, eph_er
         return field_error(field, err, name, "required");
       if ((r = want_type(x, json_type_string, name, field, err)) < 0)
         return r;
+      if (!no_nul(x))
+        return field_error(field, err, name, "connection name must not contain NUL");
       g->name = eph_xstrdup(json_object_get_string(x));
       if (json_object_object_get_ex(c, "methods", &x)) {
         snprintf(name, sizeof name, "connections[%zu].methods", i);
@@ -219,7 +231,7 @@ parse_connections(json_object *v, eph_request_t *req, const char **field, eph_er
           bool ok = false;
           for (const char *const *k = known; *k; k++)
             ok |= strcasecmp(*k, s) == 0;
-          if (!ok)
+          if (!ok || !no_nul(meth))
             return field_error(field, err, name, "unknown HTTP method '%.32s'", s);
           g->methods[g->n_methods] = eph_xstrdup(s);
           for (char *p = g->methods[g->n_methods]; *p; p++)
@@ -337,7 +349,9 @@ eph_request_parse(const char *json, size_t len, const eph_request_limits_t *limi
                          jerr == json_tokener_continue ? "unexpected end of input"
                                                        : json_tokener_error_desc(jerr));
   }
-  while (consumed < len && strchr(" \t\r\n", json[consumed]))
+  /* Blanks only: memchr, as strchr() would also find the string's own NUL terminator and
+   * so let NUL bytes after the object through. */
+  while (consumed < len && memchr(" \t\r\n", json[consumed], 4))
     consumed++;
   if (consumed != len) {
     json_object_put(root);
@@ -364,8 +378,9 @@ eph_request_parse(const char *json, size_t len, const eph_request_limits_t *limi
     } else if (strcmp(key, "model") == 0) {
       if ((r = want_type(v, json_type_string, key, field, err)) < 0)
         goto out;
-      if (json_object_get_string_len(v) == 0 || json_object_get_string_len(v) > 4096) {
-        r = field_error(field, err, key, "must be a non-empty model name");
+      if (json_object_get_string_len(v) == 0 || json_object_get_string_len(v) > 4096 ||
+          !no_nul(v)) {
+        r = field_error(field, err, key, "must be a non-empty model name without NUL");
         goto out;
       }
       req->model = eph_xstrdup(json_object_get_string(v));
@@ -402,10 +417,23 @@ eph_request_parse(const char *json, size_t len, const eph_request_limits_t *limi
     } else if (strcmp(key, "metadata") == 0) {
       if ((r = parse_metadata(v, req, field, err)) < 0)
         goto out;
+    } else if (strcmp(key, "webhook_url") == 0) {
+      if ((r = want_type(v, json_type_string, key, field, err)) < 0)
+        goto out;
+      const char *u = json_object_get_string(v);
+      size_t n = (size_t)json_object_get_string_len(v);
+      if (n > 2048 || strlen(u) != n ||
+          (strncmp(u, "http://", 7) != 0 && strncmp(u, "https://", 8) != 0)) {
+        r = field_error(field, err, key, "must be an http:// or https:// URL of at most 2048 "
+                                         "bytes");
+        goto out;
+      }
+      req->webhook_url = eph_xstrdup(u);
     } else {
       r = field_error(field, err, key, "unknown field (request v1 has prompt, model, shell, "
                                        "web, files, connections, outputs, timeout_seconds, "
-                                       "max_cost_micros, zero_data_retention, metadata)");
+                                       "max_cost_micros, zero_data_retention, metadata, "
+                                       "webhook_url)");
       goto out;
     }
   }
@@ -448,6 +476,7 @@ eph_request_free(eph_request_t *req)
   free(req->outputs);
   if (req->metadata)
     json_object_put(req->metadata);
+  free(req->webhook_url);
   memset(req, 0, sizeof *req);
 }
 
@@ -502,6 +531,8 @@ eph_request_to_json(const eph_request_t *req)
                          json_object_new_boolean(req->zero_data_retention));
   if (req->metadata)
     json_object_object_add(o, "metadata", json_object_get(req->metadata));
+  if (req->webhook_url)
+    json_object_object_add(o, "webhook_url", json_object_new_string(req->webhook_url));
   return o;
 }
 

@@ -10,7 +10,10 @@
  *     "timeout_seconds": integer 1..max_timeout_seconds (required),
  *     "max_cost_micros": integer 1..max_cost_micros (required; the hard budget cap),
  *     "zero_data_retention": bool (default false),
- *     "metadata": { string: string } (at most 16 pairs, 512 bytes each) }
+ *     "metadata": { string: string } (at most 16 pairs, 512 bytes each),
+ *     "webhook_url": string (http:// or https://, at most 2048 bytes: ephemerald POSTs the
+ *                    run's end there, signed with the organisation's default secret; the
+ *                    address policy is judged by the daemon, not here) }
  *
  * Parsing is strict: an unknown field, a wrong type or a value out of range is an error that
  * names the field; a value above an operator maximum is refused, never clamped. */
@@ -57,6 +60,7 @@ typedef struct eph_request {
   int64_t max_cost_micros;
   bool zero_data_retention;
   json_object *metadata; /* object of strings, or NULL; owned */
+  char *webhook_url;     /* or NULL; owned */
 } eph_request_t;
 
 struct eph_plugins;

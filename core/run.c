@@ -548,6 +548,8 @@ eph_run_free(eph_run_t *run)
   free(run->error);
   free(run->org);
   free(run->model_call_name);
+  free(run->replayed_from);
+  free(run->recorded_model);
   free(run->backend_name);
   pthread_mutex_destroy(&run->lock);
   pthread_mutex_destroy(&run->emit_lock);

@@ -59,6 +59,12 @@ eph_run_to_json(eph_run_t *run, bool include_events)
   json_object_object_add(o, "organisation", json_object_new_string(run->org));
   json_object_object_add(o, "backend", json_object_new_string(run->backend_name));
   json_object_object_add(o, "request", eph_request_to_json(&run->req));
+  /* The model that answered: the transcript's recorded one when the run was replayed. */
+  json_object_object_add(o, "model", json_object_new_string(run->recorded_model ? run->recorded_model
+                                                            : run->req.model ? run->req.model : ""));
+  json_object_object_add(o, "replayed", json_object_new_boolean(run->replayed_from != NULL));
+  if (run->replayed_from)
+    json_object_object_add(o, "transcript", json_object_new_string(run->replayed_from));
   if (include_events)
     json_object_object_add(o, "events", eph_run_events_locked(run, 0));
   json_object *output = json_object_new_object();

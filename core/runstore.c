@@ -58,6 +58,13 @@ on_update(void *opaque, eph_run_t *run)
   json_object *reason = NULL, *error = NULL;
   if (json_object_object_get_ex(obj, "reason", &reason))
     json_object_object_add(usage, "reason", json_object_get(reason));
+  /* A replayed run stays marked as one in its stored record (honest replay). */
+  json_object *replayed = NULL, *transcript = NULL;
+  if (json_object_object_get_ex(obj, "replayed", &replayed) && json_object_get_boolean(replayed)) {
+    json_object_object_add(usage, "replayed", json_object_get(replayed));
+    if (json_object_object_get_ex(obj, "transcript", &transcript))
+      json_object_object_add(usage, "transcript", json_object_get(transcript));
+  }
   if (json_object_object_get_ex(obj, "error", &error) && !eph_run_zdr(run))
     json_object_object_add(usage, "error", json_object_get(error));
   eph_error_t err = {0};
@@ -269,6 +276,15 @@ eph_runstore_recover(eph_ctx_t *ctx, eph_store_t *store, bool quiet, int *pendin
   struct dirent *de;
   while ((de = readdir(d))) {
     size_t n = strlen(de->d_name);
+    if (strncmp(de->d_name, ".claim-", 7) == 0) {
+      /* The admission mark of an Idempotency-Key left by a daemon that died admitting
+       * (server_runs.c): unlocked, it says nothing any more. */
+      cleanup_free char *path = eph_xasprintf("%s/%s", dir, de->d_name);
+      cleanup_close int fd = open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+      if (fd >= 0 && flock(fd, LOCK_EX | LOCK_NB) == 0)
+        unlink(path);
+      continue;
+    }
     if (n < 6 || strcmp(de->d_name + n - 5, ".lock") != 0 || strncmp(de->d_name, "run_", 4))
       continue;
     cleanup_free char *path = eph_xasprintf("%s/%s", dir, de->d_name);

@@ -21,6 +21,7 @@
 
 #include "log.h"
 #include "util.h"
+#include "webhook.h"
 
 #define STATIC_MAX_BYTES (4u << 20)
 #define GUARD_PERIOD_MS 250
@@ -53,6 +54,19 @@ static const route_t routes[] = {
     {"GET", "/v1/runs/{id}", true, false, eph_srv_runs_get},
     {"GET", "/v1/runs/{id}/events", true, false, eph_srv_runs_events},
     {"POST", "/v1/runs/{id}/cancel", true, false, eph_srv_runs_cancel},
+    {"POST", "/v1/webhooks", true, true, eph_srv_webhooks_create},
+    {"GET", "/v1/webhooks", true, false, eph_srv_webhooks_list},
+    /* Before "/v1/webhooks/{id}": the first path and method that match win. */
+    {"GET", "/v1/webhooks/deliveries", true, false, eph_srv_webhooks_deliveries},
+    {"GET", "/v1/webhooks/secret", true, false, eph_srv_webhooks_secret},
+    {"DELETE", "/v1/webhooks/{id}", true, false, eph_srv_webhooks_delete},
+    {"POST", "/v1/admin/keys", true, true, eph_srv_admin_keys_create},
+    {"GET", "/v1/admin/keys", true, false, eph_srv_admin_keys_list},
+    {"POST", "/v1/admin/keys/{id}/revoke", true, false, eph_srv_admin_keys_revoke},
+    {"POST", "/v1/admin/orgs/{id}/credit", true, true, eph_srv_admin_credit},
+    {"GET", "/v1/admin/orgs/{id}/balance", true, false, eph_srv_admin_balance},
+    {"GET", "/v1/admin/orgs/{id}/usage", true, false, eph_srv_admin_usage},
+    {"GET", "/v1/admin/audit", true, false, eph_srv_admin_audit},
 };
 #define N_ROUTES (sizeof routes / sizeof routes[0])
 
@@ -443,7 +457,7 @@ authenticate(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req)
   while (*key == ' ')
     key++;
   eph_error_t err = {0};
-  return eph_store_key_verify(srv->store, key, &req->org, NULL, &err) < 0 ? -1 : 0;
+  return eph_store_key_verify(srv->store, key, &req->org, &req->key_id, &err) < 0 ? -1 : 0;
 }
 
 static bool
@@ -732,6 +746,17 @@ on_head(eph_server_t *srv, struct MHD_Connection *c, const char *url, const char
     return refuse(srv, c, req, MHD_HTTP_BAD_REQUEST, "invalid_request", "Content-Length",
                   MHD_HTTP_HEADER_CONNECTION, "close",
                   "Content-Length: exactly one, and not with Transfer-Encoding");
+  /* libmicrohttpd decodes only "chunked"; with any other coding it reads the body until the
+   * client closes and never answers (RFC 9112 6.1: 400 and close when chunked is not the
+   * final coding). A body whose length cannot be determined is refused at once, before a
+   * byte of it is read, and the connection closed. */
+  const char *te =
+      MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_TRANSFER_ENCODING);
+  if (te &&
+      (header_count(c, MHD_HTTP_HEADER_TRANSFER_ENCODING) > 1 || strcasecmp(te, "chunked") != 0))
+    return eph_srv_error_h(c, srv, MHD_HTTP_BAD_REQUEST, MHD_HTTP_HEADER_CONNECTION, "close",
+                           "invalid_request", "Transfer-Encoding", "%s",
+                           "Transfer-Encoding: only 'chunked' is accepted");
   if (req->bad_uri)
     return refuse(srv, c, req, MHD_HTTP_BAD_REQUEST, "invalid_request", "path", NULL, NULL,
                   "the request target must not encode '/', '\\' or NUL (%%2F, %%5C, %%00)");
@@ -844,6 +869,7 @@ on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
   if (req->created)
     json_object_put(req->created);
   free(req->org);
+  free(req->key_id);
   free(req->body);
   free(req);
   *con_cls = NULL;
@@ -893,6 +919,8 @@ eph_server_start(eph_ctx_t *ctx, const eph_server_options_t *opt, eph_server_t *
   eph_store_options_t so = {.idempotency_hours = opt->idempotency_hours};
   if ((r = eph_store_open(path, &so, &srv->store, err)) < 0)
     goto fail;
+  if ((r = eph_webhooks_start(ctx, srv->store, &srv->webhooks, err)) < 0)
+    goto fail;
   if ((r = open_listener(srv, err)) < 0)
     goto fail;
   if ((r = eph_srv_runs_init(srv, err)) < 0)
@@ -917,13 +945,15 @@ eph_server_start(eph_ctx_t *ctx, const eph_server_options_t *opt, eph_server_t *
   srv->mhd = MHD_start_daemon(
       MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME |
           MHD_USE_ERROR_LOG,
-      0, NULL, NULL, on_request, srv, MHD_OPTION_LISTEN_SOCKET, srv->listen_fd,
-      MHD_OPTION_THREAD_POOL_SIZE, (unsigned)opt->http_threads, MHD_OPTION_NOTIFY_COMPLETED,
-      on_completed, srv, MHD_OPTION_NOTIFY_CONNECTION, on_connection, srv,
-      MHD_OPTION_URI_LOG_CALLBACK, on_uri, srv, MHD_OPTION_CONNECTION_TIMEOUT,
-      (unsigned)opt->idle_timeout_seconds, MHD_OPTION_CONNECTION_LIMIT, max_conns,
-      MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)opt->max_connections_per_ip,
-      MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, srv, MHD_OPTION_END);
+      /* The logger first: MHD reports problems with the options that follow through
+       * whatever logger is set when it reads them (stderr before this one). */
+      0, NULL, NULL, on_request, srv, MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, srv,
+      MHD_OPTION_LISTEN_SOCKET, srv->listen_fd, MHD_OPTION_THREAD_POOL_SIZE,
+      (unsigned)opt->http_threads, MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv,
+      MHD_OPTION_NOTIFY_CONNECTION, on_connection, srv, MHD_OPTION_URI_LOG_CALLBACK, on_uri,
+      srv, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)opt->idle_timeout_seconds,
+      MHD_OPTION_CONNECTION_LIMIT, max_conns, MHD_OPTION_PER_IP_CONNECTION_LIMIT,
+      (unsigned)opt->max_connections_per_ip, MHD_OPTION_END);
   if (!srv->mhd) {
     r = eph_error_set(err, EIO, "listen %s: libmicrohttpd refused to start", opt->listen);
     goto fail;
@@ -961,6 +991,9 @@ eph_server_drain(eph_server_t *srv, int grace_seconds)
    * with Retry-After (and can go elsewhere) rather than a refused connection. */
   eph_srv_runs_drain(srv, grace_seconds);
   eph_srv_runs_stop(srv);
+  /* Every run has settled and queued its deliveries; the pending ones wait in the store. */
+  eph_webhooks_stop(srv->webhooks);
+  srv->webhooks = NULL;
   if (srv->mhd) {
     MHD_stop_daemon(srv->mhd);
     srv->mhd = NULL;
@@ -978,6 +1011,7 @@ eph_server_free(eph_server_t *srv)
   stop_guard(srv);
   if (srv->listen_fd >= 0)
     close(srv->listen_fd);
+  eph_webhooks_stop(srv->webhooks);
   if (srv->store)
     eph_store_close(srv->store);
   free(srv->workers);

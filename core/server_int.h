@@ -70,6 +70,7 @@ typedef struct conn_req {
   const route_t *route;
   char param[64];       /* the {id} segment */
   char *org;            /* authenticated organisation; owned */
+  char *key_id;         /* the key that authenticated it ("key_..."); owned */
   char *body;
   size_t body_len, body_cap;
   bool body_refused;
@@ -141,6 +142,7 @@ struct eph_server {
   bool reconciler_started;
   json_object *health; /* components, as eph_health_check returns them */
   bool healthy, storage_ok;
+  struct eph_webhooks *webhooks; /* core/webhook.c: run-end deliveries */
 };
 
 /* server_http.c */
@@ -187,6 +189,23 @@ void eph_srv_health_stop(eph_server_t *srv); /* after srv->stopping is set */
 /* False while the store or the ledger fails its probe; why receives the reason. */
 bool eph_srv_storage_ok(eph_server_t *srv, char *why, size_t size);
 MHD_RESULT eph_srv_health(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req);
+
+/* server_webhooks.c */
+MHD_RESULT eph_srv_webhooks_create(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req);
+MHD_RESULT eph_srv_webhooks_list(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req);
+MHD_RESULT eph_srv_webhooks_delete(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req);
+MHD_RESULT eph_srv_webhooks_secret(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req);
+MHD_RESULT eph_srv_webhooks_deliveries(eph_server_t *srv, struct MHD_Connection *c,
+                                       conn_req_t *req);
+
+/* server_admin.c: the /v1/admin/ routes (admin keys only; every call audited) */
+MHD_RESULT eph_srv_admin_keys_create(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req);
+MHD_RESULT eph_srv_admin_keys_list(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req);
+MHD_RESULT eph_srv_admin_keys_revoke(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req);
+MHD_RESULT eph_srv_admin_credit(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req);
+MHD_RESULT eph_srv_admin_balance(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req);
+MHD_RESULT eph_srv_admin_usage(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req);
+MHD_RESULT eph_srv_admin_audit(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req);
 
 /* server_sse.c */
 MHD_RESULT eph_srv_runs_events(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req);

@@ -6,15 +6,19 @@
 #include "server_int.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <malloc.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/file.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "log.h"
 #include "runstore.h"
 #include "util.h"
+#include "webhook.h"
 
 /* ------------------------------------------------------------------ the table */
 
@@ -165,6 +169,8 @@ eph_srv_req_done(eph_server_t *srv, conn_req_t *req)
 static void
 finished(eph_server_t *srv, live_t *l)
 {
+  /* The webhook's payload: the run object as the API answers it. */
+  cleanup_json json_object *o = eph_run_to_json(l->run, false);
   eph_run_usage_t u;
   eph_run_usage(l->run, &u);
   eph_run_status_t s = eph_run_status(l->run);
@@ -183,6 +189,7 @@ finished(eph_server_t *srv, live_t *l)
   wake_locked(srv, l);
   pthread_cond_broadcast(&srv->cond);
   pthread_mutex_unlock(&srv->lock);
+  eph_webhooks_run_ended(srv->webhooks, l->org, l->id, o);
 }
 
 static void *
@@ -557,6 +564,77 @@ valid_idempotency_key(const char *k)
   return true;
 }
 
+/* The admission of a request with an Idempotency-Key is marked by an flock on
+ * <state_dir>/runs/.claim-<run_id>, held from before the key is claimed until the run's row
+ * is stored (or the claim released). Another process on the same state directory (a second
+ * daemon) that finds the key claimed but no row can then tell "still being admitted" (the
+ * mark is locked) from "its admitter died" (it is not): before, it took the second for the
+ * first, claimed the key again and created and reserved a second run. */
+static char *
+claim_mark_path(eph_server_t *srv, const char *run_id)
+{
+  if (strspn(run_id, "abcdefghijklmnopqrstuvwxyz0123456789_") != strlen(run_id))
+    return NULL; /* not a name of ours */
+  return eph_xasprintf("%s/runs/.claim-%s", srv->ctx->state_dir, run_id);
+}
+
+/* The mark of run_id, locked: its descriptor, or -1 with err set. */
+static int
+claim_mark(eph_server_t *srv, const char *run_id, eph_error_t *err)
+{
+  cleanup_free char *dir = eph_xasprintf("%s/runs", srv->ctx->state_dir);
+  if (eph_mkdir_p(dir, 0700, err) < 0)
+    return -1;
+  cleanup_free char *path = claim_mark_path(srv, run_id);
+  if (!path)
+    return eph_error_set(err, EINVAL, "run id %s: not a name of ours", run_id), -1;
+  /* Locked under a private name, then renamed into place: the mark is never seen unlocked
+   * (the reconciler removes unlocked ones). */
+  cleanup_free char *tmp = eph_xasprintf("%s/.mark-%s", dir, run_id);
+  int fd = open(tmp, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (fd < 0)
+    return eph_error_set(err, errno, "%s: %s", tmp, strerror(errno)), -1;
+  if (flock(fd, LOCK_EX) < 0 || rename(tmp, path) < 0) {
+    eph_error_set(err, errno, "%s: %s", path, strerror(errno));
+    unlink(tmp);
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+/* Removed only after the row is stored (or the claim released): whoever finds the mark
+ * gone reads the row again. */
+static void
+claim_unmark(eph_server_t *srv, const char *run_id, int *fd)
+{
+  if (*fd < 0)
+    return;
+  cleanup_free char *path = claim_mark_path(srv, run_id);
+  if (path)
+    unlink(path);
+  close(*fd);
+  *fd = -1;
+}
+
+/* True while the process that claimed a key for run_id is still admitting it. A mark left
+ * by a process that died is removed. */
+static bool
+claim_in_progress(eph_server_t *srv, const char *run_id)
+{
+  cleanup_free char *path = claim_mark_path(srv, run_id);
+  if (!path)
+    return false;
+  int fd = open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+  if (fd < 0)
+    return false;
+  bool alive = flock(fd, LOCK_EX | LOCK_NB) < 0 && errno == EWOULDBLOCK;
+  if (!alive)
+    unlink(path);
+  close(fd);
+  return alive;
+}
+
 MHD_RESULT
 eph_srv_runs_create(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req)
 {
@@ -584,6 +662,11 @@ eph_srv_runs_create(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req
                          "field 'model': replay transcripts are not served by this daemon "
                          "(model_plugin is not \"model-replay\")");
   }
+  if (rq.webhook_url && eph_webhooks_check_url(srv->webhooks, rq.webhook_url, &err) < 0) {
+    eph_request_free(&rq);
+    return eph_srv_error(c, srv, MHD_HTTP_BAD_REQUEST, "invalid_request", "webhook_url",
+                         "field 'webhook_url': %s", err.message);
+  }
   char sha[65];
   if (idem && eph_sha256_hex(req->body ? req->body : "", req->body_len, sha, &err) < 0) {
     eph_request_free(&rq);
@@ -598,6 +681,7 @@ eph_srv_runs_create(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req
   char msg[1100] = "";
   bool claimed = false;
   live_t *l = NULL;
+  int mark = -1;
   if (srv->draining) {
     status = MHD_HTTP_SERVICE_UNAVAILABLE;
     type = "unavailable";
@@ -615,6 +699,13 @@ eph_srv_runs_create(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req
   }
   /* The claim, then the reservation and the run row, under `admit`: a second request with
    * the same key waits here and then finds the run in the table or the store. */
+  if (idem && (mark = claim_mark(srv, run_id, &err)) < 0) {
+    eph_error("%s", err.message);
+    status = MHD_HTTP_SERVICE_UNAVAILABLE;
+    type = "storage_unavailable";
+    snprintf(msg, sizeof msg, "the state directory cannot be written; see the daemon's log");
+    goto refused;
+  }
   for (int attempt = 0; idem && attempt < 2 && !claimed; attempt++) {
     char *existing = NULL;
     int r = eph_store_idem_claim(srv->store, req->org, idem, sha, run_id, &existing, &err);
@@ -638,8 +729,29 @@ eph_srv_runs_create(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req
     }
     /* Same key, same body: the first run is the answer. */
     json_object *o = eph_srv_run_object(srv, existing, req->org, false, &err);
+    bool busy = false;
+    if (!o && err.code == ENOENT && (busy = claim_in_progress(srv, existing)) == false) {
+      /* Its admitter is gone: it may have stored the row and removed its mark just now. */
+      err = (eph_error_t){0};
+      o = eph_srv_run_object(srv, existing, req->org, false, &err);
+    }
+    if (!o && (busy || err.code != ENOENT)) {
+      /* Being admitted by another process on this state directory, or the store failed
+       * to say: claiming the key again would make a second run. */
+      if (!busy)
+        eph_error("reading run %s of an idempotency key: %s", existing, err.message);
+      free(existing);
+      status = MHD_HTTP_SERVICE_UNAVAILABLE;
+      type = "unavailable";
+      snprintf(msg, sizeof msg, "%s",
+               busy ? "a request with this Idempotency-Key is being admitted; retry with the "
+                      "same key"
+                    : "the store failed; see the daemon's log");
+      goto refused;
+    }
     if (o) {
       json_object_put(o);
+      claim_unmark(srv, run_id, &mark);
       pthread_mutex_unlock(&srv->admit);
       eph_request_free(&rq);
       pthread_mutex_lock(&srv->lock);
@@ -731,6 +843,7 @@ eph_srv_runs_create(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req
   srv->runs_created++;
   pthread_cond_broadcast(&srv->cond);
   pthread_mutex_unlock(&srv->lock);
+  claim_unmark(srv, run_id, &mark); /* the row is stored */
   pthread_mutex_unlock(&srv->admit);
 
   snprintf(req->run_id, sizeof req->run_id, "%s", run_id);
@@ -742,6 +855,7 @@ refused:
   /* A refused request leaves nothing behind: no claim, no row, no reservation. */
   if (claimed && eph_store_idem_release(srv->store, req->org, idem, run_id, &err) < 0)
     eph_error("releasing an idempotency key: %s", err.message);
+  claim_unmark(srv, run_id, &mark);
   pthread_mutex_unlock(&srv->admit);
   eph_request_free(&rq);
   if (status == MHD_HTTP_TOO_MANY_REQUESTS || status == MHD_HTTP_SERVICE_UNAVAILABLE)

@@ -90,6 +90,53 @@ static const char *const migrations[] = {
   "  id INTEGER PRIMARY KEY CHECK (id = 1),"
   "  t_us INTEGER NOT NULL"
   ");",
+  /* 2 -> 3: webhooks (core/webhook.c): an organisation's endpoints and every delivery of a
+   * run's end, kept until delivered or given up, so a restart loses none. */
+  "CREATE TABLE webhooks ("
+  "  id TEXT PRIMARY KEY NOT NULL,"
+  "  org TEXT NOT NULL,"
+  "  url TEXT NOT NULL,"
+  "  secret TEXT NOT NULL,"
+  "  created_at_us INTEGER NOT NULL,"
+  "  deleted_at_us INTEGER,"
+  /* 'default': the org's signing secret for requests' own webhook_url (url unused). */
+  "  kind TEXT NOT NULL DEFAULT 'endpoint' CHECK (kind IN ('endpoint', 'default'))"
+  ");"
+  "CREATE UNIQUE INDEX webhooks_default ON webhooks(org) WHERE kind = 'default';"
+  "CREATE INDEX webhooks_org ON webhooks(org);"
+  "CREATE TABLE webhook_deliveries ("
+  "  id TEXT PRIMARY KEY NOT NULL,"
+  "  webhook_id TEXT NOT NULL REFERENCES webhooks(id),"
+  "  org TEXT NOT NULL,"
+  "  run_id TEXT NOT NULL,"
+  "  url TEXT NOT NULL,"
+  "  body TEXT NOT NULL,"
+  "  status TEXT NOT NULL CHECK (status IN ('pending', 'delivered', 'failed')),"
+  "  attempts INTEGER NOT NULL DEFAULT 0,"
+  "  next_attempt_us INTEGER NOT NULL,"
+  "  last_status_code INTEGER,"
+  "  last_error TEXT,"
+  "  created_at_us INTEGER NOT NULL,"
+  "  updated_at_us INTEGER NOT NULL,"
+  "  UNIQUE (webhook_id, run_id)"
+  ");"
+  "CREATE INDEX webhook_deliveries_due ON webhook_deliveries(status, next_attempt_us);"
+  "CREATE INDEX webhook_deliveries_org ON webhook_deliveries(org, created_at_us DESC);",
+  /* 3 -> 4: admin keys and the audit trail of admin actions (core/admin.c). */
+  "ALTER TABLE api_keys ADD COLUMN admin INTEGER NOT NULL DEFAULT 0 CHECK (admin IN (0, 1));"
+  "CREATE TABLE audit ("
+  "  id INTEGER PRIMARY KEY AUTOINCREMENT,"
+  "  at_us INTEGER NOT NULL,"
+  "  actor_key_id TEXT NOT NULL,"
+  "  actor_org TEXT NOT NULL,"
+  "  action TEXT NOT NULL,"
+  "  target_org TEXT,"
+  "  target TEXT,"
+  "  detail TEXT,"
+  "  address TEXT NOT NULL,"
+  "  status INTEGER NOT NULL"
+  ");"
+  "CREATE INDEX audit_at ON audit(at_us);",
 };
 #define SCHEMA_VERSION ((int)(sizeof migrations / sizeof migrations[0]))
 
@@ -1159,4 +1206,14 @@ const char *
 eph_store_path(const eph_store_t *s)
 {
   return s->path;
+}
+
+int
+eph_store_with_db(eph_store_t *s, int (*fn)(struct sqlite3 *db, void *opaque, eph_error_t *err),
+                  void *opaque, eph_error_t *err)
+{
+  pthread_mutex_lock(&s->lock);
+  int r = fn(s->db, opaque, err);
+  pthread_mutex_unlock(&s->lock);
+  return r;
 }

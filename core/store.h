@@ -183,6 +183,17 @@ int eph_store_probe(eph_store_t *store, eph_error_t *err);
  * the message naming the file. Never waits for a write in progress. */
 bool eph_store_fault(eph_store_t *store, char *buf, size_t size);
 
+/* ---------------------------------------------------------------- other modules' tables */
+
+/* Runs fn(db, opaque, err) holding the store's lock (the one connection, see the top
+ * comment), for a module that keeps its own tables in this file (core/webhook.c: the
+ * migration creating them is here, the statements there). fn must not call back into the
+ * store. Returns what fn returned. */
+struct sqlite3;
+int eph_store_with_db(eph_store_t *store,
+                      int (*fn)(struct sqlite3 *db, void *opaque, eph_error_t *err),
+                      void *opaque, eph_error_t *err);
+
 /* The file's path (borrowed, lives as long as the store). */
 const char *eph_store_path(const eph_store_t *store);
 

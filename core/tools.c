@@ -240,7 +240,10 @@ eph_tools_call(eph_run_t *run, json_object *tc, json_object *messages)
   json_object *result = NULL;
   eph_error_t err = {0};
   int64_t t0 = eph_now_ms();
+  run->live_call_id = call_id;
+  run->live_source = source;
   int r = EPH_WITH_PLUGIN(ref.slot, ops->call(ref.slot->state, &call, &result, &err));
+  run->live_call_id = NULL;
   if (r < 0 || !result) {
     if (result)
       json_object_put(result);

@@ -14,9 +14,9 @@ daemon_config() {
   local dir=$1 server=${2:-}
   mkdir -p "$dir/cfg"
   sed -e 's/^model_plugin = .*/model_plugin = "model-replay";/' -e '/^server: {/,/^};/d' \
-    "$EPH_SRCDIR/ephemeral.conf" >"$dir/cfg/ephemeral.conf"
+    "$EPH_CONF" >"$dir/cfg/ephemeral.conf"
   printf '%s\n' "$server" >>"$dir/cfg/ephemeral.conf"
-  ln -sfn "$EPH_SRCDIR/conf.d" "$dir/cfg/conf.d"
+  ln -sfn "$EPH_CONFD" "$dir/cfg/conf.d"
   CFG=$dir/cfg/ephemeral.conf
   STATE=$dir/state
   DLOG=$dir/daemon.log

@@ -4,11 +4,13 @@
  * stderr on the fd, then writes "\n@@EXIT <wait status>\n". It reaps every orphan (PID 1's
  * job). Static: the jail's root has no copy of the build tree. */
 #define _GNU_SOURCE
+#include <errno.h>
 #include <grp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 int
@@ -26,7 +28,23 @@ main(int argc, char **argv)
       continue;
     *sp = '\0';
     int uid = atoi(line);
-    pid_t pid = fork();
+    /* The pids limit counts zombies: reap them first; while the limit is held, retry for a
+     * bounded 10 s (a fork bomb's last processes are still dying). */
+    pid_t pid = -1;
+    for (int tries = 0; tries < 1000; tries++) {
+      while (waitpid(-1, NULL, WNOHANG) > 0)
+        ;
+      if ((pid = fork()) >= 0 || errno != EAGAIN)
+        break;
+      struct timespec ts = {0, 10 * 1000000};
+      nanosleep(&ts, NULL);
+    }
+    if (pid < 0) {
+      static const char refused[] = "\n@@EXIT 32000\n";
+      if (write(fd, refused, sizeof refused - 1) != (ssize_t)(sizeof refused - 1))
+        return 3;
+      continue;
+    }
     if (pid == 0) {
       dup2(fd, 1);
       dup2(fd, 2);

@@ -91,10 +91,11 @@ def server_routes(srcdir):
 
 
 def emitted_kinds(srcdir):
-    """The kinds the run's units emit (eph_run_emit(run, source, "kind", ...)): core/run.c and
-    the units split from it (core/run_int.h lists them)."""
+    """The kinds the run's units emit (eph_run_emit(run, source, "kind", ...) or
+    eph_run_emit_full(...)): core/run.c and the units split from it (core/run_int.h lists
+    them)."""
     text = "".join(open(f).read() for f in sorted(glob.glob(os.path.join(srcdir, "core", "*.c"))))
-    return set(re.findall(r'\beph_run_emit\([^,]+,[^,]+, "([a-z_]+)",', text))
+    return set(re.findall(r'\beph_run_emit(?:_full)?\([^,]+,[^,]+, "([a-z_]+)",', text))
 
 
 def typed_kinds(doc):
@@ -347,6 +348,58 @@ def check_live(url, key, srcdir):
            "shell": True, "timeout_seconds": 60, "max_cost_micros": 40000,
            "zero_data_retention": True}
     L.call("POST", "/v1/runs", "/v1/runs?wait=120", body=zdr)
+
+    # Webhooks (the daemon allows loopback targets): registered and deleted after the last
+    # run, so nothing is delivered to the unserved address.
+    _, _, _, wh = L.call("POST", "/v1/webhooks", body={"url": "http://127.0.0.1/hook"})
+    L.call("POST", "/v1/webhooks", body={"url": "http://10.0.0.1/hook"})
+    L.call("POST", "/v1/webhooks", body='{"url": 1')
+    L.call("POST", "/v1/webhooks", body=json.dumps({"url": "http://127.0.0.1/"}), ctype="text/plain")
+    L.call("POST", "/v1/webhooks", body=json.dumps({"url": "x" * 70000}))
+    L.call("POST", "/v1/webhooks", body={"url": "http://127.0.0.1/"}, key=False)
+    L.call("GET", "/v1/webhooks")
+    L.call("GET", "/v1/webhooks", key=False)
+    L.call("GET", "/v1/webhooks/deliveries")
+    L.call("GET", "/v1/webhooks/secret")
+    L.call("GET", "/v1/webhooks/secret", key=False)
+    L.call("GET", "/v1/webhooks/deliveries", "/v1/webhooks/deliveries?limit=0")
+    L.call("GET", "/v1/webhooks/deliveries", key=False)
+    L.call("DELETE", "/v1/webhooks/{id}", "/v1/webhooks/" + (wh or {}).get("id", "wh_none"))
+    L.call("DELETE", "/v1/webhooks/{id}", "/v1/webhooks/wh_0000000000000000")
+    L.call("DELETE", "/v1/webhooks/{id}", "/v1/webhooks/wh_0000000000000000", key=False)
+
+    # The admin API: the plain key gets 403 everywhere; the admin key (EPH_ADMIN_KEY, made
+    # by `ephemeral keys create --admin`) provokes the rest.
+    adm = os.environ.get("EPH_ADMIN_KEY", "")
+    admin_calls = (("POST", "/v1/admin/keys", None), ("GET", "/v1/admin/keys", "/v1/admin/keys?org=openapi"),
+                   ("POST", "/v1/admin/keys/{id}/revoke", "/v1/admin/keys/key_0/revoke"),
+                   ("POST", "/v1/admin/orgs/{id}/credit", "/v1/admin/orgs/openapi/credit"),
+                   ("GET", "/v1/admin/orgs/{id}/balance", "/v1/admin/orgs/openapi/balance"),
+                   ("GET", "/v1/admin/orgs/{id}/usage", "/v1/admin/orgs/openapi/usage"),
+                   ("GET", "/v1/admin/audit", None))
+    for m, t, path in admin_calls:
+        body = {"org": "openapi", "name": "n", "amount_micros": 1} if m == "POST" else None
+        L.call(m, t, path, body=body)
+        L.call(m, t, path, body=body, key=False)
+    _, _, _, k = L.call("POST", "/v1/admin/keys", body={"org": "openapi", "name": "made"}, key=adm)
+    L.call("POST", "/v1/admin/keys", body={"org": "openapi", "name": "made"}, key=adm)
+    L.call("POST", "/v1/admin/keys", body={"org": "a/b", "name": "x"}, key=adm)
+    L.call("POST", "/v1/admin/keys", body=json.dumps({"org": "o"}), ctype="text/plain", key=adm)
+    L.call("POST", "/v1/admin/keys", body=json.dumps({"org": "x" * 70000}), key=adm)
+    L.call("GET", "/v1/admin/keys", "/v1/admin/keys?org=openapi", key=adm)
+    L.call("GET", "/v1/admin/keys", key=adm)
+    L.call("POST", "/v1/admin/keys/{id}/revoke", "/v1/admin/keys/%s/revoke" % (k or {}).get("id", "key_0"), key=adm)
+    L.call("POST", "/v1/admin/keys/{id}/revoke", "/v1/admin/keys/key_0/revoke", key=adm)
+    L.call("POST", "/v1/admin/orgs/{id}/credit", "/v1/admin/orgs/openapi/credit", body={"amount_micros": 5}, key=adm)
+    L.call("POST", "/v1/admin/orgs/{id}/credit", "/v1/admin/orgs/openapi/credit", body={"amount_micros": 0}, key=adm)
+    L.call("POST", "/v1/admin/orgs/{id}/credit", "/v1/admin/orgs/openapi/credit", body="{}", ctype="text/plain", key=adm)
+    L.call("POST", "/v1/admin/orgs/{id}/credit", "/v1/admin/orgs/openapi/credit", body=json.dumps({"amount_micros": "x" * 70000}), key=adm)
+    L.call("GET", "/v1/admin/orgs/{id}/balance", "/v1/admin/orgs/openapi/balance", key=adm)
+    L.call("GET", "/v1/admin/orgs/{id}/balance", "/v1/admin/orgs/a~b/balance", key=adm)
+    L.call("GET", "/v1/admin/orgs/{id}/usage", "/v1/admin/orgs/openapi/usage", key=adm)
+    L.call("GET", "/v1/admin/orgs/{id}/usage", "/v1/admin/orgs/openapi/usage?from_us=x", key=adm)
+    L.call("GET", "/v1/admin/audit", key=adm)
+    L.call("GET", "/v1/admin/audit", "/v1/admin/audit?limit=0", key=adm)
 
     statuses = {(m, p): set() for m, p, _ in operations(doc)}
     for m, p, s_ in L.seen:

@@ -2,7 +2,7 @@
 // sandbox-proof example, waits for `Succeeded` and the cost line, checks the timeline
 // arrived, replays the run from the history list, and writes a screenshot.
 //   node playground.js URL KEY SCREENSHOT.png   (NODE_PATH has playwright-core)
-// Prints TAP lines "ok N - ..." / "not ok N - ..." (4 tests) on stdout.
+// Prints TAP lines "ok N - ..." / "not ok N - ..." (5 tests) on stdout.
 "use strict";
 const { chromium } = require("playwright-core");
 
@@ -49,6 +49,17 @@ function report(ok, what, detail) {
       /\$0\.[0-9]+ billed, \$0\.[0-9]+ released/.test(text) && errors.length === 0,
       "the timeline arrived over SSE: reserved .. shell calls .. billed/released",
       text + "\n" + errors.join("\n"));
+    // Live output: each command's output in a collapsible block right under its row.
+    const blocks = await page.$$eval(".timeline details.output", (ds) => ds.map((d) => ({
+      open: d.open, prev: d.previousElementSibling.textContent, text: d.querySelector("pre").textContent,
+      summary: d.querySelector("summary").textContent })));
+    const pwd = blocks.find((b) => b.prev.includes("$ pwd; whoami"));
+    const primes = blocks.find((b) => b.prev.includes("primes.py"));
+    await page.click(".timeline details.output summary");
+    const closed = await page.$eval(".timeline details.output", (d) => !d.open);
+    report(blocks.length >= 3 && pwd && /\/tmp\/ephemeral-run-\w+\/scratch\nworker\n/.test(pwd.text) &&
+      primes && primes.text.includes("2 3 5 7 11 13") && /^output · \d+ lines?$/.test(pwd.summary) && closed,
+      "each command's output is shown under its row, collapsible", JSON.stringify(blocks, null, 1));
     await page.screenshot({ path: shot, fullPage: true });
 
     // Replay from the history at 20x: the same rows again, then the same header.

@@ -5,6 +5,46 @@ set -u
 EPH_BUILDDIR=${EPH_BUILDDIR:-$(cd "$(dirname "$0")/.." && pwd)}
 EPH_SRCDIR=${EPH_SRCDIR:-$EPH_BUILDDIR}
 EPHEMERAL="$EPH_BUILDDIR/ephemeral"
+
+# The configuration every test starts from: the tree's ephemeral.conf and conf.d, except that
+# the jail keeps its slot records, cgroups and host uids apart from a real installation's
+# (/run/ephemeral/jail, cgroup parent "ephemeral", uid_base 100000): a test never touches
+# the sandboxes of a daemon running on the same host, nor its sweep the tests'; a daemon
+# started without --listen takes a free port, never 8080. Generated
+# once per build tree (atomically: tests start in parallel), again when a source is newer.
+# Tests copy $EPH_CONF and $EPH_CONFD/*.conf to change keys; EPHEMERAL_CONFIG makes it the
+# default of every CLI and daemon they start without --config.
+EPH_JAIL_RUN_DIR=/run/ephemeral-test/jail
+EPH_JAIL_CGROUP_PARENT=ephemeral-test
+EPH_TESTCONF_DIR="$EPH_BUILDDIR/tests/etc"
+EPH_CONF="$EPH_TESTCONF_DIR/ephemeral.conf"
+EPH_CONFD="$EPH_TESTCONF_DIR/conf.d"
+_tap_testconf() {
+  local newer
+  newer=$(find "$EPH_SRCDIR/ephemeral.conf" "$EPH_SRCDIR/conf.d" "$EPH_SRCDIR/tests/tap.sh" -newer "$EPH_CONF" 2>/dev/null | head -n1)
+  [ -f "$EPH_CONF" ] && [ -z "$newer" ] && return 0
+  local t
+  t=$(mktemp -d "$EPH_BUILDDIR/tests/.etc.XXXXXX") || return 1
+  mkdir "$t/conf.d" && cp "$EPH_SRCDIR/ephemeral.conf" "$t/" &&
+    cp "$EPH_SRCDIR"/conf.d/*.conf "$t/conf.d/" &&
+    sed -i -e "s|^  run_dir = .*;|  run_dir = \"$EPH_JAIL_RUN_DIR\";|" \
+      -e "s|^  cgroup_parent = .*;|  cgroup_parent = \"$EPH_JAIL_CGROUP_PARENT\";|" \
+      -e 's|^  uid_base = .*;|  uid_base = 1000000000;|' "$t/conf.d/10-backend-jail.conf" &&
+    grep -q "run_dir = \"$EPH_JAIL_RUN_DIR\"" "$t/conf.d/10-backend-jail.conf" &&
+    grep -q "cgroup_parent = \"$EPH_JAIL_CGROUP_PARENT\"" "$t/conf.d/10-backend-jail.conf" &&
+    grep -q 'uid_base = 1000000000;' "$t/conf.d/10-backend-jail.conf" &&
+    sed -i 's|^\(  listen = \)"127.0.0.1:8080";|\1"127.0.0.1:0";|' "$t/ephemeral.conf" &&
+    ! grep -q 8080 "$t/ephemeral.conf" || {
+    echo "Bail out! cannot make the test configuration in $t"; rm -rf "$t"; exit 1; }
+  # Replace as a whole: a directory rename is atomic, a concurrent reader sees old or new.
+  local old="$EPH_BUILDDIR/tests/.etc-old.$$"
+  [ -d "$EPH_TESTCONF_DIR" ] && mv "$EPH_TESTCONF_DIR" "$old" 2>/dev/null
+  mv -T "$t" "$EPH_TESTCONF_DIR" 2>/dev/null || rm -rf "$t"
+  rm -rf "$old"
+}
+mkdir -p "$EPH_BUILDDIR/tests"
+_tap_testconf
+export EPHEMERAL_CONFIG="$EPH_CONF"
 _tap_n=0
 _tap_failed=0
 

@@ -13,11 +13,14 @@
 #include <signal.h>
 #include <stdarg.h>
 #include <stddef.h>
+#include <sched.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -25,7 +28,11 @@
 
 #include "mock-host.h"
 
-#define CG_PARENT "ephemeral-test"
+/* Its own cgroup parent (and run_dir), named after the pid: the sweep judges the groups under
+ * its parent by the records in its run_dir, so a parent shared with another process using
+ * another run_dir (the shell tests, another checkout's run of this test) would have its
+ * fresh, still empty groups reaped. */
+static char cg_parent[64];
 #define MIB (1024ULL * 1024ULL)
 
 static char run_dir[256];
@@ -77,6 +84,15 @@ typedef struct box {
   char run_id[64];
 } box_t;
 
+/* Every sandbox a test made and has not destroyed yet: a failed assertion longjmp()s out of
+ * the test, and teardown_boxes() then destroys what it left (no sandbox, no leak on any
+ * path). Copies, not pointers to the test's box_t: its stack frame is gone by then. */
+static struct {
+  loaded_t *l;
+  eph_sandbox_t *sb;
+  int fd;
+} live_boxes[8];
+
 static int
 make_box(loaded_t *l, box_t *b, const eph_sandbox_limits_t *lim, int64_t deadline_ms,
          eph_error_t *err)
@@ -87,7 +103,41 @@ make_box(loaded_t *l, box_t *b, const eph_sandbox_limits_t *lim, int64_t deadlin
                              .deadline_ms = deadline_ms};
   if (lim)
     spec.limits = *lim;
-  return l->ops->create(l->state, &spec, &b->sb, &b->fd, err);
+  int r = l->ops->create(l->state, &spec, &b->sb, &b->fd, err);
+  if (r >= 0)
+    for (size_t i = 0; i < sizeof live_boxes / sizeof live_boxes[0]; i++)
+      if (!live_boxes[i].sb) {
+        live_boxes[i].l = l;
+        live_boxes[i].sb = b->sb;
+        live_boxes[i].fd = b->fd;
+        break;
+      }
+  return r;
+}
+
+static void
+forget_box(const eph_sandbox_t *sb)
+{
+  for (size_t i = 0; i < sizeof live_boxes / sizeof live_boxes[0]; i++)
+    if (live_boxes[i].sb == sb)
+      live_boxes[i].sb = NULL;
+}
+
+/* Per-test teardown: destroys the sandboxes a failed test left behind. */
+static int
+teardown_boxes(void **ctx)
+{
+  (void)ctx;
+  for (size_t i = 0; i < sizeof live_boxes / sizeof live_boxes[0]; i++)
+    if (live_boxes[i].sb) {
+      eph_error_t err = {0};
+      if (live_boxes[i].l->ops->destroy(live_boxes[i].l->state, live_boxes[i].sb, NULL,
+                                        &err) < 0)
+        fprintf(stderr, "# teardown: destroy: %s\n", err.message);
+      close(live_boxes[i].fd);
+      live_boxes[i].sb = NULL;
+    }
+  return 0;
 }
 
 /* Runs cmd as uid inside; returns its wait status, output in out (NUL-terminated). -1 when
@@ -125,7 +175,7 @@ run(box_t *b, int uid, const char *cmd, char *out, size_t size)
 static char *
 cg_path(const char *ctl, const char *run_id, const char *file, char *buf, size_t size)
 {
-  snprintf(buf, size, "/sys/fs/cgroup/%s/" CG_PARENT "/%s%s%s", ctl, run_id, file ? "/" : "",
+  snprintf(buf, size, "/sys/fs/cgroup/%s/%s/%s%s%s", ctl, cg_parent, run_id, file ? "/" : "",
            file ? file : "");
   return buf;
 }
@@ -161,6 +211,7 @@ destroy_clean(loaded_t *l, box_t *b)
 {
   eph_sandbox_report_t rep = {.struct_size = sizeof rep};
   eph_error_t err = {0};
+  forget_box(b->sb);
   int r = l->ops->destroy(l->state, b->sb, &rep, &err);
   if (r < 0)
     fail_msg("destroy: %s", err.message);
@@ -171,6 +222,59 @@ destroy_clean(loaded_t *l, box_t *b)
   assert_int_equal(access(cg_path("memory", b->run_id, NULL, path, sizeof path), F_OK), -1);
   assert_int_equal(access(cg_path("pids", b->run_id, NULL, path, sizeof path), F_OK), -1);
   assert_int_equal(access(cg_path("cpu", b->run_id, NULL, path, sizeof path), F_OK), -1);
+}
+
+/* Whether host pid is the sandbox's PID 1 (its innermost pid, NSpid's last, is 1). */
+static bool
+is_sandbox_init(pid_t pid)
+{
+  char path[64], line[256];
+  snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+  FILE *f = fopen(path, "r");
+  bool init = false;
+  if (!f)
+    return false;
+  while (fgets(line, sizeof line, f))
+    if (strncmp(line, "NSpid:", 6) == 0) {
+      char *last = strrchr(line, '\t');
+      init = last && atoi(last + 1) == 1;
+      break;
+    }
+  fclose(f);
+  return init;
+}
+
+/* SIGKILLs, from the host, every process of the sandbox but its PID 1, until its pids cgroup
+ * lists no other: a fork bomb holding the pid limit cannot be stopped from inside (the
+ * shell that would run pkill cannot fork). Bounded by 30 s; returns the processes killed
+ * or -1 when some were still listed at the deadline. */
+static int
+kill_workload(const char *run_id)
+{
+  char path[512];
+  cg_path("pids", run_id, "cgroup.procs", path, sizeof path);
+  struct timespec t0, now;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  int killed = 0;
+  for (;;) {
+    FILE *f = fopen(path, "r");
+    if (!f)
+      return -1;
+    int others = 0, pid;
+    while (fscanf(f, "%d", &pid) == 1)
+      if (!is_sandbox_init(pid)) {
+        others++;
+        if (kill(pid, SIGKILL) == 0)
+          killed++;
+      }
+    fclose(f);
+    if (others == 0)
+      return killed;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    if (now.tv_sec - t0.tv_sec > 30)
+      return -1;
+    sched_yield();
+  }
 }
 
 static pid_t
@@ -325,7 +429,16 @@ test_fork_bomb_oom_enospc(void **ctx)
   char out[16384];
   /* Fork bomb: forks fail inside; the host keeps forking fine. */
   run(&b, 1000, "b() { b | b & }; b; sleep 1; echo done", out, sizeof out);
-  assert_int_equal(run(&b, 0, "pkill -9 -u worker; true", out, sizeof out), 0);
+  /* Stopped from the host through its cgroup; then the sandbox runs commands again (its
+   * init reaps the bomb's zombies before forking) and no worker process is left. */
+  assert_true(kill_workload(b.run_id) >= 0);
+  /* What the bomb wrote ("Cannot fork") before it died is still in the stream: drop it. */
+  char junk[4096];
+  for (struct pollfd pf = {.fd = b.fd, .events = POLLIN}; poll(&pf, 1, 0) > 0;)
+    if (read(b.fd, junk, sizeof junk) <= 0)
+      break;
+  assert_int_equal(run(&b, 0, "pgrep -u worker; echo rc=$?", out, sizeof out), 0);
+  assert_string_equal(out, "rc=1\n");
   eph_sandbox_report_t rep = {.struct_size = sizeof rep};
   assert_int_equal(l->ops->stats(l->state, b.sb, &rep, &err), 0);
   assert_true(rep.pids_refused > 0);
@@ -443,8 +556,8 @@ test_usr_binds_refused(void **ctx)
     config_init(&c);
     char text[2048];
     snprintf(text, sizeof text, "backend-jail: { guest = \"%s\"; run_dir = \"%s\"; "
-             "cgroup_parent = \"" CG_PARENT "\"; usr_binds = [\"bin\", \"%s\"]; };",
-             init_path, run_dir, bad[i]);
+             "cgroup_parent = \"%s\"; usr_binds = [\"bin\", \"%s\"]; };",
+             init_path, run_dir, cg_parent, bad[i]);
     assert_int_equal(config_read_string(&c, text), CONFIG_TRUE);
     loaded_t l;
     l.dl = dlopen(plugin_path, RTLD_NOW | RTLD_LOCAL);
@@ -493,11 +606,12 @@ main(void)
   if (getenv("JAIL_INIT"))
     snprintf(init_path, sizeof init_path, "%s", getenv("JAIL_INIT"));
   snprintf(run_dir, sizeof run_dir, "/run/ephemeral-test-%d", (int)getpid());
+  snprintf(cg_parent, sizeof cg_parent, "ephemeral-test-%d", (int)getpid());
 
   char text[4096];
   snprintf(text, sizeof text,
            "backend-jail: { max_memory_mib = 1024; guest = \"%s\"; run_dir = \"%s\"; "
-           "cgroup_parent = \"" CG_PARENT "\"; };", init_path, run_dir);
+           "cgroup_parent = \"%s\"; };", init_path, run_dir, cg_parent);
   fh_reset(0, "/tmp", "/tmp");
   fh_log_to_stderr = true;
   config_init(&cfg);
@@ -506,17 +620,23 @@ main(void)
     return 1;
   }
   const struct CMUnitTest tests[] = {
-    cmocka_unit_test(test_identity_and_uid_map),
-    cmocka_unit_test(test_isolation),
-    cmocka_unit_test(test_limits_written_and_refused),
-    cmocka_unit_test(test_fork_bomb_oom_enospc),
-    cmocka_unit_test(test_background_and_deadline),
-    cmocka_unit_test(test_sweep_after_kill9),
+    cmocka_unit_test_teardown(test_identity_and_uid_map, teardown_boxes),
+    cmocka_unit_test_teardown(test_isolation, teardown_boxes),
+    cmocka_unit_test_teardown(test_limits_written_and_refused, teardown_boxes),
+    cmocka_unit_test_teardown(test_fork_bomb_oom_enospc, teardown_boxes),
+    cmocka_unit_test_teardown(test_background_and_deadline, teardown_boxes),
+    cmocka_unit_test_teardown(test_sweep_after_kill9, teardown_boxes),
     cmocka_unit_test(test_usr_binds_refused),
   };
   int r = cmocka_run_group_tests_name("backend-jail", tests, setup, teardown);
   config_destroy(&cfg);
   fh_free();
   rmdir(run_dir);
+  char path[512];
+  static const char *const where[] = {"memory/", "pids/", "cpu/", ""};
+  for (size_t i = 0; i < sizeof where / sizeof where[0]; i++) {
+    snprintf(path, sizeof path, "/sys/fs/cgroup/%s%s", where[i], cg_parent);
+    rmdir(path);
+  }
   return r;
 }

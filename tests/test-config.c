@@ -161,17 +161,33 @@ test_plugin_key_table(void **state)
   eph_config_free(&c);
 }
 
+/* A missing conf.d is an error naming it, never a built-in plugin set (a staged or
+ * relocated binary pointed at a directory that is not there must not run anyway). A
+ * missing ephemeral.conf beside an existing conf.d still means the core's defaults. */
 static void
-test_embedded_defaults(void **state)
+test_missing_confd_is_an_error(void **state)
 {
   (void)state;
   eph_config_t c;
   eph_error_t err = {0};
-  assert_int_equal(eph_config_load(&c, "/nonexistent/ephemeral.conf", "/nonexistent/conf.d", &err),
-                   0);
+  assert_true(eph_config_load(&c, "/nonexistent/ephemeral.conf", "/nonexistent/conf.d", &err) < 0);
+  assert_non_null(strstr(err.message, "/nonexistent/conf.d"));
+  assert_non_null(strstr(err.message, "does not exist"));
+  assert_int_equal(c.n_blocks, 0);
+
+  char path[512], confd[512];
+  snprintf(path, sizeof path, "%s/ephemeral.conf", dir);
+  snprintf(confd, sizeof confd, "%s/conf.d", dir);
+  err = (eph_error_t){0};
+  write_file("ephemeral.conf", "max_steps = 3;\n");
+  assert_true(eph_config_load(&c, NULL, path, &err) < 0); /* a file is not a conf.d */
+  assert_non_null(strstr(err.message, "is not a directory"));
+
+  write_file("conf.d/10-a.conf", "alpha: { enabled = true; };\n");
+  assert_int_equal(eph_config_load(&c, "/nonexistent/ephemeral.conf", confd, &err), 0);
   assert_null(c.main_path);
-  assert_non_null(eph_config_block(&c, "backend-jail"));
-  assert_true(eph_config_block(&c, "tool-shell")->enabled);
+  assert_int_equal(c.n_blocks, 1);
+  assert_true(eph_config_block(&c, "alpha")->enabled);
   eph_config_free(&c);
 }
 
@@ -198,7 +214,7 @@ main(void)
       cmocka_unit_test_setup_teardown(test_unknown_key_is_a_warning, setup, teardown),
       cmocka_unit_test_setup_teardown(test_duplicate_block, setup, teardown),
       cmocka_unit_test_setup_teardown(test_plugin_key_table, setup, teardown),
-      cmocka_unit_test(test_embedded_defaults),
+      cmocka_unit_test_setup_teardown(test_missing_confd_is_an_error, setup, teardown),
       cmocka_unit_test(test_every_core_key_documented),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -9,7 +9,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
+#include "conf.h"
 #include "context.h"
 #include "host.h"
 #include "loader.h"
@@ -146,6 +149,42 @@ test_config_type_error_refuses(void **state)
   rmdir(tmp);
 }
 
+/* A configured plugin directory that does not exist is one error naming it; nothing is
+ * loaded (not one "cannot load" per plugin and a daemon serving without them). */
+static void
+test_missing_plugin_dir(void **state)
+{
+  (void)state;
+  char tmp[] = "/tmp/eph-test-loader-XXXXXX";
+  assert_non_null(mkdtemp(tmp));
+  cleanup_free char *confd = eph_xasprintf("%s/conf.d", tmp);
+  cleanup_free char *conf = eph_xasprintf("%s/10-good.conf", confd);
+  cleanup_free char *missing = eph_xasprintf("%s/no-such-plugins", tmp);
+  assert_int_equal(mkdir(confd, 0700), 0);
+  FILE *f = fopen(conf, "w");
+  assert_non_null(f);
+  fputs("fixture-good: { enabled = true; };\n", f);
+  fclose(f);
+  eph_config_t cfg;
+  eph_error_t err = {0};
+  assert_int_equal(eph_config_load(&cfg, NULL, confd, &err), 0);
+  eph_plugins_t ps = {0};
+  assert_true(eph_plugins_load(&ps, &cfg, missing, &host, &err) < 0);
+  if (!strstr(err.message, missing) || !strstr(err.message, "fixture-good"))
+    fail_msg("message '%s' lacks the directory or the plugin", err.message);
+  assert_int_equal(ps.n, 0);
+  eph_plugins_unload(&ps);
+  /* The same blocks from the real directory load. */
+  err = (eph_error_t){0};
+  assert_int_equal(eph_plugins_load(&ps, &cfg, fixtures, &host, &err), 0);
+  assert_int_equal(ps.n, 1);
+  eph_plugins_unload(&ps);
+  eph_config_free(&cfg);
+  unlink(conf);
+  rmdir(confd);
+  rmdir(tmp);
+}
+
 int
 main(void)
 {
@@ -161,6 +200,7 @@ main(void)
       cmocka_unit_test(test_unknown_kind),         cmocka_unit_test(test_missing_file),
       cmocka_unit_test(test_duplicate_name),       cmocka_unit_test(test_config_type_error_refuses),
       cmocka_unit_test(test_missing_operation),
+      cmocka_unit_test(test_missing_plugin_dir),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -85,7 +85,14 @@ convo_answer(convo_t *c, json_object *assistant, int drop_last_result)
     assert_true(json_object_object_get_ex(json_object_array_get_idx(calls, i), "id", &id));
     json_object_object_add(tool, "role", json_object_new_string("tool"));
     json_object_object_add(tool, "tool_call_id", json_object_get(id));
-    json_object_object_add(tool, "content", json_object_new_string("{\"exit_code\":0}"));
+    /* A result the answer may quote ({{call_N.stdout}}): two stdout lines and stderr,
+     * each naming the call. */
+    const char *cid = json_object_get_string(id);
+    cleanup_free char *content = eph_xasprintf(
+        "{\"exit_code\":0,\"stdout\":\"stdout of %s\\nline 2 of %s\\n\",\"stderr\":\"stderr of "
+        "%s\\n\"}",
+        cid, cid, cid);
+    json_object_object_add(tool, "content", json_object_new_string(content));
     json_object_array_add(c->messages, tool);
   }
 }
@@ -172,9 +179,19 @@ test_example_replays_three_calls(void **state)
   assert_false(json_object_object_get_ex(r.message, "tool_calls", &v));
   assert_true(json_object_object_get_ex(r.message, "content", &v));
   const char *answer = json_object_get_string(v);
-  assert_non_null(strstr(answer, "2 3 5 7 11 13 17 19 23 29 31 37 41 43 47"));
-  assert_non_null(strstr(answer, "curl: (6) Could not resolve host: example.com"));
+  /* The answer quotes this run's tool results, not the recorded run's (honest replay):
+   * call 1 is `pwd; whoami`, call 2 curl, call 3 the prime script, call 4 ls -l. */
+  assert_non_null(strstr(answer, "output:** `stdout of call_H5uWd1Gq7rN9sBf3\nline 2 of"));
+  assert_non_null(strstr(answer, "**whoami:** `line 2 of call_Q7mZk2Rw9fH1aLx4`"));
+  assert_non_null(strstr(answer, "**pwd:** `stdout of call_Q7mZk2Rw9fH1aLx4`"));
+  assert_non_null(strstr(answer, "`stderr of call_V3nTs8Yb0cJ6eKp2`"));
+  assert_non_null(strstr(answer, "`ls -l`: `stdout of call_X8oLe4Mt2vC0iZy6\nline 2 of"));
+  assert_null(strstr(answer, "{{"));
+  assert_null(strstr(answer, "s2TPIy"));
   assert_non_null(strstr(answer, "The network call did not succeed."));
+  /* And it says where it came from. */
+  assert_non_null(strstr(r.replayed_from, "transcript.jsonl:3"));
+  assert_string_equal(r.recorded_model, "gpt-6-luna");
   tokens += r.input_tokens + r.output_tokens;
   cost += call_cost_micros(&r);
   eph_model_response_clear(&r);
@@ -422,6 +439,57 @@ test_model_name_selects_transcript(void **state)
   rmdir(dir);
 }
 
+/* A transcript line is one JSON object and blanks, read to its length: bytes after the
+ * object (another object, text, or text behind a NUL) are an error naming the line, as
+ * model-openai refuses such a body, not a silently shorter response. */
+static void
+test_line_with_bytes_after_the_object_refused(void **state)
+{
+  static const char body[] =
+      "{\"choices\":[{\"index\":0,\"message\":{\"role\":\"assistant\",\"content\":\"hi\"},"
+      "\"finish_reason\":\"stop\"}],\"usage\":{\"prompt_tokens\":7,\"completion_tokens\":3}}";
+  static const char *const tails[] = {" {\"x\":1}\n", " trailing\n", "\0{\"x\":1}\n"};
+  static const size_t tail_len[] = {9, 10, 9};
+  char dir[] = "/tmp/eph-replay-tail-XXXXXX";
+  assert_non_null(mkdtemp(dir));
+  cleanup_free char *path = eph_xasprintf("%s/t.jsonl", dir);
+  cleanup_free char *model = eph_xasprintf("replay:%s", path);
+  loaded_t l;
+  load_replay(&l, NULL);
+  for (size_t i = 0; i < sizeof tails / sizeof tails[0]; i++) {
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    assert_int_equal(fwrite(body, 1, sizeof body - 1, f), sizeof body - 1);
+    assert_int_equal(fwrite(tails[i], 1, tail_len[i], f), tail_len[i]);
+    fclose(f);
+    convo_t c;
+    eph_model_response_t r = {.struct_size = sizeof r};
+    eph_error_t err = {0};
+    convo_init(&c, model);
+    assert_int_equal(model_call(&l, &c.req, &r, &err), -EPH_E_PROTOCOL);
+    assert_non_null(strstr(err.message, "t.jsonl:1"));
+    assert_non_null(strstr(err.message, "bytes after the object"));
+    convo_free(&c);
+  }
+  /* The same line without the tail replays. */
+  FILE *f = fopen(path, "w");
+  assert_non_null(f);
+  fprintf(f, "%s\n", body);
+  fclose(f);
+  convo_t c;
+  eph_model_response_t r = {.struct_size = sizeof r};
+  eph_error_t err = {0};
+  convo_init(&c, model);
+  if (model_call(&l, &c.req, &r, &err) < 0)
+    fail_msg("%s", err.message);
+  assert_string_equal(content_of(r.message), "hi");
+  eph_model_response_clear(&r);
+  convo_free(&c);
+  plugin_unload(&l);
+  unlink(path);
+  rmdir(dir);
+}
+
 /* conf.d's relative `transcript` is found under the data directory (the source tree here). */
 static void
 test_configured_transcript_under_data_dir(void **state)
@@ -533,7 +601,11 @@ test_recorded_raw_bodies_replay_identically(void **state)
     eph_model_response_t r;
     if (model_call(&replay, &c.req, &r, &err) < 0)
       fail_msg("replayed call %d: %s", i + 1, err.message);
-    assert_true(json_object_equal(r.message, live_msgs[i]));
+    /* The answer (line 3) quotes the tool results: the replay fills them in. */
+    if (i < 2)
+      assert_true(json_object_equal(r.message, live_msgs[i]));
+    else
+      assert_null(strstr(json_object_get_string(r.message), "{{call_"));
     convo_answer(&c, r.message, 0);
     eph_model_response_clear(&r);
     json_object_put(live_msgs[i]);
@@ -542,6 +614,57 @@ test_recorded_raw_bodies_replay_identically(void **state)
   plugin_unload(&replay);
   unlink(rec_path);
   rmdir(dir);
+}
+
+/* An answer quoting a tool call the run did not make, or a field its result lacks, is a
+ * divergence naming the transcript line; a malformed reference is a transcript error. */
+static void
+test_quoted_results_must_exist(void **state)
+{
+  static const char *const cases[][2] = {
+      {"pwd is {{call_2.stdout}}", "the run made 1 tool call"},
+      {"pwd is {{call_1.nosuch}}", "has no 'nosuch'"},
+      {"pwd is {{call_1.stdout#9}}", "fewer lines"},
+      {"pwd is {{call_x}}", "is not {{call_N.FIELD}}"},
+  };
+  char dir[] = "/tmp/eph-replay-quote.XXXXXX";
+  assert_non_null(mkdtemp(dir));
+  cleanup_free char *path = eph_xasprintf("%s/t.jsonl", dir);
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fprintf(f,
+            "{\"object\":\"chat.completion\",\"model\":\"m\",\"choices\":[{\"index\":0,"
+            "\"message\":{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"id\":"
+            "\"c1\",\"type\":\"function\",\"function\":{\"name\":\"shell\",\"arguments\":"
+            "\"{}\"}}]},\"finish_reason\":\"tool_calls\"}],\"usage\":{\"prompt_tokens\":1,"
+            "\"completion_tokens\":1}}\n"
+            "{\"object\":\"chat.completion\",\"model\":\"m\",\"choices\":[{\"index\":0,"
+            "\"message\":{\"role\":\"assistant\",\"content\":\"%s\"},\"finish_reason\":"
+            "\"stop\"}],\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":1}}\n",
+            cases[i][0]);
+    fclose(f);
+    loaded_t l;
+    convo_t c;
+    eph_model_response_t r;
+    eph_error_t err = {0};
+    cleanup_free char *model = eph_xasprintf("replay:%s", path);
+    load_replay(&l, "");
+    convo_init(&c, model);
+    if (model_call(&l, &c.req, &r, &err) < 0)
+      fail_msg("call 1: %s", err.message);
+    convo_answer(&c, r.message, 0);
+    eph_model_response_clear(&r);
+    assert_true(model_call(&l, &c.req, &r, &err) < 0);
+    if (!strstr(err.message, cases[i][1]) || !strstr(err.message, "t.jsonl:2"))
+      fail_msg("case %zu: %s", i, err.message);
+    assert_int_equal(err.code, i == 3 ? EPH_E_PROTOCOL : EPH_E_DIVERGED);
+    convo_free(&c);
+    plugin_unload(&l);
+  }
+  unlink(path);
+  rmdir(dir);
+  (void)state;
 }
 
 int
@@ -559,9 +682,11 @@ main(void)
       cmocka_unit_test(test_exhausted_transcript_diverges),
       cmocka_unit_test(test_unoffered_tool_is_not_divergence),
       cmocka_unit_test(test_model_name_selects_transcript),
+      cmocka_unit_test(test_line_with_bytes_after_the_object_refused),
       cmocka_unit_test(test_configured_transcript_under_data_dir),
       cmocka_unit_test(test_pace_follows_recorded_latency),
       cmocka_unit_test(test_recorded_raw_bodies_replay_identically),
+      cmocka_unit_test(test_quoted_results_must_exist),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -84,12 +84,40 @@ function clearRun() {
   view++;
   reserved = 0;
   $("timeline").innerHTML = "";
+  outputs = new Map();
   $("answer").hidden = true;
   $("cost").hidden = true;
   return view;
 }
 
+// Live output: each command's `output` events go into one collapsible block under its row
+// (a <details> open while it runs), as text (never markup).
+let outputs = new Map(); // call_id -> {details, pre, summary, lines}
+
+function addOutput(ev) {
+  const model = ev.kind === "model_delta";
+  const id = model ? "model-" + (ev.data && ev.data.call) : (ev.data && ev.data.call_id) || "";
+  let o = outputs.get(id);
+  if (!o) {
+    const details = document.createElement("details");
+    details.className = "output";
+    details.open = true;
+    const summary = document.createElement("summary");
+    const pre = document.createElement("pre");
+    details.append(summary, pre);
+    $("timeline").append(details);
+    o = { details, pre, summary, lines: 0 };
+    outputs.set(id, o);
+  }
+  const text = ev.data && ev.data.dropped_bytes ? "\n" + ev.text + "\n" : ev.text;
+  o.pre.append(document.createTextNode(text));
+  o.lines += (text.match(/\n/g) || []).length;
+  o.summary.textContent = model ? "model text (streaming)"
+    : "output · " + o.lines + (o.lines === 1 ? " line" : " lines");
+}
+
 function addEvent(ev) {
+  if (ev.kind === "output" || ev.kind === "model_delta") { addOutput(ev); return; }
   const row = document.createElement("div");
   const result = ev.kind === "tool_result";
   row.className = "row" + (result ? " result" : "") + (ev.kind === "model_call" ? " model" : "");

@@ -250,6 +250,10 @@ post_once(anthropic_t *s, const eph_model_request_t *req, json_object *extra,
   if (!text)
     return eph_error_set(err, ENOMEM, "out of memory building the request body");
   call_ctx_t ctx = {.s = s, .resp = resp};
+  if (EPH_MODEL_REQUEST_HAS_DELTA(req) && req->on_delta) { /* text as it streams */
+    ctx.st.on_text = req->on_delta;
+    ctx.st.text_opaque = req->delta_opaque;
+  }
   eph_mhttp_call_t call = {
       .url = s->url,
       .headers = headers,

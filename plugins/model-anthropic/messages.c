@@ -299,7 +299,11 @@ eph_messages_stream_reset(eph_messages_stream_t *st)
       json_object_put(st->blocks[i]);
     eph_chat_buf_free(&st->text[i]);
   }
+  eph_text_delta_fn on_text = st->on_text;
+  void *text_opaque = st->text_opaque;
   memset(st, 0, sizeof *st);
+  st->on_text = on_text;
+  st->text_opaque = text_opaque;
 }
 
 static int
@@ -414,6 +418,8 @@ eph_messages_stream_event(eph_messages_stream_t *st, const char *event, const ch
     }
     if (piece && eph_chat_buf_add(&st->text[i], piece, strlen(piece)) < 0)
       r = eph_error_set(err, ENOMEM, "%s: out of memory reading the stream", where);
+    else if (piece && *piece && st->on_text && strcmp(dtype, "text_delta") == 0)
+      st->on_text(st->text_opaque, piece, strlen(piece));
   } else if (strcmp(type, "content_block_stop") == 0) {
     if ((i = r = block_index(ev, where, type, err)) < 0)
       goto out;

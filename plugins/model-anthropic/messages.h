@@ -51,6 +51,8 @@ typedef struct eph_messages_stream {
   bool stopped[EPH_MESSAGES_MAX_BLOCKS];
   size_t n_blocks;
   bool done; /* message_stop */
+  eph_text_delta_fn on_text; /* optional: text_delta pieces; survives a reset */
+  void *text_opaque;
 } eph_messages_stream_t;
 
 void eph_messages_stream_reset(eph_messages_stream_t *st);

@@ -228,7 +228,11 @@ eph_chat_stream_reset(eph_chat_stream_t *st)
     eph_chat_buf_free(&st->calls[i].name);
     eph_chat_buf_free(&st->calls[i].args);
   }
+  eph_text_delta_fn on_text = st->on_text;
+  void *text_opaque = st->text_opaque;
   memset(st, 0, sizeof *st);
+  st->on_text = on_text;
+  st->text_opaque = text_opaque;
 }
 
 static int
@@ -320,6 +324,9 @@ eph_chat_stream_event(eph_chat_stream_t *st, const char *data, size_t len, const
       st->has_content = true;
       if ((r = add_string(&st->content, delta, "content")) < 0)
         goto nomem;
+      if (st->on_text && json_object_get_string_len(v))
+        st->on_text(st->text_opaque, json_object_get_string(v),
+                    (size_t)json_object_get_string_len(v));
     }
     if (!json_object_object_get_ex(delta, "tool_calls", &tcs) || !tcs)
       continue;

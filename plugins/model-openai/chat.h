@@ -45,6 +45,10 @@ typedef struct eph_chat_buf {
 int eph_chat_buf_add(eph_chat_buf_t *b, const char *s, size_t n);
 void eph_chat_buf_free(eph_chat_buf_t *b);
 
+/* Called with each piece of the answer's text as a stream delivers it (model_delta), text
+ * borrowed for the call, not NUL-terminated. Set on a stream struct; kept across resets. */
+typedef void (*eph_text_delta_fn)(void *opaque, const char *text, size_t bytes);
+
 /* Chat Completions streaming (stream: true, stream_options.include_usage): the chunks of
  * one answer, accumulated into the chat.completion body a non-streaming call would have
  * returned, so both read the same (and --record writes the same). */
@@ -61,6 +65,8 @@ typedef struct eph_chat_stream {
   } calls[EPH_CHAT_STREAM_MAX_CALLS];
   size_t n_calls;
   bool done; /* "data: [DONE]" */
+  eph_text_delta_fn on_text; /* optional; survives eph_chat_stream_reset() */
+  void *text_opaque;
 } eph_chat_stream_t;
 
 void eph_chat_stream_reset(eph_chat_stream_t *st);

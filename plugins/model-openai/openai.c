@@ -433,6 +433,10 @@ openai_complete(void *state, const eph_model_request_t *req, eph_model_response_
   }
 
   call_ctx_t ctx = {.p = p, .resp = resp};
+  if (EPH_MODEL_REQUEST_HAS_DELTA(req) && req->on_delta) { /* text as it streams */
+    ctx.chat.on_text = ctx.responses.on_text = req->on_delta;
+    ctx.chat.text_opaque = ctx.responses.text_opaque = req->delta_opaque;
+  }
   eph_mhttp_call_t call = {
       .url = p->url,
       .headers = headers,

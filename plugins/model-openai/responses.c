@@ -235,7 +235,11 @@ eph_responses_stream_reset(eph_responses_stream_t *st)
   for (size_t i = 0; i < st->n_items; i++)
     if (st->items[i])
       json_object_put(st->items[i]);
+  eph_text_delta_fn on_text = st->on_text;
+  void *text_opaque = st->text_opaque;
   memset(st, 0, sizeof *st);
+  st->on_text = on_text;
+  st->text_opaque = text_opaque;
 }
 
 /* Appends s to the string member key of obj (created when absent). */
@@ -332,8 +336,11 @@ eph_responses_stream_event(eph_responses_stream_t *st, const char *event, const 
       json_object_array_add(content, part);
     }
     part = ci >= 0 && ci < 64 ? json_object_array_get_idx(content, (size_t)ci) : NULL;
-    if (d && part)
+    if (d && part) {
       append_member(part, "text", d);
+      if (st->on_text && *d)
+        st->on_text(st->text_opaque, d, strlen(d));
+    }
   } else if (strcmp(type, "response.function_call_arguments.delta") == 0 && indexed &&
              st->items[idx]) {
     const char *d = eph_chat_get_string(ev, "delta");

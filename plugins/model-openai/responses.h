@@ -36,6 +36,8 @@ typedef struct eph_responses_stream {
   json_object *final; /* the response object of response.completed / .incomplete */
   json_object *items[EPH_RESPONSES_MAX_ITEMS];
   size_t n_items;
+  eph_text_delta_fn on_text; /* optional: output_text deltas; survives a reset */
+  void *text_opaque;
 } eph_responses_stream_t;
 
 void eph_responses_stream_reset(eph_responses_stream_t *st);

@@ -17,7 +17,16 @@
  * answer is returned as recorded and the core's gate denies the call.
  *
  * The transcript is `transcript` from the config block, or, when the request's model is
- * "replay:PATH", PATH (absolute or relative to the current directory). */
+ * "replay:PATH", PATH (absolute or relative to the current directory).
+ *
+ * A recorded assistant text may quote the real results of this run's tool calls, so that a
+ * replayed answer reports what this sandbox did rather than what the recorded one did:
+ * `{{call_N.FIELD}}` is replaced by FIELD of the result of the run's N-th tool call (1-based,
+ * in order over every assistant message; FIELD a key of the tool's JSON result such as
+ * stdout, stderr or exit_code; a string without its trailing newlines), and
+ * `{{call_N.FIELD#K}}` by its K-th line. A reference to a call the run did not make or a
+ * field its result lacks is a divergence. The answer names its provenance
+ * (replayed_from, recorded_model) so the core reports the run as replayed. */
 #include "config.h" /* autoconf: _GNU_SOURCE, PACKAGE_VERSION */
 
 #include <errno.h>
@@ -77,11 +86,12 @@ transcript_free(transcript_t *t)
   t->n = 0;
 }
 
+/* Blanks only (space, tab, CR, LF) in the n bytes at s; a NUL is not a blank. */
 static bool
-blank(const char *s)
+blank(const char *s, size_t n)
 {
-  for (; *s; s++)
-    if (*s != ' ' && *s != '\t' && *s != '\r' && *s != '\n')
+  for (size_t i = 0; i < n; i++)
+    if (!memchr(" \t\r\n", s[i], 4))
       return false;
   return true;
 }
@@ -129,15 +139,30 @@ transcript_load(transcript_t *t, const char *path, eph_error_t *err)
                         TRANSCRIPT_MAX_BYTES >> 20);
       break;
     }
-    if (blank(line))
+    if (blank(line, (size_t)len))
       continue;
-    enum json_tokener_error jerr;
-    json_object *o = json_tokener_parse_verbose(line, &jerr);
-    if (!o || !json_object_is_type(o, json_type_object)) {
+    /* Exactly one object and blanks, as model-openai accepts a body: the line's length,
+     * not its first NUL, bounds it, and nothing may follow the object. */
+    json_tokener *tok = json_tokener_new();
+    if (!tok) {
+      r = eph_error_set(err, ENOMEM, "transcript %s: out of memory", path);
+      break;
+    }
+    json_object *o = json_tokener_parse_ex(tok, line, (int)len);
+    enum json_tokener_error jerr = json_tokener_get_error(tok);
+    size_t used = json_tokener_get_parse_end(tok);
+    json_tokener_free(tok);
+    const char *why = NULL;
+    if (!o || jerr != json_tokener_success)
+      why = jerr == json_tokener_continue ? "truncated" : json_tokener_error_desc(jerr);
+    else if (!blank(line + used, (size_t)len - used))
+      why = "bytes after the object";
+    else if (!json_object_is_type(o, json_type_object))
+      why = "another JSON value";
+    if (why) {
       if (o)
         json_object_put(o);
-      r = eph_error_set(err, EPH_E_PROTOCOL, "%s:%zu: not a JSON object (%s)", path, no,
-                        o ? "another JSON value" : json_tokener_error_desc(jerr));
+      r = eph_error_set(err, EPH_E_PROTOCOL, "%s:%zu: not a JSON object (%s)", path, no, why);
       break;
     }
     json_object **nl = realloc(t->lines, (t->n + 1) * sizeof *nl);
@@ -300,6 +325,144 @@ check_tool_results(json_object *messages, size_t at, size_t k, const char *where
   return 0;
 }
 
+/* ---------------------------------------------------------------- {{call_N.FIELD}} */
+
+/* The parsed tool result (the tool message's JSON content) of the run's n-th tool call
+ * (1-based), or NULL. *calls counts the run's tool calls. Owned by the caller. */
+static json_object *
+nth_call_result(json_object *messages, size_t n, size_t *calls)
+{
+  size_t total = json_object_array_length(messages), k = 0;
+  const char *want = NULL;
+  for (size_t m = 0; m < total; m++) {
+    json_object *msg = json_object_array_get_idx(messages, m);
+    const char *role = eph_chat_get_string(msg, "role");
+    json_object *tcs = role && strcmp(role, "assistant") == 0 ? tool_calls_of(msg) : NULL;
+    for (size_t i = 0; tcs && i < json_object_array_length(tcs); i++)
+      if (++k == n)
+        want = eph_chat_get_string(json_object_array_get_idx(tcs, i), "id");
+  }
+  *calls = k;
+  for (size_t m = 0; want && m < total; m++) {
+    json_object *msg = json_object_array_get_idx(messages, m);
+    const char *role = eph_chat_get_string(msg, "role");
+    const char *tid = eph_chat_get_string(msg, "tool_call_id");
+    if (role && tid && strcmp(role, "tool") == 0 && strcmp(tid, want) == 0) {
+      const char *content = eph_chat_get_string(msg, "content");
+      return content ? json_tokener_parse(content) : NULL;
+    }
+  }
+  return NULL;
+}
+
+/* Appends the value of one reference "call_N.FIELD[#K]" (ref, len bytes) to *buf. */
+static int
+expand_ref(const char *ref, size_t len, json_object *messages, const char *where, char **buf,
+           size_t *used, eph_error_t *err)
+{
+  char spec[128], field[64] = "";
+  unsigned long n = 0, line = 0;
+  int consumed = 0, tail = 0;
+  if (len >= sizeof spec)
+    return eph_error_set(err, EPH_E_PROTOCOL, "%s: template {{%.*s...}} is too long", where,
+                         32, ref);
+  memcpy(spec, ref, len);
+  spec[len] = '\0';
+  bool ok = sscanf(spec, "call_%lu.%63[A-Za-z0-9_]%n", &n, field, &consumed) == 2 && n > 0;
+  if (ok && spec[consumed]) /* "#LINE" and nothing after it */
+    ok = sscanf(spec + consumed, "#%lu%n", &line, &tail) == 1 && line > 0 &&
+         spec[consumed + tail] == '\0';
+  if (!ok)
+    return eph_error_set(err, EPH_E_PROTOCOL,
+                         "%s: template {{%s}} is not {{call_N.FIELD}} or {{call_N.FIELD#LINE}}",
+                         where, spec);
+  size_t calls = 0;
+  json_object *result = nth_call_result(messages, n, &calls);
+  json_object *v = NULL;
+  if (!result || !json_object_object_get_ex(result, field, &v)) {
+    int r = result ? eph_error_set(err, EPH_E_DIVERGED,
+                                   "%s: the answer quotes {{%s}} but the result of the run's "
+                                   "tool call %lu has no '%s'",
+                                   where, spec, n, field)
+                   : eph_error_set(err, EPH_E_DIVERGED,
+                                   "%s: the answer quotes {{%s}} but the run made %zu tool "
+                                   "call%s",
+                                   where, spec, calls, calls == 1 ? "" : "s");
+    if (result)
+      json_object_put(result);
+    return r;
+  }
+  const char *text = json_object_is_type(v, json_type_string)
+                         ? json_object_get_string(v)
+                         : json_object_to_json_string_ext(v, JSON_C_TO_STRING_PLAIN);
+  size_t tlen = strlen(text);
+  if (line) { /* the line-th line, without its newline */
+    for (unsigned long l = 1; l < line && text; l++) {
+      const char *nl = memchr(text, '\n', tlen);
+      tlen -= nl ? (size_t)(nl + 1 - text) : tlen;
+      text = nl ? nl + 1 : NULL;
+    }
+    const char *nl = text ? memchr(text, '\n', tlen) : NULL;
+    if (!text || (!nl && tlen == 0)) {
+      json_object_put(result);
+      return eph_error_set(err, EPH_E_DIVERGED,
+                           "%s: the answer quotes {{%s}} but that output has fewer lines",
+                           where, spec);
+    }
+    if (nl)
+      tlen = (size_t)(nl - text);
+  }
+  while (tlen && (text[tlen - 1] == '\n' || text[tlen - 1] == '\r'))
+    tlen--;
+  char *nb = realloc(*buf, *used + tlen + 1);
+  if (!nb) {
+    json_object_put(result);
+    return eph_error_set(err, ENOMEM, "out of memory");
+  }
+  memcpy(nb + *used, text, tlen);
+  *used += tlen;
+  nb[*used] = '\0';
+  *buf = nb;
+  json_object_put(result);
+  return 0;
+}
+
+/* Replaces the {{call_N.FIELD}} references in msg's content with this run's tool results
+ * (from messages). A content without "{{call_" is left as it is. */
+static int
+expand_message(json_object *msg, json_object *messages, const char *where, eph_error_t *err)
+{
+  const char *content = msg ? eph_chat_get_string(msg, "content") : NULL;
+  if (!content || !strstr(content, "{{call_"))
+    return 0;
+  char *buf = NULL;
+  size_t used = 0;
+  const char *p = content;
+  int r = 0;
+  while (r == 0 && *p) {
+    const char *open = strstr(p, "{{call_");
+    const char *close = open ? strstr(open, "}}") : NULL;
+    size_t lit = open && close ? (size_t)(open - p) : strlen(p);
+    char *nb = realloc(buf, used + lit + 1);
+    if (!nb) {
+      r = eph_error_set(err, ENOMEM, "out of memory");
+      break;
+    }
+    buf = nb;
+    memcpy(buf + used, p, lit);
+    used += lit;
+    buf[used] = '\0';
+    if (!open || !close)
+      break;
+    r = expand_ref(open + 2, (size_t)(close - open - 2), messages, where, &buf, &used, err);
+    p = close + 2;
+  }
+  if (r == 0)
+    json_object_object_add(msg, "content", json_object_new_string(buf ? buf : ""));
+  free(buf);
+  return r;
+}
+
 /* A transcript line is the body its provider returned (what --record writes), read with
  * that provider's own parser; the wire format itself says which: Chat Completions bodies
  * have "choices", Responses API objects are {"object":"response"}, Anthropic messages are
@@ -339,7 +502,9 @@ replay_answer(replay_t *s, const transcript_t *t, const eph_model_request_t *req
     eph_model_response_t rec = {.struct_size = sizeof rec};
     if ((r = parse_line(t->lines[k], where, &rec, err)) < 0)
       return r;
-    r = compare_assistant(msg, rec.message, k, where, err);
+    r = expand_message(rec.message, req->messages, where, err);
+    if (r == 0)
+      r = compare_assistant(msg, rec.message, k, where, err);
     eph_model_response_clear(&rec);
     if (r < 0 || (r = check_tool_results(req->messages, m, k, where, err)) < 0)
       return r;
@@ -354,6 +519,15 @@ replay_answer(replay_t *s, const transcript_t *t, const eph_model_request_t *req
   snprintf(where, sizeof where, "%s:%zu", t->path, t->lineno[k]);
   if ((r = parse_line(t->lines[k], where, resp, err)) < 0)
     return r;
+  if ((r = expand_message(resp->message, req->messages, where, err)) < 0) {
+    eph_model_response_clear(resp);
+    return r;
+  }
+  if (EPH_MODEL_RESPONSE_HAS_REPLAY(resp)) {
+    const char *model = eph_chat_get_string(t->lines[k], "model");
+    snprintf(resp->replayed_from, sizeof resp->replayed_from, "%s", where);
+    snprintf(resp->recorded_model, sizeof resp->recorded_model, "%s", model ? model : "");
+  }
 
   json_object *lat = NULL;
   if (s->pace && json_object_object_get_ex(t->lines[k], "x_latency_ms", &lat) &&
@@ -449,7 +623,12 @@ replay_init(const eph_host_t *host, const config_setting_t *config, void **state
         asprintf(&under_data, "%s/%s", host->data_dir, path) < 0)
       under_data = NULL;
     if (under_data && stat(under_data, &st) == 0) {
-      s->transcript = under_data;
+      /* Canonical, as a replayed run names it ("replayed from PATH:LINE"). */
+      s->transcript = realpath(under_data, NULL);
+      if (s->transcript)
+        free(under_data);
+      else
+        s->transcript = under_data;
     } else {
       free(under_data);
       s->transcript = strdup(path);

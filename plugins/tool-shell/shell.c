@@ -150,6 +150,26 @@ tool_error(const char *message)
   return o;
 }
 
+/* The command's output goes live to the run's timeline through the host (ABI 1.2
+ * host->output; an older core without it shows the output only in the result). */
+typedef struct live_sink {
+  const eph_host_t *host;
+  eph_run_t *run;
+} live_sink_t;
+
+static void
+live_output(void *opaque, int stream, const char *data, size_t bytes)
+{
+  live_sink_t *sink = opaque;
+  sink->host->output(sink->run, stream, data, bytes);
+}
+
+static bool
+host_has_output(const eph_host_t *host)
+{
+  return host->struct_size >= offsetof(eph_host_t, output) + sizeof host->output && host->output;
+}
+
 static int
 shell_call(void *state, const eph_tool_call_t *call, json_object **result, eph_error_t *err)
 {
@@ -189,6 +209,11 @@ shell_call(void *state, const eph_tool_call_t *call, json_object **result, eph_e
       .timeout_ms = (uint32_t)timeout_ms,
       .output_cap_bytes = (size_t)s->output_cap_bytes,
   };
+  live_sink_t sink = {.host = s->host, .run = call->run};
+  if (host_has_output(s->host)) {
+    req.on_output = live_output;
+    req.opaque = &sink;
+  }
   eph_exec_result_t res = {.struct_size = sizeof res};
   int r = s->host->sandbox_exec(call->run, &req, &res, err);
   if (r < 0)

@@ -306,6 +306,15 @@ typedef struct eph_host {
   int (*sandbox_list)(eph_run_t *run, const char *path, eph_dirent_t **entries, size_t *count,
                       eph_error_t *err);
   void (*dirents_free)(eph_dirent_t *entries, size_t count);
+
+  /* ABI 1.2 addition, appended (check struct_size; the minor stays 2 because 1.2 is not yet
+   * released): shows a chunk of a running command's output live in the run's timeline.
+   * Called from an exec request's on_output (same thread, during sandbox_exec) with the
+   * chunk as received: stream 1 stdout, 2 stderr; data borrowed. The core coalesces chunks
+   * into `output` events (about every 100 ms or 4 KiB), bounds them per command and per
+   * run (a marker says what was dropped), and drops them under zero data retention. A tool
+   * whose commands are not the model's (internal plumbing) simply does not call it. */
+  void (*output)(eph_run_t *run, int stream, const char *data, size_t bytes);
 } eph_host_t;
 
 /* ---------------------------------------------------------------- the descriptor */
@@ -452,7 +461,19 @@ typedef struct eph_model_request {
   json_object *tools;         /* OpenAI "tools" array (only the permitted ones), or NULL */
   uint32_t max_output_tokens; /* the core pre-authorised the call at this many tokens */
   int64_t deadline_ms;        /* the call must return by then (CLOCK_MONOTONIC ms) */
+  /* ABI 1.2 addition, appended (read it only when struct_size covers it, see
+   * EPH_MODEL_REQUEST_HAS_DELTA; the minor stays 2 because 1.2 is not yet released):
+   * optional, called on the calling thread with each piece of the answer's text as a
+   * streaming provider delivers it (text borrowed, not NUL-terminated); the core shows them
+   * as `model_delta` events. A retried attempt's pieces come again from its start. The
+   * response is still the whole answer. */
+  void (*on_delta)(void *opaque, const char *text, size_t bytes);
+  void *delta_opaque;
 } eph_model_request_t;
+
+/* True when req (sized by the caller) carries on_delta. */
+#define EPH_MODEL_REQUEST_HAS_DELTA(req)                                                         \
+  ((req)->struct_size >= offsetof(eph_model_request_t, delta_opaque) + sizeof(void *))
 
 /* One model answer. Filled by the plugin; owned by the caller, released with
  * eph_model_response_clear(). */
@@ -470,7 +491,20 @@ typedef struct eph_model_response {
    * priced separately (cached_input_micros_per_mtok, cache_write_micros_per_mtok). */
   uint64_t cache_read_tokens;
   uint64_t cache_write_tokens;
+  /* ABI 1.2 addition, appended (a plugin writes them only when struct_size covers them,
+   * see EPH_MODEL_RESPONSE_HAS_REPLAY; the minor stays 2 because 1.2 is not yet released):
+   * set by a plugin that answered from a recording instead of calling a model
+   * (model-replay). replayed_from names the transcript and line ("PATH:LINE");
+   * recorded_model is the model the recording names (its "model" field), or "". Both stay
+   * "" for a real model call. The core then reports the run as replayed. */
+  char replayed_from[4096];
+  char recorded_model[128];
 } eph_model_response_t;
+
+/* True when resp (sized by the caller) has room for the replay provenance. */
+#define EPH_MODEL_RESPONSE_HAS_REPLAY(resp)                                                      \
+  ((resp)->struct_size >= offsetof(eph_model_response_t, recorded_model) +                     \
+                              sizeof(((eph_model_response_t *)0)->recorded_model))
 
 /* True when resp (sized by the caller) has room for the cache token counts. */
 #define EPH_MODEL_RESPONSE_HAS_CACHE(resp)                                                       \

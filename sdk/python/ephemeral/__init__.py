@@ -14,6 +14,7 @@ from .errors import (ApiError, AuthenticationError, ConflictError, ConnectionErr
                      InternalError, InvalidRequestError, MethodNotAllowedError,
                      NotFoundError, PayloadTooLargeError, RateLimitError,
                      UnavailableError, UnsupportedMediaTypeError)
+from .webhooks import WebhookSignatureError, verify_webhook
 
 __version__ = "0.1.0"
 __all__ = [
@@ -21,5 +22,5 @@ __all__ = [
     "ConnectionError_", "EphemeralError", "IdempotencyError", "InsufficientBalanceError",
     "InternalError", "InvalidRequestError", "MethodNotAllowedError", "NotFoundError",
     "PayloadTooLargeError", "RateLimitError", "UnavailableError",
-    "UnsupportedMediaTypeError",
+    "UnsupportedMediaTypeError", "WebhookSignatureError", "verify_webhook",
 ]

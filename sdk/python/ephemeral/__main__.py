@@ -44,6 +44,9 @@ def dollars(micros: int) -> str:
 
 
 def event_line(e: Mapping[str, Any]) -> str:
+    if e.get("kind") in ("output", "model_delta"):  # live output: indented under its command
+        text = shown(e.get("text") or "").rstrip("\n")
+        return "\n".join(" " * 28 + line for line in text.split("\n"))
     if e.get("kind") == "tool_result":
         return "%6s  %-17s   -> %s" % ("", "", shown(e.get("text")))
     return "%6.2f  %-17s %s" % (float(e.get("t") or 0), shown(e.get("source")),

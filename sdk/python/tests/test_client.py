@@ -275,7 +275,9 @@ class TestClient(unittest.TestCase):
         lines = p.stdout.splitlines()
         self.assertRegex(lines[0], r"^Run run_\S+ · .+ · \S+$")
         self.assertRegex(p.stdout, r"\n +0\.00  Queued +budget of \$0\.04 reserved\n")
-        self.assertRegex(p.stdout, r"\n +[0-9.]+  Shell +\$ pwd; whoami\n {28}-> exit 0")
+        # the command's output (live output events) under it, then its result
+        self.assertRegex(p.stdout, r"\n +[0-9.]+  Shell +\$ pwd; whoami\n {28}/tmp/ephemeral-run-\w+/scratch\n"
+                                   r" {28}worker\n {28}-> exit 0")
         self.assertRegex(p.stdout, r"\nSaved output:\n(.*\n)*.*2 3 5 7 11 13")
         self.assertRegex(p.stdout, r"\nSucceeded  run_\S+  \$0\.\d+ of \$0\.04\n")
         self.assertRegex(p.stdout, r"\nModel \$0\.0003\d · Web \$0\.00 · Compute \$0\.\d+\n")

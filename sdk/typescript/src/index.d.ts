@@ -88,3 +88,12 @@ export declare class RateLimitError extends ApiError {}
 export declare class InternalError extends ApiError {}
 export declare class UnavailableError extends ApiError {}
 export declare function errorFromResponse(status: number, body: unknown, retryAfter?: number | null): ApiError;
+
+/** The delivery is not signed by the endpoint's secret, or is too old. */
+export declare class WebhookSignatureError extends EphemeralError {}
+/** Resolves when `header` (Ephemeral-Signature) signs `body` (raw, as received) with
+ * `secret` at a time within `toleranceS` seconds of `now` (unix seconds); rejects with
+ * WebhookSignatureError otherwise. */
+export declare function verifyWebhook(secret: string, header: string | null | undefined,
+  body: string | Uint8Array | ArrayBuffer, toleranceS?: number, now?: number): Promise<void>;
+export declare const verify_webhook: typeof verifyWebhook;

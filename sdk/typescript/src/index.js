@@ -294,3 +294,59 @@ export class Runs {
     }
   }
 }
+
+// ------------------------------------------------------------------ webhooks
+
+/** The delivery is not signed by the endpoint's secret, or is too old. */
+export class WebhookSignatureError extends EphemeralError {}
+
+async function subtleCrypto() {
+  if (globalThis.crypto?.subtle) return globalThis.crypto.subtle;
+  return (await import("node:crypto")).webcrypto.subtle; // Node 18 without the global
+}
+
+const toHex = (buf) => Array.from(new Uint8Array(buf), (b) => b.toString(16).padStart(2, "0")).join("");
+
+// Compares without an early exit, so the time taken does not say how much matched.
+function sameText(a, b) {
+  if (a.length !== b.length) return false;
+  let diff = 0;
+  for (let i = 0; i < a.length; i++) diff |= a.charCodeAt(i) ^ b.charCodeAt(i);
+  return diff === 0;
+}
+
+/**
+ * Checks a webhook delivery: `header` is its Ephemeral-Signature value
+ * ("t=UNIX_SECONDS,v1=HEX"), `body` the raw body as received (string or bytes), `secret`
+ * the endpoint's secret. Resolves when one v1 is the HMAC-SHA256 of "<t>.<body>" and t is
+ * within toleranceS seconds of now (seconds, default: the clock); rejects with
+ * WebhookSignatureError otherwise.
+ */
+export async function verifyWebhook(secret, header, body, toleranceS = 300, now = Date.now() / 1000) {
+  if (!header) throw new WebhookSignatureError("missing Ephemeral-Signature header");
+  let t = null;
+  const sigs = [];
+  for (const part of String(header).split(",")) {
+    const i = part.indexOf("=");
+    const k = part.slice(0, i).trim(), v = part.slice(i + 1).trim();
+    if (i < 0) continue;
+    if (k === "t" && /^[0-9]+$/.test(v)) t = Number(v);
+    else if (k === "v1") sigs.push(v);
+  }
+  if (t === null || sigs.length === 0) throw new WebhookSignatureError("malformed Ephemeral-Signature header");
+  if (Math.abs(now - t) > toleranceS)
+    throw new WebhookSignatureError(`signature timestamp ${t} is more than ${toleranceS} s from now`);
+  const enc = new TextEncoder();
+  const bytes = typeof body === "string" ? enc.encode(body) : new Uint8Array(body);
+  const prefix = enc.encode(`${t}.`);
+  const message = new Uint8Array(prefix.length + bytes.length);
+  message.set(prefix, 0);
+  message.set(bytes, prefix.length);
+  const subtle = await subtleCrypto();
+  const key = await subtle.importKey("raw", enc.encode(secret), { name: "HMAC", hash: "SHA-256" }, false, ["sign"]);
+  const expected = toHex(await subtle.sign("HMAC", key, message));
+  if (!sigs.some((s) => sameText(s, expected))) throw new WebhookSignatureError("signature does not match");
+}
+
+/** The same as verifyWebhook, under the Python SDK's name. */
+export const verify_webhook = verifyWebhook;

@@ -158,6 +158,202 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/webhooks": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** The organisation's endpoints, newest first (without secrets) */
+        get: operations["listWebhooks"];
+        put?: never;
+        /**
+         * Register an endpoint: every run of the organisation that ends is POSTed there, signed
+         * @description The URL is checked against the operator's `webhooks` address policy now and at every delivery: loopback, private, link-local and the host's own addresses, and ports off `allowed_ports`, are refused unless the operator allows them. The answer carries the signing secret, shown only here. When a run of the organisation ends, the endpoint receives POST {"type": "run.ended", "created_at_us": ..., "run": {id, object, status, reason, created_at, organisation, backend, usage, output, error}} (never the request; under zero data retention not output or error) with headers Ephemeral-Signature: t=UNIX_SECONDS,v1=hex(HMAC-SHA256(secret, t + "." + body)) and Ephemeral-Delivery (the delivery id). Any answer but 2xx (a redirect included) is retried with doubling delays for webhooks.retry_hours (24).
+         */
+        post: operations["createWebhook"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/webhooks/deliveries": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** The organisation's deliveries, newest first, with their attempts */
+        get: operations["listWebhookDeliveries"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/webhooks/{id}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        post?: never;
+        /** Delete an endpoint; its pending deliveries are given up */
+        delete: operations["deleteWebhook"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/admin/keys": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * The organisation's keys, newest first, revoked ones included (never the key)
+         * @description Admin keys only; every call, allowed or refused, is an audit record (GET /v1/admin/audit).
+         */
+        get: operations["adminListKeys"];
+        put?: never;
+        /**
+         * Create an API key of an organisation (created if new); the key is in this answer only
+         * @description Only the key's SHA-256 is stored. Admin keys only; every call, allowed or refused, is an audit record (GET /v1/admin/audit).
+         */
+        post: operations["adminCreateKey"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/admin/keys/{id}/revoke": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Revoke a key: it gets 401 from then on
+         * @description Admin keys only; every call, allowed or refused, is an audit record (GET /v1/admin/audit).
+         */
+        post: operations["adminRevokeKey"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/admin/orgs/{id}/credit": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Add credit to an organisation (created if new); answers the new balance
+         * @description Admin keys only; every call, allowed or refused, is an audit record (GET /v1/admin/audit).
+         */
+        post: operations["adminCredit"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/admin/orgs/{id}/balance": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * An organisation's available balance (credits - open reservations - billed)
+         * @description Admin keys only; every call, allowed or refused, is an audit record (GET /v1/admin/audit).
+         */
+        get: operations["adminBalance"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/admin/orgs/{id}/usage": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * An organisation's runs and their costs over a period (runs created in [from_us, to_us))
+         * @description Admin keys only; every call, allowed or refused, is an audit record (GET /v1/admin/audit).
+         */
+        get: operations["adminUsage"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/admin/audit": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * The audit trail of admin calls, newest first (kept retention_days)
+         * @description Admin keys only; every call, allowed or refused, is an audit record (GET /v1/admin/audit).
+         */
+        get: operations["adminAudit"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/webhooks/secret": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** The organisation's default signing secret (created on first use): it signs deliveries to a request's own webhook_url */
+        get: operations["getWebhookSecret"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
 }
 export type webhooks = Record<string, never>;
 export interface components {
@@ -176,10 +372,10 @@ export interface components {
             };
         };
         /**
-         * @description 400 invalid_request, 401 authentication_error, 402 insufficient_balance, 404 not_found, 405 method_not_allowed, 409 conflict, 413 payload_too_large, 415 unsupported_media_type, 422 idempotency_error, 429 rate_limited, 503 overloaded (request bodies in flight would pass server.max_inflight_body_bytes), 503 unavailable (draining, or the run cannot be taken now), 503 storage_unavailable (the store or the ledger cannot commit; nothing was reserved), 500 internal_error (the message carries a reference to the daemon's log). Clients should accept types they do not know.
+         * @description 400 invalid_request, 401 authentication_error, 402 insufficient_balance, 403 permission_denied (an admin route called with a plain key), 404 not_found, 405 method_not_allowed, 409 conflict, 413 payload_too_large, 415 unsupported_media_type, 422 idempotency_error, 429 rate_limited, 503 overloaded (request bodies in flight would pass server.max_inflight_body_bytes), 503 unavailable (draining, or the run cannot be taken now), 503 storage_unavailable (the store or the ledger cannot commit; nothing was reserved), 500 internal_error (the message carries a reference to the daemon's log). Clients should accept types they do not know.
          * @enum {string}
          */
-        ErrorType: "invalid_request" | "authentication_error" | "insufficient_balance" | "not_found" | "method_not_allowed" | "conflict" | "payload_too_large" | "unsupported_media_type" | "idempotency_error" | "rate_limited" | "overloaded" | "unavailable" | "storage_unavailable" | "internal_error";
+        ErrorType: "invalid_request" | "authentication_error" | "insufficient_balance" | "permission_denied" | "not_found" | "method_not_allowed" | "conflict" | "payload_too_large" | "unsupported_media_type" | "idempotency_error" | "rate_limited" | "overloaded" | "unavailable" | "storage_unavailable" | "internal_error";
         Health: {
             /** @enum {string} */
             status: "ok" | "degraded" | "draining";
@@ -245,6 +441,8 @@ export interface components {
             metadata?: {
                 [key: string]: string;
             };
+            /** @description http:// or https:// URL told when this run ends (POST, signed with GET /v1/webhooks/secret's secret; the operator's webhooks address policy applies: a refused URL is 400 naming webhook_url). ephemerald only: `ephemeral run` refuses it. */
+            webhook_url?: string;
         };
         /** @description The request as the run holds it: every default filled in; file contents are not echoed (their size is); under zero data retention the prompt and file paths are left out. */
         RunRequest: {
@@ -267,6 +465,8 @@ export interface components {
             metadata?: {
                 [key: string]: string;
             };
+            /** @description the request's webhook_url, when it named one */
+            webhook_url?: string;
         };
         /**
          * @description queued, running, then exactly one end state
@@ -320,6 +520,12 @@ export interface components {
             /** @description the sandbox backend (runs in memory only) */
             backend?: string;
             request?: components["schemas"]["RunRequest"];
+            /** @description the model that answered: the request's, or for a replayed run the model its transcript recorded */
+            model?: string;
+            /** @description true when the model calls were answered from a recorded transcript (model-replay), not by a model */
+            replayed?: boolean;
+            /** @description the transcript a replayed run was answered from (replayed runs only) */
+            transcript?: string;
             /** @description GET /v1/runs/{id} and ?wait answers only */
             events?: components["schemas"]["Event"][];
             output?: components["schemas"]["Output"];
@@ -392,6 +598,19 @@ export interface components {
             kind?: "worker_started";
             data?: never;
         } & components["schemas"]["EventBase"];
+        /** @description The answer's text as a streaming provider delivers it (model-anthropic, model-openai with `stream = true`), coalesced like output (about every 100 ms or 4 KiB), before the call's model_call event. The model_call event and the run's output remain the record of the answer; a retried attempt streams again from its start. Bounded per call (64 KiB) and per run (1 MiB), past which one final event has `dropped_bytes`. Never emitted under zero data retention. A content event. */
+        ModelDeltaEvent: {
+            /** @constant */
+            kind?: "model_delta";
+            /** @constant */
+            source?: "Model";
+            data?: {
+                /** @description the model call's number (as in `model call N`) */
+                call: number;
+                bytes?: number;
+                dropped_bytes?: number;
+            };
+        } & components["schemas"]["EventBase"];
         /** @description One model call returned (and was charged). */
         ModelCallEvent: {
             /** @constant */
@@ -405,6 +624,8 @@ export interface components {
                 cost_micros: number;
                 latency_ms: number;
                 finish_reason: string;
+                /** @description replayed runs: the transcript line that answered (PATH:LINE); the text then reads `model call N · replayed from PATH:LINE · ...` */
+                replayed_from?: string;
             };
         } & components["schemas"]["EventBase"];
         /** @description A model call failed; the run ends. */
@@ -434,6 +655,21 @@ export interface components {
                 call_id: string;
                 result: unknown;
                 duration_ms: number;
+            };
+        } & components["schemas"]["EventBase"];
+        /** @description A running command's output, live (tool-shell through host->output): its chunks coalesced (about every 100 ms or 4 KiB, valid UTF-8) in `text`, before the command's tool_result. Bounded: per command its output cap, per run 1 MiB; past either, one final event per command has `dropped_bytes` and no `stream`. Never emitted under zero data retention. A content event. */
+        OutputEvent: {
+            /** @constant */
+            kind?: "output";
+            data?: {
+                /** @description the tool call whose command printed it */
+                call_id: string;
+                /** @enum {unknown} */
+                stream?: "stdout" | "stderr";
+                /** @description bytes of text */
+                bytes?: number;
+                /** @description the end-of-command marker: bytes of the command's output not shown live (the tool_result keeps head and tail) */
+                dropped_bytes?: number;
             };
         } & components["schemas"]["EventBase"];
         /** @description A tool call refused: by the gate (the plugin was never entered; no data for an unknown tool) or by a tool plugin (its budget or policy). A content event. */
@@ -604,7 +840,146 @@ export interface components {
             kind?: string;
         } & components["schemas"]["EventBase"];
         /** @description A timeline event, typed by kind (each member's kind is a constant; PluginEvent takes any other kind). In the SSE stream each is `id: <seq>`, `event: <kind>`, `data: <this JSON>`. */
-        Event: components["schemas"]["ReservedEvent"] | components["schemas"]["SandboxReadyEvent"] | components["schemas"]["SandboxErrorEvent"] | components["schemas"]["EgressErrorEvent"] | components["schemas"]["WorkerStartedEvent"] | components["schemas"]["ModelCallEvent"] | components["schemas"]["ModelErrorEvent"] | components["schemas"]["ToolCallEvent"] | components["schemas"]["ToolResultEvent"] | components["schemas"]["DeniedEvent"] | components["schemas"]["EgressEvent"] | components["schemas"]["SandboxDestroyedEvent"] | components["schemas"]["EndedEvent"] | components["schemas"]["SettledEvent"] | components["schemas"]["WebRequestEvent"] | components["schemas"]["WebRefusedEvent"] | components["schemas"]["FileReadEvent"] | components["schemas"]["FileWriteEvent"] | components["schemas"]["FileListEvent"] | components["schemas"]["FileRefusedEvent"] | components["schemas"]["ConnectionRequestEvent"] | components["schemas"]["HeaderDroppedEvent"] | components["schemas"]["PluginEvent"];
+        Event: components["schemas"]["ReservedEvent"] | components["schemas"]["SandboxReadyEvent"] | components["schemas"]["SandboxErrorEvent"] | components["schemas"]["EgressErrorEvent"] | components["schemas"]["WorkerStartedEvent"] | components["schemas"]["ModelDeltaEvent"] | components["schemas"]["ModelCallEvent"] | components["schemas"]["ModelErrorEvent"] | components["schemas"]["ToolCallEvent"] | components["schemas"]["ToolResultEvent"] | components["schemas"]["OutputEvent"] | components["schemas"]["DeniedEvent"] | components["schemas"]["EgressEvent"] | components["schemas"]["SandboxDestroyedEvent"] | components["schemas"]["EndedEvent"] | components["schemas"]["SettledEvent"] | components["schemas"]["WebRequestEvent"] | components["schemas"]["WebRefusedEvent"] | components["schemas"]["FileReadEvent"] | components["schemas"]["FileWriteEvent"] | components["schemas"]["FileListEvent"] | components["schemas"]["FileRefusedEvent"] | components["schemas"]["ConnectionRequestEvent"] | components["schemas"]["HeaderDroppedEvent"] | components["schemas"]["PluginEvent"];
+        WebhookRequest: {
+            /** @description http:// or https:// URL the run-end notices are POSTed to */
+            url: string;
+        };
+        Webhook: {
+            id: string;
+            url: string;
+            /** @description unix time, microseconds */
+            created_at_us: number;
+        };
+        WebhookCreated: components["schemas"]["Webhook"] & {
+            /** @description whsec_ + 48 hex digits: the HMAC-SHA256 key of Ephemeral-Signature. Shown once. */
+            secret: string;
+        };
+        WebhookList: {
+            /** @constant */
+            object: "list";
+            data: components["schemas"]["Webhook"][];
+        };
+        WebhookDeleted: {
+            id: string;
+            /** @constant */
+            deleted: true;
+        };
+        WebhookDelivery: {
+            id: string;
+            webhook_id: string;
+            run_id: string;
+            url: string;
+            /**
+             * @description failed: retry_hours passed (24 by default) or the endpoint was deleted
+             * @enum {string}
+             */
+            status: "pending" | "delivered" | "failed";
+            attempts: number;
+            /** @description when the next attempt is due (pending), unix microseconds */
+            next_attempt_us: number;
+            /** @description HTTP status of the last attempt; null when none was received */
+            last_status_code: number | null;
+            /** @description why the last attempt failed */
+            last_error: string | null;
+            created_at_us: number;
+            updated_at_us: number;
+        };
+        WebhookDeliveryList: {
+            /** @constant */
+            object: "list";
+            data: components["schemas"]["WebhookDelivery"][];
+        };
+        AdminKeyRequest: {
+            org: string;
+            /** @description unique among the organisation's active keys */
+            name: string;
+            /**
+             * @description an admin key (may call /v1/admin/)
+             * @default false
+             */
+            admin?: boolean;
+        };
+        AdminKeyCreated: {
+            /** @constant */
+            object: "api_key";
+            id: string;
+            org: string;
+            name: string;
+            admin: boolean;
+            /** @description eph_ + 48 hex digits; shown once */
+            key: string;
+        };
+        AdminKey: {
+            id: string;
+            name: string;
+            created_at_us: number;
+            revoked_at_us: number | null;
+        };
+        AdminKeyList: {
+            /** @constant */
+            object: "list";
+            data: components["schemas"]["AdminKey"][];
+        };
+        AdminKeyRevoked: {
+            id: string;
+            org: string;
+            /** @constant */
+            revoked: true;
+        };
+        AdminCreditRequest: {
+            /** @description micro-dollars: 1000000 = $1 */
+            amount_micros: number;
+        };
+        Balance: {
+            /** @constant */
+            object: "balance";
+            org: string;
+            balance_micros: number;
+        };
+        AdminUsage: {
+            /** @constant */
+            object: "usage";
+            org: string;
+            from_us: number;
+            to_us: number;
+            runs: number;
+            model_micros: number;
+            web_micros: number;
+            compute_micros: number;
+            billed_micros: number;
+        };
+        AuditRecord: {
+            id: number;
+            /** @description when, unix microseconds */
+            at_us: number;
+            /** @description who: the calling key's id */
+            actor_key_id: string;
+            /** @description the calling key's organisation */
+            actor_org: string;
+            /** @enum {string} */
+            action: "keys.create" | "keys.list" | "keys.revoke" | "orgs.credit" | "orgs.balance" | "orgs.usage" | "audit.list";
+            target_org: string | null;
+            /** @description the key id or name acted on */
+            target: string | null;
+            /** @description a JSON text: the amount credited, the key's name and admin flag */
+            detail: string | null;
+            /** @description the client's address */
+            address: string;
+            /** @description the HTTP status the call got */
+            status: number;
+        };
+        AuditList: {
+            /** @constant */
+            object: "list";
+            data: components["schemas"]["AuditRecord"][];
+        };
+        WebhookSecret: {
+            /** @constant */
+            object: "webhook_secret";
+            /** @description whsec_ + 48 hex digits */
+            secret: string;
+        };
     };
     responses: {
         /** @description Invalid input; error.field names the field, query parameter or header: a request field (a grant of a connection the operator did not define: connections[i].name), an encoded /, \ or NUL in the request target (path), more than one Content-Length (Content-Length), a bad ?wait, ?limit, ?cursor or Last-Event-ID */
@@ -649,6 +1024,15 @@ export interface components {
         InternalError: {
             headers: {
                 "Retry-After": components["headers"]["RetryAfter"];
+                [name: string]: unknown;
+            };
+            content: {
+                "application/json": components["schemas"]["Error"];
+            };
+        };
+        /** @description permission_denied: the key is not an admin key (ephemeral keys create --admin); the attempt is audited */
+        Forbidden: {
+            headers: {
                 [name: string]: unknown;
             };
             content: {
@@ -1059,6 +1443,564 @@ export interface operations {
                 };
             };
             500: components["responses"]["InternalError"];
+        };
+    };
+    listWebhooks: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The endpoints */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["WebhookList"];
+                };
+            };
+            401: components["responses"]["Unauthorized"];
+            405: components["responses"]["MethodNotAllowed"];
+            500: components["responses"]["InternalError"];
+            /** @description storage_unavailable: the store cannot be read or written now */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+        };
+    };
+    createWebhook: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["WebhookRequest"];
+            };
+        };
+        responses: {
+            /** @description Registered; keep the secret */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["WebhookCreated"];
+                };
+            };
+            /** @description Invalid input; error.field is `url` for a malformed URL or one the address policy refuses (the message names the reason), or the unknown field */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            401: components["responses"]["Unauthorized"];
+            405: components["responses"]["MethodNotAllowed"];
+            /** @description The body is larger than server.max_body_bytes (Connection: close) */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Content-Type is not application/json */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            500: components["responses"]["InternalError"];
+            /** @description storage_unavailable: the store cannot be read or written now */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+        };
+    };
+    listWebhookDeliveries: {
+        parameters: {
+            query?: {
+                limit?: number;
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The deliveries */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["WebhookDeliveryList"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            405: components["responses"]["MethodNotAllowed"];
+            500: components["responses"]["InternalError"];
+            /** @description storage_unavailable: the store cannot be read or written now */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+        };
+    };
+    deleteWebhook: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description the endpoint's id (wh_...) */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Deleted */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["WebhookDeleted"];
+                };
+            };
+            401: components["responses"]["Unauthorized"];
+            404: components["responses"]["NotFound"];
+            405: components["responses"]["MethodNotAllowed"];
+            500: components["responses"]["InternalError"];
+            /** @description storage_unavailable: the store cannot be read or written now */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+        };
+    };
+    adminListKeys: {
+        parameters: {
+            query: {
+                org: string;
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The keys */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["AdminKeyList"];
+                };
+            };
+            /** @description invalid_request: org missing or malformed (error.field org) */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            405: components["responses"]["MethodNotAllowed"];
+            500: components["responses"]["InternalError"];
+            /** @description storage_unavailable: the store or the ledger cannot be read or written now */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+        };
+    };
+    adminCreateKey: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["AdminKeyRequest"];
+            };
+        };
+        responses: {
+            /** @description Created */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["AdminKeyCreated"];
+                };
+            };
+            /** @description invalid_request; error.field names org, name, admin or the unknown field */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            405: components["responses"]["MethodNotAllowed"];
+            /** @description conflict: the organisation has an active key of that name */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description The body is larger than server.max_body_bytes (Connection: close) */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Content-Type is not application/json */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            500: components["responses"]["InternalError"];
+            /** @description storage_unavailable: the store or the ledger cannot be read or written now */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+        };
+    };
+    adminRevokeKey: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description the key's id (key_...) */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Revoked */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["AdminKeyRevoked"];
+                };
+            };
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["NotFound"];
+            405: components["responses"]["MethodNotAllowed"];
+            500: components["responses"]["InternalError"];
+            /** @description storage_unavailable: the store or the ledger cannot be read or written now */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+        };
+    };
+    adminCredit: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description the organisation */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["AdminCreditRequest"];
+            };
+        };
+        responses: {
+            /** @description The balance after the credit */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Balance"];
+                };
+            };
+            /** @description invalid_request; error.field names amount_micros, org or the unknown field */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            405: components["responses"]["MethodNotAllowed"];
+            /** @description The body is larger than server.max_body_bytes (Connection: close) */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Content-Type is not application/json */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            500: components["responses"]["InternalError"];
+            /** @description storage_unavailable: the store or the ledger cannot be read or written now */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+        };
+    };
+    adminBalance: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description the organisation */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The balance */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Balance"];
+                };
+            };
+            /** @description invalid_request: a malformed organisation (error.field org) */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            405: components["responses"]["MethodNotAllowed"];
+            500: components["responses"]["InternalError"];
+            /** @description storage_unavailable: the store or the ledger cannot be read or written now */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+        };
+    };
+    adminUsage: {
+        parameters: {
+            query?: {
+                /** @description unix microseconds; default 30 days ago */
+                from_us?: number;
+                /** @description unix microseconds, exclusive; default now */
+                to_us?: number;
+            };
+            header?: never;
+            path: {
+                /** @description the organisation */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The usage */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["AdminUsage"];
+                };
+            };
+            /** @description invalid_request; error.field names from_us, to_us or org */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            405: components["responses"]["MethodNotAllowed"];
+            500: components["responses"]["InternalError"];
+            /** @description storage_unavailable: the store or the ledger cannot be read or written now */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+        };
+    };
+    adminAudit: {
+        parameters: {
+            query?: {
+                limit?: number;
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The records */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["AuditList"];
+                };
+            };
+            /** @description invalid_request: a bad ?limit */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            405: components["responses"]["MethodNotAllowed"];
+            500: components["responses"]["InternalError"];
+            /** @description storage_unavailable: the store or the ledger cannot be read or written now */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+        };
+    };
+    getWebhookSecret: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The secret */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["WebhookSecret"];
+                };
+            };
+            401: components["responses"]["Unauthorized"];
+            405: components["responses"]["MethodNotAllowed"];
+            500: components["responses"]["InternalError"];
+            /** @description storage_unavailable: the store cannot be read or written now */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
         };
     };
 }

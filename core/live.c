@@ -1,0 +1,129 @@
+/* Live command output: coalescing and bounds (see live.h). */
+#include <config.h>
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "live.h"
+#include "util.h"
+
+/* Length of the UTF-8 sequence starting at p (n bytes available): 1..4 when it is a valid
+ * complete sequence, 0 when invalid, -1 when valid so far but cut by the end. */
+static int
+utf8_len(const unsigned char *p, size_t n)
+{
+  if (p[0] < 0x80)
+    return 1;
+  int len = p[0] >= 0xc2 && p[0] <= 0xdf   ? 2
+            : p[0] >= 0xe0 && p[0] <= 0xef ? 3
+            : p[0] >= 0xf0 && p[0] <= 0xf4 ? 4
+                                           : 0;
+  if (!len)
+    return 0;
+  for (int i = 1; i < len; i++) {
+    if ((size_t)i >= n)
+      return -1;
+    if ((p[i] & 0xc0) != 0x80)
+      return 0;
+  }
+  /* Overlongs and surrogates: E0 needs A0..BF, ED 80..9F, F0 90..BF, F4 80..8F. */
+  if ((p[0] == 0xe0 && p[1] < 0xa0) || (p[0] == 0xed && p[1] > 0x9f) ||
+      (p[0] == 0xf0 && p[1] < 0x90) || (p[0] == 0xf4 && p[1] > 0x8f))
+    return 0;
+  return len;
+}
+
+/* Emits the pending bytes as valid UTF-8. Unless `final`, an incomplete sequence at the
+ * end stays pending for the next chunk. */
+static void
+flush(eph_live_t *l, bool final, eph_live_emit_fn emit, void *opaque)
+{
+  if (!l->pending_bytes)
+    return;
+  const unsigned char *p = (const unsigned char *)l->pending;
+  size_t n = l->pending_bytes, i = 0, o = 0;
+  char *out = eph_xmalloc(n * 3 + 1);
+  while (i < n) {
+    int len = utf8_len(p + i, n - i);
+    if (len < 0 && !final)
+      break;
+    if (len <= 0 || (len == 1 && p[i] == 0)) {
+      memcpy(out + o, "\xef\xbf\xbd", 3);
+      o += 3;
+      i++;
+    } else {
+      memcpy(out + o, p + i, (size_t)len);
+      o += (size_t)len;
+      i += (size_t)len;
+    }
+  }
+  out[o] = '\0';
+  if (o)
+    emit(opaque, l->pending_stream, out, o, 0);
+  free(out);
+  memmove(l->pending, l->pending + i, n - i);
+  l->pending_bytes = n - i;
+  l->last_emit_ms = eph_now_ms();
+}
+
+void
+eph_live_begin(eph_live_t *l, uint64_t cmd_cap_bytes)
+{
+  l->active = true;
+  l->pending_bytes = 0;
+  l->pending_stream = 1;
+  l->last_emit_ms = 0;
+  l->cmd_cap_bytes = cmd_cap_bytes ? cmd_cap_bytes : EPH_LIVE_CMD_CAP_DEFAULT_BYTES;
+  l->cmd_shown_bytes = l->cmd_dropped_bytes = 0;
+}
+
+void
+eph_live_add(eph_live_t *l, int stream, const char *data, size_t bytes, eph_live_emit_fn emit,
+             void *opaque)
+{
+  if (!l->active || (stream != 1 && stream != 2))
+    return;
+  while (bytes) {
+    uint64_t room =
+        l->cmd_shown_bytes < l->cmd_cap_bytes ? l->cmd_cap_bytes - l->cmd_shown_bytes : 0;
+    uint64_t run_room = l->run_shown_bytes < EPH_LIVE_RUN_CAP_BYTES
+                            ? EPH_LIVE_RUN_CAP_BYTES - l->run_shown_bytes
+                            : 0;
+    if (run_room < room)
+      room = run_room;
+    if (room == 0) { /* past a cap: counted, not shown */
+      l->cmd_dropped_bytes += bytes;
+      return;
+    }
+    if (stream != l->pending_stream) {
+      flush(l, true, emit, opaque);
+      l->pending_stream = stream;
+    }
+    size_t take = EPH_LIVE_CHUNK_BYTES - l->pending_bytes;
+    if (take > bytes)
+      take = bytes;
+    if (take > room)
+      take = (size_t)room;
+    memcpy(l->pending + l->pending_bytes, data, take);
+    l->pending_bytes += take;
+    l->cmd_shown_bytes += take;
+    l->run_shown_bytes += take;
+    data += take;
+    bytes -= take;
+    if (l->pending_bytes == EPH_LIVE_CHUNK_BYTES) /* keeps at most a cut sequence */
+      flush(l, false, emit, opaque);
+  }
+  if (eph_now_ms() - l->last_emit_ms >= EPH_LIVE_INTERVAL_MS)
+    flush(l, false, emit, opaque);
+}
+
+void
+eph_live_end(eph_live_t *l, eph_live_emit_fn emit, void *opaque)
+{
+  if (!l->active)
+    return;
+  flush(l, true, emit, opaque);
+  if (l->cmd_dropped_bytes)
+    emit(opaque, 0, NULL, 0, l->cmd_dropped_bytes);
+  l->active = false;
+}
