@@ -234,20 +234,3 @@ eph_ctx_check_selected(eph_ctx_t *ctx, eph_error_t *err)
   }
   return 0;
 }
-
-const eph_plugin_slot_t *
-eph_ctx_backend(eph_ctx_t *ctx, const char *name, eph_error_t *err)
-{
-  if (!name) {
-    if (eph_cfg_string(ctx->config.core, "backend", "backend-jail", &name, err) < 0)
-      return NULL;
-  }
-  cleanup_free char *full =
-      strncmp(name, "backend-", 8) == 0 ? eph_xstrdup(name) : eph_xasprintf("backend-%s", name);
-  const eph_plugin_slot_t *s = eph_plugins_find(&ctx->plugins, full);
-  if (!s || s->desc->kind != EPH_KIND_BACKEND) {
-    eph_error_set(err, ENOENT, "backend '%s' is not loaded (enable %s in conf.d)", name, full);
-    return NULL;
-  }
-  return s;
-}

@@ -35,12 +35,14 @@ typedef struct eph_ctx {
 int eph_ctx_open(eph_ctx_t *ctx, const eph_ctx_options_t *opt, eph_error_t *err);
 void eph_ctx_close(eph_ctx_t *ctx);
 
-/* Finds a backend by short or full name ("jail" or "backend-jail"); NULL = the configured
- * default backend (core key `backend`). Returns NULL with err set when it is not loaded. */
 /* Checks that ephemeral.conf's `backend` and `model_plugin` name loaded plugins of their
  * kind. Returns 0, or -ENOENT with err naming ephemeral.conf's FILE:LINE and the key (a
  * typo there must stop `config check` and the daemon, not surface at the first run). */
 int eph_ctx_check_selected(eph_ctx_t *ctx, eph_error_t *err);
+
+/* Finds a backend by short or full name ("jail" or "backend-jail"); NULL = the configured
+ * default backend (core key `backend`). Returns NULL with err set when it is not loaded.
+ * Defined in sandbox.c (no unit below context.c may call into context.c). */
 const eph_plugin_slot_t *eph_ctx_backend(eph_ctx_t *ctx, const char *name, eph_error_t *err);
 
 /* CLI subcommands: argv[0] is the subcommand name; return the process exit code. */

@@ -47,6 +47,55 @@ ops_present(const eph_plugin_t *d)
   return *size >= sizeof(uint32_t);
 }
 
+/* The operations the core calls without checking them first, per kind: a plugin missing one
+ * is refused at load (naming it) instead of crashing the first run that needs it. Optional
+ * operations (a tool's connection_defined, a backend's stats and sweep, a model's serves, a
+ * ledger's probe) are checked where they are called. */
+typedef struct required_op {
+  eph_kind_t kind;
+  const char *name;
+  size_t offset;
+} required_op_t;
+#define REQUIRED(kind, type, field) {kind, #field, offsetof(type, field)}
+static const required_op_t required_ops[] = {
+    REQUIRED(EPH_KIND_TOOL, eph_tool_ops_t, call),
+    REQUIRED(EPH_KIND_BACKEND, eph_backend_ops_t, create),
+    REQUIRED(EPH_KIND_BACKEND, eph_backend_ops_t, destroy),
+    REQUIRED(EPH_KIND_MODEL, eph_model_ops_t, complete),
+    REQUIRED(EPH_KIND_LEDGER, eph_ledger_ops_t, credit),
+    REQUIRED(EPH_KIND_LEDGER, eph_ledger_ops_t, balance),
+    REQUIRED(EPH_KIND_LEDGER, eph_ledger_ops_t, reserve),
+    REQUIRED(EPH_KIND_LEDGER, eph_ledger_ops_t, charge),
+    REQUIRED(EPH_KIND_LEDGER, eph_ledger_ops_t, settle),
+    REQUIRED(EPH_KIND_LEDGER, eph_ledger_ops_t, totals),
+    REQUIRED(EPH_KIND_LEDGER, eph_ledger_ops_t, settle_open),
+};
+#undef REQUIRED
+
+/* The first required operation of d's kind its table lacks (too small to hold it, or NULL),
+ * or NULL when none is missing. */
+static const char *
+missing_op(const eph_plugin_t *d)
+{
+  const uint32_t *size = d->ops;
+  for (size_t i = 0; i < sizeof required_ops / sizeof required_ops[0]; i++) {
+    const required_op_t *op = &required_ops[i];
+    if (op->kind != d->kind)
+      continue;
+    void (*fn)(void) = NULL;
+    if (*size >= op->offset + sizeof fn)
+      memcpy(&fn, (const char *)d->ops + op->offset, sizeof fn);
+    if (!fn)
+      return op->name;
+  }
+  if (d->kind == EPH_KIND_TOOL) {
+    const eph_tool_ops_t *t = d->ops;
+    if (t->n_tools > 0 && !t->tools)
+      return "tools";
+  }
+  return NULL;
+}
+
 static void
 release_handle(void *handle)
 {
@@ -99,6 +148,14 @@ eph_plugin_load_file(eph_plugins_t *ps, const char *path, const config_setting_t
   if (!d->init || !ops_present(d)) {
     r = eph_error_set(err, EINVAL, "%s: plugin '%s' has no init or no operations table", path,
                       d->name);
+    goto fail;
+  }
+  const char *missing = missing_op(d);
+  if (missing) {
+    r = eph_error_set(err, EINVAL,
+                      "%s: %s plugin '%s' lacks the required operation '%s' (its operations "
+                      "table has no %s, or is too small to hold it)",
+                      path, eph_kind_name(d->kind), d->name, missing, missing);
     goto fail;
   }
   const eph_plugin_slot_t *dup = eph_plugins_find(ps, d->name);

@@ -101,6 +101,15 @@ const char *eph_run_id(const eph_run_t *run);
 const char *eph_run_org(const eph_run_t *run);
 eph_run_status_t eph_run_status(eph_run_t *run);
 bool eph_run_zdr(const eph_run_t *run);
+
+/* What a run has used so far; after settle, the ledger's totals. Micros throughout. */
+typedef struct eph_run_usage {
+  int64_t model_calls, input_tokens, output_tokens;
+  int64_t reserved_micros, billed_micros, released_micros;
+  int64_t model_micros, web_micros, compute_micros;
+} eph_run_usage_t;
+/* A consistent snapshot (thread-safe). */
+void eph_run_usage(eph_run_t *run, eph_run_usage_t *out);
 /* The run object: id, status, reason, created_at, request, events, output, usage.
  * New reference owned by the caller. include_events=false omits "events". */
 json_object *eph_run_to_json(eph_run_t *run, bool include_events);

@@ -3,11 +3,13 @@
 
 #include "sandbox.h"
 
+#include <errno.h>
 #include <inttypes.h>
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
 
+#include "context.h"
 #include "guest_client.h"
 #include "log.h"
 #include "util.h"
@@ -246,4 +248,24 @@ eph_sbx_destroy(eph_sbx_t *s, eph_sandbox_report_t *report, eph_error_t *err)
   free_proxy_env(s);
   free(s);
   return r;
+}
+
+/* Declared in context.h; defined here, beside the sandboxes it chooses the backend for, so
+ * that the run (which calls it) does not depend on context.c, which depends on the run
+ * through the host services. */
+const eph_plugin_slot_t *
+eph_ctx_backend(eph_ctx_t *ctx, const char *name, eph_error_t *err)
+{
+  if (!name) {
+    if (eph_cfg_string(ctx->config.core, "backend", "backend-jail", &name, err) < 0)
+      return NULL;
+  }
+  cleanup_free char *full =
+      strncmp(name, "backend-", 8) == 0 ? eph_xstrdup(name) : eph_xasprintf("backend-%s", name);
+  const eph_plugin_slot_t *s = eph_plugins_find(&ctx->plugins, full);
+  if (!s || s->desc->kind != EPH_KIND_BACKEND) {
+    eph_error_set(err, ENOENT, "backend '%s' is not loaded (enable %s in conf.d)", name, full);
+    return NULL;
+  }
+  return s;
 }

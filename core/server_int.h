@@ -145,7 +145,12 @@ struct eph_server {
   struct eph_webhooks *webhooks; /* core/webhook.c: run-end deliveries */
 };
 
-/* server.c */
+/* server_http.c */
+/* Sends data (malloc'd, taken) with the secure headers, one optional extra header and, for
+ * a 503, a default Retry-After; counts the status. */
+MHD_RESULT eph_srv_send(struct MHD_Connection *c, eph_server_t *srv, unsigned status,
+                        const char *type, char *data, size_t len, const char *hname,
+                        const char *hval);
 MHD_RESULT eph_srv_json(struct MHD_Connection *c, eph_server_t *srv, unsigned status,
                         json_object *body);
 MHD_RESULT eph_srv_error(struct MHD_Connection *c, eph_server_t *srv, unsigned status,

@@ -169,13 +169,10 @@ eph_srv_req_done(eph_server_t *srv, conn_req_t *req)
 static void
 finished(eph_server_t *srv, live_t *l)
 {
+  /* The webhook's payload: the run object as the API answers it. */
   cleanup_json json_object *o = eph_run_to_json(l->run, false);
-  json_object *u = NULL, *v = NULL;
-  json_object_object_get_ex(o, "usage", &u);
-  int64_t model = json_object_object_get_ex(u, "model_micros", &v) ? json_object_get_int64(v) : 0;
-  int64_t web = json_object_object_get_ex(u, "web_micros", &v) ? json_object_get_int64(v) : 0;
-  int64_t compute =
-      json_object_object_get_ex(u, "compute_micros", &v) ? json_object_get_int64(v) : 0;
+  eph_run_usage_t u;
+  eph_run_usage(l->run, &u);
   eph_run_status_t s = eph_run_status(l->run);
   pthread_mutex_lock(&srv->lock);
   if (l->running) {
@@ -186,9 +183,9 @@ finished(eph_server_t *srv, live_t *l)
   l->settled_ms = eph_now_ms();
   if (s <= EPH_RUN_CANCELLED)
     srv->runs_ended[s]++;
-  srv->billed_model_micros += model;
-  srv->billed_web_micros += web;
-  srv->billed_compute_micros += compute;
+  srv->billed_model_micros += u.model_micros;
+  srv->billed_web_micros += u.web_micros;
+  srv->billed_compute_micros += u.compute_micros;
   wake_locked(srv, l);
   pthread_cond_broadcast(&srv->cond);
   pthread_mutex_unlock(&srv->lock);
@@ -402,17 +399,6 @@ eph_srv_runs_drain(eph_server_t *srv, int grace_seconds)
 
 /* ------------------------------------------------------------------ run objects */
 
-static void
-iso8601(int64_t us, char *buf, size_t size)
-{
-  time_t s = (time_t)(us / 1000000);
-  struct tm tm;
-  gmtime_r(&s, &tm);
-  char base[32];
-  strftime(base, sizeof base, "%Y-%m-%dT%H:%M:%S", &tm);
-  snprintf(buf, size, "%s.%03dZ", base, (int)((us / 1000) % 1000));
-}
-
 json_object *
 eph_srv_event_from_store(json_object *e)
 {
@@ -443,8 +429,9 @@ from_store(json_object *row, json_object *events)
   if (usage && json_object_object_get_ex(usage, "error", &v))
     json_object_object_add(o, "error", json_object_get(v));
   char created[40];
-  iso8601(json_object_object_get_ex(row, "created_at_us", &v) ? json_object_get_int64(v) : 0,
-          created, sizeof created);
+  eph_format_iso8601(
+      json_object_object_get_ex(row, "created_at_us", &v) ? json_object_get_int64(v) : 0,
+      created, sizeof created);
   json_object_object_add(o, "created_at", json_object_new_string(created));
   json_object_object_add(o, "organisation", json_object_get(json_object_object_get(row, "org")));
   if (json_object_object_get_ex(row, "request", &v))

@@ -88,6 +88,17 @@ eph_wall_us(void)
   return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
 }
 
+void
+eph_format_iso8601(int64_t us, char *buf, size_t size)
+{
+  time_t s = (time_t)(us / 1000000);
+  struct tm tm;
+  gmtime_r(&s, &tm);
+  char base[32];
+  strftime(base, sizeof base, "%Y-%m-%dT%H:%M:%S", &tm);
+  snprintf(buf, size, "%s.%03dZ", base, (int)((us / 1000) % 1000));
+}
+
 char *
 eph_format_dollars(int64_t micros, char *buf, size_t size)
 {

@@ -44,6 +44,10 @@ int64_t eph_wall_us(void);
  * buf must hold at least 32 bytes; returns buf. */
 char *eph_format_dollars(int64_t micros, char *buf, size_t size);
 
+/* Formats microseconds since the epoch as UTC ISO 8601 with milliseconds
+ * ("2026-12-01T03:33:15.123Z"), the API's created_at. buf holds at least 32 bytes. */
+void eph_format_iso8601(int64_t us, char *buf, size_t size);
+
 /* Fills buf with n random bytes from getrandom(); returns 0 or -errno. */
 int eph_random_bytes(void *buf, size_t n);
 /* Writes 2*n lowercase hex digits of n random bytes plus NUL into out (2n+1 bytes). */

@@ -7,7 +7,7 @@ python3-jsonschema; JSON Schema draft 2020-12, the dialect of OpenAPI 3.1).
       with a key documents 401 and no `security: []`, one without a key `security: []`; a
       route with a body documents 413 and 415; every operation documents 405 with Allow;
       every $ref resolves; every schema is valid JSON Schema; every example request
-      (examples/*/request.json) validates against Request; the event kinds core/run.c
+      (examples/*/request.json) validates against Request; the event kinds the run (core/run.c and its units)
       emits are exactly the typed events of the document and of docs/http-api.md.
   openapi_check.py live URL KEY SRCDIR
       Drives a daemon (started by tests/openapi.test) into every status it can reach and
@@ -91,9 +91,11 @@ def server_routes(srcdir):
 
 
 def emitted_kinds(srcdir):
-    """The kinds core/run.c emits (emit(run, source, "kind", ...) or emit_full(...))."""
-    text = open(os.path.join(srcdir, "core", "run.c")).read()
-    return set(re.findall(r'\bemit(?:_full)?\([^,]+,[^,]+, "([a-z_]+)",', text))
+    """The kinds the run's units emit (eph_run_emit(run, source, "kind", ...) or
+    eph_run_emit_full(...)): core/run.c and the units split from it (core/run_int.h lists
+    them)."""
+    text = "".join(open(f).read() for f in sorted(glob.glob(os.path.join(srcdir, "core", "*.c"))))
+    return set(re.findall(r'\beph_run_emit(?:_full)?\([^,]+,[^,]+, "([a-z_]+)",', text))
 
 
 def typed_kinds(doc):
@@ -191,10 +193,10 @@ def check_static(srcdir):
                "Request refuses what the daemon refuses (%s)" % field)
 
     kinds, typed = emitted_kinds(srcdir), typed_kinds(doc)
-    report(kinds and kinds <= typed, "every event kind core/run.c emits is typed (%d of %d)"
+    report(kinds and kinds <= typed, "every event kind the run emits is typed (%d of %d)"
            % (len(kinds), len(typed)), "untyped: %s" % sorted(kinds - typed))
     stale = typed - kinds - plugin_literals(srcdir)
-    report(not stale, "every typed kind is emitted by core/run.c or a bundled plugin", stale)
+    report(not stale, "every typed kind is emitted by the run or a bundled plugin", stale)
     guide = open(os.path.join(srcdir, "docs", "http-api.md")).read()
     listed = set(re.findall(r"^ *\|[^|]*", guide, re.M))
     listed = {k for cell in listed for k in re.findall(r"`([a-z_]+)`", cell)}

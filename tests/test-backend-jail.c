@@ -26,6 +26,8 @@
 #include <cmocka.h>
 #include <ephemeral/plugin.h>
 
+#include "mock-host.h"
+
 /* Its own cgroup parent (and run_dir), named after the pid: the sweep judges the groups under
  * its parent by the records in its run_dir, so a parent shared with another process using
  * another run_dir (the shell tests, another checkout's run of this test) would have its
@@ -40,63 +42,9 @@ static config_t cfg;
 
 /* ------------------------------------------------------------ fake core */
 
-static void
-host_log(eph_log_level_t level, const char *fmt, ...)
-{
-  if (level > EPH_LOG_INFO)
-    return;
-  va_list ap;
-  va_start(ap, fmt);
-  fprintf(stderr, "# [backend-jail] ");
-  vfprintf(stderr, fmt, ap);
-  fprintf(stderr, "\n");
-  va_end(ap);
-}
-
-static int
-host_cfg_int(const config_setting_t *b, const char *key, int64_t def, int64_t *out,
-             eph_error_t *err)
-{
-  long long v;
-  *out = def;
-  if (b && config_setting_lookup_int64(b, key, &v) == CONFIG_TRUE)
-    *out = v;
-  else if (b && config_setting_get_member(b, key))
-    return eph_error_set(err, EPH_E_CONFIG, "key '%s': expected an integer", key);
-  return 0;
-}
-
-static int
-host_cfg_bool(const config_setting_t *b, const char *key, int def, int *out, eph_error_t *err)
-{
-  *out = def;
-  if (b)
-    config_setting_lookup_bool(b, key, out);
-  return 0;
-}
-
-static int
-host_cfg_string(const config_setting_t *b, const char *key, const char *def, const char **out,
-                eph_error_t *err)
-{
-  *out = def;
-  if (b)
-    config_setting_lookup_string(b, key, out);
-  return 0;
-}
-
-static eph_host_t host = {
-  .struct_size = sizeof(eph_host_t),
-  .abi_major = EPH_ABI_MAJOR,
-  .abi_minor = EPH_ABI_MINOR,
-  .log = host_log,
-  .cfg_int = host_cfg_int,
-  .cfg_bool = host_cfg_bool,
-  .cfg_string = host_cfg_string,
-  .state_dir = "/tmp",
-  .data_dir = "/tmp",
-  .libexec_dir = "/nonexistent",
-};
+/* The shared fake host (mock-host.h): the core's own config getters, its log mirrored as TAP
+ * comments. Filled in main(). */
+#define host fh_host
 
 typedef struct loaded {
   void *dl;
@@ -664,6 +612,8 @@ main(void)
   snprintf(text, sizeof text,
            "backend-jail: { max_memory_mib = 1024; guest = \"%s\"; run_dir = \"%s\"; "
            "cgroup_parent = \"%s\"; };", init_path, run_dir, cg_parent);
+  fh_reset(0, "/tmp", "/tmp");
+  fh_log_to_stderr = true;
   config_init(&cfg);
   if (config_read_string(&cfg, text) != CONFIG_TRUE) {
     fprintf(stderr, "config: %s\n", config_error_text(&cfg));
@@ -680,6 +630,7 @@ main(void)
   };
   int r = cmocka_run_group_tests_name("backend-jail", tests, setup, teardown);
   config_destroy(&cfg);
+  fh_free();
   rmdir(run_dir);
   char path[512];
   static const char *const where[] = {"memory/", "pids/", "cpu/", ""};

@@ -21,6 +21,7 @@
 #include <sqlite3.h>
 
 #include "conf.h"
+#include "mock-host.h"
 #include "loader.h"
 #include "log.h"
 #include "util.h"
@@ -84,16 +85,10 @@ setup(void **st)
   snprintf(f->dir, sizeof f->dir, "/tmp/eph-ledger-test-XXXXXX");
   assert_non_null(mkdtemp(f->dir));
   snprintf(f->db_path, sizeof f->db_path, "%s/ledger.sqlite", f->dir);
-  f->host = (eph_host_t){
-    .struct_size = sizeof(eph_host_t),
-    .abi_major = EPH_ABI_MAJOR,
-    .abi_minor = EPH_ABI_MINOR,
-    .log = eph_log,
-    .cfg_int = eph_cfg_int,
-    .cfg_bool = eph_cfg_bool,
-    .cfg_string = eph_cfg_string,
-    .state_dir = f->dir,
-  };
+  /* The shared fake host (its log mirrored as TAP comments), with this test's state dir. */
+  fh_reset(0, f->dir, NULL);
+  fh_log_to_stderr = true;
+  f->host = fh_host;
   eph_error_t err = {0};
   if (load(f, NULL, &err) < 0)
     fail_msg("loading %s: %s", plugin_path(), err.message);
@@ -111,6 +106,7 @@ teardown(void **st)
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", f->dir);
   assert_int_equal(system(cmd), 0);
   free(f);
+  fh_free();
   return 0;
 }
 

@@ -90,6 +90,16 @@ test_unknown_kind(void **state)
   expect_refused("fixture-badkind", "unknown kind 42");
 }
 
+/* A kind's required operation missing: refused at load, naming the file and the operation,
+ * and never initialised. */
+static void
+test_missing_operation(void **state)
+{
+  (void)state;
+  expect_refused("fixture-nocall", "tool plugin 'fixture-nocall' lacks the required operation 'call'");
+  expect_refused("fixture-ledger", "ledger plugin 'fixture-ledger' lacks the required operation 'totals'");
+}
+
 static void
 test_missing_file(void **state)
 {
@@ -189,6 +199,7 @@ main(void)
       cmocka_unit_test(test_missing_descriptor),   cmocka_unit_test(test_failing_init),
       cmocka_unit_test(test_unknown_kind),         cmocka_unit_test(test_missing_file),
       cmocka_unit_test(test_duplicate_name),       cmocka_unit_test(test_config_type_error_refuses),
+      cmocka_unit_test(test_missing_operation),
       cmocka_unit_test(test_missing_plugin_dir),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

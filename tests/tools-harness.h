@@ -1,6 +1,5 @@
-/* Test harness of the tool plugins: a fake host (records events, charges and log lines,
- * enforces a budget like the ledger does), plugin loading through the real loader, and a
- * real HTTP server on 127.0.0.1 (libmicrohttpd) that logs every request it receives. */
+/* Test harness of the tool plugins: the shared fake host (mock-host.h), plugin loading
+ * through the real loader, and a real HTTP server on 127.0.0.1 (libmicrohttpd) that logs every request it receives. */
 #ifndef EPH_TESTS_TOOLS_HARNESS_H
 #define EPH_TESTS_TOOLS_HARNESS_H
 
@@ -9,28 +8,19 @@
 
 #include <ephemeral/plugin.h>
 
+#include "mock-host.h"
 #include "loader.h"
 
-/* What the fake host saw. Reset by th_reset(). */
-typedef struct th_record {
-  json_object *events;  /* array of {source, kind, text, data} */
-  json_object *charges; /* array of {category, micros, memo} */
-  char *log;            /* every log line, concatenated; heap */
-  int64_t budget_micros, charged_micros; /* charge refused past budget_micros */
-} th_record_t;
-
-extern th_record_t th;
-extern eph_host_t th_host;
-
-/* Sandbox operations of the fake host: tests install their own (NULL: -ENOSYS). */
-extern int (*th_sandbox_write)(const char *path, const void *data, size_t bytes, eph_error_t *err);
-extern int (*th_sandbox_read)(const char *path, size_t max, void **data, size_t *bytes,
-                              int *truncated, eph_error_t *err);
-extern int (*th_sandbox_list)(const char *path, eph_dirent_t **entries, size_t *count,
-                              eph_error_t *err);
-
-void th_reset(int64_t budget_micros);
-void th_free(void);
+/* The fake host is the shared one (mock-host.h), under the names these tests use. */
+typedef fh_record_t th_record_t;
+#define th fh
+#define th_host fh_host
+#define th_sandbox_write fh_sandbox_write
+#define th_sandbox_read fh_sandbox_read
+#define th_sandbox_list fh_sandbox_list
+#define th_reset(budget_micros) fh_reset((budget_micros), NULL, NULL)
+#define th_free fh_free
+#define th_everything fh_everything
 
 /* Loads plugins/.libs/<name>.so from $EPH_BUILDDIR through eph_plugin_load_file with the
  * block named `name` parsed from config_text (libconfig syntax). Aborts the test on failure
@@ -43,10 +33,6 @@ void th_unload(eph_plugins_t *ps);
  * object (owned by the caller) or NULL when the call returned negative (err filled). */
 json_object *th_call(const eph_plugin_slot_t *slot, const char *tool, const char *args,
                      const char *grants, int zdr, eph_error_t *err);
-
-/* Everything the fake host recorded (events, charges, log) as one string, to look for a
- * secret in. Heap, owned by the caller. */
-char *th_everything(void);
 
 /* ---- the outside world: an HTTP server on 127.0.0.1 */
 

@@ -1,0 +1,72 @@
+/* A run's web egress: the proxy that is its sandbox's one way out, a charge and an event
+ * for every connection. */
+#include <config.h>
+
+#include "run_int.h"
+#include "util.h"
+
+/* Every connection through the proxy: an event, and for an allowed one a web charge
+ * first; a refused charge refuses the connection. */
+static int
+egress_announce(void *opaque, const char *method, const char *target, const char *refusal,
+                eph_error_t *err)
+{
+  eph_run_egress_t *eg = opaque;
+  eph_run_t *run = eg->run;
+  json_object *d = json_object_new_object();
+  json_object_object_add(d, "method", json_object_new_string(method));
+  json_object_object_add(d, "target", json_object_new_string(target));
+  if (!refusal && (atomic_load(&run->cancel) || eph_now_ms() >= run->deadline_ms))
+    refusal = "the run is ending";
+  if (!refusal && eg->price_micros > 0 &&
+      eph_meter_charge_exact(run, EPH_COST_WEB, eg->price_micros, "egress connection", err) < 0)
+    refusal = err->message;
+  json_object_object_add(d, "allowed", json_object_new_boolean(!refusal));
+  if (refusal) {
+    json_object_object_add(d, "reason", json_object_new_string(refusal));
+    eph_run_emit(run, "Web", "egress", true, d, "%s %s · refused: %s", method, target, refusal);
+    return eph_error_set(err, EPH_E_DENIED, "%s", refusal);
+  }
+  json_object_object_add(d, "charged_micros", json_object_new_int64(eg->price_micros));
+  eph_run_emit(run, "Web", "egress", true, d, "%s %s", method, target);
+  return 0;
+}
+
+/* Starts the run's proxy and points the spec at it. On failure the sandbox gets no network
+ * (fail closed) and the timeline says why. */
+void
+eph_run_egress_start(eph_run_egress_t *eg, eph_sandbox_spec_t *spec, const char *source)
+{
+  eph_error_t err = {0};
+  eph_egress_options_t opt;
+  /* The web's price is tool-web's: a connection costs what one web_fetch costs. */
+  const eph_config_block_t *web = eph_config_block(&eg->run->ctx->config, "tool-web");
+  int r = eph_cfg_int(web ? web->setting : NULL, "price_micros_per_request", 1000,
+                      &eg->price_micros, &err);
+  if (r == 0)
+    r = eph_egress_load_config(&eg->run->ctx->config, &eg->run->ctx->host, &opt, &eg->policy,
+                               &err);
+  if (r == 0) {
+    opt.policy = &eg->policy;
+    opt.announce = egress_announce;
+    opt.opaque = eg;
+    r = eph_egress_start(&opt, &eg->proxy, &err);
+  }
+  if (r < 0) {
+    eph_run_emit(eg->run, source, "egress_error", false, NULL,
+         "web egress could not be set up: %s · the sandbox has no network", err.message);
+    eph_net_policy_free(&eg->policy);
+    return;
+  }
+  spec->network = 1;
+  spec->proxy_url = eph_egress_url(eg->proxy);
+  spec->proxy_netns_fd = eph_egress_netns_fd(eg->proxy);
+}
+
+void
+eph_run_egress_stop(eph_run_egress_t *eg)
+{
+  eph_egress_stop(eg->proxy);
+  eg->proxy = NULL;
+  eph_net_policy_free(&eg->policy);
+}

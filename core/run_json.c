@@ -1,0 +1,89 @@
+/* A run and its events as JSON: the API's run object, the timeline, what the store keeps. */
+#include <config.h>
+
+#include <time.h>
+
+#include "run_int.h"
+#include "util.h"
+
+json_object *
+eph_event_to_json(const eph_event_t *ev, bool redact)
+{
+  json_object *o = json_object_new_object();
+  json_object_object_add(o, "seq", json_object_new_int64(ev->seq));
+  json_object_object_add(o, "t", json_object_new_double((double)ev->t_ms / 1000.0));
+  json_object_object_add(o, "source", json_object_new_string(ev->source));
+  json_object_object_add(o, "kind", json_object_new_string(ev->kind));
+  bool hide = redact && ev->content;
+  json_object_object_add(o, "text", json_object_new_string(hide ? "[redacted: zero data retention]"
+                                                                : ev->text));
+  if (ev->data && !hide)
+    json_object_object_add(o, "data", json_object_get(ev->data));
+  return o;
+}
+
+json_object *
+eph_run_events_locked(eph_run_t *run, int64_t after_seq)
+{
+  json_object *a = json_object_new_array();
+  for (size_t i = 0; i < run->n_events; i++)
+    if (run->events[i].seq > after_seq)
+      json_object_array_add(a, eph_event_to_json(&run->events[i], false));
+  return a;
+}
+
+json_object *
+eph_run_events_json(eph_run_t *run, int64_t after_seq)
+{
+  pthread_mutex_lock(&run->lock);
+  json_object *a = eph_run_events_locked(run, after_seq);
+  pthread_mutex_unlock(&run->lock);
+  return a;
+}
+
+json_object *
+eph_run_to_json(eph_run_t *run, bool include_events)
+{
+  pthread_mutex_lock(&run->lock);
+  json_object *o = json_object_new_object();
+  json_object_object_add(o, "id", json_object_new_string(run->id));
+  json_object_object_add(o, "object", json_object_new_string("run"));
+  json_object_object_add(o, "status", json_object_new_string(eph_run_status_name(run->status)));
+  if (run->ended)
+    json_object_object_add(o, "reason", json_object_new_string(run->reason));
+  if (run->error)
+    json_object_object_add(o, "error", json_object_new_string(run->error));
+  char created[40];
+  eph_format_iso8601(run->created_us, created, sizeof created);
+  json_object_object_add(o, "created_at", json_object_new_string(created));
+  json_object_object_add(o, "organisation", json_object_new_string(run->org));
+  json_object_object_add(o, "backend", json_object_new_string(run->backend_name));
+  json_object_object_add(o, "request", eph_request_to_json(&run->req));
+  /* The model that answered: the transcript's recorded one when the run was replayed. */
+  json_object_object_add(o, "model", json_object_new_string(run->recorded_model ? run->recorded_model
+                                                            : run->req.model ? run->req.model : ""));
+  json_object_object_add(o, "replayed", json_object_new_boolean(run->replayed_from != NULL));
+  if (run->replayed_from)
+    json_object_object_add(o, "transcript", json_object_new_string(run->replayed_from));
+  if (include_events)
+    json_object_object_add(o, "events", eph_run_events_locked(run, 0));
+  json_object *output = json_object_new_object();
+  if (run->answer)
+    json_object_object_add(output, "answer", json_object_new_string(run->answer));
+  if (run->output_files)
+    json_object_object_add(output, "files", json_object_get(run->output_files));
+  json_object_object_add(o, "output", output);
+  json_object *u = json_object_new_object();
+  json_object_object_add(u, "model_calls", json_object_new_int64(run->model_calls));
+  json_object_object_add(u, "input_tokens", json_object_new_int64(run->input_tokens));
+  json_object_object_add(u, "output_tokens", json_object_new_int64(run->output_tokens));
+  json_object_object_add(u, "reserved_micros", json_object_new_int64(run->reserved));
+  json_object_object_add(u, "billed_micros", json_object_new_int64(run->billed));
+  json_object_object_add(u, "released_micros", json_object_new_int64(run->released));
+  json_object_object_add(u, "model_micros", json_object_new_int64(run->model_micros));
+  json_object_object_add(u, "web_micros", json_object_new_int64(run->web_micros));
+  json_object_object_add(u, "compute_micros", json_object_new_int64(run->compute_micros));
+  json_object_object_add(o, "usage", u);
+  pthread_mutex_unlock(&run->lock);
+  return o;
+}

@@ -1,0 +1,227 @@
+/* A run's observable state, shared by every unit of the run: its status and end, its
+ * timeline (events reach the observer in seq order from any thread), cancellation and the
+ * thread-safe accessors. The lowest unit of the run: it calls none of the others. */
+#include <config.h>
+
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "run_int.h"
+#include "util.h"
+
+const char *
+eph_run_status_name(eph_run_status_t s)
+{
+  static const char *const names[] = {"queued", "running", "succeeded", "failed",
+                                      "timed_out", "budget_exhausted", "cancelled"};
+  return (unsigned)s < sizeof names / sizeof names[0] ? names[s] : "unknown";
+}
+
+int
+eph_run_status_exit_code(eph_run_status_t s)
+{
+  switch (s) {
+  case EPH_RUN_SUCCEEDED:
+    return 0;
+  case EPH_RUN_TIMED_OUT:
+    return 3;
+  case EPH_RUN_BUDGET_EXHAUSTED:
+    return 4;
+  case EPH_RUN_CANCELLED:
+    return 5;
+  default:
+    return 1;
+  }
+}
+
+void
+eph_run_emit_full(eph_run_t *run, const char *source, const char *kind, const char *text,
+          json_object *data, bool content)
+{
+  /* The egress proxy emits from its own threads: without this lock two observers' calls
+   * (store, CLI) could interleave out of seq order. */
+  pthread_mutex_lock(&run->emit_lock);
+  pthread_mutex_lock(&run->lock);
+  if (run->n_events == run->cap_events) {
+    run->cap_events = run->cap_events ? run->cap_events * 2 : 32;
+    run->events = eph_xrealloc(run->events, run->cap_events * sizeof *run->events);
+  }
+  eph_event_t *ev = &run->events[run->n_events];
+  *ev = (eph_event_t){
+      .seq = (int64_t)run->n_events + 1,
+      .t_ms = eph_now_ms() - run->start_ms,
+      .source = eph_xstrdup(source),
+      .kind = eph_xstrdup(kind),
+      .text = eph_xstrdup(text),
+      .data = data ? json_object_get(data) : NULL,
+      .content = content,
+  };
+  run->n_events++;
+  /* A copy for the observer: the array may move once the lock is released. */
+  eph_event_t copy = *ev;
+  pthread_cond_broadcast(&run->cond);
+  pthread_mutex_unlock(&run->lock);
+  if (run->obs.on_event)
+    run->obs.on_event(run->obs.opaque, run, &copy);
+  pthread_mutex_unlock(&run->emit_lock);
+}
+
+void
+eph_run_emit(eph_run_t *run, const char *source, const char *kind, bool content, json_object *data,
+     const char *fmt, ...)
+{
+  va_list ap;
+  va_start(ap, fmt);
+  char *text = NULL;
+  if (vasprintf(&text, fmt, ap) < 0)
+    text = NULL;
+  va_end(ap);
+  eph_run_emit_full(run, source, kind, text ? text : "", data, content);
+  free(text);
+  if (data)
+    json_object_put(data);
+}
+
+void
+eph_run_notify_update(eph_run_t *run)
+{
+  if (run->obs.on_update)
+    run->obs.on_update(run->obs.opaque, run);
+}
+
+void
+eph_run_storage_failed(eph_run_t *run, const char *message)
+{
+  pthread_mutex_lock(&run->lock);
+  if (!run->storage_error[0])
+    snprintf(run->storage_error, sizeof run->storage_error, "%s",
+             message && *message ? message : "a write to storage failed");
+  atomic_store(&run->storage_failed, true);
+  /* Stop the work at once: nothing it does now could be recorded or billed. */
+  if (run->sbx)
+    eph_sbx_cancel(run->sbx);
+  pthread_cond_broadcast(&run->cond);
+  pthread_mutex_unlock(&run->lock);
+}
+
+void
+eph_run_set_end(eph_run_t *run, eph_run_status_t s, const char *reason, const char *error)
+{
+  pthread_mutex_lock(&run->lock);
+  if (run->status == EPH_RUN_RUNNING || run->status == EPH_RUN_QUEUED) {
+    run->status = s;
+    snprintf(run->reason, sizeof run->reason, "%s", reason);
+    free(run->error);
+    run->error = error ? eph_xstrdup(error) : NULL;
+  }
+  pthread_mutex_unlock(&run->lock);
+}
+
+/* failed/storage_error with the first storage error as the run's error. */
+void
+eph_run_set_end_storage(eph_run_t *run)
+{
+  pthread_mutex_lock(&run->lock);
+  char msg[sizeof run->storage_error];
+  snprintf(msg, sizeof msg, "%s", run->storage_error);
+  pthread_mutex_unlock(&run->lock);
+  eph_run_set_end(run, EPH_RUN_FAILED, "storage_error", msg);
+}
+
+void
+eph_run_set_observer(eph_run_t *run, const eph_run_observer_t *obs)
+{
+  run->obs = *obs;
+  for (size_t i = 0; i < run->n_events; i++)
+    if (run->obs.on_event)
+      run->obs.on_event(run->obs.opaque, run, &run->events[i]);
+}
+
+void
+eph_run_cancel(eph_run_t *run)
+{
+  atomic_store(&run->cancel, true);
+  pthread_mutex_lock(&run->lock);
+  if (run->sbx)
+    eph_sbx_cancel(run->sbx);
+  pthread_cond_broadcast(&run->cond);
+  pthread_mutex_unlock(&run->lock);
+}
+
+/* ------------------------------------------------------------------ accessors */
+
+const char *
+eph_run_id(const eph_run_t *run)
+{
+  return run->id;
+}
+
+const char *
+eph_run_org(const eph_run_t *run)
+{
+  return run->org;
+}
+
+bool
+eph_run_zdr(const eph_run_t *run)
+{
+  return run->req.zero_data_retention;
+}
+
+eph_run_status_t
+eph_run_status(eph_run_t *run)
+{
+  pthread_mutex_lock(&run->lock);
+  eph_run_status_t s = run->status;
+  pthread_mutex_unlock(&run->lock);
+  return s;
+}
+
+void
+eph_run_usage(eph_run_t *run, eph_run_usage_t *out)
+{
+  pthread_mutex_lock(&run->lock);
+  *out = (eph_run_usage_t){
+      .model_calls = run->model_calls,
+      .input_tokens = run->input_tokens,
+      .output_tokens = run->output_tokens,
+      .reserved_micros = run->reserved,
+      .billed_micros = run->billed,
+      .released_micros = run->released,
+      .model_micros = run->model_micros,
+      .web_micros = run->web_micros,
+      .compute_micros = run->compute_micros,
+  };
+  pthread_mutex_unlock(&run->lock);
+}
+
+bool
+eph_run_settled(eph_run_t *run)
+{
+  pthread_mutex_lock(&run->lock);
+  bool s = run->settled;
+  pthread_mutex_unlock(&run->lock);
+  return s;
+}
+
+bool
+eph_run_wait_events(eph_run_t *run, int64_t after_seq, int timeout_ms)
+{
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  ts.tv_sec += timeout_ms / 1000;
+  ts.tv_nsec += (long)(timeout_ms % 1000) * 1000000;
+  if (ts.tv_nsec >= 1000000000) {
+    ts.tv_sec++;
+    ts.tv_nsec -= 1000000000;
+  }
+  pthread_mutex_lock(&run->lock);
+  while ((int64_t)run->n_events <= after_seq && !run->settled)
+    if (pthread_cond_timedwait(&run->cond, &run->lock, &ts) == ETIMEDOUT)
+      break;
+  bool ready = (int64_t)run->n_events > after_seq || run->settled;
+  pthread_mutex_unlock(&run->lock);
+  return ready;
+}

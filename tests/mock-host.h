@@ -1,0 +1,45 @@
+/* One fake host for every plugin unit test (collectd's plugin_mock.c is the model): the
+ * host services table a plugin gets, with the core's own config getters (so a plugin's key
+ * errors read as they do in production), a log, emit and charge that record what the plugin
+ * did, a budget enforced as the ledger does (a charge that does not fit is refused whole),
+ * and sandbox operations a test installs. Used by the tool, ledger and backend tests; the
+ * run's own services are tested with the real core (tests/test-run-machine.c). */
+#ifndef EPH_TESTS_MOCK_HOST_H
+#define EPH_TESTS_MOCK_HOST_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <ephemeral/plugin.h>
+
+/* What the fake host saw. Reset by fh_reset(). */
+typedef struct fh_record {
+  json_object *events;  /* array of {source, kind, text, data} */
+  json_object *charges; /* array of {category, micros, memo} */
+  char *log;            /* every log line ("<level>: <text>\n"), concatenated; heap */
+  int64_t budget_micros, charged_micros; /* charge refused past budget_micros */
+} fh_record_t;
+
+extern fh_record_t fh;
+extern eph_host_t fh_host;
+/* Log lines also go to stderr as TAP comments ("# [plugin LEVEL] ...") when set. */
+extern bool fh_log_to_stderr;
+
+/* Sandbox operations of the fake host: tests install their own (NULL: -ENOSYS). */
+extern int (*fh_sandbox_write)(const char *path, const void *data, size_t bytes, eph_error_t *err);
+extern int (*fh_sandbox_read)(const char *path, size_t max, void **data, size_t *bytes,
+                              int *truncated, eph_error_t *err);
+extern int (*fh_sandbox_list)(const char *path, eph_dirent_t **entries, size_t *count,
+                              eph_error_t *err);
+
+/* Forgets what was recorded and fills fh_host afresh. state_dir and data_dir are borrowed
+ * (NULL: a path that does not exist). */
+void fh_reset(int64_t budget_micros, const char *state_dir, const char *data_dir);
+void fh_free(void);
+
+/* Everything recorded (events, charges, log) as one string, to look for a secret in. Heap,
+ * owned by the caller. */
+char *fh_everything(void);
+
+#endif

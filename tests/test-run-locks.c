@@ -1,0 +1,254 @@
+/* The run's money and its locks (core/meter.c), white-box: a run built by hand around a fake
+ * ledger plugin, so each race is driven directly rather than through a sandbox.
+ *
+ *   - a ledger charge (disk I/O, fsync) runs without the run's lock: readers of the run
+ *     (HTTP threads) never wait on the disk;
+ *   - an all-or-nothing charge (a plugin's host->charge, an egress connection) is checked
+ *     and written in one step: it never bills a part of what it was asked;
+ *   - the sandbox pointer a budget cut cancels is read under the run's lock, so a sandbox
+ *     being destroyed is never touched (ASan sees the use after free otherwise). */
+#include <config.h>
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+
+#include <errno.h>
+#include <pthread.h>
+#include <sched.h>
+#include <semaphore.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "run_int.h"
+#include "util.h"
+
+/* ------------------------------------------------------------------ the fake ledger */
+
+static enum { LEDGER_BLOCK, LEDGER_CAP } ledger_mode;
+static sem_t entered, release;
+static pthread_mutex_t ledger_mu = PTHREAD_MUTEX_INITIALIZER;
+static int64_t ledger_reserved, ledger_billed;
+
+static struct timespec
+in_seconds(int s)
+{
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  ts.tv_sec += s;
+  return ts;
+}
+
+static int
+fake_charge(void *state, const char *run_id, eph_cost_t category, int64_t micros,
+            const char *memo, eph_error_t *err)
+{
+  (void)state, (void)run_id, (void)category, (void)memo;
+  if (ledger_mode == LEDGER_BLOCK) {
+    /* Stands for a slow fsync: holds the charge until the test lets it go. */
+    sem_post(&entered);
+    struct timespec ts = in_seconds(10);
+    while (sem_timedwait(&release, &ts) < 0 && errno == EINTR)
+      ;
+  } else {
+    sched_yield(); /* widens the window a racy caller leaves between check and charge */
+  }
+  /* The real ledger's rule: a charge that would pass the reservation is refused whole. */
+  pthread_mutex_lock(&ledger_mu);
+  int r = 0;
+  if (ledger_billed + micros > ledger_reserved)
+    r = eph_error_set(err, EPH_E_BUDGET, "over the reservation");
+  else
+    ledger_billed += micros;
+  pthread_mutex_unlock(&ledger_mu);
+  return r;
+}
+
+static const eph_ledger_ops_t fake_ops = {.struct_size = sizeof fake_ops, .charge = fake_charge};
+static const eph_plugin_t fake_desc = {
+    .name = "fake-ledger", .kind = EPH_KIND_LEDGER, .ops = &fake_ops};
+static const eph_plugin_slot_t fake_slot = {.desc = &fake_desc};
+
+static eph_run_t *
+bare_run(int64_t reserved)
+{
+  eph_run_t *run = eph_xcalloc(1, sizeof *run);
+  pthread_mutex_init(&run->lock, NULL);
+  pthread_mutex_init(&run->emit_lock, NULL);
+  pthread_mutex_init(&run->money_lock, NULL);
+  pthread_cond_init(&run->cond, NULL);
+  snprintf(run->id, sizeof run->id, "run_test");
+  run->ledger = &fake_slot;
+  run->reserved = reserved;
+  ledger_reserved = reserved;
+  ledger_billed = 0;
+  return run;
+}
+
+static void
+bare_free(eph_run_t *run)
+{
+  pthread_mutex_destroy(&run->lock);
+  pthread_mutex_destroy(&run->emit_lock);
+  pthread_mutex_destroy(&run->money_lock);
+  pthread_cond_destroy(&run->cond);
+  free(run);
+}
+
+/* ------------------------------------------------------------------ no disk I/O under lock */
+
+static void *
+charge_100(void *arg)
+{
+  eph_meter_charge(arg, EPH_COST_COMPUTE, 100, "compute");
+  return NULL;
+}
+
+static void
+test_ledger_write_outside_run_lock(void **state)
+{
+  (void)state;
+  ledger_mode = LEDGER_BLOCK;
+  sem_init(&entered, 0, 0);
+  sem_init(&release, 0, 0);
+  eph_run_t *run = bare_run(1000);
+  pthread_t t;
+  assert_int_equal(pthread_create(&t, NULL, charge_100, run), 0);
+  struct timespec ts = in_seconds(10);
+  assert_int_equal(sem_timedwait(&entered, &ts), 0);
+  /* The charge is inside the ledger: a reader (GET /v1/runs/{id}) gets the run at once. */
+  ts = in_seconds(2);
+  int r = pthread_mutex_timedlock(&run->lock, &ts);
+  if (r == 0)
+    pthread_mutex_unlock(&run->lock);
+  sem_post(&release);
+  pthread_join(t, NULL);
+  assert_int_equal(r, 0);
+  assert_int_equal(run->billed, 100);
+  assert_int_equal(ledger_billed, 100);
+  bare_free(run);
+  sem_destroy(&entered);
+  sem_destroy(&release);
+}
+
+/* ------------------------------------------------------------------ all or nothing */
+
+#define EXACT_THREADS 4
+#define EXACT_CALLS 3000
+
+static atomic_llong exact_sum, capped_sum, partial;
+
+static void *
+exact_worker(void *arg)
+{
+  eph_run_t *run = arg;
+  unsigned seed = (unsigned)(uintptr_t)&seed;
+  for (int i = 0; i < EXACT_CALLS; i++) {
+    int64_t want = 1 + rand_r(&seed) % 97;
+    eph_error_t err = {0};
+    if (eph_meter_charge_exact(run, EPH_COST_WEB, want, "exact", &err) == 0)
+      atomic_fetch_add(&exact_sum, want);
+  }
+  return NULL;
+}
+
+static void *
+capped_worker(void *arg)
+{
+  eph_run_t *run = arg;
+  for (int i = 0; i < EXACT_THREADS * EXACT_CALLS; i++) {
+    int64_t got = eph_meter_charge(run, EPH_COST_COMPUTE, 13, "compute");
+    atomic_fetch_add(&capped_sum, got);
+    if (got > 0 && got < 13)
+      atomic_fetch_add(&partial, 1);
+  }
+  return NULL;
+}
+
+static void
+test_exact_charge_all_or_nothing(void **state)
+{
+  (void)state;
+  ledger_mode = LEDGER_CAP;
+  atomic_store(&exact_sum, 0);
+  atomic_store(&capped_sum, 0);
+  atomic_store(&partial, 0);
+  /* Enough for about half of what is asked: the budget runs out in the middle. */
+  eph_run_t *run = bare_run(EXACT_THREADS * EXACT_CALLS * 49 / 2);
+  pthread_t t[EXACT_THREADS + 1];
+  for (int i = 0; i < EXACT_THREADS; i++)
+    assert_int_equal(pthread_create(&t[i], NULL, exact_worker, run), 0);
+  assert_int_equal(pthread_create(&t[EXACT_THREADS], NULL, capped_worker, run), 0);
+  for (int i = 0; i <= EXACT_THREADS; i++)
+    pthread_join(t[i], NULL);
+  /* Every successful exact charge was billed whole: the ledger holds exactly what the
+   * callers were told was charged, and the run's own count agrees with it. */
+  if (ledger_billed != atomic_load(&exact_sum) + atomic_load(&capped_sum))
+    fail_msg("ledger billed %lld, callers were told %lld exact + %lld capped", (long long)ledger_billed,
+             (long long)atomic_load(&exact_sum), (long long)atomic_load(&capped_sum));
+  assert_int_equal(run->billed, ledger_billed);
+  assert_int_equal(run->web_micros, atomic_load(&exact_sum));
+  assert_true(run->billed <= run->reserved);
+  assert_true(atomic_load(&run->budget_exhausted));
+  bare_free(run);
+}
+
+/* ------------------------------------------------------------------ the sandbox pointer */
+
+#define SBX_ROUNDS 200000
+
+static atomic_bool sbx_done;
+
+static void *
+budget_cut_worker(void *arg)
+{
+  eph_run_t *run = arg;
+  /* Nothing left: every call is a budget cut, which cancels the run's sandbox if any. */
+  while (!atomic_load(&sbx_done))
+    eph_meter_charge(run, EPH_COST_COMPUTE, 1, "compute");
+  return NULL;
+}
+
+static void
+test_budget_cut_never_touches_a_destroyed_sandbox(void **state)
+{
+  (void)state;
+  ledger_mode = LEDGER_CAP;
+  eph_run_t *run = bare_run(0);
+  atomic_store(&sbx_done, false);
+  pthread_t t;
+  assert_int_equal(pthread_create(&t, NULL, budget_cut_worker, run), 0);
+  /* What eph_run_execute does with a sandbox: published under the lock, unpublished under
+   * the lock, then destroyed (freed). A stand-in block, zeroed (no guest to kill), larger
+   * than the core's sandbox handle. */
+  for (int i = 0; i < SBX_ROUNDS; i++) {
+    void *sbx = eph_xcalloc(1, 256);
+    pthread_mutex_lock(&run->lock);
+    run->sbx = sbx;
+    pthread_mutex_unlock(&run->lock);
+    sched_yield();
+    pthread_mutex_lock(&run->lock);
+    run->sbx = NULL;
+    pthread_mutex_unlock(&run->lock);
+    free(sbx);
+  }
+  atomic_store(&sbx_done, true);
+  pthread_join(t, NULL);
+  assert_true(atomic_load(&run->budget_exhausted));
+  assert_int_equal(run->billed, 0);
+  bare_free(run);
+}
+
+int
+main(void)
+{
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_ledger_write_outside_run_lock),
+      cmocka_unit_test(test_exact_charge_all_or_nothing),
+      cmocka_unit_test(test_budget_cut_never_touches_a_destroyed_sandbox),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
