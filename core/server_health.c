@@ -15,6 +15,7 @@
 #include "log.h"
 #include "runstore.h"
 #include "util.h"
+#include "webhook.h"
 
 #define RECONCILE_INTERVAL_MS 1000
 
@@ -26,6 +27,10 @@ reconcile(eph_server_t *srv)
   int n = eph_runstore_recover(srv->ctx, srv->store, true, &pending);
   if (n > 0)
     eph_info("reconciler: completed %d run(s) left unsettled or unrecorded", n);
+  /* Those runs, and the ones recovered before this daemon's webhook sender existed (at its
+   * start, by the CLI), settled without finished(): their ends are announced from the
+   * store. */
+  eph_webhooks_catch_up(srv->webhooks, eph_srv_run_from_store);
   bool healthy = false, storage_ok = false;
   json_object *report = eph_health_check(srv->ctx, srv->store, NULL, &healthy, &storage_ok);
   if (pending > 0) {

@@ -174,6 +174,8 @@ void eph_srv_wait_remove(eph_server_t *srv, waiter_t *w); /* srv->lock held */
 json_object *eph_srv_run_object(eph_server_t *srv, const char *id, const char *org,
                                 bool events, eph_error_t *err);
 json_object *eph_srv_event_from_store(json_object *stored);
+/* A store row (eph_store_run_get, borrowed) as the API's run object, without events. */
+json_object *eph_srv_run_from_store(json_object *row);
 MHD_RESULT eph_srv_runs_create(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req);
 MHD_RESULT eph_srv_runs_continue(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req);
 MHD_RESULT eph_srv_runs_get(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req);

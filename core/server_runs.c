@@ -459,6 +459,12 @@ from_store(json_object *row, json_object *events)
 }
 
 json_object *
+eph_srv_run_from_store(json_object *row)
+{
+  return from_store(row, NULL);
+}
+
+json_object *
 eph_srv_run_object(eph_server_t *srv, const char *id, const char *org, bool events,
                    eph_error_t *err)
 {

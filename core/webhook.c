@@ -24,6 +24,10 @@
 #define MAX_URL_BYTES 2048
 #define MAX_BACKOFF_US (3600LL * 1000000) /* an hour between attempts at most */
 #define IDLE_WAKE_US (60LL * 1000000)     /* re-read the table at least this often */
+/* A run settled by this daemon is announced by its worker (finished()) right after the
+ * row is written: the catch-up leaves it that long so the live payload is the one sent. */
+#define CATCH_UP_GRACE_US (2LL * 1000000)
+#define CATCH_UP_BATCH 64 /* runs per pass: a backlog drains over passes, the lock is short */
 
 struct eph_webhooks {
   eph_store_t *store;
@@ -32,6 +36,7 @@ struct eph_webhooks {
   int64_t base_delay_us; /* first retry after this; doubles per attempt */
   int64_t timeout_ms;    /* one attempt */
   int64_t retention_us;  /* finished deliveries older than this are purged (retention_days) */
+  int64_t max_run_us;    /* max_timeout_seconds plus an hour: the longest a run lasts */
   int64_t next_purge_us;
   pthread_mutex_t mu;
   pthread_cond_t cond;
@@ -85,6 +90,7 @@ sql_error(sqlite3 *db, const char *what, eph_error_t *err)
 typedef struct {
   const char *org, *id, *url, *secret, *run_id, *body;
   int64_t now_us, next_us, limit;
+  int64_t ended_us, since_us; /* db_enqueue, db_unannounced */
   long code;
   const char *error;
   const char *status;
@@ -185,13 +191,16 @@ db_enqueue(sqlite3 *db, void *opaque, eph_error_t *err)
 {
   sql_args_t *a = opaque;
   sqlite3_stmt *st = NULL;
-  /* One row per live endpoint of the org; a second notice of the same run adds none. */
+  /* One row per live endpoint of the org that existed when the run ended (?5: a catch-up
+   * must not announce an old run to an endpoint registered since); a second notice of the
+   * same run adds none. */
   if (sqlite3_prepare_v2(db,
                          "INSERT INTO webhook_deliveries(id, webhook_id, org, run_id, url, body,"
                          " status, next_attempt_us, created_at_us, updated_at_us)"
                          " SELECT 'whd_' || lower(hex(randomblob(12))), id, org, ?2, url, ?3,"
                          " 'pending', ?4, ?4, ?4 FROM webhooks"
                          " WHERE org = ?1 AND deleted_at_us IS NULL AND kind = 'endpoint'"
+                         " AND created_at_us <= ?5"
                          " ON CONFLICT(webhook_id, run_id) DO NOTHING",
                          -1, &st, NULL) != SQLITE_OK)
     return sql_error(db, "queueing a delivery", err);
@@ -199,6 +208,7 @@ db_enqueue(sqlite3 *db, void *opaque, eph_error_t *err)
   bind_opt_text(st, 2, a->run_id);
   bind_opt_text(st, 3, a->body);
   sqlite3_bind_int64(st, 4, a->now_us);
+  sqlite3_bind_int64(st, 5, a->ended_us);
   int r = sqlite3_step(st) == SQLITE_DONE ? 0 : sql_error(db, "queueing a delivery", err);
   a->changes = sqlite3_changes(db);
   sqlite3_finalize(st);
@@ -350,6 +360,48 @@ db_purge(sqlite3 *db, void *opaque, eph_error_t *err)
     return sql_error(db, "purging deliveries", err);
   sqlite3_bind_int64(st, 1, a->now_us);
   int r = sqlite3_step(st) == SQLITE_DONE ? 0 : sql_error(db, "purging deliveries", err);
+  sqlite3_finalize(st);
+  return r;
+}
+
+/* Settled runs that ended in [a->since_us, a->now_us] and still lack a delivery: for an
+ * endpoint of their org that existed when they ended, or to their request's webhook_url.
+ * a->out receives [[run id, ended_at_us], ...], at most a->limit. A run's row is last
+ * written when it settles (its updated_at_us is the end); created_at_us is bounded too
+ * (a->next_us) so the runs index, not the whole history, is read every second. */
+static int
+db_unannounced(sqlite3 *db, void *opaque, eph_error_t *err)
+{
+  sql_args_t *a = opaque;
+  sqlite3_stmt *st = NULL;
+  if (sqlite3_prepare_v2(
+          db,
+          "SELECT r.id, r.updated_at_us FROM runs r"
+          " WHERE r.created_at_us >= ?3 AND r.updated_at_us BETWEEN ?1 AND ?2"
+          " AND r.status NOT IN ('queued', 'running')"
+          " AND (EXISTS (SELECT 1 FROM webhooks w WHERE w.org = r.org AND w.kind = 'endpoint'"
+          "              AND w.deleted_at_us IS NULL AND w.created_at_us <= r.updated_at_us"
+          "              AND NOT EXISTS (SELECT 1 FROM webhook_deliveries d"
+          "                              WHERE d.webhook_id = w.id AND d.run_id = r.id))"
+          "  OR (json_valid(r.request) AND json_extract(r.request, '$.webhook_url') IS NOT NULL"
+          "      AND NOT EXISTS (SELECT 1 FROM webhook_deliveries d"
+          "                      JOIN webhooks w ON w.id = d.webhook_id"
+          "                      WHERE d.run_id = r.id AND w.kind = 'default')))"
+          " ORDER BY r.updated_at_us LIMIT ?4",
+          -1, &st, NULL) != SQLITE_OK)
+    return sql_error(db, "finding unannounced run ends", err);
+  sqlite3_bind_int64(st, 1, a->since_us);
+  sqlite3_bind_int64(st, 2, a->now_us);
+  sqlite3_bind_int64(st, 3, a->next_us);
+  sqlite3_bind_int64(st, 4, a->limit);
+  int rc;
+  while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+    json_object *p = json_object_new_array();
+    json_object_array_add(p, col_json(st, 0));
+    json_object_array_add(p, col_json(st, 1));
+    json_object_array_add(a->out, p);
+  }
+  int r = rc == SQLITE_DONE ? 0 : sql_error(db, "finding unannounced run ends", err);
   sqlite3_finalize(st);
   return r;
 }
@@ -527,12 +579,13 @@ eph_webhooks_start(eph_ctx_t *ctx, eph_store_t *store, eph_webhooks_t **out, eph
 {
   const config_setting_t *g =
       ctx->config.core ? config_setting_get_member(ctx->config.core, "webhooks") : NULL;
-  int64_t hours, base_ms, timeout_ms, retention_days;
+  int64_t hours, base_ms, timeout_ms, retention_days, max_timeout_s;
   int r;
   if ((r = eph_cfg_int(g, "retry_hours", 24, &hours, err)) < 0 ||
       (r = eph_cfg_int(g, "retry_base_ms", 10000, &base_ms, err)) < 0 ||
       (r = eph_cfg_int(g, "timeout_ms", 10000, &timeout_ms, err)) < 0 ||
-      (r = eph_cfg_int(ctx->config.core, "retention_days", 30, &retention_days, err)) < 0)
+      (r = eph_cfg_int(ctx->config.core, "retention_days", 30, &retention_days, err)) < 0 ||
+      (r = eph_cfg_int(ctx->config.core, "max_timeout_seconds", 900, &max_timeout_s, err)) < 0)
     return r;
   if (hours < 1 || hours > 24 * 30 || base_ms < 100 || base_ms > 3600000 || timeout_ms < 100 ||
       timeout_ms > 120000) {
@@ -552,6 +605,7 @@ eph_webhooks_start(eph_ctx_t *ctx, eph_store_t *store, eph_webhooks_t **out, eph
   wh->base_delay_us = base_ms * 1000;
   wh->timeout_ms = timeout_ms;
   wh->retention_us = (retention_days > 0 ? retention_days : 30) * 86400LL * 1000000;
+  wh->max_run_us = (max_timeout_s + 3600) * 1000000;
   pthread_mutex_init(&wh->mu, NULL);
   pthread_cond_init(&wh->cond, NULL);
   if ((r = pthread_create(&wh->thread, NULL, deliver_main, wh)) != 0) {
@@ -602,12 +656,11 @@ summary_of(json_object *run)
   return s;
 }
 
-void
-eph_webhooks_run_ended(eph_webhooks_t *wh, const char *org, const char *run_id,
-                       json_object *run)
+/* Queues run's end (ended_us: when it ended) for org's endpoints and its webhook_url. */
+static void
+announce(eph_webhooks_t *wh, const char *org, const char *run_id, json_object *run,
+         int64_t ended_us)
 {
-  if (!wh)
-    return;
   int64_t now = eph_wall_us();
   cleanup_json json_object *body = json_object_new_object();
   json_object_object_add(body, "type", json_object_new_string("run.ended"));
@@ -616,7 +669,8 @@ eph_webhooks_run_ended(eph_webhooks_t *wh, const char *org, const char *run_id,
   sql_args_t a = {.org = org,
                   .run_id = run_id,
                   .body = json_object_to_json_string_ext(body, JSON_C_TO_STRING_PLAIN),
-                  .now_us = now};
+                  .now_us = now,
+                  .ended_us = ended_us};
   eph_error_t err = {0};
   if (eph_store_with_db(wh->store, db_enqueue, &a, &err) < 0)
     eph_warn("run %s: %s", run_id, err.message);
@@ -641,6 +695,57 @@ eph_webhooks_run_ended(eph_webhooks_t *wh, const char *org, const char *run_id,
     free(a.text);
     free(a.default_id);
   }
+}
+
+void
+eph_webhooks_run_ended(eph_webhooks_t *wh, const char *org, const char *run_id,
+                       json_object *run)
+{
+  if (wh)
+    announce(wh, org, run_id, run, eph_wall_us());
+}
+
+int
+eph_webhooks_catch_up(eph_webhooks_t *wh, json_object *(*run_object)(json_object *row))
+{
+  if (!wh)
+    return 0;
+  int64_t now = eph_wall_us();
+  /* Within the retry window (older ends would be given up at once anyway) and within the
+   * deliveries' retention (a purged row must not look unannounced). */
+  int64_t window = wh->retry_us < wh->retention_us ? wh->retry_us : wh->retention_us;
+  sql_args_t a = {.since_us = now - window,
+                  .now_us = now - CATCH_UP_GRACE_US,
+                  .next_us = now - window - wh->max_run_us,
+                  .limit = CATCH_UP_BATCH,
+                  .out = json_object_new_array()};
+  eph_error_t err = {0};
+  if (eph_store_with_db(wh->store, db_unannounced, &a, &err) < 0) {
+    eph_warn("%s", err.message);
+    json_object_put(a.out);
+    return -1;
+  }
+  int n = 0;
+  for (size_t i = 0; i < json_object_array_length(a.out); i++) {
+    json_object *p = json_object_array_get_idx(a.out, i);
+    const char *id = json_object_get_string(json_object_array_get_idx(p, 0));
+    int64_t ended = json_object_get_int64(json_object_array_get_idx(p, 1));
+    cleanup_json json_object *row = NULL;
+    eph_error_t rerr = {0};
+    if (eph_store_run_get(wh->store, id, NULL, &row, &rerr) < 0) {
+      eph_warn("webhooks: run %s: %s", id, rerr.message);
+      continue;
+    }
+    json_object *org = NULL;
+    json_object_object_get_ex(row, "org", &org);
+    cleanup_json json_object *run = run_object(row);
+    announce(wh, json_object_get_string(org), id, run, ended);
+    n++;
+  }
+  json_object_put(a.out);
+  if (n > 0)
+    eph_info("webhooks: queued the end of %d run(s) no process announced (recovered runs)", n);
+  return n;
 }
 
 int

@@ -55,6 +55,19 @@ void eph_webhooks_stop(eph_webhooks_t *wh);
 void eph_webhooks_run_ended(eph_webhooks_t *wh, const char *org, const char *run_id,
                             json_object *summary);
 
+/* Catch-up for run ends no process announced: runs settled by the store's recovery
+ * (eph_runstore_recover: host_lost, storage_error), in this daemon's reconciler, at its
+ * start, or in another process such as the CLI, before any delivery thread existed. Queues,
+ * like eph_webhooks_run_ended, every settled run that ended within the retry window
+ * (webhooks.retry_hours, at most retention_days) and has no delivery yet for an endpoint
+ * of its org that existed when it ended (or to its request's webhook_url); the
+ * (endpoint, run) uniqueness makes a second pass, or a race with run_ended, add none.
+ * Runs ended in the last 2 s are left to run_ended. run_object turns a store row
+ * (eph_store_run_get's shape, borrowed) into the API's run object (a new reference).
+ * Called by the reconciler every pass. Returns the number of runs queued (errors logged,
+ * -1). NULL wh is a no-op. */
+int eph_webhooks_catch_up(eph_webhooks_t *wh, json_object *(*run_object)(json_object *row));
+
 /* Registers url for org. On success *out (owned by the caller) is
  * {"id","url","secret","created_at_us"}. -EINVAL with *field = "url" and err naming the
  * reason when the URL is malformed or its host, port or any address it resolves to is
