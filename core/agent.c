@@ -44,6 +44,7 @@ delta_emit(void *opaque, int stream, const char *text, size_t bytes, uint64_t dr
   eph_run_t *run = opaque;
   json_object *d = json_object_new_object();
   json_object_object_add(d, "call", json_object_new_int64(run->delta_step));
+  json_object_object_add(d, "attempt", json_object_new_int64(run->delta_attempt));
   if (stream) {
     json_object_object_add(d, "bytes", json_object_new_int64((int64_t)bytes));
     eph_run_emit_full(run, "Model", "model_delta", text, d, true);
@@ -58,12 +59,28 @@ delta_emit(void *opaque, int stream, const char *text, size_t bytes, uint64_t dr
 }
 
 /* eph_model_request_t.on_delta: a piece of the answer's text as the provider streams it.
- * Model text is content: nothing under zero data retention. */
+ * Model text is content: nothing under zero data retention. Text NULL: the provider retries
+ * the call; what the failed attempt streamed is flushed and declared discarded by a
+ * `model_retry` event, and the retry's deltas carry the next attempt number, so a reader
+ * of the timeline never joins two attempts' text into one answer. */
 static void
 model_delta(void *opaque, const char *text, size_t bytes)
 {
   eph_run_t *run = opaque;
-  if (!run->req.zero_data_retention && text)
+  if (!text) {
+    eph_live_end(&run->delta, delta_emit, run);
+    json_object *d = json_object_new_object();
+    json_object_object_add(d, "call", json_object_new_int64(run->delta_step));
+    json_object_object_add(d, "attempt", json_object_new_int64(run->delta_attempt + 1));
+    eph_run_emit(run, "Model", "model_retry", false, d,
+                 "model call %" PRId64 ": attempt %" PRId64
+                 " failed and is retried; any text it streamed is discarded",
+                 run->delta_step, run->delta_attempt);
+    run->delta_attempt++;
+    eph_live_begin(&run->delta, 0);
+    return;
+  }
+  if (!run->req.zero_data_retention)
     eph_live_add(&run->delta, 1, text, bytes, delta_emit, run);
 }
 
@@ -75,6 +92,7 @@ complete_streaming(eph_run_t *run, const eph_model_ops_t *mops, eph_model_reques
   mreq->on_delta = model_delta;
   mreq->delta_opaque = run;
   run->delta_step = step;
+  run->delta_attempt = 1;
   eph_live_begin(&run->delta, 0);
   int r = EPH_WITH_PLUGIN(run->model, mops->complete(run->model->state, mreq, resp, err));
   eph_live_end(&run->delta, delta_emit, run);
@@ -149,7 +167,11 @@ eph_agent_loop(eph_run_t *run)
     int64_t est_in = (int64_t)strlen(wire) / 3 + 1;
     int64_t left = eph_meter_remaining(run);
     int64_t max_out = run->max_output_tokens;
-    int64_t in_cost_x = est_in * run->in_price_mtok; /* micros * 1e6 */
+    /* The prompt may be billed as a cache write (Anthropic: 1.25x input), so the estimate
+     * takes the dearer of the two prices. */
+    int64_t prompt_price = run->in_price_mtok > run->cache_write_price_mtok
+                               ? run->in_price_mtok : run->cache_write_price_mtok;
+    int64_t in_cost_x = est_in * prompt_price; /* micros * 1e6 */
     if (run->out_price_mtok > 0) {
       int64_t affordable = (left * 1000000 - in_cost_x) / run->out_price_mtok;
       if (affordable < max_out)
@@ -232,12 +254,21 @@ eph_agent_loop(eph_run_t *run)
       run->answer = eph_xstrdup(content && json_object_is_type(content, json_type_string)
                                     ? json_object_get_string(content) : "");
       eph_model_response_clear(&resp);
+      bool refused = strcmp(resp.finish_reason, "content_filter") == 0;
+      bool truncated = strcmp(resp.finish_reason, "length") == 0;
       if (atomic_load(&run->storage_failed))
         eph_run_set_end_storage(run);
       else if (atomic_load(&run->budget_exhausted))
         eph_run_set_end(run, EPH_RUN_BUDGET_EXHAUSTED, "budget_exhausted", NULL);
+      else if (refused) /* Anthropic refusal, OpenAI content_filter: no answer was given */
+        eph_run_set_end(run, EPH_RUN_FAILED, "refusal",
+                        "the model refused to answer (stop reason: refusal / content filter)");
+      else if (truncated) /* the text stopped at the output limit: not a whole answer */
+        eph_run_set_end(run, EPH_RUN_FAILED, "max_tokens",
+                        "the model's answer was cut off at its output token limit");
       else
         eph_run_set_end(run, EPH_RUN_SUCCEEDED, "final_answer", NULL);
+      eph_model_response_clear(&resp);
       return;
     }
     /* Several calls per turn, as the product page's model does; each passes the gate. */

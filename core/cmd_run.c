@@ -83,6 +83,7 @@ typedef struct printer {
   bool mid_line;     /* the last output line has no newline yet */
   int64_t lines;     /* lines started for the current command */
   int64_t more;      /* lines not printed past LIVE_MAX_LINES */
+  int64_t delta_call; /* the model call whose "streaming" row is printed (0: none) */
 } printer_t;
 
 /* Closes the current command's output: ends a partial line, prints the "more" marker. */
@@ -129,6 +130,13 @@ live_print(printer_t *p, const char *text)
   fflush(p->out);
 }
 
+static int64_t
+jint(json_object *o, const char *key)
+{
+  json_object *v = NULL;
+  return json_object_object_get_ex(o, key, &v) ? json_object_get_int64(v) : 0;
+}
+
 static void
 print_any(printer_t *p, double t, const char *source, const char *kind, const char *text,
           json_object *data)
@@ -137,6 +145,16 @@ print_any(printer_t *p, double t, const char *source, const char *kind, const ch
     json_object *dropped = NULL;
     if (p->quiet)
       return;
+    /* Streamed model text belongs under its own model call, whose model_call row only
+     * comes when the call is over: the first delta prints a row for it. */
+    int64_t call = strcmp(kind, "model_delta") == 0 && data ? jint(data, "call") : 0;
+    if (call > 0 && call != p->delta_call) {
+      char row[64];
+      snprintf(row, sizeof row, "model call %" PRId64 " streaming…", call);
+      live_close(p);
+      print_event_line(p->out, t, source, kind, row);
+      p->delta_call = call;
+    }
     if (data && json_object_object_get_ex(data, "dropped_bytes", &dropped)) {
       if (p->mid_line)
         live_print(p, "\n");
@@ -156,13 +174,6 @@ print_event(void *opaque, eph_run_t *run, const eph_event_t *ev)
 {
   (void)run;
   print_any(opaque, (double)ev->t_ms / 1000.0, ev->source, ev->kind, ev->text, ev->data);
-}
-
-static int64_t
-jint(json_object *o, const char *key)
-{
-  json_object *v = NULL;
-  return json_object_object_get_ex(o, key, &v) ? json_object_get_int64(v) : 0;
 }
 
 /* The product page's summary: header, saved output, cost line. */

@@ -189,13 +189,18 @@ typedef struct call_ctx {
   anthropic_t *s;
   eph_model_response_t *resp;
   eph_messages_stream_t st;
+  int attempts; /* attempts started so far */
 } call_ctx_t;
 
+/* Each attempt starts from nothing; a retry tells the core (on_delta with NULL text) that
+ * the text streamed by the failed attempt is discarded. */
 static void
 on_attempt(void *opaque)
 {
   call_ctx_t *c = opaque;
   eph_messages_stream_reset(&c->st);
+  if (c->attempts++ > 0 && c->st.on_text)
+    c->st.on_text(c->st.text_opaque, NULL, 0);
 }
 
 static int

@@ -342,14 +342,19 @@ typedef struct call_ctx {
   eph_model_response_t *resp;
   eph_chat_stream_t chat;
   eph_responses_stream_t responses;
+  int attempts; /* attempts started so far */
 } call_ctx_t;
 
+/* Each attempt starts from nothing; a retry tells the core (on_delta with NULL text) that
+ * the text streamed by the failed attempt is discarded. */
 static void
 on_attempt(void *opaque)
 {
   call_ctx_t *c = opaque;
   eph_chat_stream_reset(&c->chat);
   eph_responses_stream_reset(&c->responses);
+  if (c->attempts++ > 0 && c->chat.on_text)
+    c->chat.on_text(c->chat.text_opaque, NULL, 0);
 }
 
 static int

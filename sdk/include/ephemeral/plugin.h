@@ -465,8 +465,9 @@ typedef struct eph_model_request {
    * EPH_MODEL_REQUEST_HAS_DELTA; the minor stays 2 because 1.2 is not yet released):
    * optional, called on the calling thread with each piece of the answer's text as a
    * streaming provider delivers it (text borrowed, not NUL-terminated); the core shows them
-   * as `model_delta` events. A retried attempt's pieces come again from its start. The
-   * response is still the whole answer. */
+   * as `model_delta` events. Before a retried attempt the plugin calls it once with text
+   * NULL (bytes 0): the text delivered so far is discarded and the retry's pieces come
+   * again from its start. The response is still the whole answer. */
   void (*on_delta)(void *opaque, const char *text, size_t bytes);
   void *delta_opaque;
 } eph_model_request_t;

@@ -87,7 +87,13 @@ def cmd_run(args: argparse.Namespace) -> int:
             model = (run.get("request") or {}).get("model") or "default model"
             print("Run %s · %s · %s\n" % (run.id, shown(model), run.get("backend", "?")),
                   flush=True)
+            streaming = 0  # the model call whose "streaming" row is printed, as the C CLI does
             for e in client.runs.events(run.id):
+                call = (e.get("data") or {}).get("call") if e.get("kind") == "model_delta" else None
+                if isinstance(call, int) and call != streaming:
+                    streaming = call
+                    print(event_line(dict(e, kind="model_stream",
+                                          text="model call %d streaming…" % call)), flush=True)
                 print(event_line(e), flush=True)
         else:
             for _ in client.runs.events(run.id):

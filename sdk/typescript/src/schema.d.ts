@@ -511,7 +511,7 @@ export interface components {
             /** @constant */
             object: "run";
             status: components["schemas"]["RunStatus"];
-            /** @description why it ended (once ended): final_answer, timeout, budget_exhausted, cancelled, model_error, host_error, step_limit, transcript_diverged, ... */
+            /** @description why it ended (once ended): final_answer, timeout, budget_exhausted, cancelled, model_error, host_error, step_limit, transcript_diverged, refusal (the model refused: Anthropic stop_reason refusal, OpenAI content_filter), max_tokens (the answer was cut off at the output token limit), ... */
             reason?: string;
             error?: string;
             /** Format: date-time */
@@ -598,7 +598,7 @@ export interface components {
             kind?: "worker_started";
             data?: never;
         } & components["schemas"]["EventBase"];
-        /** @description The answer's text as a streaming provider delivers it (model-anthropic, model-openai with `stream = true`), coalesced like output (about every 100 ms or 4 KiB), before the call's model_call event. The model_call event and the run's output remain the record of the answer; a retried attempt streams again from its start. Bounded per call (64 KiB) and per run (1 MiB), past which one final event has `dropped_bytes`. Never emitted under zero data retention. A content event. */
+        /** @description The answer's text as a streaming provider delivers it (model-anthropic, model-openai with `stream = true`), coalesced like output (about every 100 ms or 4 KiB), before the call's model_call event. The model_call event and the run's output remain the record of the answer; a retried attempt streams again from its start, after a model_retry event that declares the previous attempt's text discarded; each delta names its attempt. Bounded per call (64 KiB) and per run (1 MiB), past which one final event has `dropped_bytes`. Never emitted under zero data retention. A content event. */
         ModelDeltaEvent: {
             /** @constant */
             kind?: "model_delta";
@@ -607,8 +607,23 @@ export interface components {
             data?: {
                 /** @description the model call's number (as in `model call N`) */
                 call: number;
+                /** @description the attempt of that call (1, then 2 after a model_retry): text of an earlier attempt is discarded */
+                attempt: number;
                 bytes?: number;
                 dropped_bytes?: number;
+            };
+        } & components["schemas"]["EventBase"];
+        /** @description A streaming model call's attempt failed (a retryable HTTP status, overload, a broken stream) and the provider retries it: any model_delta text of the earlier attempt is discarded, the retry's model_delta events carry the next attempt number and stream the answer from its start. Not a content event. */
+        ModelRetryEvent: {
+            /** @constant */
+            kind?: "model_retry";
+            /** @constant */
+            source?: "Model";
+            data?: {
+                /** @description the model call's number */
+                call: number;
+                /** @description the attempt that starts now */
+                attempt: number;
             };
         } & components["schemas"]["EventBase"];
         /** @description One model call returned (and was charged). */
@@ -840,7 +855,7 @@ export interface components {
             kind?: string;
         } & components["schemas"]["EventBase"];
         /** @description A timeline event, typed by kind (each member's kind is a constant; PluginEvent takes any other kind). In the SSE stream each is `id: <seq>`, `event: <kind>`, `data: <this JSON>`. */
-        Event: components["schemas"]["ReservedEvent"] | components["schemas"]["SandboxReadyEvent"] | components["schemas"]["SandboxErrorEvent"] | components["schemas"]["EgressErrorEvent"] | components["schemas"]["WorkerStartedEvent"] | components["schemas"]["ModelDeltaEvent"] | components["schemas"]["ModelCallEvent"] | components["schemas"]["ModelErrorEvent"] | components["schemas"]["ToolCallEvent"] | components["schemas"]["ToolResultEvent"] | components["schemas"]["OutputEvent"] | components["schemas"]["DeniedEvent"] | components["schemas"]["EgressEvent"] | components["schemas"]["SandboxDestroyedEvent"] | components["schemas"]["EndedEvent"] | components["schemas"]["SettledEvent"] | components["schemas"]["WebRequestEvent"] | components["schemas"]["WebRefusedEvent"] | components["schemas"]["FileReadEvent"] | components["schemas"]["FileWriteEvent"] | components["schemas"]["FileListEvent"] | components["schemas"]["FileRefusedEvent"] | components["schemas"]["ConnectionRequestEvent"] | components["schemas"]["HeaderDroppedEvent"] | components["schemas"]["PluginEvent"];
+        Event: components["schemas"]["ReservedEvent"] | components["schemas"]["SandboxReadyEvent"] | components["schemas"]["SandboxErrorEvent"] | components["schemas"]["EgressErrorEvent"] | components["schemas"]["WorkerStartedEvent"] | components["schemas"]["ModelDeltaEvent"] | components["schemas"]["ModelRetryEvent"] | components["schemas"]["ModelCallEvent"] | components["schemas"]["ModelErrorEvent"] | components["schemas"]["ToolCallEvent"] | components["schemas"]["ToolResultEvent"] | components["schemas"]["OutputEvent"] | components["schemas"]["DeniedEvent"] | components["schemas"]["EgressEvent"] | components["schemas"]["SandboxDestroyedEvent"] | components["schemas"]["EndedEvent"] | components["schemas"]["SettledEvent"] | components["schemas"]["WebRequestEvent"] | components["schemas"]["WebRefusedEvent"] | components["schemas"]["FileReadEvent"] | components["schemas"]["FileWriteEvent"] | components["schemas"]["FileListEvent"] | components["schemas"]["FileRefusedEvent"] | components["schemas"]["ConnectionRequestEvent"] | components["schemas"]["HeaderDroppedEvent"] | components["schemas"]["PluginEvent"];
         WebhookRequest: {
             /** @description http:// or https:// URL the run-end notices are POSTed to */
             url: string;
