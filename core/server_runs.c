@@ -400,71 +400,6 @@ eph_srv_runs_drain(eph_server_t *srv, int grace_seconds)
 /* ------------------------------------------------------------------ run objects */
 
 json_object *
-eph_srv_event_from_store(json_object *e)
-{
-  json_object *o = json_object_new_object(), *v = NULL;
-  int64_t t_ms = json_object_object_get_ex(e, "t_ms", &v) ? json_object_get_int64(v) : 0;
-  json_object_object_add(o, "seq", json_object_new_int64(
-                                       json_object_object_get_ex(e, "seq", &v)
-                                           ? json_object_get_int64(v) : 0));
-  json_object_object_add(o, "t", json_object_new_double((double)t_ms / 1000.0));
-  static const char *const keys[] = {"source", "kind", "text", "data"};
-  for (size_t i = 0; i < 4; i++)
-    if (json_object_object_get_ex(e, keys[i], &v))
-      json_object_object_add(o, keys[i], json_object_get(v));
-  return o;
-}
-
-/* A store row in the API's run shape (the same keys eph_run_to_json gives a live run). */
-static json_object *
-from_store(json_object *row, json_object *events)
-{
-  json_object *o = json_object_new_object(), *v = NULL, *usage = NULL;
-  json_object_object_get_ex(row, "usage", &usage);
-  json_object_object_add(o, "id", json_object_get(json_object_object_get(row, "id")));
-  json_object_object_add(o, "object", json_object_new_string("run"));
-  json_object_object_add(o, "status", json_object_get(json_object_object_get(row, "status")));
-  if (usage && json_object_object_get_ex(usage, "reason", &v))
-    json_object_object_add(o, "reason", json_object_get(v));
-  if (usage && json_object_object_get_ex(usage, "error", &v))
-    json_object_object_add(o, "error", json_object_get(v));
-  char created[40];
-  eph_format_iso8601(
-      json_object_object_get_ex(row, "created_at_us", &v) ? json_object_get_int64(v) : 0,
-      created, sizeof created);
-  json_object_object_add(o, "created_at", json_object_new_string(created));
-  json_object_object_add(o, "organisation", json_object_get(json_object_object_get(row, "org")));
-  if (json_object_object_get_ex(row, "request", &v))
-    json_object_object_add(o, "request", json_object_get(v));
-  if (events) {
-    json_object *a = json_object_new_array();
-    for (size_t i = 0; i < json_object_array_length(events); i++)
-      json_object_array_add(a, eph_srv_event_from_store(json_object_array_get_idx(events, i)));
-    json_object_object_add(o, "events", a);
-  }
-  if (json_object_object_get_ex(row, "output", &v) && v)
-    json_object_object_add(o, "output", json_object_get(v));
-  else if (json_object_object_get_ex(row, "request", &v))
-    json_object_object_add(o, "output", json_object_new_object());
-  json_object *u = json_object_new_object();
-  if (usage) {
-    json_object_object_foreach(usage, k, uv)
-    {
-      if (strcmp(k, "reason") != 0 && strcmp(k, "error") != 0)
-        json_object_object_add(u, k, json_object_get(uv));
-    }
-  }
-  json_object_object_add(o, "usage", u);
-  return o;
-}
-
-json_object *
-eph_srv_run_from_store(json_object *row)
-{
-  return from_store(row, NULL);
-}
-
-json_object *
 eph_srv_run_object(eph_server_t *srv, const char *id, const char *org, bool events,
                    eph_error_t *err)
 {
@@ -481,7 +416,7 @@ eph_srv_run_object(eph_server_t *srv, const char *id, const char *org, bool even
     return NULL;
   if (events && eph_store_events_since(srv->store, id, -1, 0, &evs, err) < 0)
     return NULL;
-  return from_store(row, evs);
+  return eph_srv_run_shape(row, evs);
 }
 
 /* ------------------------------------------------------------------ handlers */
@@ -908,7 +843,7 @@ eph_srv_runs_list(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req)
   }
   json_object *data = json_object_new_array();
   for (size_t i = 0; i < json_object_array_length(rows); i++)
-    json_object_array_add(data, from_store(json_object_array_get_idx(rows, i), NULL));
+    json_object_array_add(data, eph_srv_run_shape(json_object_array_get_idx(rows, i), NULL));
   json_object *o = json_object_new_object();
   json_object_object_add(o, "object", json_object_new_string("list"));
   json_object_object_add(o, "data", data);
