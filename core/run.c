@@ -281,6 +281,8 @@ collect_outputs(eph_run_t *run)
       json_object_object_add(f, "error", json_object_new_string(err.message));
     } else {
       cleanup_free char *b64 = eph_base64_encode(data, bytes);
+      if (!b64) /* out of memory (data is at most 1 MiB): the core does not limp on */
+        abort();
       json_object_object_add(f, "encoding", json_object_new_string("base64"));
       json_object_object_add(f, "content", json_object_new_string(b64));
       json_object_object_add(f, "bytes", json_object_new_int64((int64_t)bytes));

@@ -11,7 +11,6 @@
 #include <sys/stat.h>
 #include <time.h>
 
-#include <openssl/evp.h>
 
 static void
 oom(void)
@@ -196,45 +195,6 @@ eph_read_file(const char *path, size_t max_bytes, char **out, size_t *bytes, eph
     *bytes = len;
   *out = steal_pointer(&buf);
   return 0;
-}
-
-int
-eph_base64_decode(const char *in, size_t in_bytes, unsigned char **out, size_t *out_bytes)
-{
-  if (in_bytes % 4 != 0 || in_bytes > (size_t)INT32_MAX)
-    return -EINVAL;
-  for (size_t i = 0; i < in_bytes; i++) {
-    char c = in[i];
-    bool alpha = (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
-                 c == '+' || c == '/';
-    /* '=' only as the last one or two characters. */
-    if (!alpha && !(c == '=' && i >= in_bytes - 2 && (i == in_bytes - 1 || in[i + 1] == '=')))
-      return -EINVAL;
-  }
-  unsigned char *buf = eph_xmalloc(in_bytes / 4 * 3 + 1);
-  int n = in_bytes ? EVP_DecodeBlock(buf, (const unsigned char *)in, (int)in_bytes) : 0;
-  if (n < 0) {
-    free(buf);
-    return -EINVAL;
-  }
-  /* EVP_DecodeBlock counts the padding as zero bytes. */
-  if (in_bytes >= 1 && in[in_bytes - 1] == '=')
-    n--;
-  if (in_bytes >= 2 && in[in_bytes - 2] == '=')
-    n--;
-  buf[n] = 0;
-  *out = buf;
-  *out_bytes = (size_t)n;
-  return 0;
-}
-
-char *
-eph_base64_encode(const void *in, size_t in_bytes)
-{
-  char *out = eph_xmalloc(4 * ((in_bytes + 2) / 3) + 1);
-  int n = EVP_EncodeBlock((unsigned char *)out, in, (int)in_bytes);
-  out[n] = '\0';
-  return out;
 }
 
 /* Line and column (1-based, in bytes) of byte offset off in text. */

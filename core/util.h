@@ -10,16 +10,9 @@
 
 #include <ephemeral/plugin.h>
 
-/* Scope-bound release, as in systemd/crun: `cleanup_free char *p = ...;` frees p when it
- * goes out of scope; steal_pointer() hands ownership on and leaves NULL behind. */
-static inline void eph_freep(void *p) { free(*(void **)p); }
-static inline void eph_closep(int *fd) { if (*fd >= 0) close(*fd); }
-static inline void eph_json_putp(json_object **o) { if (*o) json_object_put(*o); }
-#define cleanup_free __attribute__((cleanup(eph_freep)))
-#define cleanup_close __attribute__((cleanup(eph_closep)))
-#define cleanup_json __attribute__((cleanup(eph_json_putp)))
-#define steal_pointer(pp) ({ __typeof__(*(pp)) _p = *(pp); *(pp) = NULL; _p; })
-#define steal_fd(fdp) ({ int _fd = *(fdp); *(fdp) = -1; _fd; })
+#include "support/base64.h"
+#include "support/cleanup.h"
+
 
 /* malloc/strdup/asprintf that abort on out-of-memory: the core does not limp on without
  * memory. Returned memory is owned by the caller (free()). */
@@ -60,10 +53,5 @@ int eph_mkdir_p(const char *path, mode_t mode, eph_error_t *err);
  * files over max_bytes. *bytes (optional) gets the length. */
 int eph_read_file(const char *path, size_t max_bytes, char **out, size_t *bytes, eph_error_t *err);
 
-/* Base64 (RFC 4648, standard alphabet, padded) through OpenSSL's codec. decode refuses
- * invalid input (-EINVAL); *out is heap memory owned by the caller (NUL-terminated for
- * convenience, *out_bytes excludes the NUL). encode returns a heap string. */
-int eph_base64_decode(const char *in, size_t in_bytes, unsigned char **out, size_t *out_bytes);
-char *eph_base64_encode(const void *in, size_t in_bytes);
 
 #endif
