@@ -18,11 +18,13 @@
  * bigint overflow raises an error in PostgreSQL (never wraps); the C code checks first anyway
  * so the caller gets the documented codes (-EPH_E_BUDGET, -EPH_E_INSUFFICIENT, ...).
  *
- * Concurrency. Every operation that writes is one SERIALIZABLE transaction that also locks
- * the rows it decides on (SELECT ... FOR UPDATE), so two hosts (or threads) cannot both pass
- * a balance or cap check; a transaction PostgreSQL aborts with serialization_failure (40001)
+ * Concurrency. Every operation is one SERIALIZABLE transaction that also locks the rows it
+ * decides on (SELECT ... FOR NO KEY UPDATE), so two hosts (or threads) cannot both pass a
+ * balance or cap check; a transaction PostgreSQL aborts with serialization_failure (40001)
  * or deadlock_detected (40P01) is run again from the start, a bounded number of times with a
- * randomised back-off. Reads (balance, totals) are one statement each.
+ * randomised back-off. Before the transaction starts, an operation on a run (charge, settle)
+ * or an organisation (credit, reserve) takes a session advisory lock on its name, so
+ * operations on one reservation queue rather than abort each other (see run_tx).
  *
  * Threads. The core calls the ledger from the HTTP, run and meter threads at once: a small
  * pool of connections (`connections`, default 4) behind a mutex and a condition variable; an
@@ -136,9 +138,10 @@ static const char schema_v1[] =
   "CREATE FUNCTION ledger.derived_only() RETURNS trigger LANGUAGE plpgsql"
   "  SET search_path = pg_catalog, pg_temp AS $$"
   "BEGIN"
-  "  IF TG_OP = 'INSERT' AND TG_TABLE_NAME = 'organisations'"
-  "     AND NEW.credited_micros = 0 AND NEW.balance_micros = 0 THEN"
-  "    RETURN NEW;"
+  "  IF TG_OP = 'INSERT' AND TG_TABLE_NAME = 'organisations' THEN"
+  "    IF NEW.credited_micros = 0 AND NEW.balance_micros = 0 THEN"
+  "      RETURN NEW;"
+  "    END IF;"
   "  END IF;"
   "  IF TG_OP IN ('DELETE', 'TRUNCATE') OR pg_trigger_depth() < 2 THEN"
   "    RAISE EXCEPTION 'ledger.% is derived from the journal: % refused', TG_TABLE_NAME, TG_OP"
@@ -215,13 +218,13 @@ static const struct {
   [ST_ORG_GET] = {"SELECT credited_micros, balance_micros FROM ledger.organisations"
                   " WHERE org = $1", 1},
   [ST_ORG_LOCK] = {"SELECT credited_micros, balance_micros FROM ledger.organisations"
-                   " WHERE org = $1 FOR UPDATE", 1},
+                   " WHERE org = $1 FOR NO KEY UPDATE", 1},
   [ST_RES_GET] = {"SELECT org, reserved_micros, billed_micros, released_micros, model_micros,"
                   " web_micros, compute_micros, settled FROM ledger.reservations"
                   " WHERE run_id = $1", 1},
   [ST_RES_LOCK] = {"SELECT org, reserved_micros, billed_micros, released_micros, model_micros,"
                    " web_micros, compute_micros, settled FROM ledger.reservations"
-                   " WHERE run_id = $1 FOR UPDATE", 1},
+                   " WHERE run_id = $1 FOR NO KEY UPDATE", 1},
   [ST_ENTRY_ADD] = {"INSERT INTO ledger.entries(t_us, org, run_id, node, kind, category, micros,"
                     " memo) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)", 8},
   [ST_OPEN_LIST] = {"SELECT run_id FROM ledger.reservations WHERE settled = 0 AND node = $1"
@@ -397,7 +400,9 @@ pg_fail(tx_t *tx, const PGresult *res, const char *what, eph_error_t *err)
   ledger_t *l = tx->l;
   const char *state = res ? PQresultErrorField(res, PG_DIAG_SQLSTATE) : NULL;
   snprintf(tx->sqlstate, sizeof tx->sqlstate, "%s", state ? state : "");
-  bool lost = PQstatus(tx->c->pg) == CONNECTION_BAD || strncmp(tx->sqlstate, "08", 2) == 0;
+  /* No SQLSTATE: libpq's own failure (the server closed the connection, a socket error). */
+  bool lost = PQstatus(tx->c->pg) == CONNECTION_BAD || strncmp(tx->sqlstate, "08", 2) == 0 ||
+              !tx->sqlstate[0];
   tx->lost = tx->lost || lost;
   tx->retry = strcmp(tx->sqlstate, "40001") == 0 || strcmp(tx->sqlstate, "40P01") == 0;
   int code = lost                                       ? EIO
@@ -459,13 +464,13 @@ display_name(const char *conninfo)
 }
 
 static int
-prepare_all(tx_t *tx, eph_error_t *err)
+prepare_all(tx_t *tx, bool statements_too, eph_error_t *err)
 {
   PGconn *pg = tx->c->pg;
   char setup[160];
   /* UTC and a fixed statement timeout: the session is ours alone. */
   snprintf(setup, sizeof setup,
-           "SET statement_timeout = %" PRId64 "; SET TIME ZONE 'UTC';"
+           "DEALLOCATE ALL; SET statement_timeout = %" PRId64 "; SET TIME ZONE 'UTC';"
            " SET client_encoding = 'UTF8'",
            tx->l->statement_timeout_ms);
   PGresult *res = PQexec(pg, setup);
@@ -475,7 +480,7 @@ prepare_all(tx_t *tx, eph_error_t *err)
     return r;
   }
   PQclear(res);
-  for (int i = 0; i < ST_COUNT; i++) {
+  for (int i = 0; statements_too && i < ST_COUNT; i++) {
     char name[8];
     snprintf(name, sizeof name, "l%d", i);
     res = PQprepare(pg, name, statements[i].sql, statements[i].params, NULL);
@@ -489,6 +494,14 @@ prepare_all(tx_t *tx, eph_error_t *err)
   return 0;
 }
 
+/* Server notices (NOTICE, WARNING) are not errors: libpq's default prints them on stderr. */
+static void
+notice_quiet(void *arg, const char *message)
+{
+  (void)arg;
+  (void)message;
+}
+
 static PGconn *
 connect_db(ledger_t *l)
 {
@@ -497,13 +510,16 @@ connect_db(ledger_t *l)
   /* Keywords before "dbname" are defaults the URI may override; after it, ours win. */
   const char *const keys[] = {"connect_timeout", "fallback_application_name", "dbname", NULL};
   const char *const vals[] = {timeout, "ephemeral-ledger", l->conninfo, NULL};
-  return PQconnectdbParams(keys, vals, 1);
+  PGconn *pg = PQconnectdbParams(keys, vals, 1);
+  if (pg)
+    PQsetNoticeProcessor(pg, notice_quiet, NULL);
+  return pg;
 }
 
-/* Makes c usable: connects or resets a broken connection, sets up the session and prepares
- * the statements. */
+/* Makes c usable: connects or resets a broken connection, sets up the session and (unless
+ * `connect_only`: the schema may not exist yet) prepares the statements. */
 static int
-conn_ready(tx_t *tx, eph_error_t *err)
+conn_connect(tx_t *tx, bool connect_only, eph_error_t *err)
 {
   conn_t *c = tx->c;
   if (c->ready && PQstatus(c->pg) == CONNECTION_OK &&
@@ -528,11 +544,17 @@ conn_ready(tx_t *tx, eph_error_t *err)
     return eph_error_set(err, EIO, PLUGIN ": key 'database': cannot connect to %s: %s",
                          tx->l->display, msg);
   }
-  int r = prepare_all(tx, err);
+  int r = prepare_all(tx, !connect_only, err);
   if (r < 0)
     return r;
-  c->ready = true;
+  c->ready = !connect_only;
   return 0;
+}
+
+static int
+conn_ready(tx_t *tx, eph_error_t *err)
+{
+  return conn_connect(tx, false, err);
 }
 
 static conn_t *
@@ -674,32 +696,96 @@ backoff(int attempt)
   nanosleep(&ts, NULL);
 }
 
+/* Advisory lock classes: one lock per organisation (credit, reserve) or per run (charge,
+ * settle); the second key is a 32-bit FNV-1a hash of the name (a collision only serialises
+ * two unrelated operations). */
+#define LOCK_ORG 0x65706f /* "epo" */
+#define LOCK_RUN 0x657072 /* "epr" */
+
+static int32_t
+name_hash(const char *s)
+{
+  uint32_t h = 2166136261u;
+  for (; *s; s++)
+    h = (h ^ (unsigned char)*s) * 16777619u;
+  return (int32_t)h;
+}
+
+/* Sends sql (several statements) and reads every result; the first failure is the error. */
+static int
+exec_multi(tx_t *tx, const char *sql, const char *what, eph_error_t *err)
+{
+  if (!PQsendQuery(tx->c->pg, sql))
+    return pg_fail(tx, NULL, what, err);
+  int r = 0;
+  PGresult *res;
+  while ((res = PQgetResult(tx->c->pg))) {
+    ExecStatusType st = PQresultStatus(res);
+    if (r == 0 && st != PGRES_COMMAND_OK && st != PGRES_TUPLES_OK)
+      r = pg_fail(tx, res, what, err);
+    PQclear(res);
+  }
+  return r;
+}
+
 /* Runs body inside one SERIALIZABLE transaction on a pooled connection: commits when it
  * returns >= 0, rolls back otherwise; runs it again on a serialization failure or deadlock
  * (up to max_attempts) and once more when the connection was lost before COMMIT was sent.
- * Returns body's result or the error. */
+ *
+ * lock_name (with lock_class): the session-level advisory lock taken BEFORE the transaction
+ * starts, so its snapshot is taken after the previous holder committed. Operations on one
+ * run or one organisation then queue instead of aborting each other with serialization
+ * failures (which, under contention, retry without bound: one attempt can lose every
+ * round). SERIALIZABLE and the row locks still decide correctness; the advisory lock only
+ * orders the queue. It is released with the COMMIT or ROLLBACK, and by the server if the
+ * connection dies. Returns body's result or the error. */
 static int
-run_tx(ledger_t *l, tx_body_fn body, void *arg, eph_error_t *err)
+run_tx(ledger_t *l, int lock_class, const char *lock_name, tx_body_fn body, void *arg,
+       eph_error_t *err)
 {
   bool reconnected = false;
+  char lock_sql[96] = "", end_sql[96];
+  if (lock_name)
+    snprintf(lock_sql, sizeof lock_sql, "SELECT pg_advisory_lock(%d, %" PRId32 ")", lock_class,
+             name_hash(lock_name));
   for (int attempt = 1;; attempt++) {
     tx_t tx = {.l = l, .c = checkout(l)};
     int r = conn_ready(&tx, err);
+    bool locked = false;
+    if (r >= 0 && lock_name && (r = exec_simple(&tx, lock_sql, err)) >= 0)
+      locked = true;
     if (r >= 0)
       r = exec_simple(&tx, "BEGIN ISOLATION LEVEL SERIALIZABLE", err);
     if (r >= 0) {
       r = body(&tx, arg, err);
       if (r >= 0) {
         tx.commit_sent = true;
-        int c = exec_simple(&tx, "COMMIT", err);
+        snprintf(end_sql, sizeof end_sql, "COMMIT%s",
+                 locked ? "; SELECT pg_advisory_unlock_all()" : "");
+        int c = exec_multi(&tx, end_sql, "COMMIT", err);
         if (c < 0)
           r = c;
+        else
+          locked = false;
       } else if (!tx.lost) {
-        exec_simple(&tx, "ROLLBACK", NULL);
+        snprintf(end_sql, sizeof end_sql, "ROLLBACK%s",
+                 locked ? "; SELECT pg_advisory_unlock_all()" : "");
+        if (exec_multi(&tx, end_sql, "ROLLBACK", NULL) == 0)
+          locked = false;
       }
     }
-    if (tx.lost)
+    if (locked && !tx.lost) {
+      if (PQtransactionStatus(tx.c->pg) != PQTRANS_IDLE)
+        exec_simple(&tx, "ROLLBACK", NULL);
+      if (exec_simple(&tx, "SELECT pg_advisory_unlock_all()", NULL) < 0)
+        tx.lost = true; /* never hand on a connection that may still hold the lock */
+    }
+    if (tx.lost) {
+      /* Dropped, not reset in place: a half-dead session must not keep a lock. */
+      PQfinish(tx.c->pg);
+      tx.c->pg = NULL;
       tx.c->ready = false;
+    }
     checkin(l, tx.c);
     if (r >= 0)
       return r;
@@ -763,7 +849,7 @@ ledger_credit(void *state, const char *org, int64_t micros, eph_error_t *err)
     return eph_error_set(err, EINVAL, "credit: micros must be positive (got %" PRId64 ")",
                          micros);
   op_arg_t a = {.org = org, .micros = micros};
-  return run_tx(state, credit_body, &a, err);
+  return run_tx(state, LOCK_ORG, org, credit_body, &a, err);
 }
 
 static int
@@ -785,7 +871,7 @@ ledger_balance(void *state, const char *org, int64_t *micros, eph_error_t *err)
   if (r < 0)
     return r;
   op_arg_t a = {.org = org, .out = micros};
-  return run_tx(state, balance_body, &a, err);
+  return run_tx(state, 0, NULL, balance_body, &a, err);
 }
 
 static int
@@ -828,7 +914,7 @@ ledger_reserve(void *state, const char *org, const char *run_id, int64_t micros,
     return eph_error_set(err, EINVAL, "reserve: micros must be positive (got %" PRId64 ")",
                          micros);
   op_arg_t a = {.org = org, .run_id = run_id, .micros = micros};
-  return run_tx(state, reserve_body, &a, err);
+  return run_tx(state, LOCK_ORG, org, reserve_body, &a, err);
 }
 
 static int
@@ -867,7 +953,7 @@ ledger_charge(void *state, const char *run_id, eph_cost_t category, int64_t micr
     return eph_error_set(err, EINVAL, "charge: micros must not be negative (got %" PRId64 ")",
                          micros);
   op_arg_t a = {.run_id = run_id, .category = cat, .micros = micros, .memo = memo};
-  return run_tx(state, charge_body, &a, err);
+  return run_tx(state, LOCK_RUN, run_id, charge_body, &a, err);
 }
 
 /* Settles inside an open transaction. Returns 1 when it settled now, 0 when it already was
@@ -909,7 +995,7 @@ ledger_settle(void *state, const char *run_id, eph_ledger_totals_t *totals, eph_
   if (r < 0)
     return r;
   op_arg_t a = {.run_id = run_id, .totals = totals};
-  return run_tx(state, settle_body, &a, err);
+  return run_tx(state, LOCK_RUN, run_id, settle_body, &a, err);
 }
 
 static int
@@ -933,7 +1019,7 @@ ledger_totals(void *state, const char *run_id, eph_ledger_totals_t *totals, eph_
   if (r < 0)
     return r;
   op_arg_t a = {.run_id = run_id, .totals = totals};
-  return run_tx(state, totals_body, &a, err);
+  return run_tx(state, 0, NULL, totals_body, &a, err);
 }
 
 static int
@@ -958,7 +1044,7 @@ static int
 ledger_settle_open(void *state, eph_error_t *err)
 {
   ledger_t *l = state;
-  int settled = run_tx(l, settle_open_body, NULL, err);
+  int settled = run_tx(l, 0, NULL, settle_open_body, NULL, err);
   if (settled > 0 && l->host && l->host->log)
     l->host->log(EPH_LOG_WARN,
                  "settled %d reservation(s) node '%s' left open in an earlier process",
@@ -983,7 +1069,7 @@ probe_body(tx_t *tx, void *p, eph_error_t *err)
 static int
 ledger_probe(void *state, eph_error_t *err)
 {
-  return run_tx(state, probe_body, NULL, err);
+  return run_tx(state, 0, NULL, probe_body, NULL, err);
 }
 
 /* ---------------------------------------------------------------- lifecycle */
@@ -1010,7 +1096,7 @@ static int
 migrate(ledger_t *l, eph_error_t *err)
 {
   tx_t tx = {.l = l, .c = checkout(l)};
-  int r = conn_ready(&tx, err);
+  int r = conn_connect(&tx, true, err);
   if (r >= 0)
     r = exec_simple(&tx, "BEGIN", err);
   if (r >= 0)
