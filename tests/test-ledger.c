@@ -1046,6 +1046,67 @@ test_pg_settle_open_own_node_only(void **st)
   unload(&b);
   check_journal(f);
 }
+/* The runtime role is not the schema's owner (the README's recommended set-up): the plugin
+ * works with SELECT, INSERT and UPDATE grants only, and that role cannot move a balance
+ * without a journal entry by any route: not directly, not from a trigger of its own (the
+ * derived tables accept writes only from ledger.apply_entry running as their owner), not by
+ * disabling the triggers, not by deleting. */
+static void
+test_pg_runtime_role_cannot_bypass_journal(void **st)
+{
+  fixture_t *f = *st;
+  eph_error_t err = {0};
+  raw_t *owner = raw_open(f);
+  assert_int_equal(raw_exec(owner,
+                            "DROP ROLE IF EXISTS ledger_app; CREATE ROLE ledger_app LOGIN;"
+                            " GRANT USAGE ON SCHEMA ledger TO ledger_app;"
+                            " GRANT SELECT, INSERT, UPDATE ON ALL TABLES IN SCHEMA ledger"
+                            "   TO ledger_app;"
+                            " GRANT USAGE ON ALL SEQUENCES IN SCHEMA ledger TO ledger_app",
+                            NULL, 0), 0);
+  raw_close(owner);
+  unload(f);
+  char app_db[1024], block[1200];
+  snprintf(app_db, sizeof app_db, "postgresql:///ephemeral_test?host=%s&user=ledger_app",
+           getenv("PGHOST"));
+  snprintf(block, sizeof block, "database = \"%s\";", app_db);
+  assert_int_equal(load_as(f, block, false, &err), 0);
+  assert_int_equal(f->ops->credit(f->state, "acme", 1000, &err), 0);
+  assert_int_equal(f->ops->reserve(f->state, "acme", "run_r", 400, &err), 0);
+  assert_int_equal(f->ops->charge(f->state, "run_r", EPH_COST_WEB, 40, "w", &err), 0);
+  assert_int_equal(f->ops->settle(f->state, "run_r", NULL, &err), 0);
+  assert_int_equal(f->ops->probe(f->state, &err), 0);
+  assert_int_equal(balance(f, "acme"), 960);
+
+  PGconn *app = PQconnectdb(app_db);
+  assert_int_equal(PQstatus(app), CONNECTION_OK);
+  char msg[512];
+  assert_int_equal(raw_exec(app, "UPDATE ledger.organisations SET balance_micros = 10"
+                                 " WHERE org = 'acme'", msg, sizeof msg), 1);
+  assert_non_null(strstr(msg, "derived from the journal"));
+  /* A trigger of its own one level down (pg_trigger_depth() = 2, as apply_entry's). */
+  assert_int_equal(raw_exec(app,
+                            "CREATE TEMP TABLE t(x int);"
+                            " CREATE FUNCTION pg_temp.f() RETURNS trigger LANGUAGE plpgsql AS"
+                            " $$BEGIN UPDATE ledger.organisations SET balance_micros = 1000000"
+                            "  WHERE org = 'acme'; RETURN NULL; END$$;"
+                            " CREATE TRIGGER t_f AFTER INSERT ON t FOR EACH ROW"
+                            "  EXECUTE FUNCTION pg_temp.f()",
+                            NULL, 0), 0);
+  assert_int_equal(raw_exec(app, "INSERT INTO t VALUES (1)", msg, sizeof msg), 1);
+  assert_non_null(strstr(msg, "derived from the journal"));
+  assert_int_equal(raw_exec(app, "ALTER TABLE ledger.entries DISABLE TRIGGER USER", msg,
+                            sizeof msg), -1);
+  assert_non_null(strstr(msg, "owner"));
+  assert_int_equal(raw_exec(app, "DELETE FROM ledger.entries", msg, sizeof msg), -1);
+  assert_non_null(strstr(msg, "permission denied"));
+  PQfinish(app);
+  assert_int_equal(balance(f, "acme"), 960);
+  unload(f);
+  assert_int_equal(load(f, NULL, &err), 0);
+  check_journal(f);
+}
+
 #endif /* TEST_LEDGER_PG */
 
 int
@@ -1066,6 +1127,8 @@ main(void)
                                     teardown),
     cmocka_unit_test_setup_teardown(test_pg_processes_share_one_ledger, setup, teardown),
     cmocka_unit_test_setup_teardown(test_pg_settle_open_own_node_only, setup, teardown),
+    cmocka_unit_test_setup_teardown(test_pg_runtime_role_cannot_bypass_journal, setup,
+                                    teardown),
 #else
     cmocka_unit_test_setup_teardown(test_config_keys, setup, teardown),
     cmocka_unit_test_setup_teardown(test_damaged_file_refused, setup, teardown),

@@ -133,8 +133,11 @@ static const char schema_v1[] =
   "  FOR EACH ROW EXECUTE FUNCTION ledger.refuse_change();"
   "CREATE TRIGGER entries_no_truncate BEFORE TRUNCATE ON ledger.entries"
   "  FOR EACH STATEMENT EXECUTE FUNCTION ledger.refuse_change();"
-  /* The derived tables are written only by the journal's trigger (depth 2: a statement of
-   * ledger.apply_entry); the one direct write allowed is creating an empty organisation. */
+  /* The derived tables are written only by the journal's trigger: ledger.apply_entry runs
+   * as the schema's owner (SECURITY DEFINER, fixed search_path) one level down (depth 2).
+   * A runtime role that is not the owner cannot write them in any other way, not even from
+   * a trigger of its own (it would run as itself). The one direct write allowed is
+   * creating an empty organisation. */
   "CREATE FUNCTION ledger.derived_only() RETURNS trigger LANGUAGE plpgsql"
   "  SET search_path = pg_catalog, pg_temp AS $$"
   "BEGIN"
@@ -143,7 +146,9 @@ static const char schema_v1[] =
   "      RETURN NEW;"
   "    END IF;"
   "  END IF;"
-  "  IF TG_OP IN ('DELETE', 'TRUNCATE') OR pg_trigger_depth() < 2 THEN"
+  "  IF TG_OP IN ('DELETE', 'TRUNCATE') OR pg_trigger_depth() < 2"
+  "     OR current_user <> (SELECT r.rolname FROM pg_class c"
+  "                         JOIN pg_roles r ON r.oid = c.relowner WHERE c.oid = TG_RELID) THEN"
   "    RAISE EXCEPTION 'ledger.% is derived from the journal: % refused', TG_TABLE_NAME, TG_OP"
   "      USING ERRCODE = 'check_violation';"
   "  END IF;"
@@ -158,7 +163,7 @@ static const char schema_v1[] =
   "CREATE TRIGGER reservations_no_truncate BEFORE TRUNCATE ON ledger.reservations"
   "  FOR EACH STATEMENT EXECUTE FUNCTION ledger.derived_only();"
   /* Derived state, maintained by the same INSERT. */
-  "CREATE FUNCTION ledger.apply_entry() RETURNS trigger LANGUAGE plpgsql"
+  "CREATE FUNCTION ledger.apply_entry() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER"
   "  SET search_path = pg_catalog, pg_temp AS $$"
   "BEGIN"
   "  IF NEW.kind = 'credit' THEN"
@@ -1101,10 +1106,21 @@ migrate(ledger_t *l, eph_error_t *err)
     r = exec_simple(&tx, "BEGIN", err);
   if (r >= 0)
     r = exec_simple(&tx, "SELECT pg_advisory_xact_lock(" MIGRATION_LOCK_KEY ")", err);
-  if (r >= 0)
-    r = exec_simple(&tx, schema_head, err);
+  /* Read before any DDL: a runtime role without CREATE on the database (see the README)
+   * starts on a schema its owner migrated; CREATE ... IF NOT EXISTS would still need it. */
   int version = 0;
   if (r >= 0) {
+    PGresult *res = PQexec(tx.c->pg,
+                           "SELECT CASE WHEN to_regclass('ledger.schema_version') IS NULL"
+                           " THEN 0 ELSE -1 END");
+    if (PQresultStatus(res) != PGRES_TUPLES_OK)
+      r = pg_fail(&tx, res, "looking for the ledger schema", err);
+    else
+      version = (int)col_i64(res, 0, 0);
+    PQclear(res);
+  }
+  if (r >= 0 && version < 0) {
+    version = 0;
     PGresult *res = PQexec(tx.c->pg, "SELECT version FROM ledger.schema_version");
     if (PQresultStatus(res) != PGRES_TUPLES_OK)
       r = pg_fail(&tx, res, "reading the schema version", err);
@@ -1112,6 +1128,8 @@ migrate(ledger_t *l, eph_error_t *err)
       version = (int)col_i64(res, 0, 0);
     PQclear(res);
   }
+  if (r >= 0 && version < SCHEMA_VERSION)
+    r = exec_simple(&tx, schema_head, err);
   if (r >= 0 && version > SCHEMA_VERSION)
     r = eph_error_set(err, EPH_E_CONFIG,
                       PLUGIN ": %s: schema version %d is newer than this plugin's (%d); "
