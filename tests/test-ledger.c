@@ -786,6 +786,21 @@ test_pg_config_and_unreachable(void **st)
   assert_null(strstr(err.message, "s3cr3t-pw"));
   config_destroy(&f->cfg);
 
+  /* A remote host without verified TLS is refused before any connection is tried (no
+   * traffic leaves the machine: the check reads the string only). */
+  err = (eph_error_t){0};
+  assert_true(load_as(f, "database = \"postgresql://ledger@db.example.invalid/ledger\";", false,
+                      &err) < 0);
+  assert_int_equal(err.code, EPH_E_CONFIG);
+  assert_non_null(strstr(err.message, "db.example.invalid"));
+  assert_non_null(strstr(err.message, "sslmode=verify-full"));
+  config_destroy(&f->cfg);
+  err = (eph_error_t){0};
+  assert_true(load_as(f, "database = \"host=/tmp,db.example.invalid sslmode=require\";",
+                      false, &err) < 0);
+  assert_non_null(strstr(err.message, "'require'"));
+  config_destroy(&f->cfg);
+
   err = (eph_error_t){0};
   assert_true(load(f, "connections = 0;", &err) < 0);
   assert_non_null(strstr(err.message, "connections"));

@@ -287,6 +287,10 @@ static const eph_config_key_t ledger_keys[] = {
   {"statement_timeout_ms", EPH_CFG_INT, "10000", "ms",
    "A statement running longer (a lock held by a stuck client) is cancelled and the "
    "operation fails with EBUSY."},
+  {"require_tls", EPH_CFG_BOOL, "true", NULL,
+   "Refuse a `database` that reaches a host other than a Unix socket or loopback without "
+   "sslmode=verify-full: money and credentials would cross the network readable and "
+   "alterable."},
   {"max_attempts", EPH_CFG_INT, "20", NULL,
    "How many times a transaction aborted by a serialization failure or a deadlock is run "
    "before the operation fails with EBUSY."},
@@ -437,6 +441,60 @@ pg_fail(tx_t *tx, const PGresult *res, const char *what, eph_error_t *err)
 }
 
 /* ---------------------------------------------------------------- connections */
+
+static bool
+host_is_local(const char *h, size_t n)
+{
+  if (n == 0 || h[0] == '/' || h[0] == '@') /* none: libpq's Unix socket; a socket dir */
+    return true;
+  return (n == 9 && strncmp(h, "localhost", 9) == 0) || (n == 3 && strncmp(h, "::1", 3) == 0) ||
+         (n >= 4 && strncmp(h, "127.", 4) == 0);
+}
+
+/* With require_tls: every host the conninfo (or PGHOST/PGHOSTADDR) names is local, or the
+ * sslmode (or PGSSLMODE) is verify-full. Checked before any connection is attempted. */
+static int
+check_transport(const char *conninfo, eph_error_t *err)
+{
+  char *errmsg = NULL;
+  PQconninfoOption *opts = PQconninfoParse(conninfo, &errmsg);
+  if (!opts) {
+    PQfreemem(errmsg);
+    return eph_error_set(err, EPH_E_CONFIG,
+                         PLUGIN ": key 'database': not a libpq connection URI or key=value "
+                         "string");
+  }
+  const char *host = getenv("PGHOST"), *hostaddr = getenv("PGHOSTADDR");
+  const char *mode = getenv("PGSSLMODE");
+  for (PQconninfoOption *o = opts; o->keyword; o++) {
+    if (!o->val || !*o->val)
+      continue;
+    if (strcmp(o->keyword, "host") == 0)
+      host = o->val;
+    else if (strcmp(o->keyword, "hostaddr") == 0)
+      hostaddr = o->val;
+    else if (strcmp(o->keyword, "sslmode") == 0)
+      mode = o->val;
+  }
+  int r = 0;
+  bool verified = mode && strcmp(mode, "verify-full") == 0;
+  const char *lists[] = {host, hostaddr};
+  for (size_t i = 0; i < 2 && r == 0 && !verified; i++) {
+    for (const char *p = lists[i]; p && *p && r == 0;) {
+      size_t n = strcspn(p, ",");
+      if (!host_is_local(p, n))
+        r = eph_error_set(err, EPH_E_CONFIG,
+                          PLUGIN ": key 'database': host '%.*s' is not local and sslmode is "
+                          "'%s': the ledger's traffic and credentials could be read or altered "
+                          "on the network; add sslmode=verify-full (with the server's CA in "
+                          "sslrootcert), or set require_tls = false",
+                          (int)n, p, mode ? mode : "prefer");
+      p += n + (p[n] == ',');
+    }
+  }
+  PQconninfoFree(opts);
+  return r;
+}
 
 /* "host=... port=... dbname=... user=..." from the conninfo, without the password. */
 static char *
@@ -1159,6 +1217,7 @@ ledger_init(const eph_host_t *host, const config_setting_t *config, void **state
 {
   const char *db = NULL, *node = NULL;
   int64_t conns = 4, connect_s = 5, stmt_ms = 10000, attempts = 20;
+  int require_tls = 1;
   int r;
   if (host->cfg_string && (r = host->cfg_string(config, "database", NULL, &db, err)) < 0)
     return r;
@@ -1170,10 +1229,15 @@ ledger_init(const eph_host_t *host, const config_setting_t *config, void **state
                                            err)) < 0 ||
                         (r = host->cfg_int(config, "max_attempts", 20, &attempts, err)) < 0))
     return r;
+  if (host->cfg_bool &&
+      (r = host->cfg_bool(config, "require_tls", 1, &require_tls, err)) < 0)
+    return r;
   if (!db || !*db)
     return eph_error_set(err, EPH_E_CONFIG,
                          PLUGIN ": key 'database' is not set: give the ledger's PostgreSQL "
                          "database as a libpq URI (postgresql://user@host/dbname)");
+  if (require_tls && (r = check_transport(db, err)) < 0)
+    return r;
   if (conns < 1 || conns > 64)
     return eph_error_set(err, EPH_E_CONFIG,
                          PLUGIN ": key 'connections': %" PRId64 " is not within 1..64", conns);
