@@ -250,6 +250,7 @@ typedef struct ledger {
   char *display;  /* the same without its password, for messages */
   char node[MAX_NAME_BYTES + 1];
   int64_t connect_timeout_s, statement_timeout_ms, max_attempts;
+  bool require_tls;
   pthread_mutex_t lock; /* guards conns[].busy */
   pthread_cond_t freed;
   size_t n_conns;
@@ -606,6 +607,29 @@ conn_connect(tx_t *tx, bool connect_only, eph_error_t *err)
     tx->lost = true;
     return eph_error_set(err, EIO, PLUGIN ": key 'database': cannot connect to %s: %s",
                          tx->l->display, msg);
+  }
+  /* The connection as made (a service file or the environment may have chosen the host):
+   * the same rule as check_transport, on what libpq actually connected to. */
+  if (tx->l->require_tls) {
+    const char *h = PQhost(c->pg);
+    const char *mode = NULL;
+    PQconninfoOption *opts = PQconninfo(c->pg);
+    for (PQconninfoOption *o = opts; o && o->keyword; o++)
+      if (strcmp(o->keyword, "sslmode") == 0)
+        mode = o->val;
+    bool ok = host_is_local(h ? h : "", h ? strlen(h) : 0) ||
+              (PQsslInUse(c->pg) && mode && strcmp(mode, "verify-full") == 0);
+    char shown[256];
+    snprintf(shown, sizeof shown, "%s", h ? h : "");
+    PQconninfoFree(opts);
+    if (!ok) {
+      PQfinish(c->pg);
+      c->pg = NULL;
+      return eph_error_set(err, EPH_E_CONFIG,
+                           PLUGIN ": key 'database': connected to host '%s' without "
+                           "sslmode=verify-full; refused (require_tls)",
+                           shown);
+    }
   }
   int r = prepare_all(tx, !connect_only, err);
   if (r < 0)
@@ -1263,6 +1287,7 @@ ledger_init(const eph_host_t *host, const config_setting_t *config, void **state
   l->connect_timeout_s = connect_s;
   l->statement_timeout_ms = stmt_ms;
   l->max_attempts = attempts;
+  l->require_tls = require_tls != 0;
   l->conninfo = strdup(db);
   l->display = display_name(db);
   l->conns = calloc((size_t)conns, sizeof *l->conns);
