@@ -1127,6 +1127,9 @@ test_pg_runtime_role_cannot_bypass_journal(void **st)
 int
 main(void)
 {
+#if TEST_LEDGER_PG
+  test_database(); /* skips the whole program (a TAP skip plan) without a database */
+#endif
   const struct CMUnitTest tests[] = {
     cmocka_unit_test_setup_teardown(test_reserve_charge_settle_sums, setup, teardown),
     cmocka_unit_test_setup_teardown(test_charge_over_cap_refused, setup, teardown),
