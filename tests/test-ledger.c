@@ -468,13 +468,18 @@ reserve_worker(void *p)
     if (r == 0) {
       a->granted++;
       /* Charge something and settle half of them to interleave every kind of write. */
-      if (a->f->ops->charge(a->f->state, run, EPH_COST_COMPUTE, 2, "t", &err) != 0)
+      if (a->f->ops->charge(a->f->state, run, EPH_COST_COMPUTE, 2, "t", &err) != 0) {
+        print_message("# charge %s: %s\n", run, err.message);
         a->other++;
-      if (i % 2 == 0 && a->f->ops->settle(a->f->state, run, NULL, &err) != 0)
+      }
+      if (i % 2 == 0 && a->f->ops->settle(a->f->state, run, NULL, &err) != 0) {
+        print_message("# settle %s: %s\n", run, err.message);
         a->other++;
+      }
     } else if (r == -EPH_E_INSUFFICIENT) {
       a->refused++;
     } else {
+      print_message("# reserve %s: %s\n", run, err.message);
       a->other++;
     }
   }

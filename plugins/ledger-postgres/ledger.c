@@ -210,6 +210,7 @@ enum {
   ST_RES_LOCK,
   ST_ENTRY_ADD,
   ST_OPEN_LIST,
+  ST_RES_ORG,
   ST_PROBE,
   ST_COUNT
 };
@@ -232,6 +233,7 @@ static const struct {
                    " WHERE run_id = $1 FOR NO KEY UPDATE", 1},
   [ST_ENTRY_ADD] = {"INSERT INTO ledger.entries(t_us, org, run_id, node, kind, category, micros,"
                     " memo) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)", 8},
+  [ST_RES_ORG] = {"SELECT org FROM ledger.reservations WHERE run_id = $1", 1},
   [ST_OPEN_LIST] = {"SELECT run_id FROM ledger.reservations WHERE settled = 0 AND node = $1"
                     " ORDER BY run_id", 1},
   [ST_PROBE] = {"INSERT INTO ledger.probe(id, t_us) VALUES (1, $1)"
@@ -827,8 +829,8 @@ exec_multi(tx_t *tx, const char *sql, const char *what, eph_error_t *err)
  * orders the queue. It is released with the COMMIT or ROLLBACK, and by the server if the
  * connection dies. Returns body's result or the error. */
 static int
-run_tx(ledger_t *l, int lock_class, const char *lock_name, tx_body_fn body, void *arg,
-       eph_error_t *err)
+run_tx_locked(ledger_t *l, int lock_class, const char *lock_name, bool lock_org_too,
+              tx_body_fn body, void *arg, eph_error_t *err)
 {
   bool reconnected = false;
   char lock_sql[96] = "", end_sql[96];
@@ -841,6 +843,23 @@ run_tx(ledger_t *l, int lock_class, const char *lock_name, tx_body_fn body, void
     bool locked = false;
     if (r >= 0 && lock_name && (r = exec_simple(&tx, lock_sql, err)) >= 0)
       locked = true;
+    /* A settle also moves its organisation's balance: it queues behind that organisation's
+     * reserves and credits too (run lock first, then org: reserve and credit take only the
+     * org lock, so the order has no cycle). The org of a reservation never changes, so
+     * reading it outside the transaction is safe. */
+    if (r >= 0 && locked && lock_class == LOCK_RUN && lock_org_too) {
+      const char *p[] = {lock_name};
+      PGresult *res = q(&tx, ST_RES_ORG, p, "reading the reservation's organisation", err);
+      if (!res)
+        r = -err->code;
+      else if (PQntuples(res) == 1) {
+        char org_sql[96];
+        snprintf(org_sql, sizeof org_sql, "SELECT pg_advisory_lock(%d, %" PRId32 ")", LOCK_ORG,
+                 name_hash(PQgetvalue(res, 0, 0)));
+        r = exec_simple(&tx, org_sql, err);
+      }
+      PQclear(res);
+    }
     if (r >= 0)
       r = exec_simple(&tx, "BEGIN ISOLATION LEVEL SERIALIZABLE", err);
     if (r >= 0) {
@@ -893,6 +912,13 @@ run_tx(ledger_t *l, int lock_class, const char *lock_name, tx_body_fn body, void
     }
     return r;
   }
+}
+
+static int
+run_tx(ledger_t *l, int lock_class, const char *lock_name, tx_body_fn body, void *arg,
+       eph_error_t *err)
+{
+  return run_tx_locked(l, lock_class, lock_name, false, body, arg, err);
 }
 
 /* ---------------------------------------------------------------- operations */
@@ -1082,7 +1108,7 @@ ledger_settle(void *state, const char *run_id, eph_ledger_totals_t *totals, eph_
   if (r < 0)
     return r;
   op_arg_t a = {.run_id = run_id, .totals = totals};
-  return run_tx(state, LOCK_RUN, run_id, settle_body, &a, err);
+  return run_tx_locked(state, LOCK_RUN, run_id, true, settle_body, &a, err);
 }
 
 static int
