@@ -1066,6 +1066,35 @@ test_pg_settle_open_own_node_only(void **st)
   unload(&b);
   check_journal(f);
 }
+/* A client holding the reservation's row lock (a stuck session): the charge waits at most
+ * statement_timeout_ms and fails with -EBUSY, recording nothing; once the lock goes the
+ * next charge passes. */
+static void
+test_pg_stuck_lock_times_out(void **st)
+{
+  fixture_t *f = *st;
+  eph_error_t err = {0};
+  unload(f);
+  assert_int_equal(load(f, "statement_timeout_ms = 300;", &err), 0);
+  assert_int_equal(f->ops->credit(f->state, "acme", 1000, &err), 0);
+  assert_int_equal(f->ops->reserve(f->state, "acme", "run_stuck", 500, &err), 0);
+  raw_t *db = raw_open(f);
+  assert_int_equal(raw_exec(db, "BEGIN; SELECT 1 FROM reservations WHERE run_id = 'run_stuck'"
+                                " FOR UPDATE", NULL, 0), 0);
+  int64_t t0 = eph_now_ms();
+  err = (eph_error_t){0};
+  assert_int_equal(f->ops->charge(f->state, "run_stuck", EPH_COST_MODEL, 10, "m", &err), -EBUSY);
+  int64_t waited = eph_now_ms() - t0;
+  print_message("# after %" PRId64 " ms: %s\n", waited, err.message);
+  assert_non_null(strstr(err.message, "57014"));
+  assert_true(waited < 5000);
+  assert_int_equal(raw_exec(db, "ROLLBACK", NULL, 0), 0);
+  assert_int_equal(f->ops->charge(f->state, "run_stuck", EPH_COST_MODEL, 10, "m", &err), 0);
+  assert_int_equal(raw_int(db, "SELECT count(*) FROM entries WHERE kind = 'charge'", NULL), 1);
+  raw_close(db);
+  check_journal(f);
+}
+
 /* The runtime role is not the schema's owner (the README's recommended set-up): the plugin
  * works with SELECT, INSERT and UPDATE grants only, and that role cannot move a balance
  * without a journal entry by any route: not directly, not from a trigger of its own (the
@@ -1152,6 +1181,7 @@ main(void)
     cmocka_unit_test_setup_teardown(test_pg_settle_open_own_node_only, setup, teardown),
     cmocka_unit_test_setup_teardown(test_pg_runtime_role_cannot_bypass_journal, setup,
                                     teardown),
+    cmocka_unit_test_setup_teardown(test_pg_stuck_lock_times_out, setup, teardown),
 #else
     cmocka_unit_test_setup_teardown(test_config_keys, setup, teardown),
     cmocka_unit_test_setup_teardown(test_damaged_file_refused, setup, teardown),
