@@ -82,20 +82,22 @@ eph_egress_load_config(const eph_config_t *config, const eph_host_t *host,
       (r = eph_cfg_int(g, "max_connections", 32, &maxc, err)) < 0 ||
       (r = eph_cfg_int(g, "max_bytes", 64LL << 20, &opt->max_bytes, err)) < 0 ||
       (r = eph_cfg_int(g, "max_connection_ms", 300000, &opt->max_connection_ms, err)) < 0 ||
-      (r = eph_cfg_int(g, "idle_ms", 30000, &opt->idle_ms, err)) < 0)
+      (r = eph_cfg_int(g, "idle_ms", 30000, &opt->idle_ms, err)) < 0 ||
+      (r = eph_cfg_int(g, "price_micros_per_request", 1000, &opt->price_micros, err)) < 0)
     return r;
   char where[256];
   if (port < 1 || port > 65535 || maxc < 1 || maxc > 4096 || opt->max_bytes < 1 ||
-      opt->max_connection_ms < 1 || opt->idle_ms < 1)
+      opt->max_connection_ms < 1 || opt->idle_ms < 1 || opt->price_micros < 0)
     return eph_error_set(err, EPH_E_CONFIG, "%s: egress: port 1..65535, max_connections "
-                         "1..4096, max_bytes, max_connection_ms and idle_ms positive",
+                         "1..4096, max_bytes, max_connection_ms and idle_ms positive, "
+                         "price_micros_per_request not negative",
                          eph_cfg_where(g, where, sizeof where));
   opt->port = (int)port;
   opt->max_connections = (int)maxc;
-  /* The same policy as tool-web's own requests: one place for the operator to say where
-   * the web may go. */
-  const eph_config_block_t *web = eph_config_block(config, "tool-web");
-  return eph_net_policy_load(policy, host, web ? web->setting : NULL, err);
+  /* Where sandboxes may go is said here, in the core's own block, and nowhere else: the
+   * core reads no plugin's configuration. tool-web's keys govern its host-side fetches
+   * (web_fetch, web_search) only. */
+  return eph_net_policy_load(policy, host, g, err);
 }
 
 /* ------------------------------------------------------------------ small I/O */

@@ -44,6 +44,7 @@
 #include <unistd.h>
 
 #include "jail.h"
+#include "support/netns.h"
 
 #define MIB (1024ULL * 1024ULL)
 #define IDS_PER_SLOT 65536ULL
@@ -597,7 +598,7 @@ jail_network_grant(jail_t *j, const eph_sandbox_spec_t *spec, eph_error_t *err)
       spec->proxy_netns_fd < 0)
     return eph_error_set(err, EINVAL, "network grant without the proxy's network namespace "
                          "(proxy_netns_fd): refused, the host's own netns is never used");
-  return jail_veth_parse_url(spec->proxy_url, &proxy, &port, err);
+  return eph_proxy_url_parse(spec->proxy_url, &proxy, &port, err);
 }
 
 /* A random version-4 UUID, the form of /proc/sys/kernel/random/boot_id: the sandbox's own,

@@ -14,13 +14,7 @@
 
 #include <ephemeral/plugin.h>
 
-/* Plugin-local cleanup helpers (plugins do not link the core's util.c). */
-static inline void jail_freep(void *p) { free(*(void **)p); }
-static inline void jail_closep(int *fd) { if (*fd >= 0) close(*fd); }
-#define cleanup_free __attribute__((cleanup(jail_freep)))
-#define cleanup_close __attribute__((cleanup(jail_closep)))
-#define steal_pointer(pp) ({ __typeof__(*(pp)) _p = *(pp); *(pp) = NULL; _p; })
-#define steal_fd(fdp) ({ int _fd = *(fdp); *(fdp) = -1; _fd; })
+#include "support/cleanup.h"
 
 /* ------------------------------------------------------------ cgroups (cgroup.c) */
 
@@ -111,8 +105,6 @@ int jail_cg_list(jail_cgroups_t *cg, void (*fn)(void *opaque, const char *name),
 
 /* ------------------------------------------------------------ egress (veth.c) */
 
-/* "http://A.B.C.D:PORT" with A.B.C.D the first host of a /30 (host order out). */
-int jail_veth_parse_url(const char *url, uint32_t *proxy, uint16_t *port, eph_error_t *err);
 /* The veth pair of a sandbox whose run grants web, between the sandbox's netns (of pid)
  * and the proxy's (see veth.c for every rule). Called after the uid maps, before "go". On
  * success host_if (IFNAMSIZ bytes) names the end in the proxy's netns; on failure nothing

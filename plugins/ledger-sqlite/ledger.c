@@ -51,17 +51,10 @@
 
 #include <sqlite3.h>
 
-#include "sqlite_util.h"
-
 #include <ephemeral/plugin.h>
 
-/* The plugin does not link the core: its own scope-bound helpers. */
-static inline void
-ledger_freep(void *p)
-{
-  free(*(void **)p);
-}
-#define cleanup_free __attribute__((cleanup(ledger_freep)))
+#include "support/cleanup.h"
+#include "support/sqlite.h"
 
 #define SCHEMA_VERSION 2
 #define MAX_NAME_BYTES 128 /* org and run_id */
@@ -219,16 +212,13 @@ wall_us(void)
   return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
 }
 
-/* SQLITE_CONSTRAINT means a schema CHECK or trigger refused an entry the C checks let
- * through: a bug or a foreign writer, reported as EINVAL with SQLite's message. */
+/* A CHECK or trigger refusing an entry the C checks let through (a bug or a foreign writer)
+ * is EINVAL with SQLite's message; the mapping is the store's too (eph_sqlite_errno). */
 static int
 db_error(ledger_t *l, int rc, const char *what, eph_error_t *err)
 {
-  int code = (rc & 0xff) == SQLITE_BUSY || (rc & 0xff) == SQLITE_LOCKED ? EBUSY
-             : (rc & 0xff) == SQLITE_FULL                               ? ENOSPC
-             : (rc & 0xff) == SQLITE_CONSTRAINT                         ? EINVAL
-                                                                        : EIO;
-  return eph_error_set(err, code, "%s: %s: %s", l->path, what, sqlite3_errmsg(l->db));
+  return eph_error_set(err, eph_sqlite_errno(rc), "%s: %s: %s", l->path, what,
+                       sqlite3_errmsg(l->db));
 }
 
 static const char *
@@ -647,14 +637,7 @@ ledger_close(ledger_t *l)
 static int
 exec_sql(ledger_t *l, const char *sql, const char *what, eph_error_t *err)
 {
-  char *msg = NULL;
-  int rc = sqlite3_exec(l->db, sql, NULL, NULL, &msg);
-  if (rc == SQLITE_OK)
-    return 0;
-  int r = eph_error_set(err, (rc & 0xff) == SQLITE_BUSY ? EBUSY : EIO, "%s: %s: %s", l->path,
-                        what, msg ? msg : sqlite3_errstr(rc));
-  sqlite3_free(msg);
-  return r;
+  return eph_sqlite_exec(l->db, l->path, sql, what, err);
 }
 
 static int
@@ -745,41 +728,11 @@ ledger_init(const eph_host_t *host, const config_setting_t *config, void **state
                          "ledger-sqlite: no path configured and no state directory");
   }
 
-  /* NOMUTEX: our own mutex serialises every use of the connection. */
-  int rc = sqlite3_open_v2(l->path, &l->db,
-                           SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX,
-                           NULL);
-  if (rc != SQLITE_OK) {
-    r = eph_error_set(err, EIO, "%s: opening the ledger: %s", l->path,
-                      l->db ? sqlite3_errmsg(l->db) : sqlite3_errstr(rc));
-    ledger_close(l);
-    return r;
-  }
-  sqlite3_extended_result_codes(l->db, 1);
-  sqlite3_busy_timeout(l->db, (int)busy_ms);
-  char pragmas[128];
-  snprintf(pragmas, sizeof pragmas,
-           "PRAGMA foreign_keys = ON; PRAGMA synchronous = %s;",
-           strcasecmp(sync, "full") == 0 ? "FULL" : "NORMAL");
-  /* journal_mode returns the mode it ended in: check it really is WAL. */
-  char mode_buf[32];
-  const char *mode = eph_sqlite_switch_to_wal(l->db, (int)busy_ms, mode_buf, sizeof mode_buf);
-  if (!mode || strcasecmp(mode, "wal") != 0) {
-    r = eph_error_set(err, EIO, "%s: cannot switch to WAL mode (got %s): %s", l->path,
-                      mode ? mode : "nothing", sqlite3_errmsg(l->db));
-    ledger_close(l);
-    return r;
-  }
-  if ((r = exec_sql(l, pragmas, "setting pragmas", err)) < 0) {
-    ledger_close(l);
-    return r;
-  }
-  /* A damaged file is refused at open, naming it: serving from it would give wrong
-   * balances, and a ledger that fails later fails every run. */
-  char why[256];
-  if (eph_sqlite_quick_check(l->db, why, sizeof why) < 0) {
-    r = eph_error_set(err, EIO, "%s: the ledger file is damaged (PRAGMA quick_check: %s); "
-                      "restore it from a backup", l->path, why);
+  eph_sqlite_open_options_t so = {
+    .what = "ledger", .busy_timeout_ms = (int)busy_ms,
+    .synchronous = strcasecmp(sync, "full") == 0 ? "FULL" : "NORMAL",
+    .damaged_hint = "restore it from a backup"};
+  if ((r = eph_sqlite_open(l->path, &so, &l->db, err)) < 0) {
     ledger_close(l);
     return r;
   }
@@ -788,7 +741,7 @@ ledger_init(const eph_host_t *host, const config_setting_t *config, void **state
     return r;
   }
   for (int i = 0; i < ST_COUNT; i++) {
-    rc = sqlite3_prepare_v3(l->db, statement_sql[i], -1, SQLITE_PREPARE_PERSISTENT, &l->st[i],
+    int rc = sqlite3_prepare_v3(l->db, statement_sql[i], -1, SQLITE_PREPARE_PERSISTENT, &l->st[i],
                             NULL);
     if (rc != SQLITE_OK) {
       r = db_error(l, rc, statement_sql[i], err);

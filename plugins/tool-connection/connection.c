@@ -27,8 +27,10 @@
 
 #include <ephemeral/plugin.h>
 
-#include "../tool-web/net.h"
-#include "../tool-web/plugin-util.h"
+#include "support/base64.h"
+#include "support/cleanup.h"
+#include "support/net.h"
+#include "support/text.h"
 
 typedef enum apply { APPLY_BEARER, APPLY_BASIC, APPLY_HEADER, APPLY_QUERY } apply_t;
 
@@ -252,7 +254,7 @@ valid_token(const char *s)
  * decoded views make percent-, entity- and JSON-escaped forms of all of these match, escaped
  * once or twice. Every 12-byte fragment of the secret is a form too (a split or cut secret).
  * A match is replaced in the original text by the whole span of original bytes it came
- * from. The encodings are made with OpenSSL (EVP_EncodeBlock through pu_b64_encode,
+ * from. The encodings are made with OpenSSL (EVP_EncodeBlock through eph_base64_encode,
  * OPENSSL_buf2hexstr_ex); the views only recognise escapes in order to find the secret,
  * they decode nothing that is handed on. What no scrubber can promise (an upstream that
  * transforms the secret arbitrarily: encrypts, compresses, splits it small, re-orders it)
@@ -515,7 +517,8 @@ add_target(conn_t *c, const char *t, size_t tl)
     memset(buf, 0, k);
     memcpy(buf + k, t, tl);
     size_t el = 0, lo = (8 * k + 5) / 6, hi = 8 * (k + tl) / 6;
-    enc = pu_b64_encode(buf, k + tl, &el);
+    enc = eph_base64_encode(buf, k + tl);
+    el = eph_base64_encoded_bytes(k + tl);
     if (!enc) {
       r = -1;
       break;
@@ -622,7 +625,7 @@ scrub_copy(const conn_t *c, const char *s, size_t n, size_t limit, size_t *out_n
   if (ns < 0)
     return NULL;
   if (limit < n)
-    limit = pu_utf8_clip(s, limit);
+    limit = eph_utf8_clip(s, limit);
   else
     limit = n;
   const size_t ml = sizeof redacted_mark - 1;
@@ -821,7 +824,8 @@ conn_load(const eph_host_t *host, const config_setting_t *g, conn_t *c, eph_erro
       r = add_windows(c, colon + 1, strlen(colon + 1));
     if (r == 0 && c->apply == APPLY_BASIC) {
       size_t el = 0;
-      char *enc = pu_b64_encode(c->secret, sl, &el);
+      char *enc = eph_base64_encode(c->secret, sl);
+      el = eph_base64_encoded_bytes(sl);
       r = enc ? add_target(c, enc, el) : -1;
       if (enc)
         explicit_bzero(enc, el);
@@ -1071,7 +1075,7 @@ broker_call(void *state, const eph_tool_call_t *call, json_object **result, eph_
   const char *name = arg_str(call->args, "connection"), *m = arg_str(call->args, "method"),
              *path = arg_str(call->args, "path");
   if (!name || !m || !path) {
-    *result = pu_error_result("arguments 'connection', 'method' and 'path' (strings) are required");
+    *result = eph_error_result("arguments 'connection', 'method' and 'path' (strings) are required");
     return 0;
   }
   const conn_t *c = find_conn(b, name);
@@ -1123,7 +1127,7 @@ broker_call(void *state, const eph_tool_call_t *call, json_object **result, eph_
   json_object *jb = NULL;
   if (json_object_object_get_ex(call->args, "body", &jb) && jb) {
     if (!json_object_is_type(jb, json_type_string)) {
-      *result = pu_error_result("argument 'body' must be a string");
+      *result = eph_error_result("argument 'body' must be a string");
       return 0;
     }
     if (json_object_get_string_len(jb) > 0 &&
@@ -1145,7 +1149,7 @@ broker_call(void *state, const eph_tool_call_t *call, json_object **result, eph_
   if (json_object_object_get_ex(call->args, "headers", &jh) && jh) {
     if (!json_object_is_type(jh, json_type_object)) {
       json_object_put(dropped);
-      *result = pu_error_result("argument 'headers' must be an object of strings");
+      *result = eph_error_result("argument 'headers' must be an object of strings");
       return 0;
     }
     json_object_object_foreach(jh, hk, hv)
@@ -1154,7 +1158,7 @@ broker_call(void *state, const eph_tool_call_t *call, json_object **result, eph_
       if (!valid_token(hk) || !json_object_is_type(hv, json_type_string) || strpbrk(v, "\r\n")) {
         curl_slist_free_all(hdrs);
         json_object_put(dropped);
-        *result = pu_error_result("headers must be token names with single-line string values");
+        *result = eph_error_result("headers must be token names with single-line string values");
         return 0;
       }
       if (!header_allowed(c, hk)) {
@@ -1177,7 +1181,7 @@ broker_call(void *state, const eph_tool_call_t *call, json_object **result, eph_
     r = asprintf(&cred_line, "Authorization: Bearer %s", c->secret);
     break;
   case APPLY_BASIC: {
-    char *enc = pu_b64_encode(c->secret, strlen(c->secret), NULL);
+    char *enc = eph_base64_encode(c->secret, strlen(c->secret));
     r = enc ? asprintf(&cred_line, "Authorization: Basic %s", enc) : -1;
     if (enc) {
       explicit_bzero(enc, strlen(enc));
@@ -1308,10 +1312,10 @@ broker_call(void *state, const eph_tool_call_t *call, json_object **result, eph_
   clean = clean && body_out;
   if (body_out && bn == 0)
     json_object_object_add(res, "body", json_object_new_string(""));
-  else if (body_out && pu_is_utf8_text((const unsigned char *)body_out, bn))
+  else if (body_out && eph_utf8_is_text((const unsigned char *)body_out, bn))
     json_object_object_add(res, "body", json_object_new_string_len(body_out, (int)bn));
   else if (body_out) {
-    cleanup_free char *enc = pu_b64_encode(body_out, bn, NULL);
+    cleanup_free char *enc = eph_base64_encode(body_out, bn);
     clean = clean && enc;
     json_object_object_add(res, "body_base64", json_object_new_string(enc ? enc : ""));
   }

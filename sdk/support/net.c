@@ -12,7 +12,8 @@
 #include <strings.h>
 
 #include "net.h"
-#include "plugin-util.h"
+
+#include "cleanup.h"
 
 /* ---------------------------------------------------------------- policy */
 

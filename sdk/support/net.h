@@ -10,9 +10,11 @@
  * are followed here, hop by hop, each hop re-checked; libcurl's own following is off.
  * Environment proxies are ignored (CURLOPT_PROXY "").
  *
- * Internal to the plugins that compile net.c (symbols hidden by -fvisibility=hidden). */
-#ifndef EPH_PLUGIN_NET_H
-#define EPH_PLUGIN_NET_H
+ * Part of the support library (sdk/support/libephsupport_net.la): the core (egress proxy,
+ * webhooks), tool-web and tool-connection each link their own copy (symbols hidden by
+ * -fvisibility=hidden). Each user reads its own policy block with eph_net_policy_load(). */
+#ifndef EPH_SUPPORT_NET_H
+#define EPH_SUPPORT_NET_H
 
 #include <stddef.h>
 #include <stdint.h>
