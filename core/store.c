@@ -464,8 +464,7 @@ eph_store_close(eph_store_t *s)
 {
   if (!s)
     return;
-  for (int i = 0; i < ST_COUNT; i++)
-    sqlite3_finalize(s->st[i]);
+  eph_sqlite_finalize_all(s->st, ST_COUNT);
   if (s->db)
     sqlite3_close(s->db);
   pthread_mutex_destroy(&s->lock);
@@ -503,13 +502,8 @@ eph_store_open(const char *path, const eph_store_options_t *opt, eph_store_t **o
     goto fail;
   if ((r = migrate(s, err)) < 0)
     goto fail;
-  for (int i = 0; i < ST_COUNT; i++) {
-    if (sqlite3_prepare_v3(s->db, statement_sql[i], -1, SQLITE_PREPARE_PERSISTENT, &s->st[i],
-                           NULL) != SQLITE_OK) {
-      r = db_error(s, statement_sql[i], err);
-      goto fail;
-    }
-  }
+  if ((r = eph_sqlite_prepare_all(s->db, path, statement_sql, ST_COUNT, s->st, err)) < 0)
+    goto fail;
   *out = s;
   return 0;
 fail:

@@ -625,8 +625,7 @@ ledger_close(ledger_t *l)
 {
   if (!l)
     return;
-  for (int i = 0; i < ST_COUNT; i++)
-    sqlite3_finalize(l->st[i]);
+  eph_sqlite_finalize_all(l->st, ST_COUNT);
   if (l->db)
     sqlite3_close(l->db);
   pthread_mutex_destroy(&l->lock);
@@ -740,14 +739,9 @@ ledger_init(const eph_host_t *host, const config_setting_t *config, void **state
     ledger_close(l);
     return r;
   }
-  for (int i = 0; i < ST_COUNT; i++) {
-    int rc = sqlite3_prepare_v3(l->db, statement_sql[i], -1, SQLITE_PREPARE_PERSISTENT, &l->st[i],
-                            NULL);
-    if (rc != SQLITE_OK) {
-      r = db_error(l, rc, statement_sql[i], err);
-      ledger_close(l);
-      return r;
-    }
+  if ((r = eph_sqlite_prepare_all(l->db, l->path, statement_sql, ST_COUNT, l->st, err)) < 0) {
+    ledger_close(l);
+    return r;
   }
   *state = l;
   return 0;

@@ -275,23 +275,14 @@ emit_dropped(broker_t *b, const eph_tool_call_t *call, const conn_t *c, const ch
                 data, &ignore);
 }
 
-static const char *
-arg_str(json_object *args, const char *key)
-{
-  json_object *v = NULL;
-  if (!json_object_object_get_ex(args, key, &v) || !json_object_is_type(v, json_type_string))
-    return NULL;
-  return json_object_get_string(v);
-}
-
 static int
 broker_call(void *state, const eph_tool_call_t *call, json_object **result, eph_error_t *err)
 {
   broker_t *b = state;
   if (strcmp(call->tool, "connection_request") != 0)
     return eph_error_set(err, EINVAL, "tool-connection has no tool '%s'", call->tool);
-  const char *name = arg_str(call->args, "connection"), *m = arg_str(call->args, "method"),
-             *path = arg_str(call->args, "path");
+  const char *name = eph_json_get_string(call->args, "connection"), *m = eph_json_get_string(call->args, "method"),
+             *path = eph_json_get_string(call->args, "path");
   if (!name || !m || !path) {
     *result = eph_error_result("arguments 'connection', 'method' and 'path' (strings) are required");
     return 0;
@@ -458,7 +449,7 @@ broker_call(void *state, const eph_tool_call_t *call, json_object **result, eph_
   }
   if (json_object_array_length(dropped) > 0)
     emit_dropped(b, call, c, method, dropped);
-  const char *body = arg_str(call->args, "body");
+  const char *body = eph_json_get_string(call->args, "body");
   int64_t t = b->timeout_ms;
   if (call->deadline_ms > 0 && call->deadline_ms - eph_now_ms() < t)
     t = call->deadline_ms - eph_now_ms();

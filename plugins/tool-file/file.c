@@ -107,19 +107,10 @@ emit_op(files_t *f, const eph_tool_call_t *call, const char *kind, const char *v
   f->host->emit(call->run, "Files", kind, text, data, &ignore);
 }
 
-static const char *
-arg_str(json_object *args, const char *key)
-{
-  json_object *v = NULL;
-  if (!json_object_object_get_ex(args, key, &v) || !json_object_is_type(v, json_type_string))
-    return NULL;
-  return json_object_get_string(v);
-}
-
 static int
 do_read(files_t *f, const eph_tool_call_t *call, json_object **result, eph_error_t *err)
 {
-  const char *path = arg_str(call->args, "path"), *why;
+  const char *path = eph_json_get_string(call->args, "path"), *why;
   json_object *jm = NULL;
   int64_t max = f->max_read_bytes;
   if (!path) {
@@ -206,7 +197,7 @@ confirm_size(files_t *f, const eph_tool_call_t *call, const char *path, uint64_t
 static int
 do_write(files_t *f, const eph_tool_call_t *call, json_object **result, eph_error_t *err)
 {
-  const char *path = arg_str(call->args, "path"), *enc = arg_str(call->args, "encoding"), *why;
+  const char *path = eph_json_get_string(call->args, "path"), *enc = eph_json_get_string(call->args, "encoding"), *why;
   json_object *jc = NULL;
   if (!path || !json_object_object_get_ex(call->args, "content", &jc) ||
       !json_object_is_type(jc, json_type_string)) {
@@ -271,7 +262,7 @@ do_write(files_t *f, const eph_tool_call_t *call, json_object **result, eph_erro
 static int
 do_list(files_t *f, const eph_tool_call_t *call, json_object **result, eph_error_t *err)
 {
-  const char *path = arg_str(call->args, "path"), *why;
+  const char *path = eph_json_get_string(call->args, "path"), *why;
   if (!path)
     path = "";
   if ((why = path_refusal(path, true))) {

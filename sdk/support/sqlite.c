@@ -39,6 +39,31 @@ eph_sqlite_exec(sqlite3 *db, const char *path, const char *sql, const char *what
   return r;
 }
 
+int
+eph_sqlite_prepare_all(sqlite3 *db, const char *path, const char *const *sql, size_t n,
+                       sqlite3_stmt **st, eph_error_t *err)
+{
+  for (size_t i = 0; i < n; i++) {
+    int rc = sqlite3_prepare_v3(db, sql[i], -1, SQLITE_PREPARE_PERSISTENT, &st[i], NULL);
+    if (rc != SQLITE_OK) {
+      int r = eph_error_set(err, eph_sqlite_errno(sqlite3_extended_errcode(db)),
+                            "%s: %s: %s", path, sql[i], sqlite3_errmsg(db));
+      eph_sqlite_finalize_all(st, n);
+      return r;
+    }
+  }
+  return 0;
+}
+
+void
+eph_sqlite_finalize_all(sqlite3_stmt **st, size_t n)
+{
+  for (size_t i = 0; i < n; i++) {
+    sqlite3_finalize(st[i]);
+    st[i] = NULL;
+  }
+}
+
 const char *
 eph_sqlite_switch_to_wal(sqlite3 *db, int timeout_ms, char *buf, size_t size)
 {

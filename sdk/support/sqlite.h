@@ -38,6 +38,15 @@ typedef struct eph_sqlite_open_options {
 int eph_sqlite_open(const char *path, const eph_sqlite_open_options_t *opt, sqlite3 **db,
                     eph_error_t *err);
 
+/* Prepares n statements (SQLITE_PREPARE_PERSISTENT: they live as long as the connection)
+ * into st[0..n). On failure the ones prepared are finalized and st zeroed; returns the
+ * negative errno of eph_sqlite_errno() with err "<path>: <sql>: <SQLite's message>". */
+int eph_sqlite_prepare_all(sqlite3 *db, const char *path, const char *const *sql, size_t n,
+                           sqlite3_stmt **st, eph_error_t *err);
+
+/* Finalizes st[0..n) (NULL entries are fine) and zeroes them. */
+void eph_sqlite_finalize_all(sqlite3_stmt **st, size_t n);
+
 /* sqlite3_exec() of statements that return no rows. Returns 0 or the negative errno of
  * eph_sqlite_errno() with err "<path>: <what>: <SQLite's message>". */
 int eph_sqlite_exec(sqlite3 *db, const char *path, const char *sql, const char *what,

@@ -16,6 +16,10 @@ bool eph_utf8_is_text(const unsigned char *s, size_t bytes);
  * (so a truncated text stays valid). */
 size_t eph_utf8_clip(const char *s, size_t bytes);
 
+/* The string member `key` of obj, borrowed from obj; NULL when obj is not an object, the
+ * member is absent or not a string (tool arguments: the caller names what is missing). */
+const char *eph_json_get_string(json_object *obj, const char *key);
+
 /* {"error": msg} as a tool result (a failure the model should see). Owned by the caller;
  * NULL only when out of memory. */
 json_object *eph_error_result(const char *msg);
