@@ -93,8 +93,8 @@ eph_egress_load_config(const eph_config_t *config, const eph_host_t *host,
   opt->port = (int)port;
   opt->max_connections = (int)maxc;
   /* Where sandboxes may go is said here, in the core's own block, and nowhere else: the
-   * core reads no plugin's configuration. tool-web's keys govern its host-side fetches
-   * (web_fetch, web_search) only. */
+   * core reads no plugin's configuration (a web tool's own keys govern only the requests
+   * it makes on the host). */
   return eph_net_policy_load(policy, host, g, err);
 }
 
