@@ -420,45 +420,6 @@ eph_sha256_hex(const void *data, size_t bytes, char out[65], eph_error_t *err)
 
 /* ---------------------------------------------------------------- open / close */
 
-static int
-exec_sql(eph_store_t *s, const char *sql, const char *what, eph_error_t *err)
-{
-  return eph_sqlite_exec(s->db, s->path, sql, what, err);
-}
-
-static int
-migrate(eph_store_t *s, eph_error_t *err)
-{
-  int r = exec_sql(s, "BEGIN IMMEDIATE", "starting the schema migration", err);
-  if (r < 0)
-    return r;
-  int version = -1;
-  sqlite3_stmt *st = NULL;
-  if (sqlite3_prepare_v2(s->db, "PRAGMA user_version", -1, &st, NULL) == SQLITE_OK &&
-      sqlite3_step(st) == SQLITE_ROW)
-    version = sqlite3_column_int(st, 0);
-  sqlite3_finalize(st);
-  if (version < 0)
-    r = db_error(s, "reading the schema version", err);
-  else if (version > SCHEMA_VERSION)
-    r = eph_error_set(err, EPH_E_CONFIG,
-                      "%s: schema version %d is newer than this program's (%d); refusing to "
-                      "touch it", s->path, version, SCHEMA_VERSION);
-  for (int v = version; r >= 0 && v < SCHEMA_VERSION; v++) {
-    char what[64], pragma[48];
-    snprintf(what, sizeof what, "migrating the schema to version %d", v + 1);
-    snprintf(pragma, sizeof pragma, "PRAGMA user_version = %d", v + 1);
-    r = exec_sql(s, migrations[v], what, err);
-    if (r >= 0)
-      r = exec_sql(s, pragma, what, err);
-  }
-  if (r < 0) {
-    exec_sql(s, "ROLLBACK", "rolling back the migration", NULL);
-    return r;
-  }
-  return exec_sql(s, "COMMIT", "committing the schema", err);
-}
-
 void
 eph_store_close(eph_store_t *s)
 {
@@ -500,7 +461,7 @@ eph_store_open(const char *path, const eph_store_options_t *opt, eph_store_t **o
   int r = eph_sqlite_open(path, &so, &s->db, err);
   if (r < 0)
     goto fail;
-  if ((r = migrate(s, err)) < 0)
+  if ((r = eph_sqlite_migrate(s->db, path, migrations, SCHEMA_VERSION, "program", err)) < 0)
     goto fail;
   if ((r = eph_sqlite_prepare_all(s->db, path, statement_sql, ST_COUNT, s->st, err)) < 0)
     goto fail;

@@ -634,59 +634,6 @@ ledger_close(ledger_t *l)
 }
 
 static int
-exec_sql(ledger_t *l, const char *sql, const char *what, eph_error_t *err)
-{
-  return eph_sqlite_exec(l->db, l->path, sql, what, err);
-}
-
-static int
-pragma_int(ledger_t *l, const char *sql, int *out, eph_error_t *err)
-{
-  sqlite3_stmt *s = NULL;
-  int rc = sqlite3_prepare_v2(l->db, sql, -1, &s, NULL);
-  if (rc == SQLITE_OK && (rc = sqlite3_step(s)) == SQLITE_ROW) {
-    *out = sqlite3_column_int(s, 0);
-    rc = SQLITE_OK;
-  }
-  int r = rc == SQLITE_OK ? 0 : db_error(l, rc, sql, err);
-  sqlite3_finalize(s);
-  return r;
-}
-
-/* Creates or checks the schema, under the write lock so two processes starting together
- * cannot both create it. */
-static int
-migrate(ledger_t *l, eph_error_t *err)
-{
-  int r = exec_sql(l, "BEGIN IMMEDIATE", "starting the schema check", err);
-  if (r < 0)
-    return r;
-  int version = 0;
-  r = pragma_int(l, "PRAGMA user_version", &version, err);
-  if (r >= 0 && version > SCHEMA_VERSION)
-    r = eph_error_set(err, EPH_E_CONFIG,
-                      "%s: schema version %d is newer than this plugin's (%d); refusing to "
-                      "touch it", l->path, version, SCHEMA_VERSION);
-  if (r >= 0 && version < 1) {
-    r = exec_sql(l, schema_v1, "creating the ledger schema", err);
-    if (r >= 0)
-      r = exec_sql(l, "PRAGMA user_version = 1", "setting the schema version", err);
-  }
-  if (r >= 0 && version < 2) {
-    r = exec_sql(l, schema_v2, "migrating the ledger schema to version 2", err);
-    if (r >= 0)
-      r = exec_sql(l, "PRAGMA user_version = 2", "setting the schema version", err);
-  }
-  /* Future versions: `if (version < 3) { ALTER ...; PRAGMA user_version = 3; }` */
-  if (r < 0) {
-    exec_sql(l, "ROLLBACK", "rolling back the schema", NULL);
-    return r;
-  }
-  return exec_sql(l, "COMMIT", "committing the schema", err);
-}
-
-
-static int
 ledger_init(const eph_host_t *host, const config_setting_t *config, void **state,
             eph_error_t *err)
 {
@@ -735,7 +682,9 @@ ledger_init(const eph_host_t *host, const config_setting_t *config, void **state
     ledger_close(l);
     return r;
   }
-  if ((r = migrate(l, err)) < 0) {
+  /* v1: the ledger; v2: the probe row. Future versions: append to `schema`. */
+  static const char *const schema[] = {schema_v1, schema_v2};
+  if ((r = eph_sqlite_migrate(l->db, l->path, schema, SCHEMA_VERSION, "plugin", err)) < 0) {
     ledger_close(l);
     return r;
   }

@@ -55,6 +55,41 @@ eph_sqlite_prepare_all(sqlite3 *db, const char *path, const char *const *sql, si
   return 0;
 }
 
+int
+eph_sqlite_migrate(sqlite3 *db, const char *path, const char *const *migrations, int n,
+                   const char *owner, eph_error_t *err)
+{
+  int r = eph_sqlite_exec(db, path, "BEGIN IMMEDIATE", "starting the schema migration", err);
+  if (r < 0)
+    return r;
+  int version = -1;
+  sqlite3_stmt *st = NULL;
+  if (sqlite3_prepare_v2(db, "PRAGMA user_version", -1, &st, NULL) == SQLITE_OK &&
+      sqlite3_step(st) == SQLITE_ROW)
+    version = sqlite3_column_int(st, 0);
+  sqlite3_finalize(st);
+  if (version < 0)
+    r = eph_error_set(err, eph_sqlite_errno(sqlite3_extended_errcode(db)),
+                      "%s: reading the schema version: %s", path, sqlite3_errmsg(db));
+  else if (version > n)
+    r = eph_error_set(err, EPH_E_CONFIG,
+                      "%s: schema version %d is newer than this %s's (%d); refusing to "
+                      "touch it", path, version, owner, n);
+  for (int v = version; r >= 0 && v < n; v++) {
+    char what[64], pragma[48];
+    snprintf(what, sizeof what, "migrating the schema to version %d", v + 1);
+    snprintf(pragma, sizeof pragma, "PRAGMA user_version = %d", v + 1);
+    r = eph_sqlite_exec(db, path, migrations[v], what, err);
+    if (r >= 0)
+      r = eph_sqlite_exec(db, path, pragma, what, err);
+  }
+  if (r < 0) {
+    eph_sqlite_exec(db, path, "ROLLBACK", "rolling back the migration", NULL);
+    return r;
+  }
+  return eph_sqlite_exec(db, path, "COMMIT", "committing the schema", err);
+}
+
 void
 eph_sqlite_finalize_all(sqlite3_stmt **st, size_t n)
 {

@@ -44,6 +44,14 @@ int eph_sqlite_open(const char *path, const eph_sqlite_open_options_t *opt, sqli
 int eph_sqlite_prepare_all(sqlite3 *db, const char *path, const char *const *sql, size_t n,
                            sqlite3_stmt **st, eph_error_t *err);
 
+/* Brings the schema to version n under the write lock (BEGIN IMMEDIATE, so two processes
+ * starting together cannot both migrate): migrations[i] takes PRAGMA user_version from i
+ * to i + 1; those the file has are skipped; all or nothing. A file newer than n is refused
+ * (-EPH_E_CONFIG "<path>: schema version V is newer than this <owner>'s (n)"), never
+ * touched. Returns 0 or a negative errno with err naming the path and step. */
+int eph_sqlite_migrate(sqlite3 *db, const char *path, const char *const *migrations, int n,
+                       const char *owner, eph_error_t *err);
+
 /* Finalizes st[0..n) (NULL entries are fine) and zeroes them. */
 void eph_sqlite_finalize_all(sqlite3_stmt **st, size_t n);
 
