@@ -462,7 +462,6 @@ broker_call(void *state, const eph_tool_call_t *call, json_object **result, eph_
       .body_bytes = body ? strlen(body) : 0,
       /* Past the cap by the longest escaped form of the secret: scrubbed, then cut. */
       .max_response_bytes = (size_t)b->max_response_bytes + c->margin_bytes,
-      .timeout_ms = t > 0 ? t : 1,
       .max_redirects = 0,
       .check_domains = 0,
       .before_request = before_request,
@@ -470,8 +469,7 @@ broker_call(void *state, const eph_tool_call_t *call, json_object **result, eph_
   };
   eph_net_response_t resp;
   eph_error_t e = {0};
-  r = t > 0 ? eph_net_fetch(&c->policy, &req, &resp, &e)
-            : eph_error_set(&e, ETIMEDOUT, "the run deadline has passed");
+  r = eph_net_fetch_within(&c->policy, &req, t, &resp, &e);
   curl_slist_free_all(hdrs);
   if (cred_line) {
     explicit_bzero(cred_line, strlen(cred_line));

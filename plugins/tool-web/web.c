@@ -415,7 +415,6 @@ do_search(web_t *w, const eph_tool_call_t *call, json_object **result, eph_error
       .method = "GET",
       .headers = hdr,
       .max_response_bytes = (size_t)w->max_response_bytes,
-      .timeout_ms = t > 0 ? t : 1,
       .max_redirects = 0,
       .check_domains = 0,
       .before_request = before_request,
@@ -423,8 +422,7 @@ do_search(web_t *w, const eph_tool_call_t *call, json_object **result, eph_error
   };
   eph_net_response_t resp;
   eph_error_t e = {0};
-  r = t > 0 ? eph_net_fetch(&w->search_policy, &req, &resp, &e)
-            : eph_error_set(&e, ETIMEDOUT, "the run deadline has passed");
+  r = eph_net_fetch_within(&w->search_policy, &req, t, &resp, &e);
   curl_slist_free_all(hdr);
   if (r < 0) {
     *result = refused(w, call, e.code == EPH_E_DENIED ? "web_refused" : "web_failed", &e);

@@ -128,6 +128,12 @@ int eph_net_fetch(const eph_net_policy_t *p, const eph_net_request_t *req,
                   eph_net_response_t *resp, eph_error_t *err);
 void eph_net_response_clear(eph_net_response_t *r);
 
+/* eph_net_fetch() within what is left of a caller's deadline: left_ms > 0 becomes the
+ * request's timeout_ms; left_ms <= 0 is -ETIMEDOUT ("the run deadline has passed") without
+ * any I/O. */
+int eph_net_fetch_within(const eph_net_policy_t *p, eph_net_request_t *req, int64_t left_ms,
+                         eph_net_response_t *resp, eph_error_t *err);
+
 /* Host and port of an http(s) URL (host without IPv6 brackets, lower case). Returns 0 and a
  * heap *host owned by the caller, or -EINVAL. */
 int eph_net_url_host(const char *url, char **host, int *port, eph_error_t *err);
