@@ -7,7 +7,7 @@
  * (no backend, the sandbox did not boot, or its destroy left something behind).
  *
  * --web gives the sandbox the egress proxy a run granting `web` gets (same policy: the
- * tool-web block); each connection is logged to stderr ("web: CONNECT host:443"), nothing
+ * core's `egress` group); each connection is logged to stderr ("web: CONNECT host:443"), nothing
  * is charged (exec has no ledger). If the egress cannot be set up the command does not
  * run: exec is the tool to test it. */
 #include <config.h>

@@ -61,9 +61,11 @@ const eph_config_key_t eph_core_config_keys[] = {
      "The sandbox egress proxy of runs granting web: pool (private IPv4 range the "
      "per-sandbox /30s come from, default \"10.213.0.0/16\"), port (3128), max_connections "
      "(32 open at once per run), max_bytes (per connection, 67108864), max_connection_ms "
-     "(300000) and idle_ms (30000). Where it may go and what a connection costs are "
-     "tool-web's (allow_domains, deny_domains, allow_private_addresses, allow_loopback, "
-     "price_micros_per_request)."},
+     "(300000) and idle_ms (30000); what a connection costs, price_micros_per_request (1000, "
+     "category web); and where sandboxes may go, the one place saying so (tool-web's keys "
+     "govern its own host-side requests only): allow_domains, deny_domains (lists, empty: "
+     "any name not denied), allowed_ports (default [80, 443]), allow_private_addresses and "
+     "allow_loopback (both false); addresses of the host's interfaces are always refused."},
     {"webhooks", EPH_CFG_GROUP, "(see below)", NULL,
      "Where and how run-end webhooks are delivered (POST /v1/webhooks registers one): "
      "retry_hours (how long a failing endpoint is retried after the run ended, default 24, "

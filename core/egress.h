@@ -7,16 +7,16 @@
  *                                         decrypted, only its ClientHello's SNI is read
  *   GET|HEAD http://host[:port]/path ...  plain HTTP, rewritten to origin form with the
  *                                         hop-by-hop and Proxy-* headers removed
- * Every connection is checked like a web_fetch of tool-web: the port against allowed_ports
- * (default 80 and 443), the host against the domain lists, then the proxy resolves the
+ * Every connection is checked against the core's `egress` policy with the same checker
+ * web_fetch uses (sdk/support/net.c): the port against allowed_ports (default 80 and 443),
+ * the host against the domain lists, then the proxy resolves the
  * name itself and checks every address (private, loopback, link-local, metadata, and every
  * address held by a host interface, listed afresh in the host's network namespace) and
  * connects to the address it checked, so a forged address gets nowhere. A plain-HTTP
  * request's Host header, if any, must name the checked host and port. A CONNECT tunnel
  * carries TLS only: its first record must be a ClientHello whose server name (SNI) is the
  * CONNECT host (no SNI is accepted only for an IP literal); the TLS is never terminated.
- * The checker is plugins/tool-web/net.c, compiled into the core as well (plugins do not
- * link the core). Each connection is announced to the run (event + charge) before any name
+ * Each connection is announced to the run (event + charge) before any name
  * is resolved; a refused charge refuses the connection. Every refusal is announced with
  * its reason (an `egress` event): nothing is refused silently.
  *
@@ -31,7 +31,7 @@
 
 #include <ephemeral/plugin.h>
 
-#include "../plugins/tool-web/net.h"
+#include "support/net.h"
 #include "conf.h"
 
 typedef struct eph_egress eph_egress_t;
@@ -57,16 +57,19 @@ typedef struct eph_egress_options {
   int64_t max_bytes;          /* per connection, both directions together */
   int64_t max_connection_ms;  /* per connection, wall clock */
   int64_t idle_ms;            /* per connection, no byte either way */
+  int64_t price_micros;       /* charged per allowed connection (category web) */
   const eph_net_policy_t *policy; /* borrowed, must outlive the proxy */
   eph_egress_announce_fn announce;
   void *opaque;
 } eph_egress_options_t;
 
-/* Reads the core's `egress` group (pool, port, max_connections, max_bytes,
- * max_connection_ms, idle_ms) into opt (defaults for missing keys) and the tool-web
- * block's policy (allow_domains, deny_domains, allow_private_addresses, allow_loopback,
- * allowed_ports)
- * into *policy (free with eph_net_policy_free). Errors: -EPH_E_CONFIG naming file:line. */
+/* Reads the core's `egress` group: pool, port, max_connections, max_bytes,
+ * max_connection_ms, idle_ms and price_micros_per_request (default 1000) into opt
+ * (defaults for missing keys), and the address policy of the same group (allow_domains,
+ * deny_domains, allow_private_addresses, allow_loopback, allowed_ports; see
+ * sdk/support/net.h) into *policy (free with eph_net_policy_free). The `egress` group is
+ * the one place that says where sandboxes may go; no plugin's block is read. Errors:
+ * -EPH_E_CONFIG naming file:line. */
 int eph_egress_load_config(const eph_config_t *config, const eph_host_t *host,
                            eph_egress_options_t *opt, eph_net_policy_t *policy,
                            eph_error_t *err);

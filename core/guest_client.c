@@ -510,8 +510,9 @@ eph_guest_exec(eph_guest_t *g, const eph_exec_request_t *req, eph_exec_result_t 
         r = mark_broken(g, EPH_E_PROTOCOL, err, "malformed 'output' frame");
         goto fail;
       }
-      ssize_t n = eph_b64_decode(json_object_get_string(data),
-                                 (size_t)json_object_get_string_len(data), g->decode);
+      ssize_t n = eph_base64_decode_into(json_object_get_string(data),
+                                         (size_t)json_object_get_string_len(data), g->decode,
+                                         EPH_PROTO_MAX_FRAME_BYTES);
       if (n < 0) {
         r = mark_broken(g, EPH_E_PROTOCOL, err, "'output' data is not base64");
         goto fail;

@@ -39,14 +39,11 @@ eph_run_egress_start(eph_run_egress_t *eg, eph_sandbox_spec_t *spec, const char 
 {
   eph_error_t err = {0};
   eph_egress_options_t opt;
-  /* The web's price is tool-web's: a connection costs what one web_fetch costs. */
-  const eph_config_block_t *web = eph_config_block(&eg->run->ctx->config, "tool-web");
-  int r = eph_cfg_int(web ? web->setting : NULL, "price_micros_per_request", 1000,
-                      &eg->price_micros, &err);
-  if (r == 0)
-    r = eph_egress_load_config(&eg->run->ctx->config, &eg->run->ctx->host, &opt, &eg->policy,
-                               &err);
+  /* The price and the policy are the core's `egress` block's (no plugin's). */
+  int r = eph_egress_load_config(&eg->run->ctx->config, &eg->run->ctx->host, &opt,
+                                 &eg->policy, &err);
   if (r == 0) {
+    eg->price_micros = opt.price_micros;
     opt.policy = &eg->policy;
     opt.announce = egress_announce;
     opt.opaque = eg;

@@ -160,7 +160,7 @@ typedef struct eph_run_egress {
   eph_run_t *run;
   eph_egress_t *proxy;
   eph_net_policy_t policy;
-  int64_t price_micros; /* per connection: tool-web's price_micros_per_request */
+  int64_t price_micros; /* per connection: egress.price_micros_per_request */
 } eph_run_egress_t;
 /* Starts the run's proxy and points the spec at it. On failure the sandbox gets no
  * network (fail closed) and the timeline says why. */

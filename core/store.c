@@ -14,7 +14,7 @@
 #include <openssl/evp.h>
 #include <sqlite3.h>
 
-#include "sqlite_util.h"
+#include "support/sqlite.h"
 
 #include "log.h"
 #include "util.h"
@@ -294,22 +294,7 @@ static int
 db_error(eph_store_t *s, const char *what, eph_error_t *err)
 {
   int rc = sqlite3_extended_errcode(s->db);
-  int code;
-  switch (rc & 0xff) {
-  case SQLITE_BUSY:
-  case SQLITE_LOCKED:
-    code = EBUSY;
-    break;
-  case SQLITE_FULL:
-    code = ENOSPC;
-    break;
-  case SQLITE_CONSTRAINT:
-    code = rc == SQLITE_CONSTRAINT_PRIMARYKEY || rc == SQLITE_CONSTRAINT_UNIQUE ? EEXIST
-                                                                                 : EINVAL;
-    break;
-  default:
-    code = EIO;
-  }
+  int code = eph_sqlite_errno(rc);
   int r = eph_error_set(err, code, "%s: %s: %s", s->path, what, sqlite3_errmsg(s->db));
   if (is_fault(rc)) {
     char msg[sizeof s->fault];
@@ -435,59 +420,12 @@ eph_sha256_hex(const void *data, size_t bytes, char out[65], eph_error_t *err)
 
 /* ---------------------------------------------------------------- open / close */
 
-static int
-exec_sql(eph_store_t *s, const char *sql, const char *what, eph_error_t *err)
-{
-  char *msg = NULL;
-  int rc = sqlite3_exec(s->db, sql, NULL, NULL, &msg);
-  if (rc == SQLITE_OK)
-    return 0;
-  int r = eph_error_set(err, (rc & 0xff) == SQLITE_BUSY ? EBUSY : EIO, "%s: %s: %s", s->path,
-                        what, msg ? msg : sqlite3_errstr(rc));
-  sqlite3_free(msg);
-  return r;
-}
-
-static int
-migrate(eph_store_t *s, eph_error_t *err)
-{
-  int r = exec_sql(s, "BEGIN IMMEDIATE", "starting the schema migration", err);
-  if (r < 0)
-    return r;
-  int version = -1;
-  sqlite3_stmt *st = NULL;
-  if (sqlite3_prepare_v2(s->db, "PRAGMA user_version", -1, &st, NULL) == SQLITE_OK &&
-      sqlite3_step(st) == SQLITE_ROW)
-    version = sqlite3_column_int(st, 0);
-  sqlite3_finalize(st);
-  if (version < 0)
-    r = db_error(s, "reading the schema version", err);
-  else if (version > SCHEMA_VERSION)
-    r = eph_error_set(err, EPH_E_CONFIG,
-                      "%s: schema version %d is newer than this program's (%d); refusing to "
-                      "touch it", s->path, version, SCHEMA_VERSION);
-  for (int v = version; r >= 0 && v < SCHEMA_VERSION; v++) {
-    char what[64], pragma[48];
-    snprintf(what, sizeof what, "migrating the schema to version %d", v + 1);
-    snprintf(pragma, sizeof pragma, "PRAGMA user_version = %d", v + 1);
-    r = exec_sql(s, migrations[v], what, err);
-    if (r >= 0)
-      r = exec_sql(s, pragma, what, err);
-  }
-  if (r < 0) {
-    exec_sql(s, "ROLLBACK", "rolling back the migration", NULL);
-    return r;
-  }
-  return exec_sql(s, "COMMIT", "committing the schema", err);
-}
-
 void
 eph_store_close(eph_store_t *s)
 {
   if (!s)
     return;
-  for (int i = 0; i < ST_COUNT; i++)
-    sqlite3_finalize(s->st[i]);
+  eph_sqlite_finalize_all(s->st, ST_COUNT);
   if (s->db)
     sqlite3_close(s->db);
   pthread_mutex_destroy(&s->lock);
@@ -516,49 +454,17 @@ eph_store_open(const char *path, const eph_store_options_t *opt, eph_store_t **o
   pthread_mutex_init(&s->fault_lock, NULL);
   s->path = eph_xstrdup(path);
   s->idempotency_us = (int64_t)idem_hours * 3600 * 1000000;
-  int rc = sqlite3_open_v2(path, &s->db,
-                           SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX,
-                           NULL);
-  int r = 0;
-  if (rc != SQLITE_OK) {
-    r = eph_error_set(err, EIO, "%s: opening the store: %s", path,
-                      s->db ? sqlite3_errmsg(s->db) : sqlite3_errstr(rc));
+  /* History and key hashes: owner-only. */
+  eph_sqlite_open_options_t so = {
+    .what = "store", .busy_timeout_ms = busy_ms, .synchronous = "NORMAL", .owner_only = true,
+    .damaged_hint = "restore it from a backup or move it away to start empty"};
+  int r = eph_sqlite_open(path, &so, &s->db, err);
+  if (r < 0)
     goto fail;
-  }
-  /* History and key hashes: owner-only. SQLite gives -wal and -shm the same mode. */
-  if (chmod(path, 0600) < 0) {
-    r = eph_error_set(err, errno, "%s: chmod 0600: %s", path, strerror(errno));
+  if ((r = eph_sqlite_migrate(s->db, path, migrations, SCHEMA_VERSION, "program", err)) < 0)
     goto fail;
-  }
-  sqlite3_extended_result_codes(s->db, 1);
-  sqlite3_busy_timeout(s->db, busy_ms);
-  char mode_buf[32];
-  const char *mode = eph_sqlite_switch_to_wal(s->db, busy_ms, mode_buf, sizeof mode_buf);
-  if (!mode || strcmp(mode, "wal") != 0) {
-    r = eph_error_set(err, EIO, "%s: cannot switch to WAL mode: %s", path,
-                      sqlite3_errmsg(s->db));
+  if ((r = eph_sqlite_prepare_all(s->db, path, statement_sql, ST_COUNT, s->st, err)) < 0)
     goto fail;
-  }
-  if ((r = exec_sql(s, "PRAGMA foreign_keys = ON; PRAGMA synchronous = NORMAL;",
-                    "setting pragmas", err)) < 0)
-    goto fail;
-  /* A damaged file is refused at open, naming it: a damaged API-key page otherwise reads
-   * as "no such key" and every request gets 401 with nothing said. */
-  char why[256];
-  if (eph_sqlite_quick_check(s->db, why, sizeof why) < 0) {
-    r = eph_error_set(err, EIO, "%s: the store file is damaged (PRAGMA quick_check: %s); "
-                      "restore it from a backup or move it away to start empty", path, why);
-    goto fail;
-  }
-  if ((r = migrate(s, err)) < 0)
-    goto fail;
-  for (int i = 0; i < ST_COUNT; i++) {
-    if (sqlite3_prepare_v3(s->db, statement_sql[i], -1, SQLITE_PREPARE_PERSISTENT, &s->st[i],
-                           NULL) != SQLITE_OK) {
-      r = db_error(s, statement_sql[i], err);
-      goto fail;
-    }
-  }
   *out = s;
   return 0;
 fail:

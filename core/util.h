@@ -12,6 +12,8 @@
 
 #include "support/base64.h"
 #include "support/cleanup.h"
+#include "support/format.h" /* eph_format_dollars, eph_format_iso8601 */
+#include "support/text.h"
 
 
 /* malloc/strdup/asprintf that abort on out-of-memory: the core does not limp on without
@@ -31,15 +33,6 @@ char *eph_xasprintf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 /* Wall-clock time in microseconds since the epoch (CLOCK_REALTIME). */
 int64_t eph_wall_us(void);
-
-/* Formats micros as dollars, at most 5 decimals and at least 2 ("$0.00353", "$0.0032",
- * "$0.04"): the product page's style.
- * buf must hold at least 32 bytes; returns buf. */
-char *eph_format_dollars(int64_t micros, char *buf, size_t size);
-
-/* Formats microseconds since the epoch as UTC ISO 8601 with milliseconds
- * ("2026-12-01T03:33:15.123Z"), the API's created_at. buf holds at least 32 bytes. */
-void eph_format_iso8601(int64_t us, char *buf, size_t size);
 
 /* Fills buf with n random bytes from getrandom(); returns 0 or -errno. */
 int eph_random_bytes(void *buf, size_t n);

@@ -16,7 +16,7 @@
 #include <openssl/params.h>
 #include <sqlite3.h>
 
-#include "../plugins/tool-web/net.h"
+#include "support/net.h"
 #include "conf.h"
 #include "log.h"
 #include "util.h"

@@ -15,7 +15,7 @@
  * t far from their clock (the SDKs' verify_webhook).
  *
  * Where deliveries may go: the `webhooks` group of the config is an address policy read
- * like tool-web's (plugins/tool-web/net.h): allow_domains, deny_domains, allowed_ports
+ * like the egress proxy's (sdk/support/net.h): allow_domains, deny_domains, allowed_ports
  * (default 80, 443), allow_private_addresses and allow_loopback (both off: a tenant must not
  * make the daemon POST into the operator's network). A URL is judged at registration
  * (400 naming `url`) and again, resolved and pinned, at every attempt (libcurl through

@@ -20,7 +20,8 @@
 #include <unistd.h>
 
 #include <json-c/json.h>
-#include <openssl/evp.h>
+
+#include "support/base64.h"
 
 /* Protocol version announced in the guest's hello; the client refuses another one. */
 #define EPH_PROTO_VERSION 1
@@ -42,58 +43,17 @@
 
 /* ---------------------------------------------------------------- base64 */
 
-/* Bytes of the padded base64 text for n raw bytes (without NUL). */
-static inline size_t
-eph_b64_encoded_bytes(size_t n)
-{
-  return (n + 2) / 3 * 4;
-}
-
-/* Encodes n bytes of in into out, which must hold eph_b64_encoded_bytes(n) + 1 bytes;
- * out is NUL-terminated. Returns the text length. OpenSSL's codec does the work. */
-static inline size_t
-eph_b64_encode(const void *in, size_t n, char *out)
-{
-  int len = EVP_EncodeBlock((unsigned char *)out, in, (int)n);
-  out[len] = '\0';
-  return (size_t)len;
-}
-
-/* Decodes len bytes of padded base64 text into out (at least len / 4 * 3 bytes).
- * Strict: a length not a multiple of 4, a character outside the alphabet or misplaced
- * padding is refused (EVP_DecodeBlock alone would skip blanks). Returns the decoded byte
- * count, or -EINVAL. */
-static inline ssize_t
-eph_b64_decode(const char *in, size_t len, void *out)
-{
-  if (len % 4 != 0 || len > (size_t)INT32_MAX)
-    return -EINVAL;
-  size_t pad = 0;
-  for (size_t i = 0; i < len; i++) {
-    char c = in[i];
-    if (c == '=' && i + 2 >= len && (i + 1 == len || in[i + 1] == '='))
-      pad++;
-    else if (!((c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
-               c == '+' || c == '/'))
-      return -EINVAL;
-  }
-  if (len == 0)
-    return 0;
-  int n = EVP_DecodeBlock(out, (const unsigned char *)in, (int)len);
-  if (n < 0)
-    return -EINVAL;
-  return (ssize_t)n - (ssize_t)pad; /* EVP_DecodeBlock counts padding as zero bytes */
-}
-
+/* The codec is the tree's one (sdk/support/base64.c, strict and canonical): the guest
+ * compiles that file into its static binary, the core and backend-qemu take it from the
+ * support library. */
 /* Adds key = base64(data) to obj. Returns 0 or -ENOMEM. */
 static inline int
 eph_proto_add_b64(json_object *obj, const char *key, const void *data, size_t n)
 {
-  char *text = malloc(eph_b64_encoded_bytes(n) + 1);
+  char *text = eph_base64_encode(data, n);
   if (!text)
     return -ENOMEM;
-  size_t len = eph_b64_encode(data, n, text);
-  json_object *s = json_object_new_string_len(text, (int)len);
+  json_object *s = json_object_new_string_len(text, (int)eph_base64_encoded_bytes(n));
   free(text);
   if (!s)
     return -ENOMEM;
@@ -120,17 +80,17 @@ eph_proto_get_b64(json_object *obj, const char *key, size_t max_bytes, void **ou
   }
   if (len / 4 * 3 > max_bytes + 2)
     return -EFBIG;
-  unsigned char *buf = malloc(len / 4 * 3 + 1);
-  if (!buf)
-    return -ENOMEM;
-  ssize_t n = eph_b64_decode(text, len, buf);
-  if (n < 0 || (size_t)n > max_bytes) {
+  unsigned char *buf = NULL;
+  size_t n = 0;
+  int r = eph_base64_decode(text, len, &buf, &n);
+  if (r < 0)
+    return r;
+  if (n > max_bytes) {
     free(buf);
-    return n < 0 ? -EINVAL : -EFBIG;
+    return -EFBIG;
   }
-  buf[n] = '\0';
   *out = buf;
-  *bytes = (size_t)n;
+  *bytes = n;
   return 0;
 }
 

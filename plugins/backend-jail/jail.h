@@ -5,6 +5,7 @@
 #ifndef EPH_JAIL_H
 #define EPH_JAIL_H
 
+#include <pthread.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -14,13 +15,7 @@
 
 #include <ephemeral/plugin.h>
 
-/* Plugin-local cleanup helpers (plugins do not link the core's util.c). */
-static inline void jail_freep(void *p) { free(*(void **)p); }
-static inline void jail_closep(int *fd) { if (*fd >= 0) close(*fd); }
-#define cleanup_free __attribute__((cleanup(jail_freep)))
-#define cleanup_close __attribute__((cleanup(jail_closep)))
-#define steal_pointer(pp) ({ __typeof__(*(pp)) _p = *(pp); *(pp) = NULL; _p; })
-#define steal_fd(fdp) ({ int _fd = *(fdp); *(fdp) = -1; _fd; })
+#include "support/cleanup.h"
 
 /* ------------------------------------------------------------ cgroups (cgroup.c) */
 
@@ -111,8 +106,6 @@ int jail_cg_list(jail_cgroups_t *cg, void (*fn)(void *opaque, const char *name),
 
 /* ------------------------------------------------------------ egress (veth.c) */
 
-/* "http://A.B.C.D:PORT" with A.B.C.D the first host of a /30 (host order out). */
-int jail_veth_parse_url(const char *url, uint32_t *proxy, uint16_t *port, eph_error_t *err);
 /* The veth pair of a sandbox whose run grants web, between the sandbox's netns (of pid)
  * and the proxy's (see veth.c for every rule). Called after the uid maps, before "go". On
  * success host_if (IFNAMSIZ bytes) names the end in the proxy's netns; on failure nothing
@@ -203,5 +196,58 @@ typedef struct jail_child_error {
 /* The child's whole life: runs the set-up steps in order and execs the guest as PID 1.
  * Never returns; reports the failed step on err_fd and _exit()s. */
 __attribute__((noreturn)) void jail_child_main(const jail_child_args_t *a);
+
+/* ------------------------------------------------------------ plugin state (jail.c) */
+
+struct eph_sandbox {
+  struct eph_sandbox *next, *prev; /* the watchdog's list, under jail_t.lock */
+  char run_id[128];
+  int slot;
+  pid_t pid;
+  int pidfd;
+  int64_t created_ms;
+  int64_t deadline_ms;
+  bool deadline_hit;
+  char veth[16];    /* the egress veth pair's end in the proxy's netns, or "" */
+  int proxy_ns_fd;  /* the proxy's netns (dup of spec->proxy_netns_fd), or -1 */
+};
+
+typedef struct jail {
+  const eph_host_t *host;
+  jail_cgroups_t cg;
+  jail_plan_t plan;
+  jail_limits_t def, max;
+  uint64_t uid_base;
+  uint32_t slots;
+  char *run_dir;
+  int run_dir_fd;
+  char *guest_path;
+  int exe_fd;
+  pid_t owner_pid;
+  uint64_t owner_start;
+
+  pthread_mutex_t lock;
+  pthread_cond_t cond;
+  pthread_t watchdog;
+  bool watchdog_running, stopping;
+  struct eph_sandbox *live;
+} jail_t;
+
+/* ------------------------------------------------------------ slot records, sweep (slots.c) */
+
+/* Field 22 of /proc/<pid>/stat: start time in clock ticks since boot; with the pid it names
+ * one process for good (pids are reused). 0 when the process does not exist. */
+uint64_t jail_proc_start_time(pid_t pid);
+/* Claims a free slot for run_id: writes the record "slot-<n>" (run id, owner pid and start
+ * time) in run_dir with O_EXCL, so two processes never take the same slot. Returns the slot
+ * or a negative errno (-EAGAIN when all are in use). */
+int jail_slot_claim(jail_t *j, const char *run_id, eph_error_t *err);
+void jail_slot_release(jail_t *j, int slot);
+bool jail_slot_record_exists(jail_t *j, int slot);
+/* The backend's sweep: reaps the cgroups of sandboxes whose owner died and drops their
+ * records. Returns how many runs were reaped, or a negative errno. */
+int jail_sweep(void *state, eph_error_t *err);
+/* True when id is a run id this backend accepts (it names cgroups and records). */
+bool jail_valid_run_id(const char *id);
 
 #endif

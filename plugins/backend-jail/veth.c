@@ -42,86 +42,12 @@
 #include <netlink/route/route.h>
 
 #include "jail.h"
+#include "support/netns.h"
 
 #define INNER_IF "eth0"
 
-int
-jail_veth_parse_url(const char *url, uint32_t *proxy, uint16_t *port, eph_error_t *err)
-{
-  char addr[INET_ADDRSTRLEN];
-  unsigned p = 0;
-  int used = 0;
-  struct in_addr in;
-  if (!url || sscanf(url, "http://%15[0-9.]:%5u%n", addr, &p, &used) != 2 || url[used] ||
-      p < 1 || p > 65535 || inet_pton(AF_INET, addr, &in) != 1)
-    return eph_error_set(err, EINVAL, "proxy_url '%s': expected http://A.B.C.D:PORT",
-                         url ? url : "(null)");
-  *proxy = ntohl(in.s_addr);
-  *port = (uint16_t)p;
-  if ((*proxy & 3) != 1)
-    return eph_error_set(err, EINVAL, "proxy_url '%s': the address must be the first host of "
-                         "a /30 (x.x.x.4k+1): the sandbox's end takes the next one", url);
-  return 0;
-}
-
-static int
-nl_fail(eph_error_t *err, int nlerr, const char *what, const char *ifname)
-{
-  return eph_error_set(err, nlerr == -NLE_EXIST ? EEXIST : EIO, "%s %s: %s", what, ifname,
-                       nl_geterror(nlerr));
-}
-
-static int
-write_sysctl(const char *path, const char *value, bool optional, eph_error_t *err)
-{
-  int fd = open(path, O_WRONLY | O_CLOEXEC);
-  if (fd < 0) {
-    if (optional && errno == ENOENT)
-      return 0;
-    return eph_error_set(err, errno, "open %s: %s", path, strerror(errno));
-  }
-  ssize_t n = write(fd, value, strlen(value));
-  int e = errno;
-  close(fd);
-  if (n != (ssize_t)strlen(value))
-    return eph_error_set(err, e, "write %s: %s", path, strerror(e));
-  return 0;
-}
-
-static int
-set_up(struct nl_sock *sk, int ifindex, const char *name, eph_error_t *err)
-{
-  struct rtnl_link *orig = rtnl_link_alloc(), *change = rtnl_link_alloc();
-  int r = -NLE_NOMEM;
-  if (orig && change) {
-    rtnl_link_set_ifindex(orig, ifindex);
-    rtnl_link_set_flags(change, IFF_UP);
-    r = rtnl_link_change(sk, orig, change, 0);
-  }
-  rtnl_link_put(orig);
-  rtnl_link_put(change);
-  return r < 0 ? nl_fail(err, r, "bring up", name) : 0;
-}
-
-static int
-add_addr(struct nl_sock *sk, int ifindex, uint32_t a, int prefix, const char *name,
-         eph_error_t *err)
-{
-  struct rtnl_addr *ad = rtnl_addr_alloc();
-  uint32_t be = htonl(a);
-  struct nl_addr *local = nl_addr_build(AF_INET, &be, 4);
-  int r = -NLE_NOMEM;
-  if (ad && local) {
-    nl_addr_set_prefixlen(local, prefix);
-    rtnl_addr_set_ifindex(ad, ifindex);
-    rtnl_addr_set_family(ad, AF_INET);
-    if ((r = rtnl_addr_set_local(ad, local)) == 0)
-      r = rtnl_addr_add(sk, ad, 0);
-  }
-  nl_addr_put(local);
-  rtnl_addr_put(ad);
-  return r < 0 ? nl_fail(err, r, "add address on", name) : 0;
-}
+/* Parsing, namespace threads, sysctl and the address/link calls are the support
+ * library's (sdk/support/netns.h), shared with backend-qemu's tap.c. */
 
 static int
 host_route(struct nl_sock *sk, int ifindex, uint32_t dst, eph_error_t *err)
@@ -149,7 +75,7 @@ host_route(struct nl_sock *sk, int ifindex, uint32_t dst, eph_error_t *err)
     rtnl_route_nh_free(nh);
   nl_addr_put(d);
   rtnl_route_put(rt);
-  return r < 0 ? nl_fail(err, r, "add the proxy route on", INNER_IF) : 0;
+  return r < 0 ? eph_nl_error(err, r, "add the proxy route on", INNER_IF) : 0;
 }
 
 /* ------------------------------------------------------------ inside a netns */
@@ -163,42 +89,28 @@ typedef struct inner {
   uint32_t proxy;
   pid_t pid;           /* the sandbox's init, for the veth peer */
   const char *host_if; /* the pair's end in the proxy's netns */
-  eph_error_t err;
-  int r;
 } inner_t;
 
 static int
 disable_ipv6(eph_error_t *err)
 {
-  /* /proc/sys/net/ipv6 is absent when the kernel has no IPv6: nothing to disable. */
   static const char *const conf[] = {"all", "default", "lo", NULL};
-  for (size_t i = 0; conf[i]; i++) {
-    char path[96];
-    snprintf(path, sizeof path, "/proc/sys/net/ipv6/conf/%s/disable_ipv6", conf[i]);
-    int r = write_sysctl(path, "1", true, err);
-    if (r < 0)
-      return r;
-  }
-  return 0;
+  return eph_ipv6_disable(conf, err);
 }
 
 static int
-inner_configure(inner_t *in)
+inner_configure(void *arg, eph_error_t *err)
 {
-  eph_error_t *err = &in->err;
+  inner_t *in = arg;
   if (in->stage == STAGE_SANDBOX_NO_V6)
     return disable_ipv6(err);
   if (in->stage == STAGE_EXISTS)
     return if_nametoindex(in->host_if) != 0;
   const char *ifname = in->stage == STAGE_SANDBOX_ROUTE ? INNER_IF : in->host_if;
-  struct nl_sock *sk = nl_socket_alloc();
-  if (!sk)
-    return eph_error_set(err, ENOMEM, "netlink socket: out of memory");
-  int r = nl_connect(sk, NETLINK_ROUTE), idx = 0;
-  if (r < 0) {
-    r = nl_fail(err, r, "netlink connect in the netns of", ifname);
-    goto out;
-  }
+  struct nl_sock *sk = NULL;
+  int r = eph_nl_route_connect(&sk, ifname, err), idx = 0;
+  if (r < 0)
+    return r;
   if (in->stage == STAGE_REMOVE) {
     struct rtnl_link *l = rtnl_link_alloc();
     if (l) {
@@ -214,7 +126,7 @@ inner_configure(inner_t *in)
       goto out;
     /* libnl's veth helper creates the pair here with its peer in the netns of `pid`. */
     if ((r = rtnl_link_veth_add(sk, in->host_if, INNER_IF, in->pid)) < 0) {
-      r = nl_fail(err, r, "create the veth pair", in->host_if);
+      r = eph_nl_error(err, r, "create the veth pair", in->host_if);
       goto out;
     }
   }
@@ -224,10 +136,10 @@ inner_configure(inner_t *in)
     goto out;
   }
   if (in->stage == STAGE_PROXY_SIDE) {
-    if ((r = add_addr(sk, idx, in->proxy, 30, ifname, err)) == 0)
-      r = set_up(sk, idx, ifname, err);
-  } else if ((r = add_addr(sk, idx, in->proxy + 1, 32, ifname, err)) == 0 &&
-             (r = set_up(sk, idx, ifname, err)) == 0) {
+    if ((r = eph_nl_addr_add(sk, idx, in->proxy, 30, ifname, err)) == 0)
+      r = eph_nl_link_up(sk, idx, ifname, err);
+  } else if ((r = eph_nl_addr_add(sk, idx, in->proxy + 1, 32, ifname, err)) == 0 &&
+             (r = eph_nl_link_up(sk, idx, ifname, err)) == 0) {
     r = host_route(sk, idx, in->proxy, err);
   }
 out:
@@ -235,31 +147,10 @@ out:
   return r;
 }
 
-static void *
-inner_main(void *arg)
-{
-  inner_t *in = arg;
-  /* Only this thread changes netns; it ends right after, so nothing else runs in it. */
-  if (setns(in->ns_fd, CLONE_NEWNET) < 0)
-    in->r = eph_error_set(&in->err, errno, "setns into a network namespace: %s",
-                          strerror(errno));
-  else
-    in->r = inner_configure(in);
-  return NULL;
-}
-
 static int
 in_netns(inner_t *in, eph_error_t *err)
 {
-  pthread_t t;
-  in->r = -EIO;
-  int e = pthread_create(&t, NULL, inner_main, in);
-  if (e)
-    return eph_error_set(err, e, "thread for a network namespace: %s", strerror(e));
-  pthread_join(t, NULL);
-  if (in->r < 0 && err)
-    *err = in->err;
-  return in->r;
+  return eph_netns_run(in->ns_fd, inner_configure, in, err);
 }
 
 /* ------------------------------------------------------------ the pair */
@@ -288,7 +179,7 @@ jail_veth_setup(int slot, pid_t pid, const char *proxy_url, int proxy_ns_fd, cha
 {
   uint32_t proxy;
   uint16_t port;
-  int r = jail_veth_parse_url(proxy_url, &proxy, &port, err);
+  int r = eph_proxy_url_parse(proxy_url, &proxy, &port, err);
   if (r < 0)
     return r;
   host_if[0] = '\0';

@@ -66,10 +66,7 @@
 /* Inherited fds of the QEMU child, in this order. */
 enum { FD_GUEST = 3, FD_QMP, FD_KERNEL, FD_INITRD, FD_INCOMING, FD_TAP, FD_FIRST_FREE };
 
-static inline void qfreep(void *p) { free(*(void **)p); }
-static inline void qclosep(int *fd) { if (*fd >= 0) close(*fd); }
-#define cleanup_free __attribute__((cleanup(qfreep)))
-#define cleanup_close __attribute__((cleanup(qclosep)))
+#include "support/cleanup.h"
 
 /* ------------------------------------------------------------ configuration */
 

@@ -51,17 +51,10 @@
 
 #include <sqlite3.h>
 
-#include "sqlite_util.h"
-
 #include <ephemeral/plugin.h>
 
-/* The plugin does not link the core: its own scope-bound helpers. */
-static inline void
-ledger_freep(void *p)
-{
-  free(*(void **)p);
-}
-#define cleanup_free __attribute__((cleanup(ledger_freep)))
+#include "support/cleanup.h"
+#include "support/sqlite.h"
 
 #define SCHEMA_VERSION 2
 #define MAX_NAME_BYTES 128 /* org and run_id */
@@ -219,16 +212,13 @@ wall_us(void)
   return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
 }
 
-/* SQLITE_CONSTRAINT means a schema CHECK or trigger refused an entry the C checks let
- * through: a bug or a foreign writer, reported as EINVAL with SQLite's message. */
+/* A CHECK or trigger refusing an entry the C checks let through (a bug or a foreign writer)
+ * is EINVAL with SQLite's message; the mapping is the store's too (eph_sqlite_errno). */
 static int
 db_error(ledger_t *l, int rc, const char *what, eph_error_t *err)
 {
-  int code = (rc & 0xff) == SQLITE_BUSY || (rc & 0xff) == SQLITE_LOCKED ? EBUSY
-             : (rc & 0xff) == SQLITE_FULL                               ? ENOSPC
-             : (rc & 0xff) == SQLITE_CONSTRAINT                         ? EINVAL
-                                                                        : EIO;
-  return eph_error_set(err, code, "%s: %s: %s", l->path, what, sqlite3_errmsg(l->db));
+  return eph_error_set(err, eph_sqlite_errno(rc), "%s: %s: %s", l->path, what,
+                       sqlite3_errmsg(l->db));
 }
 
 static const char *
@@ -635,74 +625,13 @@ ledger_close(ledger_t *l)
 {
   if (!l)
     return;
-  for (int i = 0; i < ST_COUNT; i++)
-    sqlite3_finalize(l->st[i]);
+  eph_sqlite_finalize_all(l->st, ST_COUNT);
   if (l->db)
     sqlite3_close(l->db);
   pthread_mutex_destroy(&l->lock);
   free(l->path);
   free(l);
 }
-
-static int
-exec_sql(ledger_t *l, const char *sql, const char *what, eph_error_t *err)
-{
-  char *msg = NULL;
-  int rc = sqlite3_exec(l->db, sql, NULL, NULL, &msg);
-  if (rc == SQLITE_OK)
-    return 0;
-  int r = eph_error_set(err, (rc & 0xff) == SQLITE_BUSY ? EBUSY : EIO, "%s: %s: %s", l->path,
-                        what, msg ? msg : sqlite3_errstr(rc));
-  sqlite3_free(msg);
-  return r;
-}
-
-static int
-pragma_int(ledger_t *l, const char *sql, int *out, eph_error_t *err)
-{
-  sqlite3_stmt *s = NULL;
-  int rc = sqlite3_prepare_v2(l->db, sql, -1, &s, NULL);
-  if (rc == SQLITE_OK && (rc = sqlite3_step(s)) == SQLITE_ROW) {
-    *out = sqlite3_column_int(s, 0);
-    rc = SQLITE_OK;
-  }
-  int r = rc == SQLITE_OK ? 0 : db_error(l, rc, sql, err);
-  sqlite3_finalize(s);
-  return r;
-}
-
-/* Creates or checks the schema, under the write lock so two processes starting together
- * cannot both create it. */
-static int
-migrate(ledger_t *l, eph_error_t *err)
-{
-  int r = exec_sql(l, "BEGIN IMMEDIATE", "starting the schema check", err);
-  if (r < 0)
-    return r;
-  int version = 0;
-  r = pragma_int(l, "PRAGMA user_version", &version, err);
-  if (r >= 0 && version > SCHEMA_VERSION)
-    r = eph_error_set(err, EPH_E_CONFIG,
-                      "%s: schema version %d is newer than this plugin's (%d); refusing to "
-                      "touch it", l->path, version, SCHEMA_VERSION);
-  if (r >= 0 && version < 1) {
-    r = exec_sql(l, schema_v1, "creating the ledger schema", err);
-    if (r >= 0)
-      r = exec_sql(l, "PRAGMA user_version = 1", "setting the schema version", err);
-  }
-  if (r >= 0 && version < 2) {
-    r = exec_sql(l, schema_v2, "migrating the ledger schema to version 2", err);
-    if (r >= 0)
-      r = exec_sql(l, "PRAGMA user_version = 2", "setting the schema version", err);
-  }
-  /* Future versions: `if (version < 3) { ALTER ...; PRAGMA user_version = 3; }` */
-  if (r < 0) {
-    exec_sql(l, "ROLLBACK", "rolling back the schema", NULL);
-    return r;
-  }
-  return exec_sql(l, "COMMIT", "committing the schema", err);
-}
-
 
 static int
 ledger_init(const eph_host_t *host, const config_setting_t *config, void **state,
@@ -745,56 +674,23 @@ ledger_init(const eph_host_t *host, const config_setting_t *config, void **state
                          "ledger-sqlite: no path configured and no state directory");
   }
 
-  /* NOMUTEX: our own mutex serialises every use of the connection. */
-  int rc = sqlite3_open_v2(l->path, &l->db,
-                           SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX,
-                           NULL);
-  if (rc != SQLITE_OK) {
-    r = eph_error_set(err, EIO, "%s: opening the ledger: %s", l->path,
-                      l->db ? sqlite3_errmsg(l->db) : sqlite3_errstr(rc));
+  eph_sqlite_open_options_t so = {
+    .what = "ledger", .busy_timeout_ms = (int)busy_ms,
+    .synchronous = strcasecmp(sync, "full") == 0 ? "FULL" : "NORMAL",
+    .damaged_hint = "restore it from a backup"};
+  if ((r = eph_sqlite_open(l->path, &so, &l->db, err)) < 0) {
     ledger_close(l);
     return r;
   }
-  sqlite3_extended_result_codes(l->db, 1);
-  sqlite3_busy_timeout(l->db, (int)busy_ms);
-  char pragmas[128];
-  snprintf(pragmas, sizeof pragmas,
-           "PRAGMA foreign_keys = ON; PRAGMA synchronous = %s;",
-           strcasecmp(sync, "full") == 0 ? "FULL" : "NORMAL");
-  /* journal_mode returns the mode it ended in: check it really is WAL. */
-  char mode_buf[32];
-  const char *mode = eph_sqlite_switch_to_wal(l->db, (int)busy_ms, mode_buf, sizeof mode_buf);
-  if (!mode || strcasecmp(mode, "wal") != 0) {
-    r = eph_error_set(err, EIO, "%s: cannot switch to WAL mode (got %s): %s", l->path,
-                      mode ? mode : "nothing", sqlite3_errmsg(l->db));
+  /* v1: the ledger; v2: the probe row. Future versions: append to `schema`. */
+  static const char *const schema[] = {schema_v1, schema_v2};
+  if ((r = eph_sqlite_migrate(l->db, l->path, schema, SCHEMA_VERSION, "plugin", err)) < 0) {
     ledger_close(l);
     return r;
   }
-  if ((r = exec_sql(l, pragmas, "setting pragmas", err)) < 0) {
+  if ((r = eph_sqlite_prepare_all(l->db, l->path, statement_sql, ST_COUNT, l->st, err)) < 0) {
     ledger_close(l);
     return r;
-  }
-  /* A damaged file is refused at open, naming it: serving from it would give wrong
-   * balances, and a ledger that fails later fails every run. */
-  char why[256];
-  if (eph_sqlite_quick_check(l->db, why, sizeof why) < 0) {
-    r = eph_error_set(err, EIO, "%s: the ledger file is damaged (PRAGMA quick_check: %s); "
-                      "restore it from a backup", l->path, why);
-    ledger_close(l);
-    return r;
-  }
-  if ((r = migrate(l, err)) < 0) {
-    ledger_close(l);
-    return r;
-  }
-  for (int i = 0; i < ST_COUNT; i++) {
-    rc = sqlite3_prepare_v3(l->db, statement_sql[i], -1, SQLITE_PREPARE_PERSISTENT, &l->st[i],
-                            NULL);
-    if (rc != SQLITE_OK) {
-      r = db_error(l, rc, statement_sql[i], err);
-      ledger_close(l);
-      return r;
-    }
   }
   *state = l;
   return 0;

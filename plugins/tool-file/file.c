@@ -11,7 +11,9 @@
 
 #include <ephemeral/plugin.h>
 
-#include "../tool-web/plugin-util.h"
+#include "support/base64.h"
+#include "support/cleanup.h"
+#include "support/text.h"
 
 typedef struct files {
   const eph_host_t *host;
@@ -82,7 +84,7 @@ refused(files_t *f, const eph_tool_call_t *call, const char *tool, const char *w
   json_object_object_add(data, "tool", json_object_new_string(tool));
   json_object_object_add(data, "reason", json_object_new_string(why));
   f->host->emit(call->run, "Files", "file_refused", why, data, &ignore);
-  return pu_error_result(why);
+  return eph_error_result(why);
 }
 
 static void
@@ -105,23 +107,14 @@ emit_op(files_t *f, const eph_tool_call_t *call, const char *kind, const char *v
   f->host->emit(call->run, "Files", kind, text, data, &ignore);
 }
 
-static const char *
-arg_str(json_object *args, const char *key)
-{
-  json_object *v = NULL;
-  if (!json_object_object_get_ex(args, key, &v) || !json_object_is_type(v, json_type_string))
-    return NULL;
-  return json_object_get_string(v);
-}
-
 static int
 do_read(files_t *f, const eph_tool_call_t *call, json_object **result, eph_error_t *err)
 {
-  const char *path = arg_str(call->args, "path"), *why;
+  const char *path = eph_json_get_string(call->args, "path"), *why;
   json_object *jm = NULL;
   int64_t max = f->max_read_bytes;
   if (!path) {
-    *result = pu_error_result("argument 'path' (string) is required");
+    *result = eph_error_result("argument 'path' (string) is required");
     return 0;
   }
   if ((why = path_refusal(path, false))) {
@@ -130,7 +123,7 @@ do_read(files_t *f, const eph_tool_call_t *call, json_object **result, eph_error
   }
   if (json_object_object_get_ex(call->args, "max_bytes", &jm) && jm) {
     if (!json_object_is_type(jm, json_type_int) || json_object_get_int64(jm) <= 0) {
-      *result = pu_error_result("argument 'max_bytes' must be a positive integer");
+      *result = eph_error_result("argument 'max_bytes' must be a positive integer");
       return 0;
     }
     if (json_object_get_int64(jm) < max)
@@ -144,7 +137,7 @@ do_read(files_t *f, const eph_tool_call_t *call, json_object **result, eph_error
     free(data);
     if (e.code == EPH_E_PROTOCOL)
       return eph_error_set(err, e.code, "%s", e.message);
-    *result = pu_error_result(e.message[0] ? e.message : "read failed");
+    *result = eph_error_result(e.message[0] ? e.message : "read failed");
     return 0;
   }
   if (bytes > (size_t)max) { /* never trust the far side with the cap */
@@ -155,12 +148,12 @@ do_read(files_t *f, const eph_tool_call_t *call, json_object **result, eph_error
   json_object_object_add(res, "path", json_object_new_string(path));
   json_object_object_add(res, "bytes", json_object_new_int64((int64_t)bytes));
   json_object_object_add(res, "truncated", json_object_new_boolean(truncated));
-  if (pu_is_utf8_text(data, bytes)) {
+  if (eph_utf8_is_text(data, bytes)) {
     json_object_object_add(res, "encoding", json_object_new_string("utf-8"));
     json_object_object_add(res, "content",
                            json_object_new_string_len(data ? data : "", (int)bytes));
   } else {
-    cleanup_free char *enc = pu_b64_encode(data, bytes, NULL);
+    cleanup_free char *enc = eph_base64_encode(data, bytes);
     json_object_object_add(res, "encoding", json_object_new_string("base64"));
     json_object_object_add(res, "content", json_object_new_string(enc ? enc : ""));
   }
@@ -204,11 +197,11 @@ confirm_size(files_t *f, const eph_tool_call_t *call, const char *path, uint64_t
 static int
 do_write(files_t *f, const eph_tool_call_t *call, json_object **result, eph_error_t *err)
 {
-  const char *path = arg_str(call->args, "path"), *enc = arg_str(call->args, "encoding"), *why;
+  const char *path = eph_json_get_string(call->args, "path"), *enc = eph_json_get_string(call->args, "encoding"), *why;
   json_object *jc = NULL;
   if (!path || !json_object_object_get_ex(call->args, "content", &jc) ||
       !json_object_is_type(jc, json_type_string)) {
-    *result = pu_error_result("arguments 'path' and 'content' (strings) are required");
+    *result = eph_error_result("arguments 'path' and 'content' (strings) are required");
     return 0;
   }
   if ((why = path_refusal(path, false))) {
@@ -216,7 +209,7 @@ do_write(files_t *f, const eph_tool_call_t *call, json_object **result, eph_erro
     return 0;
   }
   if (path[strlen(path) - 1] == '/') {
-    *result = pu_error_result("path names a directory");
+    *result = eph_error_result("path names a directory");
     return 0;
   }
   const char *content = json_object_get_string(jc);
@@ -229,13 +222,13 @@ do_write(files_t *f, const eph_tool_call_t *call, json_object **result, eph_erro
       *result = refused(f, call, "file_write", "content is larger than max_write_bytes");
       return 0;
     }
-    if (pu_b64_decode(content, clen, &decoded, &bytes) < 0) {
-      *result = pu_error_result("content is not valid base64");
+    if (eph_base64_decode(content, clen, &decoded, &bytes) < 0) {
+      *result = eph_error_result("content is not valid base64");
       return 0;
     }
     data = decoded;
   } else if (enc && strcmp(enc, "utf-8") != 0) {
-    *result = pu_error_result("encoding must be \"utf-8\" or \"base64\"");
+    *result = eph_error_result("encoding must be \"utf-8\" or \"base64\"");
     return 0;
   }
   if (bytes > (size_t)f->max_write_bytes) {
@@ -248,14 +241,14 @@ do_write(files_t *f, const eph_tool_call_t *call, json_object **result, eph_erro
       confirm_size(f, call, path, &size, &e) < 0) {
     if (e.code == EPH_E_PROTOCOL)
       return eph_error_set(err, e.code, "%s", e.message);
-    *result = pu_error_result(e.message[0] ? e.message : "write failed");
+    *result = eph_error_result(e.message[0] ? e.message : "write failed");
     return 0;
   }
   if (size != bytes) {
     char msg[160];
     snprintf(msg, sizeof msg, "short write: %zu bytes sent, %llu on disk", bytes,
              (unsigned long long)size);
-    *result = pu_error_result(msg);
+    *result = eph_error_result(msg);
     return 0;
   }
   json_object *res = json_object_new_object();
@@ -269,7 +262,7 @@ do_write(files_t *f, const eph_tool_call_t *call, json_object **result, eph_erro
 static int
 do_list(files_t *f, const eph_tool_call_t *call, json_object **result, eph_error_t *err)
 {
-  const char *path = arg_str(call->args, "path"), *why;
+  const char *path = eph_json_get_string(call->args, "path"), *why;
   if (!path)
     path = "";
   if ((why = path_refusal(path, true))) {
@@ -282,7 +275,7 @@ do_list(files_t *f, const eph_tool_call_t *call, json_object **result, eph_error
   if (f->host->sandbox_list(call->run, path, &ents, &n, &e) < 0) {
     if (e.code == EPH_E_PROTOCOL)
       return eph_error_set(err, e.code, "%s", e.message);
-    *result = pu_error_result(e.message[0] ? e.message : "list failed");
+    *result = eph_error_result(e.message[0] ? e.message : "list failed");
     return 0;
   }
   json_object *arr = json_object_new_array();

@@ -17,8 +17,9 @@
 
 #include <ephemeral/plugin.h>
 
-#include "net.h"
-#include "plugin-util.h"
+#include "support/cleanup.h"
+#include "support/net.h"
+#include "support/text.h"
 
 typedef struct web {
   const eph_host_t *host;
@@ -208,7 +209,7 @@ html_to_text(const char *html, size_t bytes, const char *url, size_t limit, int 
   *truncated = t.full;
   if (!t.buf)
     return strdup("");
-  t.len = pu_utf8_clip(t.buf, t.len > limit ? limit : t.len);
+  t.len = eph_utf8_clip(t.buf, t.len > limit ? limit : t.len);
   t.buf[t.len] = 0;
   return t.buf;
 }
@@ -301,14 +302,14 @@ do_fetch(web_t *w, const eph_tool_call_t *call, json_object **result, eph_error_
   json_object *jurl = NULL, *jm = NULL;
   if (!json_object_object_get_ex(call->args, "url", &jurl) ||
       !json_object_is_type(jurl, json_type_string)) {
-    *result = pu_error_result("argument 'url' (string) is required");
+    *result = eph_error_result("argument 'url' (string) is required");
     return 0;
   }
   char method[16] = "GET";
   if (json_object_object_get_ex(call->args, "method", &jm) && jm) {
     const char *m = json_object_get_string(jm);
     if (!json_object_is_type(jm, json_type_string) || strlen(m) >= sizeof method) {
-      *result = pu_error_result("argument 'method' must be a short string");
+      *result = eph_error_result("argument 'method' must be a short string");
       return 0;
     }
     for (size_t i = 0; m[i]; i++)
@@ -361,13 +362,13 @@ do_fetch(web_t *w, const eph_tool_call_t *call, json_object **result, eph_error_
     json_object_object_add(res, "text", json_object_new_string(text ? text : ""));
   } else if (resp.body_bytes > 0 &&
              (is_textual(resp.content_type) ||
-              pu_is_utf8_text((const unsigned char *)resp.body, resp.body_bytes))) {
+              eph_utf8_is_text((const unsigned char *)resp.body, resp.body_bytes))) {
     size_t n = resp.body_bytes;
     if (n > (size_t)w->max_text_bytes) {
-      n = pu_utf8_clip(resp.body, (size_t)w->max_text_bytes);
+      n = eph_utf8_clip(resp.body, (size_t)w->max_text_bytes);
       text_truncated = 1;
     }
-    if (pu_is_utf8_text((const unsigned char *)resp.body, n))
+    if (eph_utf8_is_text((const unsigned char *)resp.body, n))
       json_object_object_add(res, "text", json_object_new_string_len(resp.body, (int)n));
     else
       json_object_object_add(res, "note",
@@ -390,11 +391,11 @@ do_search(web_t *w, const eph_tool_call_t *call, json_object **result, eph_error
   json_object *jq = NULL;
   if (!json_object_object_get_ex(call->args, "query", &jq) ||
       !json_object_is_type(jq, json_type_string) || !*json_object_get_string(jq)) {
-    *result = pu_error_result("argument 'query' (non-empty string) is required");
+    *result = eph_error_result("argument 'query' (non-empty string) is required");
     return 0;
   }
   if (!w->search_url || !*w->search_url) {
-    *result = pu_error_result("no search API is configured (tool-web: search_url)");
+    *result = eph_error_result("no search API is configured (tool-web: search_url)");
     return 0;
   }
   char *q = curl_easy_escape(NULL, json_object_get_string(jq), 0);
@@ -414,7 +415,6 @@ do_search(web_t *w, const eph_tool_call_t *call, json_object **result, eph_error
       .method = "GET",
       .headers = hdr,
       .max_response_bytes = (size_t)w->max_response_bytes,
-      .timeout_ms = t > 0 ? t : 1,
       .max_redirects = 0,
       .check_domains = 0,
       .before_request = before_request,
@@ -422,8 +422,7 @@ do_search(web_t *w, const eph_tool_call_t *call, json_object **result, eph_error
   };
   eph_net_response_t resp;
   eph_error_t e = {0};
-  r = t > 0 ? eph_net_fetch(&w->search_policy, &req, &resp, &e)
-            : eph_error_set(&e, ETIMEDOUT, "the run deadline has passed");
+  r = eph_net_fetch_within(&w->search_policy, &req, t, &resp, &e);
   curl_slist_free_all(hdr);
   if (r < 0) {
     *result = refused(w, call, e.code == EPH_E_DENIED ? "web_refused" : "web_failed", &e);
@@ -433,7 +432,7 @@ do_search(web_t *w, const eph_tool_call_t *call, json_object **result, eph_error
     char msg[128];
     snprintf(msg, sizeof msg, "search API answered HTTP %ld", resp.status);
     eph_net_response_clear(&resp);
-    *result = pu_error_result(msg);
+    *result = eph_error_result(msg);
     return 0;
   }
   json_tokener *tok = json_tokener_new();
@@ -447,7 +446,7 @@ do_search(web_t *w, const eph_tool_call_t *call, json_object **result, eph_error
   if (!doc || !json_object_object_get_ex(doc, "results", &list) ||
       !json_object_is_type(list, json_type_array)) {
     json_object_put(doc);
-    *result = pu_error_result("search API answered something other than {\"results\": [...]}");
+    *result = eph_error_result("search API answered something other than {\"results\": [...]}");
     return 0;
   }
   json_object *out = json_object_new_array();

@@ -12,7 +12,8 @@
 #include <strings.h>
 
 #include "net.h"
-#include "plugin-util.h"
+
+#include "cleanup.h"
 
 /* ---------------------------------------------------------------- policy */
 
@@ -725,6 +726,17 @@ eph_net_fetch(const eph_net_policy_t *p, const eph_net_request_t *req, eph_net_r
     url = next;
     resp->redirects = hop_no + 1;
   }
+}
+
+int
+eph_net_fetch_within(const eph_net_policy_t *p, eph_net_request_t *req, int64_t left_ms,
+                     eph_net_response_t *resp, eph_error_t *err)
+{
+  memset(resp, 0, sizeof *resp);
+  if (left_ms <= 0)
+    return eph_error_set(err, ETIMEDOUT, "the run deadline has passed");
+  req->timeout_ms = left_ms;
+  return eph_net_fetch(p, req, resp, err);
 }
 
 void

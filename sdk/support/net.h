@@ -10,9 +10,11 @@
  * are followed here, hop by hop, each hop re-checked; libcurl's own following is off.
  * Environment proxies are ignored (CURLOPT_PROXY "").
  *
- * Internal to the plugins that compile net.c (symbols hidden by -fvisibility=hidden). */
-#ifndef EPH_PLUGIN_NET_H
-#define EPH_PLUGIN_NET_H
+ * Part of the support library (sdk/support/libephsupport_net.la): the core (egress proxy,
+ * webhooks), tool-web and tool-connection each link their own copy (symbols hidden by
+ * -fvisibility=hidden). Each user reads its own policy block with eph_net_policy_load(). */
+#ifndef EPH_SUPPORT_NET_H
+#define EPH_SUPPORT_NET_H
 
 #include <stddef.h>
 #include <stdint.h>
@@ -125,6 +127,12 @@ typedef struct eph_net_response {
 int eph_net_fetch(const eph_net_policy_t *p, const eph_net_request_t *req,
                   eph_net_response_t *resp, eph_error_t *err);
 void eph_net_response_clear(eph_net_response_t *r);
+
+/* eph_net_fetch() within what is left of a caller's deadline: left_ms > 0 becomes the
+ * request's timeout_ms; left_ms <= 0 is -ETIMEDOUT ("the run deadline has passed") without
+ * any I/O. */
+int eph_net_fetch_within(const eph_net_policy_t *p, eph_net_request_t *req, int64_t left_ms,
+                         eph_net_response_t *resp, eph_error_t *err);
 
 /* Host and port of an http(s) URL (host without IPv6 brackets, lower case). Returns 0 and a
  * heap *host owned by the caller, or -EINVAL. */

@@ -1,0 +1,80 @@
+/* See text.h. */
+#include "text.h"
+
+#include <stdint.h>
+
+bool
+eph_utf8_is_text(const unsigned char *s, size_t bytes)
+{
+  size_t i = 0;
+  while (i < bytes) {
+    unsigned char c = s[i];
+    int more;
+    uint32_t cp;
+    if (c == 0)
+      return false;
+    if (c < 0x80) {
+      i++;
+      continue;
+    } else if ((c & 0xe0) == 0xc0) {
+      more = 1;
+      cp = c & 0x1f;
+    } else if ((c & 0xf0) == 0xe0) {
+      more = 2;
+      cp = c & 0x0f;
+    } else if ((c & 0xf8) == 0xf0) {
+      more = 3;
+      cp = c & 0x07;
+    } else
+      return false;
+    if (i + (size_t)more >= bytes)
+      return false;
+    for (int k = 1; k <= more; k++) {
+      if ((s[i + k] & 0xc0) != 0x80)
+        return false;
+      cp = cp << 6 | (s[i + k] & 0x3f);
+    }
+    /* Overlong forms, surrogates and code points past U+10FFFF are not UTF-8. */
+    if ((more == 1 && cp < 0x80) || (more == 2 && cp < 0x800) || (more == 3 && cp < 0x10000) ||
+        cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff))
+      return false;
+    i += (size_t)more + 1;
+  }
+  return true;
+}
+
+size_t
+eph_utf8_clip(const char *s, size_t bytes)
+{
+  size_t i = bytes;
+  int back = 0;
+  while (i > 0 && back < 4 && ((unsigned char)s[i - 1] & 0xc0) == 0x80) {
+    i--;
+    back++;
+  }
+  if (i == 0)
+    return bytes;
+  unsigned char lead = (unsigned char)s[i - 1];
+  int need = lead >= 0xf0 ? 3 : lead >= 0xe0 ? 2 : lead >= 0xc0 ? 1 : 0;
+  if (need > back)
+    return i - 1;
+  return bytes;
+}
+
+const char *
+eph_json_get_string(json_object *obj, const char *key)
+{
+  json_object *v = NULL;
+  if (!obj || !json_object_object_get_ex(obj, key, &v) || !json_object_is_type(v, json_type_string))
+    return NULL;
+  return json_object_get_string(v);
+}
+
+json_object *
+eph_error_result(const char *msg)
+{
+  json_object *o = json_object_new_object();
+  if (o)
+    json_object_object_add(o, "error", json_object_new_string(msg));
+  return o;
+}

@@ -1,0 +1,27 @@
+/* UTF-8 text checks and the tool error result, shared by the host-side tool plugins
+ * (tool-web, tool-connection, tool-file) and the core (sdk/support/README.md). */
+#ifndef EPH_SUPPORT_TEXT_H
+#define EPH_SUPPORT_TEXT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include <json-c/json.h>
+
+/* True when the bytes are valid UTF-8 (shortest forms, no surrogates, at most U+10FFFF)
+ * without NUL: safe to hand over as a JSON string. */
+bool eph_utf8_is_text(const unsigned char *s, size_t bytes);
+
+/* Length of the longest prefix of s[0..bytes) that does not end inside a UTF-8 sequence
+ * (so a truncated text stays valid). */
+size_t eph_utf8_clip(const char *s, size_t bytes);
+
+/* The string member `key` of obj, borrowed from obj; NULL when obj is not an object, the
+ * member is absent or not a string (tool arguments: the caller names what is missing). */
+const char *eph_json_get_string(json_object *obj, const char *key);
+
+/* {"error": msg} as a tool result (a failure the model should see). Owned by the caller;
+ * NULL only when out of memory. */
+json_object *eph_error_result(const char *msg);
+
+#endif

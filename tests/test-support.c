@@ -1,0 +1,169 @@
+/* The support library (sdk/support) that the core and the plugins share: one copy of each
+ * helper, and each copy at least as strict as the strictest of those it replaced.
+ *   - base64: the core's request files and the guest's frames used to accept a
+ *     non-canonical text ("QR==", pad bits set) that tool-file refused; now all refuse it
+ *   - SQLite: the store and the ledger map result codes to the same errno values (the
+ *     ledger answered EINVAL for a UNIQUE conflict the store called EEXIST)
+ *   - UTF-8 text checks, dollars and ISO 8601 as before */
+#include <config.h>
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "../guest/protocol.h"
+#include "support/base64.h"
+#include "support/format.h"
+#include "support/sqlite.h"
+#include "support/text.h"
+
+static int
+decodes(const char *text)
+{
+  unsigned char *out = NULL;
+  size_t n = 0;
+  int r = eph_base64_decode(text, strlen(text), &out, &n);
+  free(out);
+  return r;
+}
+
+static void
+test_base64_strict_and_canonical(void **st)
+{
+  (void)st;
+  unsigned char *out = NULL;
+  size_t n = 0;
+  assert_int_equal(eph_base64_decode("QUJD", 4, &out, &n), 0);
+  assert_int_equal(n, 3);
+  assert_memory_equal(out, "ABC", 3);
+  free(out);
+  assert_int_equal(decodes(""), 0);
+  assert_int_equal(decodes("QQ=="), 0);
+  assert_int_equal(decodes("QUI="), 0);
+  /* Not canonical: the unused bits under the padding are set ("QR==" and "QUJ=" would
+   * otherwise decode to the same bytes as "QQ==" and "QUI="). */
+  assert_int_equal(decodes("QR=="), -EINVAL);
+  assert_int_equal(decodes("QUJ="), -EINVAL);
+  /* Blanks, line breaks, the URL-safe alphabet, misplaced padding, a bad length. */
+  assert_int_equal(decodes("QU JD"), -EINVAL);
+  assert_int_equal(decodes("QUJD\n"), -EINVAL);
+  assert_int_equal(decodes("-_-_"), -EINVAL);
+  assert_int_equal(decodes("Q=JD"), -EINVAL);
+  assert_int_equal(decodes("QQ=A"), -EINVAL);
+  assert_int_equal(decodes("QUJ"), -EINVAL);
+  char small[2];
+  assert_int_equal(eph_base64_decode_into("QUJD", 4, small, sizeof small), -ENOBUFS);
+  char *enc = eph_base64_encode("ABCD", 4);
+  assert_string_equal(enc, "QUJDRA==");
+  free(enc);
+}
+
+/* The guest protocol decodes with the same codec: a frame's non-canonical data is refused
+ * as "not base64" (it decoded before). */
+static void
+test_guest_protocol_uses_the_codec(void **st)
+{
+  (void)st;
+  json_object *o = json_tokener_parse("{\"data\": \"QR==\"}");
+  void *out = NULL;
+  size_t n = 0;
+  assert_int_equal(eph_proto_get_b64(o, "data", 16, &out, &n), -EINVAL);
+  json_object_put(o);
+  o = json_tokener_parse("{\"data\": \"QQ==\"}");
+  assert_int_equal(eph_proto_get_b64(o, "data", 16, &out, &n), 0);
+  assert_int_equal(n, 1);
+  free(out);
+  assert_int_equal(eph_proto_get_b64(o, "data", 0, &out, &n), -EFBIG);
+  json_object_put(o);
+}
+
+static void
+test_sqlite_errno_agrees(void **st)
+{
+  (void)st;
+  char dir[] = "/tmp/eph-support-test.XXXXXX";
+  assert_non_null(mkdtemp(dir));
+  char path[64];
+  snprintf(path, sizeof path, "%s/t.sqlite", dir);
+  eph_sqlite_open_options_t so = {.what = "test", .busy_timeout_ms = 100, .owner_only = true};
+  sqlite3 *db = NULL;
+  eph_error_t err = {0};
+  assert_int_equal(eph_sqlite_open(path, &so, &db, &err), 0);
+  assert_int_equal(access(path, F_OK), 0);
+  assert_int_equal(eph_sqlite_exec(db, path,
+                                   "CREATE TABLE t (k TEXT PRIMARY KEY, v INTEGER CHECK (v > 0));"
+                                   "INSERT INTO t VALUES ('a', 1);",
+                                   "schema", &err),
+                   0);
+  /* A duplicate key: EEXIST for both users (the ledger said EINVAL). */
+  assert_int_equal(eph_sqlite_exec(db, path, "INSERT INTO t VALUES ('a', 2);", "dup", &err),
+                   -EEXIST);
+  assert_non_null(strstr(err.message, "dup"));
+  /* A CHECK: EINVAL (a rule of the schema). */
+  assert_int_equal(eph_sqlite_exec(db, path, "INSERT INTO t VALUES ('b', 0);", "check", &err),
+                   -EINVAL);
+  assert_int_equal(eph_sqlite_errno(SQLITE_BUSY), EBUSY);
+  assert_int_equal(eph_sqlite_errno(SQLITE_FULL), ENOSPC);
+  assert_int_equal(eph_sqlite_errno(SQLITE_IOERR_WRITE), EIO);
+  sqlite3_stmt *sts[2] = {NULL, NULL};
+  const char *const bad[] = {"SELECT 1", "SELECT nothing FROM nowhere"};
+  assert_true(eph_sqlite_prepare_all(db, path, bad, 2, sts, &err) < 0);
+  assert_null(sts[0]);
+  assert_non_null(strstr(err.message, "nowhere"));
+  sqlite3_close(db);
+  /* A file that is not a database is refused at open, naming it. */
+  char side[80];
+  snprintf(side, sizeof side, "%s-wal", path);
+  unlink(side);
+  snprintf(side, sizeof side, "%s-shm", path);
+  unlink(side);
+  FILE *f = fopen(path, "w");
+  assert_non_null(f);
+  for (int i = 0; i < 64; i++)
+    fputs("this is not an SQLite database but a text file ", f);
+  fclose(f);
+  assert_true(eph_sqlite_open(path, &so, &db, &err) < 0);
+  assert_null(db);
+  assert_non_null(strstr(err.message, path));
+  unlink(path);
+  unlink(side);
+  rmdir(dir);
+}
+
+static void
+test_text_and_format(void **st)
+{
+  (void)st;
+  assert_true(eph_utf8_is_text((const unsigned char *)"h\xc3\xa9", 3));
+  assert_false(eph_utf8_is_text((const unsigned char *)"\xc0\xaf", 2)); /* overlong */
+  assert_false(eph_utf8_is_text((const unsigned char *)"a\0b", 3));
+  assert_int_equal(eph_utf8_clip("h\xc3\xa9", 2), 1);
+  char buf[32];
+  assert_string_equal(eph_format_dollars(3530, buf, sizeof buf), "$0.00353");
+  assert_string_equal(eph_format_dollars(40000, buf, sizeof buf), "$0.04");
+  eph_format_iso8601(1764560000123456LL, buf, sizeof buf);
+  assert_string_equal(buf, "2025-12-01T03:33:20.123Z");
+  json_object *o = json_tokener_parse("{\"a\": \"x\", \"b\": 1}");
+  assert_string_equal(eph_json_get_string(o, "a"), "x");
+  assert_null(eph_json_get_string(o, "b"));
+  assert_null(eph_json_get_string(o, "c"));
+  json_object_put(o);
+}
+
+int
+main(void)
+{
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_base64_strict_and_canonical),
+      cmocka_unit_test(test_guest_protocol_uses_the_codec),
+      cmocka_unit_test(test_sqlite_errno_agrees),
+      cmocka_unit_test(test_text_and_format),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
