@@ -5,7 +5,7 @@
  * completion_tokens, total_tokens}. */
 #include "config.h" /* autoconf: _GNU_SOURCE */
 
-#include "chat.h"
+#include "model_chat.h"
 
 #include <errno.h>
 #include <stdbool.h>
@@ -19,6 +19,19 @@ eph_chat_get_string(json_object *obj, const char *key)
   if (!obj || !json_object_object_get_ex(obj, key, &v) || !json_object_is_type(v, json_type_string))
     return NULL;
   return json_object_get_string(v);
+}
+
+json_object *
+eph_chat_usage(json_object *body, const char *where, eph_error_t *err)
+{
+  json_object *usage = NULL;
+  if (!json_object_object_get_ex(body, "usage", &usage) ||
+      !json_object_is_type(usage, json_type_object)) {
+    eph_error_set(err, EPH_E_PROTOCOL,
+                  "%s: response has no usage object (token counts are needed for billing)", where);
+    return NULL;
+  }
+  return usage;
 }
 
 static int
@@ -94,11 +107,8 @@ eph_chat_parse_response(json_object *body, const char *where, eph_model_response
       !json_object_is_type(msg, json_type_object))
     return eph_error_set(err, EPH_E_PROTOCOL, "%s: choices[0].message missing", where);
 
-  if (!json_object_object_get_ex(body, "usage", &usage) ||
-      !json_object_is_type(usage, json_type_object))
-    return eph_error_set(err, EPH_E_PROTOCOL,
-                         "%s: response has no usage object (token counts are needed for billing)",
-                         where);
+  if (!(usage = eph_chat_usage(body, where, err)))
+    return -EPH_E_PROTOCOL;
   if ((r = get_tokens(usage, "prompt_tokens", where, &resp->input_tokens, err)) < 0 ||
       (r = get_tokens(usage, "completion_tokens", where, &resp->output_tokens, err)) < 0)
     return r;
@@ -186,6 +196,35 @@ eph_chat_set_cache(eph_model_response_t *resp, uint64_t read, uint64_t write)
     resp->cache_read_tokens = read;
     resp->cache_write_tokens = write;
   }
+}
+
+int
+eph_chat_response_begin(const eph_model_request_t *req, eph_model_response_t *resp,
+                        eph_error_t *err)
+{
+  resp->message = resp->raw = NULL;
+  resp->finish_reason[0] = '\0';
+  resp->input_tokens = resp->output_tokens = 0;
+  eph_chat_set_cache(resp, 0, 0);
+  if (!req || !req->model || !req->messages ||
+      !json_object_is_type(req->messages, json_type_array))
+    return eph_error_set(err, EINVAL, "model request: model and a messages array are required");
+  return 0;
+}
+
+int
+eph_chat_message_at(json_object *messages, size_t i, const char **role, const char **text,
+                    eph_error_t *err)
+{
+  json_object *m = json_object_array_get_idx(messages, i), *content = NULL;
+  *text = NULL;
+  if (!(*role = eph_chat_get_string(m, "role")))
+    return eph_error_set(err, EINVAL, "messages[%zu]: no role", i);
+  json_object_object_get_ex(m, "content", &content);
+  if (content && !json_object_is_type(content, json_type_string))
+    return eph_error_set(err, EINVAL, "messages[%zu].content is not a string", i);
+  *text = content ? json_object_get_string(content) : NULL;
+  return 0;
 }
 
 int

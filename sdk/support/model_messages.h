@@ -3,11 +3,12 @@
  * normalised assistant message, shared by model-anthropic and model-replay (which reads
  * recorded message objects back). https://docs.anthropic.com/en/api/messages
  *
- * Compiled into each of the two plugins (hidden visibility: nothing here is exported). */
-#ifndef EPH_PLUGIN_MESSAGES_H
-#define EPH_PLUGIN_MESSAGES_H
+ * Part of sdk/support/libephmodel.la, linked into each of those plugins (hidden
+ * visibility: nothing here is exported). */
+#ifndef EPH_SUPPORT_MODEL_MESSAGES_H
+#define EPH_SUPPORT_MODEL_MESSAGES_H
 
-#include "../model-openai/chat.h"
+#include "model_chat.h"
 
 /* The request body {model, max_tokens, system, messages, tools, tool_choice, stream}:
  *  - system messages joined (blank line between) into the top-level "system";
