@@ -99,6 +99,39 @@ valid_org(const char *org)
          strspn(org, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-") == n;
 }
 
+/* gate() for a route naming an organisation (/v1/admin/orgs/{org}/...): the admin check,
+ * then the org's syntax (400 naming org, audited). */
+static int
+gate_org(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req, const char *action,
+         const char *org, MHD_RESULT *r)
+{
+  if (gate(srv, c, req, action, org, r) < 0)
+    return -1;
+  if (!valid_org(org)) {
+    *r = FAIL(action, NULL, NULL, MHD_HTTP_BAD_REQUEST, "invalid_request", "org",
+              "org: [A-Za-z0-9_.-]{1,64}");
+    return -1;
+  }
+  return 0;
+}
+
+#define GATE_ORG(action, org)                                                                \
+  do {                                                                                       \
+    MHD_RESULT gate_r_;                                                                      \
+    if (gate_org(srv, c, req, (action), (org), &gate_r_) < 0)                                \
+      return gate_r_;                                                                        \
+  } while (0)
+
+/* {"object":"list","data":data} (data consumed). */
+static json_object *
+list_object(json_object *data)
+{
+  json_object *o = json_object_new_object();
+  json_object_object_add(o, "object", json_object_new_string("list"));
+  json_object_object_add(o, "data", data);
+  return o;
+}
+
 static json_object *
 parse_body(conn_req_t *req)
 {
@@ -204,10 +237,7 @@ eph_srv_admin_keys_list(eph_server_t *srv, struct MHD_Connection *c, conn_req_t 
     return FAIL(A, org, NULL, MHD_HTTP_SERVICE_UNAVAILABLE, "storage_unavailable", NULL, "%s",
                 err.message);
   audit(srv, c, req, A, org, NULL, NULL, MHD_HTTP_OK);
-  json_object *o = json_object_new_object();
-  json_object_object_add(o, "object", json_object_new_string("list"));
-  json_object_object_add(o, "data", keys);
-  return eph_srv_json(c, srv, MHD_HTTP_OK, o);
+  return eph_srv_json(c, srv, MHD_HTTP_OK, list_object(keys));
 }
 
 MHD_RESULT
@@ -234,10 +264,18 @@ eph_srv_admin_keys_revoke(eph_server_t *srv, struct MHD_Connection *c, conn_req_
   return eph_srv_json(c, srv, MHD_HTTP_OK, o);
 }
 
-static const eph_plugin_slot_t *
-ledger_of(eph_server_t *srv)
+/* The org's balance from the ledger plugin; credit_micros > 0 is credited first. */
+static int
+ledger_credit_balance(eph_server_t *srv, const char *org, int64_t credit_micros,
+                      int64_t *balance, eph_error_t *err)
 {
-  return eph_plugins_first(&srv->ctx->plugins, EPH_KIND_LEDGER);
+  const eph_plugin_slot_t *ledger = eph_plugins_first(&srv->ctx->plugins, EPH_KIND_LEDGER);
+  const eph_ledger_ops_t *ops = ledger->desc->ops;
+  *balance = 0;
+  if (credit_micros > 0 &&
+      EPH_WITH_PLUGIN(ledger, ops->credit(ledger->state, org, credit_micros, err)) < 0)
+    return -1;
+  return EPH_WITH_PLUGIN(ledger, ops->balance(ledger->state, org, balance, err)) < 0 ? -1 : 0;
 }
 
 static json_object *
@@ -255,10 +293,7 @@ eph_srv_admin_credit(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *re
 {
   static const char *const A = "orgs.credit";
   const char *org = req->param;
-  GATE(A, org);
-  if (!valid_org(org))
-    return FAIL(A, NULL, NULL, MHD_HTTP_BAD_REQUEST, "invalid_request", "org",
-                "org: [A-Za-z0-9_.-]{1,64}");
+  GATE_ORG(A, org);
   cleanup_json json_object *body = parse_body(req);
   static const char *const allowed[] = {"amount_micros", NULL};
   const char *bad = body ? unknown_key(body, allowed) : NULL;
@@ -272,13 +307,10 @@ eph_srv_admin_credit(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *re
     return FAIL(A, org, NULL, MHD_HTTP_BAD_REQUEST, "invalid_request", "amount_micros",
                 "field 'amount_micros': required, a positive integer (1000000 = $1)");
   int64_t amount = json_object_get_int64(ja);
-  const eph_plugin_slot_t *ledger = ledger_of(srv);
-  const eph_ledger_ops_t *ops = ledger->desc->ops;
   eph_error_t err = {0};
   int64_t balance = 0;
   if (eph_store_org_create(srv->store, org, &err) < 0 ||
-      EPH_WITH_PLUGIN(ledger, ops->credit(ledger->state, org, amount, &err)) < 0 ||
-      EPH_WITH_PLUGIN(ledger, ops->balance(ledger->state, org, &balance, &err)) < 0)
+      ledger_credit_balance(srv, org, amount, &balance, &err) < 0)
     return FAIL(A, org, NULL, MHD_HTTP_SERVICE_UNAVAILABLE, "storage_unavailable", NULL, "%s",
                 err.message);
   cleanup_json json_object *detail = json_object_new_object();
@@ -293,15 +325,10 @@ eph_srv_admin_balance(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *r
 {
   static const char *const A = "orgs.balance";
   const char *org = req->param;
-  GATE(A, org);
-  if (!valid_org(org))
-    return FAIL(A, NULL, NULL, MHD_HTTP_BAD_REQUEST, "invalid_request", "org",
-                "org: [A-Za-z0-9_.-]{1,64}");
-  const eph_plugin_slot_t *ledger = ledger_of(srv);
-  const eph_ledger_ops_t *ops = ledger->desc->ops;
+  GATE_ORG(A, org);
   eph_error_t err = {0};
   int64_t balance = 0;
-  if (EPH_WITH_PLUGIN(ledger, ops->balance(ledger->state, org, &balance, &err)) < 0)
+  if (ledger_credit_balance(srv, org, 0, &balance, &err) < 0)
     return FAIL(A, org, NULL, MHD_HTTP_SERVICE_UNAVAILABLE, "storage_unavailable", NULL, "%s",
                 err.message);
   audit(srv, c, req, A, org, NULL, NULL, MHD_HTTP_OK);
@@ -331,10 +358,7 @@ eph_srv_admin_usage(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req
 {
   static const char *const A = "orgs.usage";
   const char *org = req->param;
-  GATE(A, org);
-  if (!valid_org(org))
-    return FAIL(A, NULL, NULL, MHD_HTTP_BAD_REQUEST, "invalid_request", "org",
-                "org: [A-Za-z0-9_.-]{1,64}");
+  GATE_ORG(A, org);
   int64_t now = eph_wall_us(), from, to;
   if (query_us(c, "from_us", now - DEFAULT_USAGE_DAYS * 86400LL * 1000000, &from) < 0)
     return FAIL(A, org, NULL, MHD_HTTP_BAD_REQUEST, "invalid_request", "from_us",
@@ -373,8 +397,5 @@ eph_srv_admin_audit(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req
   if (eph_admin_audit_list(srv->store, (int)limit, &rows, &err) < 0)
     return eph_srv_error(c, srv, MHD_HTTP_SERVICE_UNAVAILABLE, "storage_unavailable", NULL, "%s",
                          err.message);
-  json_object *o = json_object_new_object();
-  json_object_object_add(o, "object", json_object_new_string("list"));
-  json_object_object_add(o, "data", rows);
-  return eph_srv_json(c, srv, MHD_HTTP_OK, o);
+  return eph_srv_json(c, srv, MHD_HTTP_OK, list_object(rows));
 }
