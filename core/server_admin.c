@@ -122,16 +122,6 @@ gate_org(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req, const cha
       return gate_r_;                                                                        \
   } while (0)
 
-/* {"object":"list","data":data} (data consumed). */
-static json_object *
-list_object(json_object *data)
-{
-  json_object *o = json_object_new_object();
-  json_object_object_add(o, "object", json_object_new_string("list"));
-  json_object_object_add(o, "data", data);
-  return o;
-}
-
 static json_object *
 parse_body(conn_req_t *req)
 {
@@ -237,7 +227,7 @@ eph_srv_admin_keys_list(eph_server_t *srv, struct MHD_Connection *c, conn_req_t 
     return FAIL(A, org, NULL, MHD_HTTP_SERVICE_UNAVAILABLE, "storage_unavailable", NULL, "%s",
                 err.message);
   audit(srv, c, req, A, org, NULL, NULL, MHD_HTTP_OK);
-  return eph_srv_json(c, srv, MHD_HTTP_OK, list_object(keys));
+  return eph_srv_json(c, srv, MHD_HTTP_OK, eph_srv_list(keys));
 }
 
 MHD_RESULT
@@ -380,16 +370,10 @@ eph_srv_admin_audit(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req
 {
   static const char *const A = "audit.list";
   GATE(A, NULL);
-  const char *ls = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "limit");
-  long limit = 100;
-  if (ls) {
-    char *end = NULL;
-    errno = 0;
-    limit = strtol(ls, &end, 10);
-    if (!*ls || errno || *end || limit < 1 || limit > 1000)
-      return FAIL(A, NULL, NULL, MHD_HTTP_BAD_REQUEST, "invalid_request", "limit",
-                  "limit: expected 1..1000");
-  }
+  long limit;
+  if (eph_srv_query_limit(c, 100, 1000, &limit) < 0)
+    return FAIL(A, NULL, NULL, MHD_HTTP_BAD_REQUEST, "invalid_request", "limit",
+                "limit: expected 1..1000");
   /* Recorded first, so the answer shows this very call too. */
   audit(srv, c, req, A, NULL, NULL, NULL, MHD_HTTP_OK);
   eph_error_t err = {0};
@@ -397,5 +381,5 @@ eph_srv_admin_audit(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req
   if (eph_admin_audit_list(srv->store, (int)limit, &rows, &err) < 0)
     return eph_srv_error(c, srv, MHD_HTTP_SERVICE_UNAVAILABLE, "storage_unavailable", NULL, "%s",
                          err.message);
-  return eph_srv_json(c, srv, MHD_HTTP_OK, list_object(rows));
+  return eph_srv_json(c, srv, MHD_HTTP_OK, eph_srv_list(rows));
 }

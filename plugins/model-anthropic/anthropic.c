@@ -335,12 +335,7 @@ anthropic_complete(void *state, const eph_model_request_t *req, eph_model_respon
   if (extra)
     json_object_put(extra);
   curl_slist_free_all(headers);
-  if (r < 0) {
-    eph_model_response_clear(resp);
-    return r;
-  }
-  eph_mhttp_log_usage(s->host, s->api_key, resp);
-  return 0;
+  return eph_mhttp_complete_end(s->host, s->api_key, resp, r);
 }
 
 static const eph_model_ops_t anthropic_ops = {

@@ -421,12 +421,7 @@ openai_complete(void *state, const eph_model_request_t *req, eph_model_response_
   eph_responses_stream_reset(&ctx.responses);
   curl_slist_free_all(headers);
   free(body);
-  if (r < 0) {
-    eph_model_response_clear(resp);
-    return r;
-  }
-  eph_mhttp_log_usage(s->host, p->api_key, resp);
-  return 0;
+  return eph_mhttp_complete_end(s->host, p->api_key, resp, r);
 }
 
 static const eph_model_ops_t openai_ops = {

@@ -267,11 +267,7 @@ eph_chat_stream_reset(eph_chat_stream_t *st)
     eph_chat_buf_free(&st->calls[i].name);
     eph_chat_buf_free(&st->calls[i].args);
   }
-  eph_text_delta_fn on_text = st->on_text;
-  void *text_opaque = st->text_opaque;
-  memset(st, 0, sizeof *st);
-  st->on_text = on_text;
-  st->text_opaque = text_opaque;
+  EPH_STREAM_CLEAR(st);
 }
 
 static int

@@ -10,6 +10,7 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <string.h>
 
 #include <ephemeral/plugin.h>
 
@@ -65,6 +66,17 @@ void eph_chat_buf_free(eph_chat_buf_t *b);
 /* Called with each piece of the answer's text as a stream delivers it (model_delta), text
  * borrowed for the call, not NUL-terminated. Set on a stream struct; kept across resets. */
 typedef void (*eph_text_delta_fn)(void *opaque, const char *text, size_t bytes);
+
+/* Empties a stream struct *st (every stream below) but for its on_text and text_opaque,
+ * which survive a reset; what the struct owned must be freed first. */
+#define EPH_STREAM_CLEAR(st)                                                                 \
+  do {                                                                                       \
+    eph_text_delta_fn on_text_ = (st)->on_text;                                              \
+    void *text_opaque_ = (st)->text_opaque;                                                  \
+    memset((st), 0, sizeof *(st));                                                           \
+    (st)->on_text = on_text_;                                                                \
+    (st)->text_opaque = text_opaque_;                                                        \
+  } while (0)
 
 /* Chat Completions streaming (stream: true, stream_options.include_usage): the chunks of
  * one answer, accumulated into the chat.completion body a non-streaming call would have

@@ -290,12 +290,17 @@ eph_mhttp_parse_body(const char *body, size_t len, const char *url, eph_error_t 
   return root;
 }
 
-void
-eph_mhttp_log_usage(const eph_host_t *host, const char *key, const eph_model_response_t *resp)
+int
+eph_mhttp_complete_end(const eph_host_t *host, const char *key, eph_model_response_t *resp, int r)
 {
+  if (r < 0) {
+    eph_model_response_clear(resp);
+    return r;
+  }
   eph_mhttp_log(host, key, EPH_LOG_DEBUG, "model call: %llu+%llu tokens, %s",
                 (unsigned long long)resp->input_tokens, (unsigned long long)resp->output_tokens,
                 resp->finish_reason);
+  return r;
 }
 
 int

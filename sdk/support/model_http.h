@@ -62,9 +62,11 @@ char *eph_mhttp_body_text(json_object *body, eph_error_t *err);
  * -EPH_E_PROTOCOL naming url, the parser's complaint and an excerpt of the body. */
 json_object *eph_mhttp_parse_body(const char *body, size_t len, const char *url, eph_error_t *err);
 
-/* The debug line each successful model call ends with (tokens and finish reason). */
-void eph_mhttp_log_usage(const eph_host_t *host, const char *key,
-                         const eph_model_response_t *resp);
+/* How a hosted-model complete() ends with the result r of its call: on failure resp is
+ * cleared (no half answer), on success the debug line with its tokens and finish reason
+ * (scrubbed of key). Returns r. */
+int eph_mhttp_complete_end(const eph_host_t *host, const char *key, eph_model_response_t *resp,
+                           int r);
 
 /* Refuses a base_url that is not http(s), or plain http to a non-loopback host (the key
  * would travel in clear) unless allow_plain_http. */

@@ -288,11 +288,7 @@ eph_messages_stream_reset(eph_messages_stream_t *st)
       json_object_put(st->blocks[i]);
     eph_chat_buf_free(&st->text[i]);
   }
-  eph_text_delta_fn on_text = st->on_text;
-  void *text_opaque = st->text_opaque;
-  memset(st, 0, sizeof *st);
-  st->on_text = on_text;
-  st->text_opaque = text_opaque;
+  EPH_STREAM_CLEAR(st);
 }
 
 static int

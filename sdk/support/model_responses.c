@@ -224,11 +224,7 @@ eph_responses_stream_reset(eph_responses_stream_t *st)
   for (size_t i = 0; i < st->n_items; i++)
     if (st->items[i])
       json_object_put(st->items[i]);
-  eph_text_delta_fn on_text = st->on_text;
-  void *text_opaque = st->text_opaque;
-  memset(st, 0, sizeof *st);
-  st->on_text = on_text;
-  st->text_opaque = text_opaque;
+  EPH_STREAM_CLEAR(st);
 }
 
 /* Appends s to the string member key of obj (created when absent). */
