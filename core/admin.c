@@ -32,8 +32,8 @@ db_mark(sqlite3 *db, void *opaque, eph_error_t *err)
   args_t *x = opaque;
   int changes = 0;
   if (eph_sqlrow_exec(db, &changes,
-                      "UPDATE api_keys SET admin = 1 WHERE id = ?1 AND revoked_at_us IS NULL",
-                      "t", x->a[0]) < 0)
+                      "UPDATE api_keys SET admin = 1 WHERE id = ?1 AND revoked_at_us IS NULL", "t",
+                      x->a[0]) < 0)
     return fail(db, "marking an admin key", err);
   if (changes == 0)
     return eph_error_set(err, ENOENT, "no active key '%s'", x->a[0]);
@@ -52,8 +52,7 @@ db_key(sqlite3 *db, void *opaque, eph_error_t *err)
 {
   args_t *x = opaque;
   sqlite3_stmt *st = eph_sqlrow_prepare(
-      db, "SELECT admin, org FROM api_keys WHERE id = ?1 AND revoked_at_us IS NULL", "t",
-      x->a[0]);
+      db, "SELECT admin, org FROM api_keys WHERE id = ?1 AND revoked_at_us IS NULL", "t", x->a[0]);
   if (!st)
     return fail(db, "reading a key", err);
   int rc = sqlite3_step(st), r = 0;
@@ -124,8 +123,8 @@ eph_admin_audit_add(eph_store_t *store, const char *actor_key_id, const char *ac
 {
   int64_t now = eph_wall_us();
   args_t x = {.a = {actor_key_id, actor_org, action, target_org, target, detail, address},
-              .i = {now, status, now - (int64_t)(retention_days > 0 ? retention_days : 30) *
-                                           86400 * 1000000}};
+              .i = {now, status,
+                    now - (int64_t)(retention_days > 0 ? retention_days : 30) * 86400 * 1000000}};
   return eph_store_with_db(store, db_audit_add, &x, err);
 }
 
@@ -133,8 +132,9 @@ static int
 db_audit_list(sqlite3 *db, void *opaque, eph_error_t *err)
 {
   args_t *x = opaque;
-  static const char *const names[] = {"id", "at_us", "actor_key_id", "actor_org", "action",
-                                      "target_org", "target", "detail", "address", "status"};
+  static const char *const names[] = {"id",      "at_us",      "actor_key_id", "actor_org",
+                                      "action",  "target_org", "target",       "detail",
+                                      "address", "status"};
   sqlite3_stmt *st = eph_sqlrow_prepare(db,
                                         "SELECT id, at_us, actor_key_id, actor_org, action,"
                                         " target_org, target, detail, address, status FROM audit"
@@ -169,21 +169,21 @@ db_usage(sqlite3 *db, void *opaque, eph_error_t *err)
   args_t *x = opaque;
   /* The run rows' usage is the settled truth the ledger agrees with (run record and ledger
    * always agree): summed with SQLite's JSON functions. */
-  sqlite3_stmt *st = eph_sqlrow_prepare(
-      db,
-      "SELECT count(*),"
-      " coalesce(sum(json_extract(usage, '$.model_micros')), 0),"
-      " coalesce(sum(json_extract(usage, '$.web_micros')), 0),"
-      " coalesce(sum(json_extract(usage, '$.compute_micros')), 0),"
-      " coalesce(sum(json_extract(usage, '$.billed_micros')), 0)"
-      " FROM runs WHERE org = ?1 AND created_at_us >= ?2 AND created_at_us < ?3",
-      "tii", x->a[0], x->i[0], x->i[1]);
+  sqlite3_stmt *st =
+      eph_sqlrow_prepare(db,
+                         "SELECT count(*),"
+                         " coalesce(sum(json_extract(usage, '$.model_micros')), 0),"
+                         " coalesce(sum(json_extract(usage, '$.web_micros')), 0),"
+                         " coalesce(sum(json_extract(usage, '$.compute_micros')), 0),"
+                         " coalesce(sum(json_extract(usage, '$.billed_micros')), 0)"
+                         " FROM runs WHERE org = ?1 AND created_at_us >= ?2 AND created_at_us < ?3",
+                         "tii", x->a[0], x->i[0], x->i[1]);
   if (!st)
     return fail(db, "summing usage", err);
   int r = 0;
   if (sqlite3_step(st) == SQLITE_ROW) {
-    static const char *const names[] = {"runs", "model_micros", "web_micros",
-                                        "compute_micros", "billed_micros"};
+    static const char *const names[] = {"runs", "model_micros", "web_micros", "compute_micros",
+                                        "billed_micros"};
     for (int k = 0; k < 5; k++)
       json_object_object_add(x->out, names[k], json_object_new_int64(sqlite3_column_int64(st, k)));
   } else {

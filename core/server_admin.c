@@ -31,7 +31,7 @@ client_address(struct MHD_Connection *c, char *out, size_t size)
   if (!ci || !ci->client_addr)
     return;
   socklen_t len = ci->client_addr->sa_family == AF_INET6 ? sizeof(struct sockaddr_in6)
-                                                          : sizeof(struct sockaddr_in);
+                                                         : sizeof(struct sockaddr_in);
   if (getnameinfo(ci->client_addr, len, out, (socklen_t)size, NULL, 0, NI_NUMERICHOST) != 0)
     snprintf(out, size, "unknown");
 }
@@ -79,16 +79,16 @@ gate(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req, const char *a
   return 0;
 }
 
-#define GATE(action, org)                                                                    \
-  do {                                                                                       \
-    MHD_RESULT gate_r_;                                                                      \
-    if (gate(srv, c, req, (action), (org), &gate_r_) < 0)                                    \
-      return gate_r_;                                                                        \
+#define GATE(action, org)                                                                          \
+  do {                                                                                             \
+    MHD_RESULT gate_r_;                                                                            \
+    if (gate(srv, c, req, (action), (org), &gate_r_) < 0)                                          \
+      return gate_r_;                                                                              \
   } while (0)
 
 /* Answers an error and audits it with its status. */
-#define FAIL(action, org, target, status, type, field, ...)                                  \
-  (audit(srv, c, req, (action), (org), (target), NULL, (status)),                            \
+#define FAIL(action, org, target, status, type, field, ...)                                        \
+  (audit(srv, c, req, (action), (org), (target), NULL, (status)),                                  \
    eph_srv_error(c, srv, (status), (type), (field), __VA_ARGS__))
 
 static bool
@@ -115,11 +115,11 @@ gate_org(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req, const cha
   return 0;
 }
 
-#define GATE_ORG(action, org)                                                                \
-  do {                                                                                       \
-    MHD_RESULT gate_r_;                                                                      \
-    if (gate_org(srv, c, req, (action), (org), &gate_r_) < 0)                                \
-      return gate_r_;                                                                        \
+#define GATE_ORG(action, org)                                                                      \
+  do {                                                                                             \
+    MHD_RESULT gate_r_;                                                                            \
+    if (gate_org(srv, c, req, (action), (org), &gate_r_) < 0)                                      \
+      return gate_r_;                                                                              \
   } while (0)
 
 static json_object *
@@ -138,8 +138,7 @@ parse_body(conn_req_t *req)
 static const char *
 unknown_key(json_object *body, const char *const *allowed)
 {
-  json_object_object_foreach(body, k, v)
-  {
+  json_object_object_foreach(body, k, v) {
     (void)v;
     bool ok = false;
     for (const char *const *a = allowed; *a; a++)
@@ -186,8 +185,7 @@ eph_srv_admin_keys_create(eph_server_t *srv, struct MHD_Connection *c, conn_req_
     if (err.code == EEXIST)
       return FAIL(A, org, name, MHD_HTTP_CONFLICT, "conflict", "name", "%s", err.message);
     if (err.code == EINVAL)
-      return FAIL(A, org, name, MHD_HTTP_BAD_REQUEST, "invalid_request", "name", "%s",
-                  err.message);
+      return FAIL(A, org, name, MHD_HTTP_BAD_REQUEST, "invalid_request", "name", "%s", err.message);
     return FAIL(A, org, name, MHD_HTTP_SERVICE_UNAVAILABLE, "storage_unavailable", NULL, "%s",
                 err.message);
   }
@@ -241,11 +239,11 @@ eph_srv_admin_keys_revoke(eph_server_t *srv, struct MHD_Connection *c, conn_req_
   if (r == 0)
     r = eph_store_key_revoke(srv->store, req->param, org, &err);
   if (r == -ENOENT)
-    return FAIL(A, org, req->param, MHD_HTTP_NOT_FOUND, "not_found", NULL,
-                "no active key '%s'", req->param);
+    return FAIL(A, org, req->param, MHD_HTTP_NOT_FOUND, "not_found", NULL, "no active key '%s'",
+                req->param);
   if (r < 0)
-    return FAIL(A, org, req->param, MHD_HTTP_SERVICE_UNAVAILABLE, "storage_unavailable", NULL,
-                "%s", err.message);
+    return FAIL(A, org, req->param, MHD_HTTP_SERVICE_UNAVAILABLE, "storage_unavailable", NULL, "%s",
+                err.message);
   audit(srv, c, req, A, org, req->param, NULL, MHD_HTTP_OK);
   json_object *o = json_object_new_object();
   json_object_object_add(o, "id", json_object_new_string(req->param));
@@ -256,8 +254,8 @@ eph_srv_admin_keys_revoke(eph_server_t *srv, struct MHD_Connection *c, conn_req_
 
 /* The org's balance from the ledger plugin; credit_micros > 0 is credited first. */
 static int
-ledger_credit_balance(eph_server_t *srv, const char *org, int64_t credit_micros,
-                      int64_t *balance, eph_error_t *err)
+ledger_credit_balance(eph_server_t *srv, const char *org, int64_t credit_micros, int64_t *balance,
+                      eph_error_t *err)
 {
   const eph_plugin_slot_t *ledger = eph_plugins_first(&srv->ctx->plugins, EPH_KIND_LEDGER);
   const eph_ledger_ops_t *ops = ledger->desc->ops;

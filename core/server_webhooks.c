@@ -27,8 +27,7 @@ eph_srv_webhooks_create(eph_server_t *srv, struct MHD_Connection *c, conn_req_t 
   if (!json_object_is_type(body, json_type_object))
     return eph_srv_error(c, srv, MHD_HTTP_BAD_REQUEST, "invalid_request", NULL,
                          "expected a JSON object {\"url\": \"https://...\"}");
-  json_object_object_foreach(body, k, v)
-  {
+  json_object_object_foreach(body, k, v) {
     (void)v;
     if (strcmp(k, "url") != 0)
       return eph_srv_error(c, srv, MHD_HTTP_BAD_REQUEST, "invalid_request", k,

@@ -127,8 +127,8 @@ attempt(eph_webhooks_t *wh, json_object *d)
     next = now + delay;
     bool expired = next > jint(d, "created_at_us") + wh->retry_us;
     status = expired ? "failed" : "pending";
-    eph_info("webhook delivery %s to %s: attempt %" PRId64 " failed (%s)%s", id, url, attempts,
-             why, expired ? "; given up" : "");
+    eph_info("webhook delivery %s to %s: attempt %" PRId64 " failed (%s)%s", id, url, attempts, why,
+             expired ? "; given up" : "");
   }
   if (eph_webhooks_record(wh, id, status, code, why[0] ? why : NULL, next, now, &err) < 0)
     eph_warn("%s", err.message);
@@ -262,8 +262,7 @@ eph_webhooks_check_url(eph_webhooks_t *wh, const char *url, eph_error_t *err)
   if (!why)
     why = eph_net_port_refusal(&wh->policy, port);
   if (why)
-    return eph_error_set(err, EINVAL, "%s:%d refused by the webhook policy: %s", host, port,
-                         why);
+    return eph_error_set(err, EINVAL, "%s:%d refused by the webhook policy: %s", host, port, why);
   struct sockaddr_storage ss;
   char addr[64];
   eph_error_t rerr = {0};

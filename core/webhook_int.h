@@ -43,14 +43,13 @@ int eph_webhooks_new_ids(eph_webhook_ids_t *ids);
 void eph_webhooks_kick(eph_webhooks_t *wh);
 
 /* Inserts endpoint id of org (url already checked by the delivery policy). */
-int eph_webhooks_add_endpoint(eph_webhooks_t *wh, const char *org, const char *id,
-                              const char *url, const char *secret, int64_t now_us,
-                              eph_error_t *err);
+int eph_webhooks_add_endpoint(eph_webhooks_t *wh, const char *org, const char *id, const char *url,
+                              const char *secret, int64_t now_us, eph_error_t *err);
 
 /* The next delivery due at now_us, as {id, url, body, attempts, created_at_us, secret}
  * (*due, new), or *due = NULL and *next_us = the earliest future attempt (0: none). */
-int eph_webhooks_next_due(eph_webhooks_t *wh, int64_t now_us, json_object **due,
-                          int64_t *next_us, eph_error_t *err);
+int eph_webhooks_next_due(eph_webhooks_t *wh, int64_t now_us, json_object **due, int64_t *next_us,
+                          eph_error_t *err);
 
 /* Records an attempt at delivery id: status "delivered", "pending" (retried at next_us) or
  * "failed"; code the HTTP status (<= 0: none), error the reason (NULL when delivered). */

@@ -159,16 +159,17 @@ static int
 db_deliveries(sqlite3 *db, void *opaque, eph_error_t *err)
 {
   sql_args_t *a = opaque;
-  static const char *const cols[] = {"id", "webhook_id", "run_id", "url", "status", "attempts",
-                                     "next_attempt_us", "last_status_code", "last_error",
-                                     "created_at_us", "updated_at_us"};
-  sqlite3_stmt *st = eph_sqlrow_prepare(
-      db,
-      "SELECT id, webhook_id, run_id, url, status, attempts, next_attempt_us,"
-      " last_status_code, last_error, created_at_us, updated_at_us"
-      " FROM webhook_deliveries WHERE org = ?1"
-      " ORDER BY created_at_us DESC, id DESC LIMIT ?2",
-      "ti", a->org, a->limit);
+  static const char *const cols[] = {
+      "id",         "webhook_id",    "run_id",          "url",
+      "status",     "attempts",      "next_attempt_us", "last_status_code",
+      "last_error", "created_at_us", "updated_at_us"};
+  sqlite3_stmt *st =
+      eph_sqlrow_prepare(db,
+                         "SELECT id, webhook_id, run_id, url, status, attempts, next_attempt_us,"
+                         " last_status_code, last_error, created_at_us, updated_at_us"
+                         " FROM webhook_deliveries WHERE org = ?1"
+                         " ORDER BY created_at_us DESC, id DESC LIMIT ?2",
+                         "ti", a->org, a->limit);
   if (!st)
     return sql_error(db, "listing deliveries", err);
   int rc;
@@ -283,8 +284,7 @@ eph_webhooks_new_ids(eph_webhook_ids_t *ids)
 {
   memcpy(ids->id, "wh_", 3);
   memcpy(ids->secret, "whsec_", 6);
-  return eph_random_hex(ids->id + 3, 8) < 0 || eph_random_hex(ids->secret + 6, 24) < 0 ? -EIO
-                                                                                        : 0;
+  return eph_random_hex(ids->id + 3, 8) < 0 || eph_random_hex(ids->secret + 6, 24) < 0 ? -EIO : 0;
 }
 
 void
@@ -346,8 +346,8 @@ summary_of(json_object *run)
   bool hide = json_object_object_get_ex(run, "request", &req) &&
               json_object_object_get_ex(req, "zero_data_retention", &zdr) &&
               json_object_get_boolean(zdr);
-  static const char *const keep[] = {"id", "object", "status", "reason", "created_at",
-                                     "organisation", "backend", "usage", "output", "error"};
+  static const char *const keep[] = {"id",           "object",  "status", "reason", "created_at",
+                                     "organisation", "backend", "usage",  "output", "error"};
   for (size_t i = 0; i < sizeof keep / sizeof keep[0]; i++) {
     json_object *v = NULL;
     if (hide && (strcmp(keep[i], "output") == 0 || strcmp(keep[i], "error") == 0))
@@ -380,7 +380,8 @@ announce(eph_webhooks_t *wh, const char *org, const char *run_id, json_object *r
     eph_webhooks_kick(wh);
   json_object *req = NULL, *u = NULL;
   if (json_object_object_get_ex(run, "request", &req) &&
-      json_object_object_get_ex(req, "webhook_url", &u) && json_object_is_type(u, json_type_string)) {
+      json_object_object_get_ex(req, "webhook_url", &u) &&
+      json_object_is_type(u, json_type_string)) {
     eph_webhook_ids_t ids;
     if (eph_webhooks_new_ids(&ids) < 0) {
       eph_warn("run %s: webhook_url: no random bytes", run_id);
@@ -400,8 +401,7 @@ announce(eph_webhooks_t *wh, const char *org, const char *run_id, json_object *r
 }
 
 void
-eph_webhooks_run_ended(eph_webhooks_t *wh, const char *org, const char *run_id,
-                       json_object *run)
+eph_webhooks_run_ended(eph_webhooks_t *wh, const char *org, const char *run_id, json_object *run)
 {
   if (wh)
     announce(wh, org, run_id, run, eph_wall_us());

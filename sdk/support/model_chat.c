@@ -39,8 +39,7 @@ get_tokens(json_object *usage, const char *key, const char *where, uint64_t *out
 {
   json_object *v = NULL;
   if (!json_object_object_get_ex(usage, key, &v) || !json_object_is_type(v, json_type_int))
-    return eph_error_set(err, EPH_E_PROTOCOL, "%s: usage.%s missing or not an integer", where,
-                         key);
+    return eph_error_set(err, EPH_E_PROTOCOL, "%s: usage.%s missing or not an integer", where, key);
   int64_t n = json_object_get_int64(v);
   if (n < 0)
     return eph_error_set(err, EPH_E_PROTOCOL, "%s: usage.%s is negative", where, key);
@@ -63,8 +62,8 @@ normalise_tool_call(json_object *tc, size_t i, const char *where, json_object *o
   /* "function" is the only tool call type Chat Completions defines for function tools;
    * a missing type is tolerated because some compatible servers omit it. */
   if (type && strcmp(type, "function") != 0)
-    return eph_error_set(err, EPH_E_PROTOCOL, "%s: tool_calls[%zu].type is \"%s\", not \"function\"",
-                         where, i, type);
+    return eph_error_set(err, EPH_E_PROTOCOL,
+                         "%s: tool_calls[%zu].type is \"%s\", not \"function\"", where, i, type);
   if (!json_object_object_get_ex(tc, "function", &fn) || !json_object_is_type(fn, json_type_object))
     return eph_error_set(err, EPH_E_PROTOCOL, "%s: tool_calls[%zu].function missing", where, i);
   const char *name = eph_chat_get_string(fn, "name");
@@ -145,8 +144,8 @@ eph_chat_parse_response(json_object *body, const char *where, eph_model_response
   if (json_object_object_get_ex(msg, "tool_calls", &v) && v) {
     if (!json_object_is_type(v, json_type_array)) {
       json_object_put(out);
-      return eph_error_set(err, EPH_E_PROTOCOL,
-                           "%s: choices[0].message.tool_calls is not an array", where);
+      return eph_error_set(err, EPH_E_PROTOCOL, "%s: choices[0].message.tool_calls is not an array",
+                           where);
     }
     size_t n = json_object_array_length(v);
     if (n > 0) {
@@ -206,8 +205,7 @@ eph_chat_response_begin(const eph_model_request_t *req, eph_model_response_t *re
   resp->finish_reason[0] = '\0';
   resp->input_tokens = resp->output_tokens = 0;
   eph_chat_set_cache(resp, 0, 0);
-  if (!req || !req->model || !req->messages ||
-      !json_object_is_type(req->messages, json_type_array))
+  if (!req || !req->model || !req->messages || !json_object_is_type(req->messages, json_type_array))
     return eph_error_set(err, EINVAL, "model request: model and a messages array are required");
   return 0;
 }
@@ -416,7 +414,7 @@ eph_chat_stream_finish(eph_chat_stream_t *st, const char *where, eph_error_t *er
   json_object *body = json_object_new_object();
   if (st->meta) {
     json_object_object_foreach(st->meta, k, mv)
-        json_object_object_add(body, k, json_object_get(mv));
+      json_object_object_add(body, k, json_object_get(mv));
   }
   json_object_object_add(body, "object", json_object_new_string("chat.completion"));
   json_object *msg = json_object_new_object();

@@ -69,13 +69,13 @@ typedef void (*eph_text_delta_fn)(void *opaque, const char *text, size_t bytes);
 
 /* Empties a stream struct *st (every stream below) but for its on_text and text_opaque,
  * which survive a reset; what the struct owned must be freed first. */
-#define EPH_STREAM_CLEAR(st)                                                                 \
-  do {                                                                                       \
-    eph_text_delta_fn on_text_ = (st)->on_text;                                              \
-    void *text_opaque_ = (st)->text_opaque;                                                  \
-    memset((st), 0, sizeof *(st));                                                           \
-    (st)->on_text = on_text_;                                                                \
-    (st)->text_opaque = text_opaque_;                                                        \
+#define EPH_STREAM_CLEAR(st)                                                                       \
+  do {                                                                                             \
+    eph_text_delta_fn on_text_ = (st)->on_text;                                                    \
+    void *text_opaque_ = (st)->text_opaque;                                                        \
+    memset((st), 0, sizeof *(st));                                                                 \
+    (st)->on_text = on_text_;                                                                      \
+    (st)->text_opaque = text_opaque_;                                                              \
   } while (0)
 
 /* Chat Completions streaming (stream: true, stream_options.include_usage): the chunks of
@@ -93,7 +93,7 @@ typedef struct eph_chat_stream {
     bool used;
   } calls[EPH_CHAT_STREAM_MAX_CALLS];
   size_t n_calls;
-  bool done; /* "data: [DONE]" */
+  bool done;                 /* "data: [DONE]" */
   eph_text_delta_fn on_text; /* optional; survives eph_chat_stream_reset() */
   void *text_opaque;
 } eph_chat_stream_t;

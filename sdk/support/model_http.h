@@ -44,8 +44,8 @@ void eph_mhttp_free_secret(char *s);
  * *no_key_reason. *key and *header are freed with eph_mhttp_free_secret, *no_key_reason
  * with free(). Errors as eph_mhttp_load_key, or -ENOMEM. */
 int eph_mhttp_key_header(const eph_host_t *host, const char *where, const char *key_file,
-                         const char *key_env, const char *header_prefix, bool required,
-                         char **key, char **header, char **no_key_reason, eph_error_t *err);
+                         const char *key_env, const char *header_prefix, bool required, char **key,
+                         char **header, char **no_key_reason, eph_error_t *err);
 
 /* "<base_url>/<path>" into *url (heap), the base's trailing slashes dropped. -ENOMEM. */
 int eph_mhttp_endpoint(const char *base_url, const char *path, char **url, eph_error_t *err);

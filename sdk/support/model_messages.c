@@ -414,7 +414,7 @@ eph_messages_stream_event(eph_messages_stream_t *st, const char *event, const ch
   } else if (strcmp(type, "message_delta") == 0) {
     if (json_object_object_get_ex(ev, "delta", &v) && json_object_is_type(v, json_type_object)) {
       json_object_object_foreach(v, k, dv)
-          json_object_object_add(st->message, k, json_object_get(dv));
+        json_object_object_add(st->message, k, json_object_get(dv));
     }
     /* message_delta usage counts are cumulative: they replace message_start's. */
     if (json_object_object_get_ex(ev, "usage", &u) && json_object_is_type(u, json_type_object)) {
@@ -424,7 +424,8 @@ eph_messages_stream_event(eph_messages_stream_t *st, const char *event, const ch
         mu = json_object_new_object();
         json_object_object_add(st->message, "usage", mu);
       }
-      json_object_object_foreach(u, k, uv) if (uv)
+      json_object_object_foreach(u, k, uv)
+        if (uv)
           json_object_object_add(mu, k, json_object_get(uv));
     }
   } else if (strcmp(type, "message_stop") == 0) {

@@ -51,7 +51,7 @@ typedef struct eph_messages_stream {
   eph_chat_buf_t text[EPH_MESSAGES_MAX_BLOCKS]; /* text, or tool_use partial_json */
   bool stopped[EPH_MESSAGES_MAX_BLOCKS];
   size_t n_blocks;
-  bool done; /* message_stop */
+  bool done;                 /* message_stop */
   eph_text_delta_fn on_text; /* optional: text_delta pieces; survives a reset */
   void *text_opaque;
 } eph_messages_stream_t;
