@@ -9,6 +9,7 @@
 
 #include <sqlite3.h>
 
+#include "sqlrow.h"
 #include "util.h"
 
 typedef struct {
@@ -25,40 +26,18 @@ fail(sqlite3 *db, const char *what, eph_error_t *err)
   return eph_error_set(err, EIO, "store: %s: %s", what, sqlite3_errmsg(db));
 }
 
-static sqlite3_stmt *
-prepare(sqlite3 *db, const char *sql)
-{
-  sqlite3_stmt *st = NULL;
-  if (sqlite3_prepare_v2(db, sql, -1, &st, NULL) != SQLITE_OK) {
-    sqlite3_finalize(st);
-    return NULL;
-  }
-  return st;
-}
-
-static void
-bind_text(sqlite3_stmt *st, int i, const char *v)
-{
-  if (v)
-    sqlite3_bind_text(st, i, v, -1, SQLITE_TRANSIENT);
-  else
-    sqlite3_bind_null(st, i);
-}
-
 static int
 db_mark(sqlite3 *db, void *opaque, eph_error_t *err)
 {
   args_t *x = opaque;
-  sqlite3_stmt *st = prepare(db, "UPDATE api_keys SET admin = 1 WHERE id = ?1"
-                                 " AND revoked_at_us IS NULL");
-  if (!st)
+  int changes = 0;
+  if (eph_sqlrow_exec(db, &changes,
+                      "UPDATE api_keys SET admin = 1 WHERE id = ?1 AND revoked_at_us IS NULL", "t",
+                      x->a[0]) < 0)
     return fail(db, "marking an admin key", err);
-  bind_text(st, 1, x->a[0]);
-  int r = sqlite3_step(st) == SQLITE_DONE ? 0 : fail(db, "marking an admin key", err);
-  if (r == 0 && sqlite3_changes(db) == 0)
-    r = eph_error_set(err, ENOENT, "no active key '%s'", x->a[0]);
-  sqlite3_finalize(st);
-  return r;
+  if (changes == 0)
+    return eph_error_set(err, ENOENT, "no active key '%s'", x->a[0]);
+  return 0;
 }
 
 int
@@ -72,11 +51,10 @@ static int
 db_key(sqlite3 *db, void *opaque, eph_error_t *err)
 {
   args_t *x = opaque;
-  sqlite3_stmt *st = prepare(db, "SELECT admin, org FROM api_keys WHERE id = ?1"
-                                 " AND revoked_at_us IS NULL");
+  sqlite3_stmt *st = eph_sqlrow_prepare(
+      db, "SELECT admin, org FROM api_keys WHERE id = ?1 AND revoked_at_us IS NULL", "t", x->a[0]);
   if (!st)
     return fail(db, "reading a key", err);
-  bind_text(st, 1, x->a[0]);
   int rc = sqlite3_step(st), r = 0;
   if (rc == SQLITE_ROW) {
     x->flag = sqlite3_column_int(st, 0) == 1;
@@ -124,26 +102,15 @@ db_audit_add(sqlite3 *db, void *opaque, eph_error_t *err)
   if (sqlite3_exec(db, "BEGIN IMMEDIATE", NULL, NULL, NULL) != SQLITE_OK)
     return fail(db, "writing the audit record", err);
   int r = 0;
-  sqlite3_stmt *st = prepare(db, "INSERT INTO audit(at_us, actor_key_id, actor_org, action,"
-                                 " target_org, target, detail, address, status)"
-                                 " VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)");
-  if (!st) {
+  if (eph_sqlrow_exec(db, NULL,
+                      "INSERT INTO audit(at_us, actor_key_id, actor_org, action, target_org,"
+                      " target, detail, address, status)"
+                      " VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+                      "ittttttti", x->i[0], x->a[0], x->a[1], x->a[2], x->a[3], x->a[4], x->a[5],
+                      x->a[6], x->i[1]) < 0)
     r = fail(db, "writing the audit record", err);
-  } else {
-    sqlite3_bind_int64(st, 1, x->i[0]);
-    for (int k = 0; k < 7; k++)
-      bind_text(st, k + 2, x->a[k]);
-    sqlite3_bind_int64(st, 9, x->i[1]);
-    if (sqlite3_step(st) != SQLITE_DONE)
-      r = fail(db, "writing the audit record", err);
-    sqlite3_finalize(st);
-  }
-  if (r == 0 && (st = prepare(db, "DELETE FROM audit WHERE at_us < ?1"))) {
-    sqlite3_bind_int64(st, 1, x->i[2]);
-    if (sqlite3_step(st) != SQLITE_DONE)
-      r = fail(db, "purging old audit records", err);
-    sqlite3_finalize(st);
-  }
+  else if (eph_sqlrow_exec(db, NULL, "DELETE FROM audit WHERE at_us < ?1", "i", x->i[2]) < 0)
+    r = fail(db, "purging old audit records", err);
   sqlite3_exec(db, r == 0 ? "COMMIT" : "ROLLBACK", NULL, NULL, NULL);
   return r;
 }
@@ -156,43 +123,28 @@ eph_admin_audit_add(eph_store_t *store, const char *actor_key_id, const char *ac
 {
   int64_t now = eph_wall_us();
   args_t x = {.a = {actor_key_id, actor_org, action, target_org, target, detail, address},
-              .i = {now, status, now - (int64_t)(retention_days > 0 ? retention_days : 30) *
-                                           86400 * 1000000}};
+              .i = {now, status,
+                    now - (int64_t)(retention_days > 0 ? retention_days : 30) * 86400 * 1000000}};
   return eph_store_with_db(store, db_audit_add, &x, err);
-}
-
-static json_object *
-col(sqlite3_stmt *st, int i)
-{
-  switch (sqlite3_column_type(st, i)) {
-  case SQLITE_NULL:
-    return NULL;
-  case SQLITE_INTEGER:
-    return json_object_new_int64(sqlite3_column_int64(st, i));
-  default:
-    return json_object_new_string((const char *)sqlite3_column_text(st, i));
-  }
 }
 
 static int
 db_audit_list(sqlite3 *db, void *opaque, eph_error_t *err)
 {
   args_t *x = opaque;
-  static const char *const names[] = {"id", "at_us", "actor_key_id", "actor_org", "action",
-                                      "target_org", "target", "detail", "address", "status"};
-  sqlite3_stmt *st = prepare(db, "SELECT id, at_us, actor_key_id, actor_org, action,"
-                                 " target_org, target, detail, address, status FROM audit"
-                                 " ORDER BY id DESC LIMIT ?1");
+  static const char *const names[] = {"id",      "at_us",      "actor_key_id", "actor_org",
+                                      "action",  "target_org", "target",       "detail",
+                                      "address", "status"};
+  sqlite3_stmt *st = eph_sqlrow_prepare(db,
+                                        "SELECT id, at_us, actor_key_id, actor_org, action,"
+                                        " target_org, target, detail, address, status FROM audit"
+                                        " ORDER BY id DESC LIMIT ?1",
+                                        "i", x->i[0]);
   if (!st)
     return fail(db, "reading the audit trail", err);
-  sqlite3_bind_int64(st, 1, x->i[0]);
   int rc;
-  while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
-    json_object *o = json_object_new_object();
-    for (int k = 0; k < 10; k++)
-      json_object_object_add(o, names[k], col(st, k));
-    json_object_array_add(x->out, o);
-  }
+  while ((rc = sqlite3_step(st)) == SQLITE_ROW)
+    json_object_array_add(x->out, eph_sqlrow_object(st, names, 10));
   int r = rc == SQLITE_DONE ? 0 : fail(db, "reading the audit trail", err);
   sqlite3_finalize(st);
   return r;
@@ -217,22 +169,21 @@ db_usage(sqlite3 *db, void *opaque, eph_error_t *err)
   args_t *x = opaque;
   /* The run rows' usage is the settled truth the ledger agrees with (run record and ledger
    * always agree): summed with SQLite's JSON functions. */
-  sqlite3_stmt *st = prepare(
-      db, "SELECT count(*),"
-          " coalesce(sum(json_extract(usage, '$.model_micros')), 0),"
-          " coalesce(sum(json_extract(usage, '$.web_micros')), 0),"
-          " coalesce(sum(json_extract(usage, '$.compute_micros')), 0),"
-          " coalesce(sum(json_extract(usage, '$.billed_micros')), 0)"
-          " FROM runs WHERE org = ?1 AND created_at_us >= ?2 AND created_at_us < ?3");
+  sqlite3_stmt *st =
+      eph_sqlrow_prepare(db,
+                         "SELECT count(*),"
+                         " coalesce(sum(json_extract(usage, '$.model_micros')), 0),"
+                         " coalesce(sum(json_extract(usage, '$.web_micros')), 0),"
+                         " coalesce(sum(json_extract(usage, '$.compute_micros')), 0),"
+                         " coalesce(sum(json_extract(usage, '$.billed_micros')), 0)"
+                         " FROM runs WHERE org = ?1 AND created_at_us >= ?2 AND created_at_us < ?3",
+                         "tii", x->a[0], x->i[0], x->i[1]);
   if (!st)
     return fail(db, "summing usage", err);
-  bind_text(st, 1, x->a[0]);
-  sqlite3_bind_int64(st, 2, x->i[0]);
-  sqlite3_bind_int64(st, 3, x->i[1]);
   int r = 0;
   if (sqlite3_step(st) == SQLITE_ROW) {
-    static const char *const names[] = {"runs", "model_micros", "web_micros",
-                                        "compute_micros", "billed_micros"};
+    static const char *const names[] = {"runs", "model_micros", "web_micros", "compute_micros",
+                                        "billed_micros"};
     for (int k = 0; k < 5; k++)
       json_object_object_add(x->out, names[k], json_object_new_int64(sqlite3_column_int64(st, k)));
   } else {

@@ -8,6 +8,7 @@
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -18,7 +19,11 @@
 struct eph_guest {
   int fd;
   eph_frame_reader_t rd;
-  pthread_mutex_t write_lock; /* frames from kill() may interleave with an operation's */
+  pthread_mutex_t write_lock; /* one frame at a time; held across that frame's write */
+  /* A kill() that found write_lock taken (an operation's frame being written, perhaps to a
+   * guest that stopped reading) leaves it here instead of waiting: 1 kill, 2 kill all. The
+   * thread holding the lock sends it when its frame is written (unlock_writer). */
+  atomic_int kill_pending;
   int64_t next_id;
   int version;
   char *scratch;
@@ -143,12 +148,41 @@ check_usable(eph_guest_t *g, eph_error_t *err)
   return 0;
 }
 
+/* Writes a kill frame; write_lock held. */
+static int
+write_kill(eph_guest_t *g, bool all)
+{
+  json_object *o = json_object_new_object();
+  json_object_object_add(o, "type", json_object_new_string("kill"));
+  json_object_object_add(o, "all", json_object_new_boolean(all));
+  int r = eph_proto_write_frame(g->fd, o);
+  json_object_put(o);
+  return r;
+}
+
+/* Releases write_lock, first sending a kill another thread left pending. A kill() whose
+ * trylock failed after that check finds its flag seen here, after the unlock: this thread
+ * (or whoever holds the lock next, which does the same) sends it. No kill is lost and none
+ * waits for another frame. */
+static void
+unlock_writer(eph_guest_t *g)
+{
+  for (;;) {
+    int k = atomic_exchange(&g->kill_pending, 0);
+    if (k)
+      (void)write_kill(g, k == 2);
+    pthread_mutex_unlock(&g->write_lock);
+    if (!atomic_load(&g->kill_pending) || pthread_mutex_trylock(&g->write_lock) != 0)
+      return;
+  }
+}
+
 static int
 send_frame(eph_guest_t *g, json_object *obj, eph_error_t *err)
 {
   pthread_mutex_lock(&g->write_lock);
   int r = eph_proto_write_frame(g->fd, obj);
-  pthread_mutex_unlock(&g->write_lock);
+  unlock_writer(g);
   if (r == -EMSGSIZE)
     return eph_error_set(err, E2BIG, "guest: request over the %u-byte frame limit",
                          EPH_PROTO_MAX_FRAME_BYTES);
@@ -380,14 +414,16 @@ eph_guest_kill(eph_guest_t *g, bool all)
 {
   if (!g || g->fd < 0)
     return -EBADF;
-  json_object *o = json_object_new_object();
-  json_object_object_add(o, "type", json_object_new_string("kill"));
-  json_object_object_add(o, "all", json_object_new_boolean(all));
-  pthread_mutex_lock(&g->write_lock);
-  int r = eph_proto_write_frame(g->fd, o);
-  pthread_mutex_unlock(&g->write_lock);
-  json_object_put(o);
-  return r;
+  /* Called with a run's lock held (a cancel, a budget cut): it must not wait for another
+   * thread's frame, which a guest that stopped reading can hold up indefinitely. The kill is
+   * flagged (the stronger of two kept), then sent now if the lock is free, else by its
+   * holder once its frame is written. */
+  int want = all ? 2 : 1, cur = atomic_load(&g->kill_pending);
+  while (cur < want && !atomic_compare_exchange_weak(&g->kill_pending, &cur, want))
+    ;
+  if (pthread_mutex_trylock(&g->write_lock) == 0)
+    unlock_writer(g);
+  return 0;
 }
 
 int

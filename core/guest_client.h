@@ -58,7 +58,9 @@ int eph_guest_list(eph_guest_t *g, const char *path, eph_dirent_t **entries, siz
 void eph_dirents_free(eph_dirent_t *entries, size_t count);
 
 /* Kills the running command's process group; with all, every process of the sandbox but
- * the guest (background ones too). Thread-safe, does not wait. Returns 0 or -errno. */
+ * the guest (background ones too). Thread-safe, and never waits for another thread's frame
+ * (one being written to a guest that stopped reading): the kill is then sent right after
+ * that frame. Returns 0, or -EBADF without a connection. */
 int eph_guest_kill(eph_guest_t *g, bool all);
 
 /* Asks the guest to kill everything, remove the run directory and exit; waits for its

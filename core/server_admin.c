@@ -31,7 +31,7 @@ client_address(struct MHD_Connection *c, char *out, size_t size)
   if (!ci || !ci->client_addr)
     return;
   socklen_t len = ci->client_addr->sa_family == AF_INET6 ? sizeof(struct sockaddr_in6)
-                                                          : sizeof(struct sockaddr_in);
+                                                         : sizeof(struct sockaddr_in);
   if (getnameinfo(ci->client_addr, len, out, (socklen_t)size, NULL, 0, NI_NUMERICHOST) != 0)
     snprintf(out, size, "unknown");
 }
@@ -79,16 +79,16 @@ gate(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req, const char *a
   return 0;
 }
 
-#define GATE(action, org)                                                                    \
-  do {                                                                                       \
-    MHD_RESULT gate_r_;                                                                      \
-    if (gate(srv, c, req, (action), (org), &gate_r_) < 0)                                    \
-      return gate_r_;                                                                        \
+#define GATE(action, org)                                                                          \
+  do {                                                                                             \
+    MHD_RESULT gate_r_;                                                                            \
+    if (gate(srv, c, req, (action), (org), &gate_r_) < 0)                                          \
+      return gate_r_;                                                                              \
   } while (0)
 
 /* Answers an error and audits it with its status. */
-#define FAIL(action, org, target, status, type, field, ...)                                  \
-  (audit(srv, c, req, (action), (org), (target), NULL, (status)),                            \
+#define FAIL(action, org, target, status, type, field, ...)                                        \
+  (audit(srv, c, req, (action), (org), (target), NULL, (status)),                                  \
    eph_srv_error(c, srv, (status), (type), (field), __VA_ARGS__))
 
 static bool
@@ -98,6 +98,29 @@ valid_org(const char *org)
   return n >= 1 && n <= 64 &&
          strspn(org, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-") == n;
 }
+
+/* gate() for a route naming an organisation (/v1/admin/orgs/{org}/...): the admin check,
+ * then the org's syntax (400 naming org, audited). */
+static int
+gate_org(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req, const char *action,
+         const char *org, MHD_RESULT *r)
+{
+  if (gate(srv, c, req, action, org, r) < 0)
+    return -1;
+  if (!valid_org(org)) {
+    *r = FAIL(action, NULL, NULL, MHD_HTTP_BAD_REQUEST, "invalid_request", "org",
+              "org: [A-Za-z0-9_.-]{1,64}");
+    return -1;
+  }
+  return 0;
+}
+
+#define GATE_ORG(action, org)                                                                      \
+  do {                                                                                             \
+    MHD_RESULT gate_r_;                                                                            \
+    if (gate_org(srv, c, req, (action), (org), &gate_r_) < 0)                                      \
+      return gate_r_;                                                                              \
+  } while (0)
 
 static json_object *
 parse_body(conn_req_t *req)
@@ -115,8 +138,7 @@ parse_body(conn_req_t *req)
 static const char *
 unknown_key(json_object *body, const char *const *allowed)
 {
-  json_object_object_foreach(body, k, v)
-  {
+  json_object_object_foreach(body, k, v) {
     (void)v;
     bool ok = false;
     for (const char *const *a = allowed; *a; a++)
@@ -163,8 +185,7 @@ eph_srv_admin_keys_create(eph_server_t *srv, struct MHD_Connection *c, conn_req_
     if (err.code == EEXIST)
       return FAIL(A, org, name, MHD_HTTP_CONFLICT, "conflict", "name", "%s", err.message);
     if (err.code == EINVAL)
-      return FAIL(A, org, name, MHD_HTTP_BAD_REQUEST, "invalid_request", "name", "%s",
-                  err.message);
+      return FAIL(A, org, name, MHD_HTTP_BAD_REQUEST, "invalid_request", "name", "%s", err.message);
     return FAIL(A, org, name, MHD_HTTP_SERVICE_UNAVAILABLE, "storage_unavailable", NULL, "%s",
                 err.message);
   }
@@ -204,10 +225,7 @@ eph_srv_admin_keys_list(eph_server_t *srv, struct MHD_Connection *c, conn_req_t 
     return FAIL(A, org, NULL, MHD_HTTP_SERVICE_UNAVAILABLE, "storage_unavailable", NULL, "%s",
                 err.message);
   audit(srv, c, req, A, org, NULL, NULL, MHD_HTTP_OK);
-  json_object *o = json_object_new_object();
-  json_object_object_add(o, "object", json_object_new_string("list"));
-  json_object_object_add(o, "data", keys);
-  return eph_srv_json(c, srv, MHD_HTTP_OK, o);
+  return eph_srv_json(c, srv, MHD_HTTP_OK, eph_srv_list(keys));
 }
 
 MHD_RESULT
@@ -221,11 +239,11 @@ eph_srv_admin_keys_revoke(eph_server_t *srv, struct MHD_Connection *c, conn_req_
   if (r == 0)
     r = eph_store_key_revoke(srv->store, req->param, org, &err);
   if (r == -ENOENT)
-    return FAIL(A, org, req->param, MHD_HTTP_NOT_FOUND, "not_found", NULL,
-                "no active key '%s'", req->param);
+    return FAIL(A, org, req->param, MHD_HTTP_NOT_FOUND, "not_found", NULL, "no active key '%s'",
+                req->param);
   if (r < 0)
-    return FAIL(A, org, req->param, MHD_HTTP_SERVICE_UNAVAILABLE, "storage_unavailable", NULL,
-                "%s", err.message);
+    return FAIL(A, org, req->param, MHD_HTTP_SERVICE_UNAVAILABLE, "storage_unavailable", NULL, "%s",
+                err.message);
   audit(srv, c, req, A, org, req->param, NULL, MHD_HTTP_OK);
   json_object *o = json_object_new_object();
   json_object_object_add(o, "id", json_object_new_string(req->param));
@@ -234,10 +252,18 @@ eph_srv_admin_keys_revoke(eph_server_t *srv, struct MHD_Connection *c, conn_req_
   return eph_srv_json(c, srv, MHD_HTTP_OK, o);
 }
 
-static const eph_plugin_slot_t *
-ledger_of(eph_server_t *srv)
+/* The org's balance from the ledger plugin; credit_micros > 0 is credited first. */
+static int
+ledger_credit_balance(eph_server_t *srv, const char *org, int64_t credit_micros, int64_t *balance,
+                      eph_error_t *err)
 {
-  return eph_plugins_first(&srv->ctx->plugins, EPH_KIND_LEDGER);
+  const eph_plugin_slot_t *ledger = eph_plugins_first(&srv->ctx->plugins, EPH_KIND_LEDGER);
+  const eph_ledger_ops_t *ops = ledger->desc->ops;
+  *balance = 0;
+  if (credit_micros > 0 &&
+      EPH_WITH_PLUGIN(ledger, ops->credit(ledger->state, org, credit_micros, err)) < 0)
+    return -1;
+  return EPH_WITH_PLUGIN(ledger, ops->balance(ledger->state, org, balance, err)) < 0 ? -1 : 0;
 }
 
 static json_object *
@@ -255,10 +281,7 @@ eph_srv_admin_credit(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *re
 {
   static const char *const A = "orgs.credit";
   const char *org = req->param;
-  GATE(A, org);
-  if (!valid_org(org))
-    return FAIL(A, NULL, NULL, MHD_HTTP_BAD_REQUEST, "invalid_request", "org",
-                "org: [A-Za-z0-9_.-]{1,64}");
+  GATE_ORG(A, org);
   cleanup_json json_object *body = parse_body(req);
   static const char *const allowed[] = {"amount_micros", NULL};
   const char *bad = body ? unknown_key(body, allowed) : NULL;
@@ -272,13 +295,10 @@ eph_srv_admin_credit(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *re
     return FAIL(A, org, NULL, MHD_HTTP_BAD_REQUEST, "invalid_request", "amount_micros",
                 "field 'amount_micros': required, a positive integer (1000000 = $1)");
   int64_t amount = json_object_get_int64(ja);
-  const eph_plugin_slot_t *ledger = ledger_of(srv);
-  const eph_ledger_ops_t *ops = ledger->desc->ops;
   eph_error_t err = {0};
   int64_t balance = 0;
   if (eph_store_org_create(srv->store, org, &err) < 0 ||
-      EPH_WITH_PLUGIN(ledger, ops->credit(ledger->state, org, amount, &err)) < 0 ||
-      EPH_WITH_PLUGIN(ledger, ops->balance(ledger->state, org, &balance, &err)) < 0)
+      ledger_credit_balance(srv, org, amount, &balance, &err) < 0)
     return FAIL(A, org, NULL, MHD_HTTP_SERVICE_UNAVAILABLE, "storage_unavailable", NULL, "%s",
                 err.message);
   cleanup_json json_object *detail = json_object_new_object();
@@ -293,15 +313,10 @@ eph_srv_admin_balance(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *r
 {
   static const char *const A = "orgs.balance";
   const char *org = req->param;
-  GATE(A, org);
-  if (!valid_org(org))
-    return FAIL(A, NULL, NULL, MHD_HTTP_BAD_REQUEST, "invalid_request", "org",
-                "org: [A-Za-z0-9_.-]{1,64}");
-  const eph_plugin_slot_t *ledger = ledger_of(srv);
-  const eph_ledger_ops_t *ops = ledger->desc->ops;
+  GATE_ORG(A, org);
   eph_error_t err = {0};
   int64_t balance = 0;
-  if (EPH_WITH_PLUGIN(ledger, ops->balance(ledger->state, org, &balance, &err)) < 0)
+  if (ledger_credit_balance(srv, org, 0, &balance, &err) < 0)
     return FAIL(A, org, NULL, MHD_HTTP_SERVICE_UNAVAILABLE, "storage_unavailable", NULL, "%s",
                 err.message);
   audit(srv, c, req, A, org, NULL, NULL, MHD_HTTP_OK);
@@ -331,10 +346,7 @@ eph_srv_admin_usage(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req
 {
   static const char *const A = "orgs.usage";
   const char *org = req->param;
-  GATE(A, org);
-  if (!valid_org(org))
-    return FAIL(A, NULL, NULL, MHD_HTTP_BAD_REQUEST, "invalid_request", "org",
-                "org: [A-Za-z0-9_.-]{1,64}");
+  GATE_ORG(A, org);
   int64_t now = eph_wall_us(), from, to;
   if (query_us(c, "from_us", now - DEFAULT_USAGE_DAYS * 86400LL * 1000000, &from) < 0)
     return FAIL(A, org, NULL, MHD_HTTP_BAD_REQUEST, "invalid_request", "from_us",
@@ -356,16 +368,10 @@ eph_srv_admin_audit(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req
 {
   static const char *const A = "audit.list";
   GATE(A, NULL);
-  const char *ls = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "limit");
-  long limit = 100;
-  if (ls) {
-    char *end = NULL;
-    errno = 0;
-    limit = strtol(ls, &end, 10);
-    if (!*ls || errno || *end || limit < 1 || limit > 1000)
-      return FAIL(A, NULL, NULL, MHD_HTTP_BAD_REQUEST, "invalid_request", "limit",
-                  "limit: expected 1..1000");
-  }
+  long limit;
+  if (eph_srv_query_limit(c, 100, 1000, &limit) < 0)
+    return FAIL(A, NULL, NULL, MHD_HTTP_BAD_REQUEST, "invalid_request", "limit",
+                "limit: expected 1..1000");
   /* Recorded first, so the answer shows this very call too. */
   audit(srv, c, req, A, NULL, NULL, NULL, MHD_HTTP_OK);
   eph_error_t err = {0};
@@ -373,8 +379,5 @@ eph_srv_admin_audit(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req
   if (eph_admin_audit_list(srv->store, (int)limit, &rows, &err) < 0)
     return eph_srv_error(c, srv, MHD_HTTP_SERVICE_UNAVAILABLE, "storage_unavailable", NULL, "%s",
                          err.message);
-  json_object *o = json_object_new_object();
-  json_object_object_add(o, "object", json_object_new_string("list"));
-  json_object_object_add(o, "data", rows);
-  return eph_srv_json(c, srv, MHD_HTTP_OK, o);
+  return eph_srv_json(c, srv, MHD_HTTP_OK, eph_srv_list(rows));
 }

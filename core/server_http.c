@@ -6,8 +6,10 @@
 
 #include "server_int.h"
 
+#include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 
@@ -253,4 +255,29 @@ json_object *
 eph_srv_run_from_store(json_object *row)
 {
   return eph_srv_run_shape(row, NULL);
+}
+
+json_object *
+eph_srv_list(json_object *data)
+{
+  json_object *o = json_object_new_object();
+  json_object_object_add(o, "object", json_object_new_string("list"));
+  json_object_object_add(o, "data", data);
+  return o;
+}
+
+int
+eph_srv_query_limit(struct MHD_Connection *c, long def, long max, long *limit)
+{
+  const char *ls = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "limit");
+  *limit = def;
+  if (!ls)
+    return 0;
+  char *end = NULL;
+  errno = 0;
+  long n = strtol(ls, &end, 10);
+  if (!*ls || errno || *end || n < 1 || n > max)
+    return -1;
+  *limit = n;
+  return 0;
 }

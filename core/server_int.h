@@ -153,6 +153,11 @@ MHD_RESULT eph_srv_send(struct MHD_Connection *c, eph_server_t *srv, unsigned st
                         const char *hval);
 MHD_RESULT eph_srv_json(struct MHD_Connection *c, eph_server_t *srv, unsigned status,
                         json_object *body);
+/* {"object":"list","data":data}: a list answer (data consumed). */
+json_object *eph_srv_list(json_object *data);
+/* The `limit` query parameter into *limit: def when absent; -1 when it is not an integer
+ * within 1..max (the caller answers 400 naming limit, "limit: expected 1..max"). */
+int eph_srv_query_limit(struct MHD_Connection *c, long def, long max, long *limit);
 MHD_RESULT eph_srv_error(struct MHD_Connection *c, eph_server_t *srv, unsigned status,
                          const char *type, const char *field, const char *fmt, ...)
     __attribute__((format(printf, 6, 7)));

@@ -17,15 +17,6 @@ failure(eph_server_t *srv, struct MHD_Connection *c, const eph_error_t *err)
                        err->message);
 }
 
-static json_object *
-list_of(json_object *data)
-{
-  json_object *o = json_object_new_object();
-  json_object_object_add(o, "object", json_object_new_string("list"));
-  json_object_object_add(o, "data", data);
-  return o;
-}
-
 MHD_RESULT
 eph_srv_webhooks_create(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req)
 {
@@ -36,8 +27,7 @@ eph_srv_webhooks_create(eph_server_t *srv, struct MHD_Connection *c, conn_req_t 
   if (!json_object_is_type(body, json_type_object))
     return eph_srv_error(c, srv, MHD_HTTP_BAD_REQUEST, "invalid_request", NULL,
                          "expected a JSON object {\"url\": \"https://...\"}");
-  json_object_object_foreach(body, k, v)
-  {
+  json_object_object_foreach(body, k, v) {
     (void)v;
     if (strcmp(k, "url") != 0)
       return eph_srv_error(c, srv, MHD_HTTP_BAD_REQUEST, "invalid_request", k,
@@ -66,7 +56,7 @@ eph_srv_webhooks_list(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *r
   json_object *data = NULL;
   if (eph_webhooks_list(srv->webhooks, req->org, &data, &err) < 0)
     return failure(srv, c, &err);
-  return eph_srv_json(c, srv, MHD_HTTP_OK, list_of(data));
+  return eph_srv_json(c, srv, MHD_HTTP_OK, eph_srv_list(data));
 }
 
 MHD_RESULT
@@ -88,21 +78,15 @@ eph_srv_webhooks_delete(eph_server_t *srv, struct MHD_Connection *c, conn_req_t 
 MHD_RESULT
 eph_srv_webhooks_deliveries(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req)
 {
-  const char *ls = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "limit");
-  long limit = 50;
-  if (ls) {
-    char *end = NULL;
-    errno = 0;
-    limit = strtol(ls, &end, 10);
-    if (!*ls || errno || *end || limit < 1 || limit > 500)
-      return eph_srv_error(c, srv, MHD_HTTP_BAD_REQUEST, "invalid_request", "limit",
-                           "limit: expected 1..500");
-  }
+  long limit;
+  if (eph_srv_query_limit(c, 50, 500, &limit) < 0)
+    return eph_srv_error(c, srv, MHD_HTTP_BAD_REQUEST, "invalid_request", "limit",
+                         "limit: expected 1..500");
   eph_error_t err = {0};
   json_object *data = NULL;
   if (eph_webhooks_deliveries(srv->webhooks, req->org, (int)limit, &data, &err) < 0)
     return failure(srv, c, &err);
-  return eph_srv_json(c, srv, MHD_HTTP_OK, list_of(data));
+  return eph_srv_json(c, srv, MHD_HTTP_OK, eph_srv_list(data));
 }
 
 MHD_RESULT

@@ -198,3 +198,87 @@ capture_end(void)
   unlink(capture_path);
   return text;
 }
+
+/* ------------------------------------------------------------------ one model call */
+
+const char harness_tools_json[] =
+    "[{\"type\":\"function\",\"function\":{\"name\":\"shell\",\"description\":\"Run a shell "
+    "command in the sandbox\",\"parameters\":{\"type\":\"object\",\"properties\":{\"command\":"
+    "{\"type\":\"string\"}},\"required\":[\"command\"]}}}]";
+const char harness_messages_json[] = "[{\"role\":\"system\",\"content\":\"You drive a sandbox.\"},"
+                                     "{\"role\":\"user\",\"content\":\"Run whoami.\"}]";
+
+void
+call_init(call_t *c, const char *model, const char *messages, int64_t deadline_in_ms)
+{
+  memset(c, 0, sizeof *c);
+  c->messages = json_tokener_parse(messages);
+  c->tools = json_tokener_parse(harness_tools_json);
+  assert_non_null(c->messages);
+  assert_non_null(c->tools);
+  c->req.struct_size = sizeof c->req;
+  c->req.model = model;
+  c->req.messages = c->messages;
+  c->req.tools = c->tools;
+  c->req.max_output_tokens = 512;
+  c->req.deadline_ms = eph_now_ms() + deadline_in_ms;
+}
+
+void
+call_run(call_t *c, loaded_t *l)
+{
+  int64_t t0 = eph_now_ms();
+  c->r = model_call(l, &c->req, &c->resp, &c->err);
+  c->elapsed_ms = eph_now_ms() - t0;
+}
+
+void
+call_clear(call_t *c)
+{
+  eph_model_response_clear(&c->resp);
+  json_object_put(c->messages);
+  json_object_put(c->tools);
+}
+
+void
+model_load(const char *name, const char *key_env, loaded_t *l, const fake_t *f, const char *extra)
+{
+  eph_error_t err = {0};
+  cleanup_free char *conf = eph_xasprintf(
+      "base_url = \"http://127.0.0.1:%d/v1/\"; api_key_env = \"%s\"; max_retries = 2; "
+      "backoff_initial_ms = 100; backoff_max_ms = 400; timeout_ms = 5000; %s",
+      f->port, key_env, extra ? extra : "");
+  if (plugin_load(l, name, conf, &err) < 0)
+    fail_msg("loading %s: %s", name, err.message);
+}
+
+char *
+wire(const char *kind, const char *file)
+{
+  return eph_xasprintf("%s:%s/tests/wire/%s", kind, srcdir(), file);
+}
+
+json_object *
+request_body(json_object *requests, size_t i)
+{
+  json_object *rec = json_object_array_get_idx(requests, i), *b = NULL;
+  assert_non_null(rec);
+  assert_true(json_object_object_get_ex(rec, "body", &b));
+  json_object *body = json_tokener_parse(json_object_get_string(b));
+  assert_non_null(body);
+  return body;
+}
+
+json_object *
+rec_get(json_object *requests, size_t i, const char *key)
+{
+  json_object *v = NULL;
+  assert_true(json_object_object_get_ex(json_object_array_get_idx(requests, i), key, &v));
+  return v;
+}
+
+int64_t
+request_t_ms(json_object *requests, size_t i)
+{
+  return json_object_get_int64(rec_get(requests, i, "t_ms"));
+}

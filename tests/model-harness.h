@@ -40,6 +40,44 @@ void plugin_unload(loaded_t *l);
 int model_call(loaded_t *l, const eph_model_request_t *req, eph_model_response_t *resp,
                eph_error_t *err);
 
+/* The conversation (a system and a user message) and the tool (shell) the provider tests
+ * send, as JSON text. */
+extern const char harness_messages_json[];
+extern const char harness_tools_json[];
+
+/* One model call of a test: the request built from JSON text, its answer and timing. */
+typedef struct call {
+  json_object *messages, *tools;
+  eph_model_request_t req;
+  eph_model_response_t resp;
+  eph_error_t err;
+  int r;
+  int64_t elapsed_ms;
+} call_t;
+
+/* A request for model with messages (JSON text), harness_tools_json, 512 output tokens
+ * and a deadline deadline_in_ms from now. */
+void call_init(call_t *c, const char *model, const char *messages, int64_t deadline_in_ms);
+/* model_call() of c's request into c->r, c->resp, c->err, c->elapsed_ms. */
+void call_run(call_t *c, loaded_t *l);
+void call_clear(call_t *c);
+
+/* Loads plugin `name` pointed at f's http://127.0.0.1:PORT/v1/, its key read from the
+ * environment variable key_env, short backoffs (max_retries 2, 100..400 ms, timeout_ms
+ * 5000); extra (libconfig text, may be NULL) appended. Fails the test on error. */
+void model_load(const char *name, const char *key_env, loaded_t *l, const fake_t *f,
+                const char *extra);
+
+/* A fake-openai step answering with a file of tests/wire: "<kind>:<srcdir>/tests/wire/<file>"
+ * (heap). */
+char *wire(const char *kind, const char *file);
+/* The body of the i-th request the fake recorded, parsed (owned by the caller); record
+ * field key of it (borrowed). Both fail the test when missing. */
+json_object *request_body(json_object *requests, size_t i);
+json_object *rec_get(json_object *requests, size_t i, const char *key);
+/* When the fake received the i-th request (its record's t_ms, monotonic ms). */
+int64_t request_t_ms(json_object *requests, size_t i);
+
 /* Redirects fd 2 to a temporary file until capture_end(), which returns what was written
  * (heap string, caller frees). */
 void capture_begin(void);

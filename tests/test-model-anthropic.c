@@ -22,12 +22,9 @@
 #define KEY "sk-ant-test-4b8d2f6a0c1e3579bdf02468ace13579"
 #define KEY_ENV "EPH_TEST_ANTHROPIC_KEY"
 
-static const char tools_json[] =
-    "[{\"type\":\"function\",\"function\":{\"name\":\"shell\",\"description\":\"Run a shell "
-    "command in the sandbox\",\"parameters\":{\"type\":\"object\",\"properties\":{\"command\":"
-    "{\"type\":\"string\"}},\"required\":[\"command\"]}}}]";
-static const char messages_json[] = "[{\"role\":\"system\",\"content\":\"You drive a sandbox.\"},"
-                                    "{\"role\":\"user\",\"content\":\"Run whoami.\"}]";
+#define PLUGIN "model-anthropic"
+#define MODEL "anthropic/claude-fake-4"
+
 /* The second turn: the assistant asked for two calls, both answered. */
 static const char second_turn_json[] =
     "[{\"role\":\"system\",\"content\":\"You drive a sandbox.\"},"
@@ -40,90 +37,10 @@ static const char second_turn_json[] =
     "{\"role\":\"tool\",\"tool_call_id\":\"toolu_fake_1\",\"content\":\"/tmp\\nworker\"},"
     "{\"role\":\"tool\",\"tool_call_id\":\"toolu_fake_2\",\"content\":\"hi\"}]";
 
-typedef struct call {
-  json_object *messages, *tools;
-  eph_model_request_t req;
-  eph_model_response_t resp;
-  eph_error_t err;
-  int r;
-  int64_t elapsed_ms;
-} call_t;
-
-static void
-call_init(call_t *c, const char *messages, int64_t deadline_in_ms)
-{
-  memset(c, 0, sizeof *c);
-  c->messages = json_tokener_parse(messages);
-  c->tools = json_tokener_parse(tools_json);
-  assert_non_null(c->messages);
-  assert_non_null(c->tools);
-  c->req.struct_size = sizeof c->req;
-  c->req.model = "anthropic/claude-fake-4";
-  c->req.messages = c->messages;
-  c->req.tools = c->tools;
-  c->req.max_output_tokens = 512;
-  c->req.deadline_ms = eph_now_ms() + deadline_in_ms;
-}
-
-static void
-call_run(call_t *c, loaded_t *l)
-{
-  int64_t t0 = eph_now_ms();
-  c->r = model_call(l, &c->req, &c->resp, &c->err);
-  c->elapsed_ms = eph_now_ms() - t0;
-}
-
-static void
-call_clear(call_t *c)
-{
-  eph_model_response_clear(&c->resp);
-  json_object_put(c->messages);
-  json_object_put(c->tools);
-}
-
-static void
-load_for(loaded_t *l, const fake_t *f, const char *extra)
-{
-  eph_error_t err = {0};
-  cleanup_free char *conf = eph_xasprintf(
-      "base_url = \"http://127.0.0.1:%d/v1/\"; api_key_env = \"%s\"; max_retries = 2; "
-      "backoff_initial_ms = 100; backoff_max_ms = 400; timeout_ms = 5000; %s",
-      f->port, KEY_ENV, extra ? extra : "");
-  if (plugin_load(l, "model-anthropic", conf, &err) < 0)
-    fail_msg("loading model-anthropic: %s", err.message);
-}
-
-static char *
-wire(const char *kind, const char *file)
-{
-  return eph_xasprintf("%s:%s/tests/wire/%s", kind, srcdir(), file);
-}
-
-static json_object *
-request_body(json_object *requests, size_t i)
-{
-  json_object *rec = json_object_array_get_idx(requests, i), *b = NULL;
-  assert_non_null(rec);
-  assert_true(json_object_object_get_ex(rec, "body", &b));
-  json_object *body = json_tokener_parse(json_object_get_string(b));
-  assert_non_null(body);
-  return body;
-}
-
 static const char *
 rec_string(json_object *requests, size_t i, const char *key)
 {
-  json_object *v = NULL;
-  assert_true(json_object_object_get_ex(json_object_array_get_idx(requests, i), key, &v));
-  return json_object_get_string(v);
-}
-
-static int64_t
-request_t_ms(json_object *requests, size_t i)
-{
-  json_object *t = NULL;
-  assert_true(json_object_object_get_ex(json_object_array_get_idx(requests, i), "t_ms", &t));
-  return json_object_get_int64(t);
+  return json_object_get_string(rec_get(requests, i, key));
 }
 
 static void
@@ -166,8 +83,8 @@ test_tool_use_parsed_and_request_shape(void **state)
   cleanup_free char *step = wire("file", "anthropic-tool_use.json");
   const char *steps[] = {step, NULL};
   fake_start(&f, KEY, steps);
-  load_for(&l, &f, NULL);
-  call_init(&c, messages_json, 10000);
+  model_load(PLUGIN, KEY_ENV, &l, &f, NULL);
+  call_init(&c, MODEL, harness_messages_json, 10000);
   call_run(&c, &l);
   if (c.r < 0)
     fail_msg("complete: %s", c.err.message);
@@ -225,8 +142,8 @@ test_tool_results_sent_as_blocks(void **state)
   cleanup_free char *step = wire("file", "anthropic-final.json");
   const char *steps[] = {step, NULL};
   fake_start(&f, KEY, steps);
-  load_for(&l, &f, "prompt_cache = false;");
-  call_init(&c, second_turn_json, 10000);
+  model_load(PLUGIN, KEY_ENV, &l, &f, "prompt_cache = false;");
+  call_init(&c, MODEL, second_turn_json, 10000);
   call_run(&c, &l);
   if (c.r < 0)
     fail_msg("complete: %s", c.err.message);
@@ -274,10 +191,10 @@ test_stream_gives_same_result(void **state)
     const char *steps1[] = {s1, NULL}, *steps2[] = {s2, NULL};
     fake_start(&f1, KEY, steps1);
     fake_start(&f2, KEY, steps2);
-    load_for(&l1, &f1, NULL);
-    load_for(&l2, &f2, "stream = true;");
-    call_init(&a, messages_json, 10000);
-    call_init(&b, messages_json, 10000);
+    model_load(PLUGIN, KEY_ENV, &l1, &f1, NULL);
+    model_load(PLUGIN, KEY_ENV, &l2, &f2, "stream = true;");
+    call_init(&a, MODEL, harness_messages_json, 10000);
+    call_init(&b, MODEL, harness_messages_json, 10000);
     call_run(&a, &l1);
     call_run(&b, &l2);
     if (a.r < 0 || b.r < 0)
@@ -319,8 +236,8 @@ test_429_retry_after_then_529_then_success(void **state)
   cleanup_free char *step = wire("file", "anthropic-final.json");
   const char *steps[] = {"429:1", "529", step, NULL};
   fake_start(&f, KEY, steps);
-  load_for(&l, &f, NULL);
-  call_init(&c, messages_json, 10000);
+  model_load(PLUGIN, KEY_ENV, &l, &f, NULL);
+  call_init(&c, MODEL, harness_messages_json, 10000);
   call_run(&c, &l);
   if (c.r < 0)
     fail_msg("complete: %s", c.err.message);
@@ -343,8 +260,8 @@ test_overloaded_forever_and_500(void **state)
   call_t c;
   const char *steps[] = {"500", "529*", NULL};
   fake_start(&f, KEY, steps);
-  load_for(&l, &f, NULL);
-  call_init(&c, messages_json, 10000);
+  model_load(PLUGIN, KEY_ENV, &l, &f, NULL);
+  call_init(&c, MODEL, harness_messages_json, 10000);
   call_run(&c, &l);
   assert_int_equal(c.r, -EPH_E_UPSTREAM);
   if (!strstr(c.err.message, "after 3 attempts") || !strstr(c.err.message, "HTTP 529") ||
@@ -383,8 +300,8 @@ test_malformed_and_truncated(void **state)
     cleanup_free char *ok = wire("file", "anthropic-final.json");
     const char *steps[] = {step, ok, NULL};
     fake_start(&f, KEY, steps);
-    load_for(&l, &f, cases[i].stream);
-    call_init(&c, messages_json, 10000);
+    model_load(PLUGIN, KEY_ENV, &l, &f, cases[i].stream);
+    call_init(&c, MODEL, harness_messages_json, 10000);
     call_run(&c, &l);
     if (c.r != -cases[i].code || !strstr(c.err.message, cases[i].want))
       fail_msg("case %zu: r=%d: %s", i, c.r, c.err.message);
@@ -417,8 +334,8 @@ test_hostile_streams_bounded(void **state)
     cleanup_free char *step = wire("sse", cases[i].file);
     const char *steps[] = {step, NULL};
     fake_start(&f, KEY, steps);
-    load_for(&l, &f, cases[i].conf);
-    call_init(&c, messages_json, 10000);
+    model_load(PLUGIN, KEY_ENV, &l, &f, cases[i].conf);
+    call_init(&c, MODEL, harness_messages_json, 10000);
     call_run(&c, &l);
     if (c.r != -EPH_E_PROTOCOL || !strstr(c.err.message, cases[i].want))
       fail_msg("case %zu: r=%d: %s", i, c.r, c.err.message);
@@ -438,8 +355,8 @@ test_slow_stream_cut_by_deadline(void **state)
   cleanup_free char *step = wire("sseslow", "anthropic-tool_use.sse:200");
   const char *steps[] = {step, NULL};
   fake_start(&f, KEY, steps);
-  load_for(&l, &f, "stream = true;");
-  call_init(&c, messages_json, 900);
+  model_load(PLUGIN, KEY_ENV, &l, &f, "stream = true;");
+  call_init(&c, MODEL, harness_messages_json, 900);
   call_run(&c, &l);
   assert_int_equal(c.r, -ETIMEDOUT);
   if (c.elapsed_ms < 800 || c.elapsed_ms > 1500 || !strstr(c.err.message, "stream"))
@@ -461,8 +378,8 @@ test_pause_turn_is_continued(void **state)
   cleanup_free char *s2 = wire("file", "anthropic-final.json");
   const char *steps[] = {s1, s2, NULL};
   fake_start(&f, KEY, steps);
-  load_for(&l, &f, "prompt_cache = false;");
-  call_init(&c, messages_json, 10000);
+  model_load(PLUGIN, KEY_ENV, &l, &f, "prompt_cache = false;");
+  call_init(&c, MODEL, harness_messages_json, 10000);
   call_run(&c, &l);
   if (c.r < 0)
     fail_msg("complete: %s", c.err.message);
@@ -500,8 +417,8 @@ test_key_kept_out(void **state)
   setenv(KEY_ENV, wrong, 1);
   fake_start(&f, KEY, steps);
   capture_begin();
-  load_for(&l, &f, NULL);
-  call_init(&c, messages_json, 10000);
+  model_load(PLUGIN, KEY_ENV, &l, &f, NULL);
+  call_init(&c, MODEL, harness_messages_json, 10000);
   call_run(&c, &l);
   cleanup_free char *logged = capture_end();
   assert_int_equal(c.r, -EPH_E_UPSTREAM);
@@ -520,8 +437,8 @@ test_key_kept_out(void **state)
   /* No key at all: refused before anything is sent. */
   unsetenv(KEY_ENV);
   fake_start(&f, KEY, steps);
-  load_for(&l, &f, NULL);
-  call_init(&c, messages_json, 10000);
+  model_load(PLUGIN, KEY_ENV, &l, &f, NULL);
+  call_init(&c, MODEL, harness_messages_json, 10000);
   call_run(&c, &l);
   assert_int_equal(c.r, -EPH_E_CONFIG);
   assert_non_null(strstr(c.err.message, KEY_ENV));
@@ -540,7 +457,7 @@ test_serves_its_prefix_only(void **state)
   loaded_t l;
   const char *steps[] = {NULL};
   fake_start(&f, KEY, steps);
-  load_for(&l, &f, NULL);
+  model_load(PLUGIN, KEY_ENV, &l, &f, NULL);
   assert_true(EPH_OPS_HAS(l.ops, eph_model_ops_t, serves));
   /* 1 + the length of the matched prefix: the core prefers the most specific */
   assert_int_equal(l.ops->serves(l.slot->state, "anthropic/claude-fake-4"), 11);

@@ -21,86 +21,8 @@
 #define KEY "sk-test-7f3a9c1e5b2d4f6a8c0e1b3d5f7a9c2e"
 #define KEY_ENV "EPH_TEST_OPENAI_KEY"
 
-static const char tools_json[] =
-    "[{\"type\":\"function\",\"function\":{\"name\":\"shell\",\"description\":\"Run a shell "
-    "command in the sandbox\",\"parameters\":{\"type\":\"object\",\"properties\":{\"command\":"
-    "{\"type\":\"string\"}},\"required\":[\"command\"]}}}]";
-static const char messages_json[] =
-    "[{\"role\":\"system\",\"content\":\"You drive a sandbox.\"},"
-    "{\"role\":\"user\",\"content\":\"Run whoami.\"}]";
-
-typedef struct call {
-  json_object *messages, *tools;
-  eph_model_request_t req;
-  eph_model_response_t resp;
-  eph_error_t err;
-  int r;
-  int64_t elapsed_ms;
-} call_t;
-
-static void
-call_init(call_t *c, int64_t deadline_in_ms)
-{
-  memset(c, 0, sizeof *c);
-  c->messages = json_tokener_parse(messages_json);
-  c->tools = json_tokener_parse(tools_json);
-  assert_non_null(c->messages);
-  assert_non_null(c->tools);
-  c->req.struct_size = sizeof c->req;
-  c->req.model = "openai/gpt-6-luna";
-  c->req.messages = c->messages;
-  c->req.tools = c->tools;
-  c->req.max_output_tokens = 512;
-  c->req.deadline_ms = eph_now_ms() + deadline_in_ms;
-}
-
-static void
-call_run(call_t *c, loaded_t *l)
-{
-  int64_t t0 = eph_now_ms();
-  c->r = model_call(l, &c->req, &c->resp, &c->err);
-  c->elapsed_ms = eph_now_ms() - t0;
-}
-
-static void
-call_clear(call_t *c)
-{
-  eph_model_response_clear(&c->resp);
-  json_object_put(c->messages);
-  json_object_put(c->tools);
-}
-
-/* Loads model-openai pointed at the fake, key from KEY_ENV, short backoffs; extra appended. */
-static void
-load_for(loaded_t *l, const fake_t *f, const char *extra)
-{
-  eph_error_t err = {0};
-  cleanup_free char *conf = eph_xasprintf(
-      "base_url = \"http://127.0.0.1:%d/v1/\"; api_key_env = \"%s\"; max_retries = 2; "
-      "backoff_initial_ms = 100; backoff_max_ms = 400; timeout_ms = 5000; %s",
-      f->port, KEY_ENV, extra ? extra : "");
-  if (plugin_load(l, "model-openai", conf, &err) < 0)
-    fail_msg("loading model-openai: %s", err.message);
-}
-
-static json_object *
-request_body(json_object *requests, size_t i)
-{
-  json_object *rec = json_object_array_get_idx(requests, i), *b = NULL;
-  assert_non_null(rec);
-  assert_true(json_object_object_get_ex(rec, "body", &b));
-  json_object *body = json_tokener_parse(json_object_get_string(b));
-  assert_non_null(body);
-  return body;
-}
-
-static int64_t
-request_t_ms(json_object *requests, size_t i)
-{
-  json_object *t = NULL;
-  assert_true(json_object_object_get_ex(json_object_array_get_idx(requests, i), "t_ms", &t));
-  return json_object_get_int64(t);
-}
+#define PLUGIN "model-openai"
+#define MODEL "openai/gpt-6-luna"
 
 static void
 test_tool_calls_parsed_and_request_shape(void **state)
@@ -110,8 +32,8 @@ test_tool_calls_parsed_and_request_shape(void **state)
   call_t c;
   const char *steps[] = {"tool_calls", NULL};
   fake_start(&f, KEY, steps);
-  load_for(&l, &f, NULL);
-  call_init(&c, 10000);
+  model_load(PLUGIN, KEY_ENV, &l, &f, NULL);
+  call_init(&c, MODEL, harness_messages_json, 10000);
   call_run(&c, &l);
   if (c.r < 0)
     fail_msg("complete: %s", c.err.message);
@@ -174,8 +96,8 @@ test_retry_after_429(void **state)
   call_t c;
   const char *steps[] = {"429:1", "tool_calls", NULL};
   fake_start(&f, KEY, steps);
-  load_for(&l, &f, NULL);
-  call_init(&c, 10000);
+  model_load(PLUGIN, KEY_ENV, &l, &f, NULL);
+  call_init(&c, MODEL, harness_messages_json, 10000);
   call_run(&c, &l);
   if (c.r < 0)
     fail_msg("complete: %s", c.err.message);
@@ -200,8 +122,8 @@ test_retry_500_then_success(void **state)
   call_t c;
   const char *steps[] = {"500", "final", NULL};
   fake_start(&f, KEY, steps);
-  load_for(&l, &f, NULL);
-  call_init(&c, 10000);
+  model_load(PLUGIN, KEY_ENV, &l, &f, NULL);
+  call_init(&c, MODEL, harness_messages_json, 10000);
   call_run(&c, &l);
   if (c.r < 0)
     fail_msg("complete: %s", c.err.message);
@@ -229,8 +151,8 @@ test_500_forever_gives_upstream(void **state)
   call_t c;
   const char *steps[] = {"500*", NULL};
   fake_start(&f, KEY, steps);
-  load_for(&l, &f, NULL);
-  call_init(&c, 10000);
+  model_load(PLUGIN, KEY_ENV, &l, &f, NULL);
+  call_init(&c, MODEL, harness_messages_json, 10000);
   call_run(&c, &l);
   assert_int_equal(c.r, -EPH_E_UPSTREAM);
   assert_int_equal(c.err.code, EPH_E_UPSTREAM);
@@ -259,8 +181,8 @@ test_malformed_body_is_protocol_error(void **state)
   call_t c;
   const char *steps[] = {"malformed", "final", NULL};
   fake_start(&f, KEY, steps);
-  load_for(&l, &f, NULL);
-  call_init(&c, 10000);
+  model_load(PLUGIN, KEY_ENV, &l, &f, NULL);
+  call_init(&c, MODEL, harness_messages_json, 10000);
   call_run(&c, &l);
   assert_int_equal(c.r, -EPH_E_PROTOCOL);
   if (!strstr(c.err.message, "not valid JSON"))
@@ -280,8 +202,8 @@ test_client_error_carries_api_message(void **state)
   call_t c;
   const char *steps[] = {"400", "final", NULL};
   fake_start(&f, KEY, steps);
-  load_for(&l, &f, NULL);
-  call_init(&c, 10000);
+  model_load(PLUGIN, KEY_ENV, &l, &f, NULL);
+  call_init(&c, MODEL, harness_messages_json, 10000);
   call_run(&c, &l);
   assert_int_equal(c.r, -EPH_E_UPSTREAM);
   if (!strstr(c.err.message, "HTTP 400") || !strstr(c.err.message, "fake rejection"))
@@ -301,8 +223,8 @@ test_slow_answer_times_out_at_deadline(void **state)
   call_t c;
   const char *steps[] = {"slow:5000", NULL};
   fake_start(&f, KEY, steps);
-  load_for(&l, &f, NULL);
-  call_init(&c, 800);
+  model_load(PLUGIN, KEY_ENV, &l, &f, NULL);
+  call_init(&c, MODEL, harness_messages_json, 800);
   call_run(&c, &l);
   assert_int_equal(c.r, -ETIMEDOUT);
   if (c.elapsed_ms < 700 || c.elapsed_ms > 1200)
@@ -320,8 +242,8 @@ test_retry_after_past_deadline_is_not_waited(void **state)
   call_t c;
   const char *steps[] = {"429:30", "final", NULL};
   fake_start(&f, KEY, steps);
-  load_for(&l, &f, NULL);
-  call_init(&c, 2000);
+  model_load(PLUGIN, KEY_ENV, &l, &f, NULL);
+  call_init(&c, MODEL, harness_messages_json, 2000);
   call_run(&c, &l);
   assert_int_equal(c.r, -EPH_E_UPSTREAM);
   if (!strstr(c.err.message, "HTTP 429") || !strstr(c.err.message, "deadline"))
@@ -351,8 +273,8 @@ test_key_from_file(void **state)
 
   fake_start(&f, KEY, steps);
   cleanup_free char *extra = eph_xasprintf("api_key_file = \"%s\";", path);
-  load_for(&l, &f, extra);
-  call_init(&c, 10000);
+  model_load(PLUGIN, KEY_ENV, &l, &f, extra);
+  call_init(&c, MODEL, harness_messages_json, 10000);
   call_run(&c, &l);
   if (c.r < 0)
     fail_msg("complete: %s", c.err.message);
@@ -377,8 +299,8 @@ test_missing_key_fails_before_sending(void **state)
   const char *steps[] = {"final", NULL};
   unsetenv(KEY_ENV);
   fake_start(&f, KEY, steps);
-  load_for(&l, &f, NULL);
-  call_init(&c, 10000);
+  model_load(PLUGIN, KEY_ENV, &l, &f, NULL);
+  call_init(&c, MODEL, harness_messages_json, 10000);
   call_run(&c, &l);
   assert_int_equal(c.r, -EPH_E_CONFIG);
   if (!strstr(c.err.message, KEY_ENV))
@@ -405,16 +327,16 @@ test_key_never_in_logs_or_errors(void **state)
 
   eph_log_set_level(EPH_LOG_DEBUG);
   capture_begin();
-  load_for(&l, &f, NULL);
-  call_init(&c, 10000);
+  model_load(PLUGIN, KEY_ENV, &l, &f, NULL);
+  call_init(&c, MODEL, harness_messages_json, 10000);
   call_run(&c, &l);
   int r1 = c.r;
   call_clear(&c);
   plugin_unload(&l);
 
   setenv(KEY_ENV, wrong, 1);
-  load_for(&l, &f, NULL);
-  call_init(&c, 10000);
+  model_load(PLUGIN, KEY_ENV, &l, &f, NULL);
+  call_init(&c, MODEL, harness_messages_json, 10000);
   call_run(&c, &l);
   cleanup_free char *logged = capture_end();
   eph_log_set_level(EPH_LOG_ERROR);

@@ -132,7 +132,8 @@ load_example(loaded_t *l)
 static int64_t
 call_cost_micros(const eph_model_response_t *r)
 {
-  uint64_t num = r->input_tokens * INPUT_MICROS_PER_MTOK + r->output_tokens * OUTPUT_MICROS_PER_MTOK;
+  uint64_t num =
+      r->input_tokens * INPUT_MICROS_PER_MTOK + r->output_tokens * OUTPUT_MICROS_PER_MTOK;
   return (int64_t)((num + 500000) / 1000000);
 }
 
@@ -287,7 +288,8 @@ test_arguments_compared_as_json(void **state)
   json_object *calls = NULL, *fn = NULL;
   assert_true(json_object_object_get_ex(r.message, "tool_calls", &calls));
   assert_true(json_object_object_get_ex(json_object_array_get_idx(calls, 0), "function", &fn));
-  json_object_object_add(fn, "arguments", json_object_new_string("{ \"command\" :\"pwd; whoami\" }"));
+  json_object_object_add(fn, "arguments",
+                         json_object_new_string("{ \"command\" :\"pwd; whoami\" }"));
   convo_answer(&c, r.message, 0);
   eph_model_response_clear(&r);
   if (model_call(&l, &c.req, &r, &err) < 0)

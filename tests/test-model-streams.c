@@ -22,12 +22,8 @@
 #define KEY "sk-test-5e7a9c1b3d5f7a9c2e4b6d8f0a1c3e5b"
 #define KEY_ENV "EPH_TEST_OPENAI_KEY"
 
-static const char tools_json[] =
-    "[{\"type\":\"function\",\"function\":{\"name\":\"shell\",\"description\":\"Run a shell "
-    "command in the sandbox\",\"parameters\":{\"type\":\"object\",\"properties\":{\"command\":"
-    "{\"type\":\"string\"}},\"required\":[\"command\"]}}}]";
-static const char messages_json[] = "[{\"role\":\"system\",\"content\":\"You drive a sandbox.\"},"
-                                    "{\"role\":\"user\",\"content\":\"Run whoami.\"}]";
+#define PLUGIN "model-openai"
+
 static const char second_turn_json[] =
     "[{\"role\":\"system\",\"content\":\"You drive a sandbox.\"},"
     "{\"role\":\"user\",\"content\":\"Run whoami.\"},"
@@ -35,83 +31,6 @@ static const char second_turn_json[] =
     "{\"id\":\"call_fake_1\",\"type\":\"function\",\"function\":{\"name\":\"shell\","
     "\"arguments\":\"{\\\"command\\\": \\\"pwd; whoami\\\"}\"}}]},"
     "{\"role\":\"tool\",\"tool_call_id\":\"call_fake_1\",\"content\":\"worker\"}]";
-
-typedef struct call {
-  json_object *messages, *tools;
-  eph_model_request_t req;
-  eph_model_response_t resp;
-  eph_error_t err;
-  int r;
-  int64_t elapsed_ms;
-} call_t;
-
-static void
-call_init(call_t *c, const char *model, const char *messages, int64_t deadline_in_ms)
-{
-  memset(c, 0, sizeof *c);
-  c->messages = json_tokener_parse(messages);
-  c->tools = json_tokener_parse(tools_json);
-  assert_non_null(c->messages);
-  c->req.struct_size = sizeof c->req;
-  c->req.model = model;
-  c->req.messages = c->messages;
-  c->req.tools = c->tools;
-  c->req.max_output_tokens = 512;
-  c->req.deadline_ms = eph_now_ms() + deadline_in_ms;
-}
-
-static void
-call_run(call_t *c, loaded_t *l)
-{
-  int64_t t0 = eph_now_ms();
-  c->r = model_call(l, &c->req, &c->resp, &c->err);
-  c->elapsed_ms = eph_now_ms() - t0;
-}
-
-static void
-call_clear(call_t *c)
-{
-  eph_model_response_clear(&c->resp);
-  json_object_put(c->messages);
-  json_object_put(c->tools);
-}
-
-static void
-load_for(loaded_t *l, const fake_t *f, const char *extra)
-{
-  eph_error_t err = {0};
-  cleanup_free char *conf = eph_xasprintf(
-      "base_url = \"http://127.0.0.1:%d/v1/\"; api_key_env = \"%s\"; max_retries = 2; "
-      "backoff_initial_ms = 100; backoff_max_ms = 400; timeout_ms = 5000; %s",
-      f->port, KEY_ENV, extra ? extra : "");
-  if (plugin_load(l, "model-openai", conf, &err) < 0)
-    fail_msg("loading model-openai: %s", err.message);
-}
-
-static char *
-wire(const char *kind, const char *file)
-{
-  return eph_xasprintf("%s:%s/tests/wire/%s", kind, srcdir(), file);
-}
-
-static json_object *
-request_body(json_object *requests, size_t i)
-{
-  json_object *rec = json_object_array_get_idx(requests, i), *b = NULL;
-  assert_non_null(rec);
-  assert_true(json_object_object_get_ex(rec, "body", &b));
-  json_object *body = json_tokener_parse(json_object_get_string(b));
-  assert_non_null(body);
-  return body;
-}
-
-static json_object *
-rec_get(json_object *requests, size_t i, const char *key)
-{
-  json_object *v = NULL;
-  assert_true(json_object_object_get_ex(json_object_array_get_idx(requests, i), key, &v));
-  return v;
-}
 
 /* Runs step_a on a plain provider and step_b on a streaming one (extra config each) and
  * asserts both answers are the same. Returns the streamed call's requests. */
@@ -125,8 +44,8 @@ same_answer(const char *step_a, const char *conf_a, const char *step_b, const ch
   const char *steps1[] = {step_a, NULL}, *steps2[] = {step_b, NULL};
   fake_start(&f1, KEY, steps1);
   fake_start(&f2, KEY, steps2);
-  load_for(&l1, &f1, conf_a);
-  load_for(&l2, &f2, conf_b);
+  model_load(PLUGIN, KEY_ENV, &l1, &f1, conf_a);
+  model_load(PLUGIN, KEY_ENV, &l2, &f2, conf_b);
   call_init(&a, "openai/gpt-6-luna", messages, 10000);
   call_init(&b, "openai/gpt-6-luna", messages, 10000);
   call_run(&a, &l1);
@@ -157,7 +76,7 @@ test_chat_stream_same_as_json(void **state)
   eph_model_response_t r;
   cleanup_free char *sse1 = wire("sse", "chat-tool_calls.sse");
   cleanup_json json_object *reqs =
-      same_answer("tool_calls", NULL, sse1, "stream = true;", messages_json, &r);
+      same_answer("tool_calls", NULL, sse1, "stream = true;", harness_messages_json, &r);
   json_object *calls = NULL, *v = NULL;
   assert_string_equal(r.finish_reason, "tool_calls");
   assert_true(json_object_object_get_ex(r.message, "tool_calls", &calls));
@@ -176,12 +95,12 @@ test_chat_stream_same_as_json(void **state)
   /* a server repeating id and name in every chunk (as some compatible servers do) */
   cleanup_free char *sse3 = wire("sse", "chat-tool_calls-repeated.sse");
   cleanup_json json_object *reqs3 =
-      same_answer("tool_calls", NULL, sse3, "stream = true;", messages_json, &r);
+      same_answer("tool_calls", NULL, sse3, "stream = true;", harness_messages_json, &r);
   eph_model_response_clear(&r);
 
   cleanup_free char *sse2 = wire("sse", "chat-final.sse");
   cleanup_json json_object *reqs2 =
-      same_answer("final", NULL, sse2, "stream = true;", messages_json, &r);
+      same_answer("final", NULL, sse2, "stream = true;", harness_messages_json, &r);
   assert_string_equal(r.finish_reason, "stop");
   assert_int_equal(r.cache_read_tokens, 100); /* usage.prompt_tokens_details.cached_tokens */
   eph_model_response_clear(&r);
@@ -198,7 +117,7 @@ test_responses_json_and_stream(void **state)
     cleanup_free char *b = wire("sse", pairs[i][1]);
     cleanup_json json_object *reqs =
         same_answer(a, "api = \"responses\";", b, "api = \"responses\"; stream = true;",
-                    i == 0 ? messages_json : second_turn_json, &r);
+                    i == 0 ? harness_messages_json : second_turn_json, &r);
     json_object *v = NULL;
     assert_string_equal(json_object_get_string(rec_get(reqs, 0, "path")), "/v1/responses");
     cleanup_json json_object *body = request_body(reqs, 0);
@@ -270,8 +189,8 @@ test_truncated_and_malformed_streams(void **state)
     cleanup_free char *step = wire(cases[i].kind, cases[i].file);
     const char *steps[] = {step, "final", NULL};
     fake_start(&f, KEY, steps);
-    load_for(&l, &f, cases[i].conf);
-    call_init(&c, "openai/gpt-6-luna", messages_json, 10000);
+    model_load(PLUGIN, KEY_ENV, &l, &f, cases[i].conf);
+    call_init(&c, "openai/gpt-6-luna", harness_messages_json, 10000);
     call_run(&c, &l);
     if (c.r != -EPH_E_PROTOCOL || !strstr(c.err.message, cases[i].want))
       fail_msg("case %zu: r=%d: %s", i, c.r, c.err.message);
@@ -294,8 +213,8 @@ test_failed_stream_carries_message(void **state)
   cleanup_free char *step = wire("sse", "responses-failed.sse");
   const char *steps[] = {step, "final", NULL};
   fake_start(&f, KEY, steps);
-  load_for(&l, &f, "api = \"responses\"; stream = true;");
-  call_init(&c, "openai/gpt-6-luna", messages_json, 10000);
+  model_load(PLUGIN, KEY_ENV, &l, &f, "api = \"responses\"; stream = true;");
+  call_init(&c, "openai/gpt-6-luna", harness_messages_json, 10000);
   call_run(&c, &l);
   if (c.r != -EPH_E_UPSTREAM || !strstr(c.err.message, "response.failed") ||
       !strstr(c.err.message, "The model failed to generate a response."))
@@ -315,8 +234,8 @@ test_slow_stream_cut_by_deadline(void **state)
   cleanup_free char *step = wire("sseslow", "chat-tool_calls.sse:300");
   const char *steps[] = {step, NULL};
   fake_start(&f, KEY, steps);
-  load_for(&l, &f, "stream = true;");
-  call_init(&c, "openai/gpt-6-luna", messages_json, 900);
+  model_load(PLUGIN, KEY_ENV, &l, &f, "stream = true;");
+  call_init(&c, "openai/gpt-6-luna", harness_messages_json, 900);
   call_run(&c, &l);
   assert_int_equal(c.r, -ETIMEDOUT);
   if (c.elapsed_ms < 800 || c.elapsed_ms > 1500)
@@ -340,12 +259,12 @@ test_operator_provider_by_prefix(void **state)
       eph_xasprintf("providers = ( { prefix = \"local/\"; base_url = \"http://127.0.0.1:%d/v1\"; "
                     "api_key_env = \"\"; max_tokens_field = \"max_tokens\"; } );",
                     local_f.port);
-  load_for(&l, &main_f, extra);
+  model_load(PLUGIN, KEY_ENV, &l, &main_f, extra);
   assert_true(l.ops->serves(l.slot->state, "openai/gpt-6-luna"));
   assert_int_equal(l.ops->serves(l.slot->state, "local/qwen3"), 7);
   assert_false(l.ops->serves(l.slot->state, "anthropic/claude-fake-4"));
   assert_false(l.ops->serves(l.slot->state, "qwen3"));
-  call_init(&c, "local/qwen3", messages_json, 10000);
+  call_init(&c, "local/qwen3", harness_messages_json, 10000);
   call_run(&c, &l);
   if (c.r < 0)
     fail_msg("complete: %s", c.err.message);
@@ -363,7 +282,7 @@ test_operator_provider_by_prefix(void **state)
   call_clear(&c);
 
   /* and "openai/..." still goes to OpenAI, with its key */
-  call_init(&c, "openai/gpt-6-luna", messages_json, 10000);
+  call_init(&c, "openai/gpt-6-luna", harness_messages_json, 10000);
   call_run(&c, &l);
   if (c.r < 0)
     fail_msg("complete: %s", c.err.message);

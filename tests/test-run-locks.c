@@ -6,7 +6,9 @@
  *   - an all-or-nothing charge (a plugin's host->charge, an egress connection) is checked
  *     and written in one step: it never bills a part of what it was asked;
  *   - the sandbox pointer a budget cut cancels is read under the run's lock, so a sandbox
- *     being destroyed is never touched (ASan sees the use after free otherwise). */
+ *     being destroyed is never touched (ASan sees the use after free otherwise);
+ *   - that cancel (eph_guest_kill, under the run's lock) never waits for another thread's
+ *     frame to a guest that stopped reading: the kill follows that frame. */
 #include <config.h>
 
 #include <setjmp.h>
@@ -21,8 +23,15 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
 #include <time.h>
+#include <unistd.h>
 
+#include <linux/sockios.h>
+
+#include "../guest/protocol.h"
+#include "guest_client.h"
 #include "run_int.h"
 #include "util.h"
 
@@ -242,6 +251,122 @@ test_budget_cut_never_touches_a_destroyed_sandbox(void **state)
   bare_free(run);
 }
 
+/* ------------------------------------------------------------------ a kill never waits */
+
+static sem_t guest_drain, kill_returned;
+static atomic_int kills_seen, kill_all_seen, frames_before_kill;
+
+/* A guest that says hello, then stops reading its socket until the test lets it drain:
+ * then it reads every frame, noting the kill (and how many frames came before it), and
+ * closes the stream once it has one. */
+static void *
+stalled_guest(void *arg)
+{
+  int fd = (int)(intptr_t)arg;
+  json_object *hello = json_tokener_parse(
+      "{\"type\":\"hello\",\"version\":1,\"kernel\":\"stalled\",\"scratch\":\"/s\","
+      "\"uid\":1000,\"gid\":1000,\"pid1\":true,\"max_frame_bytes\":1048576}");
+  eph_proto_write_frame(fd, hello);
+  json_object_put(hello);
+  struct timespec ts = in_seconds(20);
+  while (sem_timedwait(&guest_drain, &ts) < 0 && errno == EINTR)
+    ;
+  eph_frame_reader_t rd = {0};
+  int frames = 0;
+  for (;;) {
+    json_object *msg = NULL;
+    int r = eph_frame_reader_feed(&rd, fd, &msg);
+    if (r < 0)
+      break;
+    if (r == 0)
+      continue;
+    const char *type = eph_proto_str(msg, "type");
+    if (type && strcmp(type, "kill") == 0) {
+      json_object *all = NULL;
+      atomic_fetch_add(&kills_seen, 1);
+      if (json_object_object_get_ex(msg, "all", &all) && json_object_get_boolean(all))
+        atomic_fetch_add(&kill_all_seen, 1);
+      atomic_store(&frames_before_kill, frames);
+      json_object_put(msg);
+      break;
+    }
+    frames++;
+    json_object_put(msg);
+  }
+  eph_frame_reader_clear(&rd);
+  close(fd);
+  return NULL;
+}
+
+static void *
+big_write(void *arg)
+{
+  /* One frame of the largest payload: more than the socket can hold, so the writer stays
+   * inside the write, holding the connection's write lock, while the guest does not read. */
+  char *data = eph_xcalloc(1, EPH_PROTO_MAX_DATA_BYTES);
+  eph_error_t err = {0};
+  (void)eph_guest_write(arg, "big", data, EPH_PROTO_MAX_DATA_BYTES, &err);
+  free(data);
+  return NULL;
+}
+
+static void *
+kill_thread(void *arg)
+{
+  eph_guest_kill(arg, true);
+  sem_post(&kill_returned);
+  return NULL;
+}
+
+static void
+test_kill_never_waits_for_a_stalled_frame(void **state)
+{
+  (void)state;
+  sem_init(&guest_drain, 0, 0);
+  sem_init(&kill_returned, 0, 0);
+  atomic_store(&kills_seen, 0);
+  atomic_store(&kill_all_seen, 0);
+  atomic_store(&frames_before_kill, -1);
+  int sv[2];
+  assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+  int small = 16384;
+  assert_int_equal(setsockopt(sv[0], SOL_SOCKET, SO_SNDBUF, &small, sizeof small), 0);
+  pthread_t guest, writer, killer;
+  assert_int_equal(pthread_create(&guest, NULL, stalled_guest, (void *)(intptr_t)sv[1]), 0);
+  eph_guest_t *g = NULL;
+  eph_error_t err = {0};
+  if (eph_guest_open(sv[0], eph_now_ms() + 10000, &g, &err) < 0)
+    fail_msg("open: %s", err.message);
+  assert_int_equal(pthread_create(&writer, NULL, big_write, g), 0);
+  /* The writer is inside its frame once bytes wait in the socket (bounded poll). */
+  int queued = 0;
+  for (int64_t until = eph_now_ms() + 10000; queued <= 0 && eph_now_ms() < until;) {
+    if (ioctl(sv[0], SIOCOUTQ, &queued) < 0)
+      fail_msg("SIOCOUTQ: %s", strerror(errno));
+    if (queued <= 0)
+      sched_yield();
+  }
+  assert_true(queued > 0);
+  /* A cancel now (the run's lock held in the core) returns at once, the frame still stuck. */
+  assert_int_equal(pthread_create(&killer, NULL, kill_thread, g), 0);
+  struct timespec ts = in_seconds(3);
+  int waited = sem_timedwait(&kill_returned, &ts);
+  sem_post(&guest_drain); /* let everything finish, whatever the outcome */
+  if (waited < 0)
+    sem_wait(&kill_returned);
+  pthread_join(killer, NULL);
+  pthread_join(writer, NULL);
+  pthread_join(guest, NULL);
+  eph_guest_close(g);
+  assert_int_equal(waited, 0);
+  /* The kill was not lost: it reached the guest, after the frame that was being written. */
+  assert_int_equal(atomic_load(&kills_seen), 1);
+  assert_int_equal(atomic_load(&kill_all_seen), 1);
+  assert_int_equal(atomic_load(&frames_before_kill), 1);
+  sem_destroy(&guest_drain);
+  sem_destroy(&kill_returned);
+}
+
 int
 main(void)
 {
@@ -249,6 +374,7 @@ main(void)
       cmocka_unit_test(test_ledger_write_outside_run_lock),
       cmocka_unit_test(test_exact_charge_all_or_nothing),
       cmocka_unit_test(test_budget_cut_never_touches_a_destroyed_sandbox),
+      cmocka_unit_test(test_kill_never_waits_for_a_stalled_frame),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

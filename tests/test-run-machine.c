@@ -9,8 +9,15 @@
  *                    a token count the budget cannot pay, waiting for the deadline)
  *   tool-fixture     `echo` (shell row) and `fetch` (web row); counts its calls
  *
+ * The ledger's charge can be made to fail (ledger_charge_fails: the ledger cannot record, as
+ * on a full disk) through a wrapper of ledger-sqlite's own operations.
+ *
  * Each test checks the run's end (status, reason), that the timeline has exactly one
- * `ended` and ends with `settled`, and that the ledger's billed + released = reserved. */
+ * `ended` and ends with `settled`, and that the ledger's billed + released = reserved.
+ * Every end reason the core sets has a test: final_answer, denied calls, model_error,
+ * step_limit, refusal, max_tokens, transcript_diverged, host_error (sandbox creation, file
+ * placement), storage_error, budget_exhausted (cut, too small), cancelled (queued, before
+ * and during execution, abandoned), timeout (model call, sandbox creation). */
 #include <config.h>
 
 #include <setjmp.h>
@@ -45,6 +52,7 @@ typedef struct fixture_box {
 } fixture_box_t;
 
 static atomic_int backend_creates, backend_destroys, backend_fail;
+enum { BACKEND_OK, BACKEND_FAILS, BACKEND_SLOW }; /* backend_fail */
 
 /* The guest end: hello, then a `bye` for shutdown and a per-request error for anything
  * else; ends at shutdown or when the host closes the stream. */
@@ -93,7 +101,16 @@ static int
 backend_create(void *state, const eph_sandbox_spec_t *spec, eph_sandbox_t **sandbox,
                int *guest_fd, eph_error_t *err)
 {
-  (void)state, (void)spec;
+  (void)state;
+  if (atomic_load(&backend_fail) == BACKEND_SLOW) {
+    /* A backend that cannot start the sandbox before the run's deadline (a slow boot):
+     * returns only once the deadline (CLOCK_MONOTONIC ms) has passed. */
+    struct timespec ts = {.tv_sec = (spec->deadline_ms + 1) / 1000,
+                          .tv_nsec = ((spec->deadline_ms + 1) % 1000) * 1000000};
+    while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR)
+      ;
+    return eph_error_set(err, ETIMEDOUT, "the fixture backend did not start in time");
+  }
   if (atomic_load(&backend_fail))
     return eph_error_set(err, EIO, "the fixture backend was told to fail");
   int sv[2];
@@ -176,9 +193,11 @@ tool_call(void *state, const eph_tool_call_t *call, json_object **result, eph_er
 static const eph_tool_def_t tool_defs[] = {
     {"echo", "Echoes.", "{\"type\":\"object\"}", EPH_PERM_SHELL},
     {"fetch", "Fetches.", "{\"type\":\"object\"}", EPH_PERM_WEB},
+    /* Provides the files row (a request with inline files needs one); never called. */
+    {"put", "Puts a file.", "{\"type\":\"object\"}", EPH_PERM_FILES},
 };
 static const eph_tool_ops_t tool_ops = {
-    .struct_size = sizeof tool_ops, .tools = tool_defs, .n_tools = 2, .call = tool_call};
+    .struct_size = sizeof tool_ops, .tools = tool_defs, .n_tools = 3, .call = tool_call};
 static const eph_plugin_t tool_desc = {.abi_major = EPH_ABI_MAJOR,
                                        .abi_minor = EPH_ABI_MINOR,
                                        .struct_size = sizeof(eph_plugin_t),
@@ -197,6 +216,9 @@ typedef enum script {
   MODEL_ERROR, /* the provider fails */
   EXPENSIVE,   /* a token count the reservation cannot pay */
   SLOW,        /* returns only when the run's deadline has passed */
+  REFUSAL,     /* an answer stopped by the provider's content filter */
+  TRUNCATED,   /* an answer cut off at the output token limit */
+  DIVERGED,    /* a replayed transcript no longer matches the run */
 } script_t;
 
 static script_t script;
@@ -270,6 +292,16 @@ model_complete(void *state, const eph_model_request_t *req, eph_model_response_t
       ;
     return eph_error_set(err, ETIMEDOUT, "the fixture provider did not answer in time");
   }
+  case REFUSAL:
+    resp->message = answer_msg();
+    snprintf(resp->finish_reason, sizeof resp->finish_reason, "content_filter");
+    break;
+  case TRUNCATED:
+    resp->message = answer_msg();
+    snprintf(resp->finish_reason, sizeof resp->finish_reason, "length");
+    break;
+  case DIVERGED:
+    return eph_error_set(err, EPH_E_DIVERGED, "the fixture transcript does not match");
   }
   return 0;
 }
@@ -290,6 +322,35 @@ static const eph_plugin_t model_desc = {.abi_major = EPH_ABI_MAJOR,
                                         .kind = EPH_KIND_MODEL,
                                         .version = "0",
                                         .ops = &model_ops};
+
+/* ------------------------------------------------------------------ ledger wrapper */
+
+/* ledger-sqlite's operations, but charge() fails as a ledger that cannot write does when
+ * ledger_charge_fails is set. */
+static atomic_bool ledger_charge_fails;
+static const eph_ledger_ops_t *real_ledger_ops;
+static eph_ledger_ops_t wrapped_ledger_ops;
+static eph_plugin_t wrapped_ledger_desc;
+
+static int
+failing_charge(void *state, const char *run_id, eph_cost_t category, int64_t micros,
+               const char *memo, eph_error_t *err)
+{
+  if (atomic_load(&ledger_charge_fails))
+    return eph_error_set(err, EIO, "the fixture ledger cannot write (disk full)");
+  return real_ledger_ops->charge(state, run_id, category, micros, memo, err);
+}
+
+static void
+wrap_ledger(eph_plugin_slot_t *slot)
+{
+  real_ledger_ops = slot->desc->ops;
+  wrapped_ledger_ops = *real_ledger_ops;
+  wrapped_ledger_ops.charge = failing_charge;
+  wrapped_ledger_desc = *slot->desc;
+  wrapped_ledger_desc.ops = &wrapped_ledger_ops;
+  slot->desc = &wrapped_ledger_desc;
+}
 
 /* ------------------------------------------------------------------ the context */
 
@@ -321,6 +382,8 @@ setup(void **state)
   if (eph_plugin_load_file(&w->ctx.plugins, ledger, NULL, &w->ctx.host, NULL, &err) < 0)
     fail_msg("%s", err.message);
   w->n_loaded = w->ctx.plugins.n;
+  wrap_ledger(&w->ctx.plugins.slots[0]);
+  atomic_store(&ledger_charge_fails, false);
   add_slot(w, &backend_desc);
   add_slot(w, &model_desc);
   add_slot(w, &tool_desc);
@@ -594,6 +657,97 @@ test_timeout(void **state)
   eph_run_free(run);
 }
 
+static void
+test_refusal_fails(void **state)
+{
+  world_t *w = *state;
+  script = REFUSAL;
+  eph_run_t *run = new_run(w, REQUEST(""));
+  assert_int_equal(eph_run_execute(run), EPH_RUN_FAILED);
+  expect_end(w, run, EPH_RUN_FAILED, "refusal");
+  eph_run_usage_t u;
+  eph_run_usage(run, &u);
+  assert_true(u.model_micros > 0); /* the refused call was made and is billed */
+  eph_run_free(run);
+}
+
+static void
+test_truncated_answer_fails(void **state)
+{
+  world_t *w = *state;
+  script = TRUNCATED;
+  eph_run_t *run = new_run(w, REQUEST(""));
+  assert_int_equal(eph_run_execute(run), EPH_RUN_FAILED);
+  expect_end(w, run, EPH_RUN_FAILED, "max_tokens");
+  eph_run_free(run);
+}
+
+static void
+test_diverged_transcript_fails(void **state)
+{
+  world_t *w = *state;
+  script = DIVERGED;
+  eph_run_t *run = new_run(w, REQUEST(""));
+  assert_int_equal(eph_run_execute(run), EPH_RUN_FAILED);
+  expect_end(w, run, EPH_RUN_FAILED, "transcript_diverged");
+  cleanup_json json_object *events = eph_run_events_json(run, 0);
+  assert_int_equal(count_kind(events, "model_error"), 1);
+  eph_run_free(run);
+}
+
+static void
+test_file_placement_failure_is_host_error(void **state)
+{
+  world_t *w = *state;
+  script = ANSWER;
+  /* The fixture guest refuses every write: the request's file cannot be placed. */
+  eph_run_t *run = new_run(w, REQUEST(",\"files\":[{\"path\":\"in.txt\",\"content\":\"x\"}]"));
+  assert_int_equal(eph_run_execute(run), EPH_RUN_FAILED);
+  expect_end(w, run, EPH_RUN_FAILED, "host_error");
+  assert_int_equal(atomic_load(&model_calls), 0); /* the agent never started */
+  cleanup_json json_object *o = eph_run_to_json(run, false);
+  json_object *e = NULL;
+  assert_true(json_object_object_get_ex(o, "error", &e));
+  if (!strstr(json_object_get_string(e), "placing files[0]"))
+    fail_msg("error: %s", json_object_get_string(e));
+  eph_run_free(run);
+}
+
+static void
+test_ledger_failure_is_storage_error(void **state)
+{
+  world_t *w = *state;
+  script = TOOL_THEN_ANSWER;
+  atomic_store(&ledger_charge_fails, true);
+  eph_run_t *run = new_run(w, REQUEST(""));
+  assert_int_equal(eph_run_execute(run), EPH_RUN_FAILED);
+  /* The first charge (the model call) could not be recorded: the work stops, nothing
+   * unrecorded is billed, and the run says why even though the model answered. */
+  expect_end(w, run, EPH_RUN_FAILED, "storage_error");
+  eph_run_usage_t u;
+  eph_run_usage(run, &u);
+  assert_int_equal(u.billed_micros, 0);
+  assert_int_equal(u.released_micros, u.reserved_micros);
+  eph_run_free(run);
+}
+
+static void
+test_sandbox_start_past_deadline_times_out(void **state)
+{
+  world_t *w = *state;
+  script = ANSWER;
+  atomic_store(&backend_fail, BACKEND_SLOW);
+  eph_run_t *run = new_run(w, "{\"prompt\":\"p\",\"model\":\"fixture/m\",\"shell\":true,"
+                              "\"timeout_seconds\":1,\"max_cost_micros\":40000}");
+  assert_int_equal(eph_run_execute(run), EPH_RUN_TIMED_OUT);
+  expect_end(w, run, EPH_RUN_TIMED_OUT, "timeout");
+  assert_int_equal(atomic_load(&model_calls), 0);
+  eph_run_usage_t u;
+  eph_run_usage(run, &u);
+  assert_int_equal(u.billed_micros, 0);
+  eph_run_free(run);
+}
+
 int
 main(void)
 {
@@ -609,6 +763,14 @@ main(void)
       cmocka_unit_test_setup_teardown(test_cancel_before_execute, setup, teardown),
       cmocka_unit_test_setup_teardown(test_abandoned_while_queued, setup, teardown),
       cmocka_unit_test_setup_teardown(test_timeout, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_refusal_fails, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_truncated_answer_fails, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_diverged_transcript_fails, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_file_placement_failure_is_host_error, setup,
+                                      teardown),
+      cmocka_unit_test_setup_teardown(test_ledger_failure_is_storage_error, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_sandbox_start_past_deadline_times_out, setup,
+                                      teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -31,7 +31,6 @@
 #define BASIC_PW "pa55-w0rd-xyz"
 
 static th_httpd_t *httpd;
-static eph_plugins_t ps;
 static char secret_file[256];
 
 static const char *
@@ -63,7 +62,7 @@ load_broker(void)
       "   methods = [\"GET\"]; path_prefixes = [\"/\"]; }"
       "); };",
       port, port, secret_file, port, port, port);
-  return th_load(&ps, "tool-connection", cfg, 0, &err);
+  return th_load(&th_plugins, "tool-connection", cfg, 0, &err);
 }
 
 #define ALL_GRANTS                                                                         \
@@ -107,21 +106,6 @@ assert_no_secret(json_object *result)
     if (strstr(all, forms[i]))
       fail_msg("the secret (%s) is in an event, charge or log line: %s", forms[i], all);
   }
-}
-
-static int
-setup(void **state)
-{
-  th_reset(1000000);
-  return 0;
-}
-
-static int
-teardown(void **state)
-{
-  th_unload(&ps);
-  th_free();
-  return 0;
 }
 
 static void
@@ -294,27 +278,27 @@ test_missing_credential_and_bad_config(void **state)
       " credential_env = \"TOOLS_TEST_UNSET_VARIABLE\"; methods = [\"GET\"]; path_prefixes = [\"/\"];"
       " allow_private_addresses = true; } ); };",
       th_httpd_port(httpd));
-  const eph_plugin_slot_t *s = th_load(&ps, "tool-connection", cfg, 0, &err);
+  const eph_plugin_slot_t *s = th_load(&th_plugins, "tool-connection", cfg, 0, &err);
   expect_refused(s, "{\"connection\":\"nocred\",\"method\":\"GET\",\"path\":\"/\"}",
                  "{\"connections\":[\"nocred\"]}", "unavailable");
-  th_unload(&ps);
-  th_load(&ps, "tool-connection",
+  th_unload(&th_plugins);
+  th_load(&th_plugins, "tool-connection",
           "tool-connection: { connections = ( { name = \"a\"; base_url = \"http://h/?q=1\";"
           " credential_env = \"X\"; methods = [\"GET\"]; path_prefixes = [\"/\"]; } ); };",
           1, &err);
   assert_non_null(strstr(err.message, "base_url"));
-  th_load(&ps, "tool-connection",
+  th_load(&th_plugins, "tool-connection",
           "tool-connection: { connections = ( { name = \"a\"; base_url = \"http://h\";"
           " credential_env = \"X\"; apply = \"cookie\"; methods = [\"GET\"]; path_prefixes = [\"/\"]; } ); };",
           1, &err);
   assert_non_null(strstr(err.message, "apply"));
-  th_load(&ps, "tool-connection",
+  th_load(&th_plugins, "tool-connection",
           "tool-connection: { connections = ( { name = \"a\"; base_url = \"http://h\";"
           " credential_env = \"X\"; methods = [\"GET\"]; path_prefixes = [\"x\"]; } ); };",
           1, &err);
   assert_non_null(strstr(err.message, "prefix"));
   /* The shipped default: an empty list. */
-  s = th_load(&ps, "tool-connection", "tool-connection: { connections = (); };", 0, &err);
+  s = th_load(&th_plugins, "tool-connection", "tool-connection: { connections = (); };", 0, &err);
   expect_refused(s, "{\"connection\":\"api\",\"method\":\"GET\",\"path\":\"/\"}", NULL,
                  "not_granted");
 }
@@ -328,7 +312,7 @@ test_budget_refused_before_io(void **state)
       " base_url = \"http://127.0.0.1:%d\"; credential_env = \"TOOLS_TEST_SECRET\";"
       " methods = [\"GET\"]; path_prefixes = [\"/\"]; allow_private_addresses = true; } ); };",
       th_httpd_port(httpd));
-  const eph_plugin_slot_t *s = th_load(&ps, "tool-connection", cfg, 0, &err);
+  const eph_plugin_slot_t *s = th_load(&th_plugins, "tool-connection", cfg, 0, &err);
   th.budget_micros = 700;
   json_object *r = request(s, "{\"connection\":\"api\",\"method\":\"GET\",\"path\":\"/a\"}", NULL);
   assert_null(str_of(r, "error"));
@@ -695,7 +679,7 @@ load_hostile(int64_t max_response_bytes)
       "   allow_private_addresses = true; }"
       "); };",
       (long long)max_response_bytes, hostile_port);
-  return th_load(&ps, "tool-connection", cfg, 0, &err);
+  return th_load(&th_plugins, "tool-connection", cfg, 0, &err);
 }
 
 #define EVIL_GRANT "{\"connections\":[\"evil\"]}"
@@ -907,7 +891,7 @@ test_allowed_headers_config(void **state)
       " credential_env = \"TOOLS_TEST_SECRET\"; methods = [\"GET\"]; path_prefixes = [\"/\"];"
       " allowed_headers = [\"X-Custom\"]; allow_private_addresses = true; } ); };",
       th_httpd_port(httpd));
-  const eph_plugin_slot_t *s = th_load(&ps, "tool-connection", cfg, 0, &err);
+  const eph_plugin_slot_t *s = th_load(&th_plugins, "tool-connection", cfg, 0, &err);
   json_object *r = request(s,
                            "{\"connection\":\"api\",\"method\":\"GET\",\"path\":\"/a\","
                            "\"headers\":{\"x-custom\":\"1\",\"Accept\":\"text/plain\"}}",
@@ -918,14 +902,14 @@ test_allowed_headers_config(void **state)
   assert_string_equal(str_of(h, "accept"), "*/*"); /* curl's own, not the caller's */
   json_object_put(seen);
   json_object_put(r);
-  th_unload(&ps);
+  th_unload(&th_plugins);
   /* A credential carried in a header of the default list: that header drops off the list. */
   cleanup_free char *ua = eph_xasprintf(
       "tool-connection: { connections = ( { name = \"ua\"; base_url = \"http://127.0.0.1:%d\";"
       " credential_env = \"TOOLS_TEST_SECRET\"; apply = \"header\"; header_name = \"User-Agent\";"
       " methods = [\"GET\"]; path_prefixes = [\"/\"]; allow_private_addresses = true; } ); };",
       th_httpd_port(httpd));
-  s = th_load(&ps, "tool-connection", ua, 0, &err);
+  s = th_load(&th_plugins, "tool-connection", ua, 0, &err);
   r = request(s,
               "{\"connection\":\"ua\",\"method\":\"GET\",\"path\":\"/a\","
               "\"headers\":{\"User-Agent\":\"mine\",\"Accept\":\"text/plain\"}}",
@@ -936,7 +920,7 @@ test_allowed_headers_config(void **state)
   assert_string_equal(str_of(h, "accept"), "text/plain");
   json_object_put(seen);
   json_object_put(r);
-  th_unload(&ps);
+  th_unload(&th_plugins);
   static const char *const never[] = {"X-HTTP-Method-Override", "X-Original-URL", "Authorization",
                                       "Accept-Encoding", "Range", "Host", "X-Rewrite-URL", NULL};
   for (size_t i = 0; never[i]; i++) {
@@ -945,7 +929,7 @@ test_allowed_headers_config(void **state)
         " credential_env = \"X\"; methods = [\"GET\"]; path_prefixes = [\"/\"];"
         " allowed_headers = [\"Accept\", \"%s\"]; } ); };",
         never[i]);
-    assert_null(th_load(&ps, "tool-connection", bad, 1, &err));
+    assert_null(th_load(&th_plugins, "tool-connection", bad, 1, &err));
     if (!strcasestr(err.message, never[i]) || !strstr(err.message, "allowed_headers"))
       fail_msg("config error does not name %s: %s", never[i], err.message);
   }
@@ -1002,21 +986,21 @@ main(void)
   httpd = th_httpd_start(NULL);
   hostile_start();
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test_setup_teardown(test_bearer_added_and_scrubbed, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_post_body, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_basic_header_query, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_refusals_reach_no_server, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_missing_credential_and_bad_config, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_budget_refused_before_io, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_hostile_encodings, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_hostile_header_names, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_hostile_split, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_hostile_utf16, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_hostile_truncation, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_override_headers_dropped, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_allowed_headers_config, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_body_on_get_refused, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_large_body_untouched, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_bearer_added_and_scrubbed, th_setup, th_teardown),
+      cmocka_unit_test_setup_teardown(test_post_body, th_setup, th_teardown),
+      cmocka_unit_test_setup_teardown(test_basic_header_query, th_setup, th_teardown),
+      cmocka_unit_test_setup_teardown(test_refusals_reach_no_server, th_setup, th_teardown),
+      cmocka_unit_test_setup_teardown(test_missing_credential_and_bad_config, th_setup, th_teardown),
+      cmocka_unit_test_setup_teardown(test_budget_refused_before_io, th_setup, th_teardown),
+      cmocka_unit_test_setup_teardown(test_hostile_encodings, th_setup, th_teardown),
+      cmocka_unit_test_setup_teardown(test_hostile_header_names, th_setup, th_teardown),
+      cmocka_unit_test_setup_teardown(test_hostile_split, th_setup, th_teardown),
+      cmocka_unit_test_setup_teardown(test_hostile_utf16, th_setup, th_teardown),
+      cmocka_unit_test_setup_teardown(test_hostile_truncation, th_setup, th_teardown),
+      cmocka_unit_test_setup_teardown(test_override_headers_dropped, th_setup, th_teardown),
+      cmocka_unit_test_setup_teardown(test_allowed_headers_config, th_setup, th_teardown),
+      cmocka_unit_test_setup_teardown(test_body_on_get_refused, th_setup, th_teardown),
+      cmocka_unit_test_setup_teardown(test_large_body_untouched, th_setup, th_teardown),
   };
   int r = cmocka_run_group_tests_name("tool-connection", tests, NULL, NULL);
   th_httpd_stop(httpd);

@@ -25,7 +25,6 @@
 #include "tools-harness.h"
 #include "util.h"
 
-static eph_plugins_t ps;
 static char root[256], scratch[300], outside[300];
 static int scratch_fd = -1;
 static int ops_reached;
@@ -127,7 +126,7 @@ call(const eph_plugin_slot_t *s, const char *tool, const char *args)
 static int
 setup(void **state)
 {
-  th_reset(1000000);
+  th_setup(state);
   snprintf(root, sizeof root, "/tmp/eph-tool-file-XXXXXX");
   assert_non_null(mkdtemp(root));
   snprintf(scratch, sizeof scratch, "%s/scratch", root);
@@ -148,8 +147,7 @@ setup(void **state)
 static int
 teardown(void **state)
 {
-  th_unload(&ps);
-  th_free();
+  th_teardown(state);
   close(scratch_fd);
   cleanup_free char *cmd = eph_xasprintf("rm -rf '%s'", root);
   return system(cmd) == 0 ? 0 : -1;
@@ -159,7 +157,7 @@ static const eph_plugin_slot_t *
 load(const char *cfg)
 {
   eph_error_t err = {0};
-  return th_load(&ps, "tool-file", cfg ? cfg : "tool-file: { max_read_bytes = 64; max_write_bytes = 300; };",
+  return th_load(&th_plugins, "tool-file", cfg ? cfg : "tool-file: { max_read_bytes = 64; max_write_bytes = 300; };",
                  0, &err);
 }
 

@@ -21,7 +21,6 @@
 #include "util.h"
 
 static th_httpd_t *httpd, *private_httpd, *self_httpd, *public_self_httpd;
-static eph_plugins_t ps;
 
 /* "allowed_ports = [...];" naming every test server's port (and 80): tests about other
  * checks must not be refused for the port. Static buffer. */
@@ -62,7 +61,7 @@ load_web(const char *extra)
       "tool-web: { allow_loopback = true; price_micros_per_request = 250; max_redirects = 3;"
       " deny_domains = [\"denied.test\"]; max_response_bytes = 65536; %s %s };",
       ports_cfg(), extra ? extra : "");
-  return th_load(&ps, "tool-web", cfg, 0, &err);
+  return th_load(&th_plugins, "tool-web", cfg, 0, &err);
 }
 
 static json_object *
@@ -76,21 +75,6 @@ fetch(const eph_plugin_slot_t *s, const char *url, const char *method)
   if (!r)
     fail_msg("web_fetch returned an error: %s", err.message);
   return r;
-}
-
-static int
-setup(void **state)
-{
-  th_reset(1000000);
-  return 0;
-}
-
-static int
-teardown(void **state)
-{
-  th_unload(&ps);
-  th_free();
-  return 0;
 }
 
 static void
@@ -171,7 +155,7 @@ test_refusals(void **state)
   eph_error_t err = {0};
   cleanup_free char *cfg =
       eph_xasprintf("tool-web: { deny_domains = [\"denied.test\"]; %s };", ports_cfg());
-  const eph_plugin_slot_t *s = th_load(&ps, "tool-web", cfg, 0, &err);
+  const eph_plugin_slot_t *s = th_load(&th_plugins, "tool-web", cfg, 0, &err);
   int port = th_httpd_port(httpd);
   cleanup_free char *lo = eph_xasprintf("http://127.0.0.1:%d/text", port);
   expect_refused(s, lo, "loopback");
@@ -265,7 +249,7 @@ test_redirect_to_loopback_refused(void **state)
   eph_error_t err = {0};
   cleanup_free char *cfg = eph_xasprintf(
       "tool-web: { allow_private_addresses = true; max_redirects = 3; %s };", ports_cfg());
-  const eph_plugin_slot_t *s = th_load(&ps, "tool-web", cfg, 0, &err);
+  const eph_plugin_slot_t *s = th_load(&th_plugins, "tool-web", cfg, 0, &err);
   size_t lo_before = th_httpd_count(httpd), priv_before = th_httpd_count(private_httpd);
   cleanup_free char *u = eph_xasprintf(
       "http://10.200.0.1:%d/redirect?to=http%%3A%%2F%%2F127.0.0.1%%3A%d%%2Ftext",
@@ -305,7 +289,7 @@ test_host_own_addresses_refused(void **state)
   eph_error_t err = {0};
   cleanup_free char *cfg = eph_xasprintf(
       "tool-web: { allow_private_addresses = true; max_redirects = 3; %s };", ports_cfg());
-  const eph_plugin_slot_t *s = th_load(&ps, "tool-web", cfg, 0, &err);
+  const eph_plugin_slot_t *s = th_load(&th_plugins, "tool-web", cfg, 0, &err);
   int sp = th_httpd_port(self_httpd);
   size_t self_before = th_httpd_count(self_httpd);
   const char *const hosts[] = {"10.201.0.1", "[::ffff:10.201.0.1]", "[fd00:201::1]",
@@ -341,10 +325,10 @@ test_host_own_addresses_refused(void **state)
   r = fetch(s, ok, NULL);
   assert_string_equal(str_of(r, "text"), "plain text body");
   json_object_put(r);
-  th_unload(&ps);
+  th_unload(&th_plugins);
   /* The default policy: a public address of the host is refused too. */
   cleanup_free char *cfg2 = eph_xasprintf("tool-web: { %s };", ports_cfg());
-  s = th_load(&ps, "tool-web", cfg2, 0, &err);
+  s = th_load(&th_plugins, "tool-web", cfg2, 0, &err);
   size_t pub_before = th_httpd_count(public_self_httpd);
   cleanup_free char *pub =
       eph_xasprintf("http://11.200.0.1:%d/text", th_httpd_port(public_self_httpd));
@@ -361,14 +345,14 @@ test_ports_refused(void **state)
 {
   eph_error_t err = {0};
   const eph_plugin_slot_t *s =
-      th_load(&ps, "tool-web", "tool-web: { allow_loopback = true; };", 0, &err);
+      th_load(&th_plugins, "tool-web", "tool-web: { allow_loopback = true; };", 0, &err);
   int port = th_httpd_port(httpd);
   cleanup_free char *u = eph_xasprintf("http://127.0.0.1:%d/text", port);
   expect_refused(s, u, "allowed_ports");
-  th_unload(&ps);
+  th_unload(&th_plugins);
   cleanup_free char *cfg = eph_xasprintf(
       "tool-web: { allow_loopback = true; allowed_ports = [%d]; max_redirects = 3; };", port);
-  s = th_load(&ps, "tool-web", cfg, 0, &err);
+  s = th_load(&th_plugins, "tool-web", cfg, 0, &err);
   json_object *r = fetch(s, u, NULL);
   assert_string_equal(str_of(r, "text"), "plain text body");
   json_object_put(r);
@@ -381,12 +365,12 @@ test_ports_refused(void **state)
   assert_int_equal(th_httpd_count(httpd), before + 1); /* only the first hop */
   json_object_put(r);
   /* Bad lists are configuration errors naming the key. */
-  th_unload(&ps);
+  th_unload(&th_plugins);
   const char *const bad[] = {"[]", "[0]", "[65536]", "[\"80\"]", "80"};
   for (size_t i = 0; i < 5; i++) {
     cleanup_free char *b = eph_xasprintf("tool-web: { allowed_ports = %s; };", bad[i]);
     memset(&err, 0, sizeof err);
-    assert_null(th_load(&ps, "tool-web", b, 1, &err));
+    assert_null(th_load(&th_plugins, "tool-web", b, 1, &err));
     if (!strstr(err.message, "allowed_ports"))
       fail_msg("allowed_ports = %s: error '%s' does not name the key", bad[i], err.message);
   }
@@ -458,16 +442,16 @@ static void
 test_search_unconfigured_and_private(void **state)
 {
   eph_error_t err = {0};
-  const eph_plugin_slot_t *s = th_load(&ps, "tool-web", "tool-web: { };", 0, &err);
+  const eph_plugin_slot_t *s = th_load(&th_plugins, "tool-web", "tool-web: { };", 0, &err);
   json_object *r = th_call(s, "web_search", "{\"query\":\"x\"}", NULL, 0, &err);
   assert_non_null(strstr(str_of(r, "error"), "no search API"));
   json_object_put(r);
-  th_unload(&ps);
+  th_unload(&th_plugins);
   /* A loopback search_url needs search_allow_private_addresses. */
   size_t before = th_httpd_count(httpd);
   cleanup_free char *cfg = eph_xasprintf("tool-web: { search_url = \"http://127.0.0.1:%d/search\"; };",
                                          th_httpd_port(httpd));
-  s = th_load(&ps, "tool-web", cfg, 0, &err);
+  s = th_load(&th_plugins, "tool-web", cfg, 0, &err);
   r = th_call(s, "web_search", "{\"query\":\"x\"}", NULL, 0, &err);
   assert_non_null(strstr(str_of(r, "error"), "loopback"));
   assert_int_equal(th_httpd_count(httpd), before);
@@ -478,9 +462,9 @@ static void
 test_bad_config_refused(void **state)
 {
   eph_error_t err = {0};
-  th_load(&ps, "tool-web", "tool-web: { max_response_bytes = -1; };", 1, &err);
+  th_load(&th_plugins, "tool-web", "tool-web: { max_response_bytes = -1; };", 1, &err);
   assert_non_null(strstr(err.message, "positive"));
-  th_load(&ps, "tool-web", "tool-web: { search_url = \"ftp://x/\"; };", 1, &err);
+  th_load(&th_plugins, "tool-web", "tool-web: { search_url = \"ftp://x/\"; };", 1, &err);
   assert_non_null(strstr(err.message, "search_url"));
 }
 
@@ -535,19 +519,19 @@ main(void)
   }
   httpd = th_httpd_start(NULL);
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test_setup_teardown(test_fetch_allowed_page_reduces_html, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_head_and_text_and_size_cap, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_refusals, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_allow_list_is_label_suffix, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_redirects, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_redirect_to_loopback_refused, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_host_own_addresses_refused, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_ports_refused, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_budget_refused_before_io, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_zero_data_retention_hides_url, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_search, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_search_unconfigured_and_private, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_bad_config_refused, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_fetch_allowed_page_reduces_html, th_setup, th_teardown),
+      cmocka_unit_test_setup_teardown(test_head_and_text_and_size_cap, th_setup, th_teardown),
+      cmocka_unit_test_setup_teardown(test_refusals, th_setup, th_teardown),
+      cmocka_unit_test_setup_teardown(test_allow_list_is_label_suffix, th_setup, th_teardown),
+      cmocka_unit_test_setup_teardown(test_redirects, th_setup, th_teardown),
+      cmocka_unit_test_setup_teardown(test_redirect_to_loopback_refused, th_setup, th_teardown),
+      cmocka_unit_test_setup_teardown(test_host_own_addresses_refused, th_setup, th_teardown),
+      cmocka_unit_test_setup_teardown(test_ports_refused, th_setup, th_teardown),
+      cmocka_unit_test_setup_teardown(test_budget_refused_before_io, th_setup, th_teardown),
+      cmocka_unit_test_setup_teardown(test_zero_data_retention_hides_url, th_setup, th_teardown),
+      cmocka_unit_test_setup_teardown(test_search, th_setup, th_teardown),
+      cmocka_unit_test_setup_teardown(test_search_unconfigured_and_private, th_setup, th_teardown),
+      cmocka_unit_test_setup_teardown(test_bad_config_refused, th_setup, th_teardown),
   };
   int r = cmocka_run_group_tests_name("tool-web", tests, NULL, NULL);
   th_httpd_stop(httpd);

@@ -50,6 +50,25 @@ th_load(eph_plugins_t *ps, const char *name, const char *config_text, int expect
   return eph_plugins_find(ps, name);
 }
 
+eph_plugins_t th_plugins;
+
+int
+th_setup(void **state)
+{
+  (void)state;
+  th_reset(1000000);
+  return 0;
+}
+
+int
+th_teardown(void **state)
+{
+  (void)state;
+  th_unload(&th_plugins);
+  th_free();
+  return 0;
+}
+
 void
 th_unload(eph_plugins_t *ps)
 {

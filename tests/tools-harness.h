@@ -29,6 +29,13 @@ const eph_plugin_slot_t *th_load(eph_plugins_t *ps, const char *name, const char
                                  int expect_fail, eph_error_t *err);
 void th_unload(eph_plugins_t *ps);
 
+/* The plugins a test loaded (th_load(&th_plugins, ...)), and the cmocka fixtures most
+ * tool tests use: th_setup resets the fake host with a budget of $1 (1000000 micros),
+ * th_teardown unloads th_plugins and frees the fake host's records. */
+extern eph_plugins_t th_plugins;
+int th_setup(void **state);
+int th_teardown(void **state);
+
 /* Calls a tool with args (JSON text) and grants (JSON text or NULL). Returns the result
  * object (owned by the caller) or NULL when the call returned negative (err filled). */
 json_object *th_call(const eph_plugin_slot_t *slot, const char *tool, const char *args,

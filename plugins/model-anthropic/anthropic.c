@@ -1,7 +1,7 @@
 /* model-anthropic: the Anthropic Messages API with tool use, over libcurl.
  *
  * One model call = POST {base_url}/messages with the headers x-api-key and
- * anthropic-version, the body of eph_messages_request() (messages.c): the core's Chat
+ * anthropic-version, the body of eph_messages_request() (sdk/support): the core's Chat
  * Completions conversation as Anthropic messages, tool calls as tool_use / tool_result
  * blocks. With `stream = true` the Server-Sent Events are assembled into the message
  * object a non-streaming call returns, so both give the same answer and --record writes
@@ -12,8 +12,8 @@
  * summed, within the same call and deadline (at most max_continuations times).
  *
  * Retries (429, 529 overloaded, 5xx, honouring retry-after), deadlines and key handling are
- * model-openai's http.c: the key is only ever written into the x-api-key header of
- * requests to base_url and is scrubbed from every message.
+ * the shared transport's (sdk/support/model_http.h): the key is only ever written into the
+ * x-api-key header of requests to base_url and is scrubbed from every message.
  *
  * Thread-safe: the state is read-only after init and each call uses its own easy handle. */
 #include "config.h" /* autoconf: _GNU_SOURCE, PACKAGE_VERSION */
@@ -27,8 +27,8 @@
 #include <curl/curl.h>
 #include <ephemeral/plugin.h>
 
-#include "../model-openai/http.h"
-#include "messages.h"
+#include "support/model_http.h"
+#include "support/model_messages.h"
 
 static const eph_config_key_t anthropic_keys[] = {
   {"base_url", EPH_CFG_STRING, "\"https://api.anthropic.com/v1\"", NULL,
@@ -144,32 +144,18 @@ anthropic_init(const eph_host_t *host, const config_setting_t *config, void **st
                         version);
       goto fail;
     }
-  if ((r = eph_mhttp_check_base_url(base_url, allow_http, err)) < 0)
+  if ((r = eph_mhttp_check_base_url(base_url, allow_http, err)) < 0 ||
+      (r = eph_mhttp_endpoint(base_url, "messages", &s->url, err)) < 0)
     goto fail;
-  size_t blen = strlen(base_url);
-  while (blen > 0 && base_url[blen - 1] == '/')
-    blen--;
-  if (asprintf(&s->url, "%.*s/messages", (int)blen, base_url) < 0 ||
-      asprintf(&s->version_header, "anthropic-version: %s", version) < 0 ||
+  if (asprintf(&s->version_header, "anthropic-version: %s", version) < 0 ||
       !(s->prefix = strdup(prefix))) {
+    s->version_header = NULL;
     r = eph_error_set(err, ENOMEM, "out of memory");
     goto fail;
   }
-  if ((r = eph_mhttp_load_key(host, "model-anthropic", key_file, key_env, &s->api_key,
-                              &s->no_key_reason, err)) < 0)
+  if ((r = eph_mhttp_key_header(host, "model-anthropic", key_file, key_env, "x-api-key: ", true,
+                                &s->api_key, &s->key_header, &s->no_key_reason, err)) < 0)
     goto fail;
-  if (!s->api_key && !s->no_key_reason &&
-      asprintf(&s->no_key_reason, "model-anthropic: no API key: set api_key_file or api_key_env") <
-          0)
-    s->no_key_reason = NULL;
-  if (s->api_key && asprintf(&s->key_header, "x-api-key: %s", s->api_key) < 0) {
-    s->key_header = NULL;
-    r = eph_error_set(err, ENOMEM, "out of memory");
-    goto fail;
-  }
-  if (s->no_key_reason)
-    eph_mhttp_log(host, NULL, EPH_LOG_DEBUG, "%s; model calls will fail until it is set",
-                  s->no_key_reason);
   *state = s;
   return 0;
 fail:
@@ -214,19 +200,10 @@ static int
 on_done(void *opaque, const char *body, size_t len, int64_t latency_ms, eph_error_t *err)
 {
   call_ctx_t *c = opaque;
-  json_object *root;
-  if (c->s->stream) {
-    if (!(root = eph_messages_stream_finish(&c->st, c->s->url, err)))
-      return err ? -err->code : -EPH_E_PROTOCOL;
-  } else {
-    const char *why = NULL;
-    if (!(root = eph_mhttp_parse_json(body, len, &why))) {
-      char ex[120];
-      eph_mhttp_excerpt(body, len, ex, sizeof ex);
-      return eph_error_set(err, EPH_E_PROTOCOL, "model call to %s: body is not valid JSON (%s): %s",
-                           c->s->url, why, ex);
-    }
-  }
+  json_object *root = c->s->stream ? eph_messages_stream_finish(&c->st, c->s->url, err)
+                                   : eph_mhttp_parse_body(body, len, c->s->url, err);
+  if (!root)
+    return err && err->code ? -err->code : -EPH_E_PROTOCOL;
   int r = eph_messages_parse(root, c->s->url, c->resp, err);
   if (r < 0) {
     json_object_put(root);
@@ -249,11 +226,9 @@ post_once(anthropic_t *s, const eph_model_request_t *req, json_object *extra,
     return err && err->code ? -err->code : -EINVAL;
   if (s->prompt_cache)
     eph_messages_mark_cache(body);
-  char *text = strdup(json_object_to_json_string_ext(
-      body, JSON_C_TO_STRING_PLAIN | JSON_C_TO_STRING_NOSLASHESCAPE));
-  json_object_put(body);
+  char *text = eph_mhttp_body_text(body, err);
   if (!text)
-    return eph_error_set(err, ENOMEM, "out of memory building the request body");
+    return -ENOMEM;
   call_ctx_t ctx = {.s = s, .resp = resp};
   if (EPH_MODEL_REQUEST_HAS_DELTA(req) && req->on_delta) { /* text as it streams */
     ctx.st.on_text = req->on_delta;
@@ -318,32 +293,23 @@ anthropic_complete(void *state, const eph_model_request_t *req, eph_model_respon
                    eph_error_t *err)
 {
   anthropic_t *s = state;
-  resp->message = resp->raw = NULL;
-  resp->finish_reason[0] = '\0';
-  resp->input_tokens = resp->output_tokens = 0;
-  eph_chat_set_cache(resp, 0, 0);
-  if (!req || !req->model || !req->messages ||
-      !json_object_is_type(req->messages, json_type_array))
-    return eph_error_set(err, EINVAL, "model request: model and a messages array are required");
+  int r = eph_chat_response_begin(req, resp, err);
+  if (r < 0)
+    return r;
   if (!anthropic_serves(s, req->model))
     return eph_error_set(err, EINVAL, "model '%s' does not start with \"%s\"", req->model,
                          s->prefix);
   if (s->no_key_reason)
     return eph_error_set(err, EPH_E_CONFIG, "%s", s->no_key_reason);
 
-  struct curl_slist *headers = NULL, *h;
   const char *lines[] = {"Content-Type: application/json",
                          s->stream ? "Accept: text/event-stream" : "Accept: application/json",
                          s->version_header, s->key_header};
-  for (size_t i = 0; i < sizeof lines / sizeof lines[0]; i++) {
-    if (!(h = curl_slist_append(headers, lines[i]))) {
-      curl_slist_free_all(headers);
-      return eph_error_set(err, ENOMEM, "out of memory building request headers");
-    }
-    headers = h;
-  }
+  struct curl_slist *headers = eph_mhttp_headers(lines, sizeof lines / sizeof lines[0], err);
+  if (!headers)
+    return -ENOMEM;
 
-  int r = post_once(s, req, NULL, headers, resp, err);
+  r = post_once(s, req, NULL, headers, resp, err);
   json_object *extra = NULL;
   for (int64_t k = 0; r == 0 && strcmp(resp->finish_reason, "pause_turn") == 0 &&
                       k < s->max_continuations;
@@ -369,14 +335,7 @@ anthropic_complete(void *state, const eph_model_request_t *req, eph_model_respon
   if (extra)
     json_object_put(extra);
   curl_slist_free_all(headers);
-  if (r < 0) {
-    eph_model_response_clear(resp);
-    return r;
-  }
-  eph_mhttp_log(s->host, s->api_key, EPH_LOG_DEBUG, "model call: %llu+%llu tokens, %s",
-                (unsigned long long)resp->input_tokens, (unsigned long long)resp->output_tokens,
-                resp->finish_reason);
-  return 0;
+  return eph_mhttp_complete_end(s->host, s->api_key, resp, r);
 }
 
 static const eph_model_ops_t anthropic_ops = {

@@ -13,7 +13,7 @@
  * its own prefix, base_url, key source and API. The core routes a model to this plugin when
  * one of the prefixes starts its name (serves()); the prefix is removed before sending.
  *
- * Retries, deadlines, key handling: http.c (the key is only ever written into the
+ * Retries, deadlines, key handling: sdk/support/model_http.h (the key is only ever written into the
  * Authorization header of requests to its provider's base_url and is scrubbed from every
  * message).
  *
@@ -29,9 +29,9 @@
 #include <curl/curl.h>
 #include <ephemeral/plugin.h>
 
-#include "chat.h"
-#include "http.h"
-#include "responses.h"
+#include "support/model_chat.h"
+#include "support/model_http.h"
+#include "support/model_responses.h"
 
 #define MAX_PROVIDERS 32
 
@@ -171,27 +171,13 @@ provider_init(openai_t *s, provider_t *p, const config_setting_t *block, bool to
   eph_error_t uerr = {0};
   if ((r = eph_mhttp_check_base_url(base_url, allow_http, &uerr)) < 0)
     return eph_error_set(err, uerr.code, "%s: %s", name, uerr.message);
-  size_t blen = strlen(base_url);
-  while (blen > 0 && base_url[blen - 1] == '/')
-    blen--;
-  if (asprintf(&p->url, "%.*s/%s", (int)blen, base_url,
-               p->api == API_CHAT ? "chat/completions" : "responses") < 0) {
-    p->url = NULL;
-    return eph_error_set(err, ENOMEM, "out of memory");
-  }
+  if ((r = eph_mhttp_endpoint(base_url, p->api == API_CHAT ? "chat/completions" : "responses",
+                              &p->url, err)) < 0)
+    return r;
   if (!(p->prefix = strdup(prefix)) || !(p->max_tokens_field = strdup(mt_field)))
     return eph_error_set(err, ENOMEM, "out of memory");
-  if ((r = eph_mhttp_load_key(host, name, key_file, key_env, &p->api_key, &p->no_key_reason,
-                              err)) < 0)
-    return r;
-  if (p->api_key && asprintf(&p->auth_header, "Authorization: Bearer %s", p->api_key) < 0) {
-    p->auth_header = NULL;
-    return eph_error_set(err, ENOMEM, "out of memory");
-  }
-  if (p->no_key_reason)
-    eph_mhttp_log(host, NULL, EPH_LOG_DEBUG, "%s; model calls will fail until it is set",
-                  p->no_key_reason);
-  return 0;
+  return eph_mhttp_key_header(host, name, key_file, key_env, "Authorization: Bearer ", false,
+                              &p->api_key, &p->auth_header, &p->no_key_reason, err);
 }
 
 static int
@@ -328,13 +314,7 @@ build_body(const provider_t *p, const eph_model_request_t *req, eph_error_t *err
     if (p->stream)
       json_object_object_add(body, "stream", json_object_new_boolean(1));
   }
-  const char *text =
-      json_object_to_json_string_ext(body, JSON_C_TO_STRING_PLAIN | JSON_C_TO_STRING_NOSLASHESCAPE);
-  char *copy = text ? strdup(text) : NULL;
-  json_object_put(body);
-  if (!copy)
-    eph_error_set(err, ENOMEM, "out of memory building the request body");
-  return copy;
+  return eph_mhttp_body_text(body, err);
 }
 
 typedef struct call_ctx {
@@ -371,23 +351,15 @@ on_done(void *opaque, const char *body, size_t len, int64_t latency_ms, eph_erro
 {
   call_ctx_t *c = opaque;
   json_object *root;
-  int r;
-  if (c->p->stream) {
-    root = c->p->api == API_CHAT ? eph_chat_stream_finish(&c->chat, c->p->url, err)
-                                 : eph_responses_stream_finish(&c->responses, c->p->url, err);
-    if (!root)
-      return err ? -err->code : -EPH_E_PROTOCOL;
-  } else {
-    const char *why = NULL;
-    root = eph_mhttp_parse_json(body, len, &why);
-    if (!root) {
-      char ex[120];
-      eph_mhttp_excerpt(body, len, ex, sizeof ex);
-      return eph_error_set(err, EPH_E_PROTOCOL, "model call to %s: body is not valid JSON (%s): %s",
-                           c->p->url, why, ex);
-    }
-  }
-  r = c->p->api == API_CHAT ? eph_chat_parse_response(root, c->p->url, c->resp, err)
+  if (!c->p->stream)
+    root = eph_mhttp_parse_body(body, len, c->p->url, err);
+  else if (c->p->api == API_CHAT)
+    root = eph_chat_stream_finish(&c->chat, c->p->url, err);
+  else
+    root = eph_responses_stream_finish(&c->responses, c->p->url, err);
+  if (!root)
+    return err && err->code ? -err->code : -EPH_E_PROTOCOL;
+  int r = c->p->api == API_CHAT ? eph_chat_parse_response(root, c->p->url, c->resp, err)
                             : eph_responses_parse(root, c->p->url, c->resp, err);
   if (r < 0) {
     json_object_put(root);
@@ -404,14 +376,9 @@ openai_complete(void *state, const eph_model_request_t *req, eph_model_response_
                 eph_error_t *err)
 {
   openai_t *s = state;
-  resp->message = resp->raw = NULL;
-  resp->finish_reason[0] = '\0';
-  resp->input_tokens = resp->output_tokens = 0;
-  eph_chat_set_cache(resp, 0, 0);
-
-  if (!req || !req->model || !req->messages ||
-      !json_object_is_type(req->messages, json_type_array))
-    return eph_error_set(err, EINVAL, "model request: model and a messages array are required");
+  int r = eph_chat_response_begin(req, resp, err);
+  if (r < 0)
+    return r;
   const provider_t *p = route(s, req->model);
   if (!p)
     return eph_error_set(err, EINVAL, "model '%s': no provider of model-openai has its prefix",
@@ -423,18 +390,13 @@ openai_complete(void *state, const eph_model_request_t *req, eph_model_response_
   if (!body)
     return err && err->code ? -err->code : -ENOMEM;
 
-  struct curl_slist *headers = NULL, *h;
-  h = curl_slist_append(headers, "Content-Type: application/json");
-  headers = h ? h : headers;
-  if (h && (h = curl_slist_append(headers, p->stream ? "Accept: text/event-stream"
-                                                     : "Accept: application/json")))
-    headers = h;
-  if (h && p->auth_header && (h = curl_slist_append(headers, p->auth_header)))
-    headers = h;
-  if (!h) {
-    curl_slist_free_all(headers);
+  const char *lines[] = {"Content-Type: application/json",
+                         p->stream ? "Accept: text/event-stream" : "Accept: application/json",
+                         p->auth_header};
+  struct curl_slist *headers = eph_mhttp_headers(lines, sizeof lines / sizeof lines[0], err);
+  if (!headers) {
     free(body);
-    return eph_error_set(err, ENOMEM, "out of memory building request headers");
+    return -ENOMEM;
   }
 
   call_ctx_t ctx = {.p = p, .resp = resp};
@@ -454,19 +416,12 @@ openai_complete(void *state, const eph_model_request_t *req, eph_model_response_
       .on_done = on_done,
       .opaque = &ctx,
   };
-  int r = eph_mhttp_post(&s->policy, s->host, &call, err);
+  r = eph_mhttp_post(&s->policy, s->host, &call, err);
   eph_chat_stream_reset(&ctx.chat);
   eph_responses_stream_reset(&ctx.responses);
   curl_slist_free_all(headers);
   free(body);
-  if (r < 0) {
-    eph_model_response_clear(resp);
-    return r;
-  }
-  eph_mhttp_log(s->host, p->api_key, EPH_LOG_DEBUG, "model call: %llu+%llu tokens, %s",
-                (unsigned long long)resp->input_tokens, (unsigned long long)resp->output_tokens,
-                resp->finish_reason);
-  return 0;
+  return eph_mhttp_complete_end(s->host, p->api_key, resp, r);
 }
 
 static const eph_model_ops_t openai_ops = {

@@ -41,9 +41,9 @@
 
 #include <ephemeral/plugin.h>
 
-#include "../model-anthropic/messages.h"
-#include "../model-openai/chat.h"
-#include "../model-openai/responses.h"
+#include "support/model_chat.h"
+#include "support/model_messages.h"
+#include "support/model_responses.h"
 
 #define MODEL_PREFIX "replay:"
 #define TRANSCRIPT_MAX_BYTES (64u << 20)

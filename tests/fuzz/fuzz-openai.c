@@ -1,6 +1,6 @@
 /* Fuzz target: what a hosted model API answers (plugins/model-openai, plugins/model-anthropic),
  * i.e. whatever the configured base_url sends back: a compromised or impostor endpoint, or a
- * proxy in between, controls all of it. The shared transport (plugins/model-openai/http.c) is
+ * proxy in between, controls all of it. The shared transport (sdk/support/model_http.c) is
  * included here so its static curl callbacks (header, body, the SSE line parser) are reached
  * without a server; the response parsers are linked as the plugins link them.
  *
@@ -17,12 +17,12 @@
  *    body.
  * Oracle besides memory errors and leaks: no error message holds the API key once redacted
  * with eph_mhttp_redact (as eph_mhttp_post does; the API may echo a wrong key back), and each
- * event's data is NUL-terminated at its length (http.h's promise). */
-#include "../../plugins/model-openai/http.c"
+ * event's data is NUL-terminated at its length (model_http.h's promise). */
+#include "../../sdk/support/model_http.c"
 
-#include "../../plugins/model-anthropic/messages.h"
-#include "../../plugins/model-openai/chat.h"
-#include "../../plugins/model-openai/responses.h"
+#include "support/model_chat.h"
+#include "support/model_messages.h"
+#include "support/model_responses.h"
 
 #include "fuzz.h"
 

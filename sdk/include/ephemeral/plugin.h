@@ -406,7 +406,7 @@ typedef struct eph_sandbox_spec {
   uint32_t struct_size;
   const char *run_id;           /* names the sandbox; unique per host */
   eph_sandbox_limits_t limits;
-  int64_t deadline_ms;          /* wall-clock end: the backend kills everything by then */
+  int64_t deadline_ms;          /* CLOCK_MONOTONIC ms: the backend kills everything by then */
   int network;                  /* 0: loopback only; 1: one egress route to proxy_url */
   const char *proxy_url;        /* "http://ADDR:PORT" the sandbox may reach when network=1 */
   /* (minor 1) With network=1: an fd of the network namespace holding the proxy's listening

@@ -1,4 +1,4 @@
-/* The hosted-model transport shared by model-openai and model-anthropic (see http.h).
+/* The hosted-model transport shared by model-openai and model-anthropic (see model_http.h).
  *
  * The API key is only ever written into the headers the caller builds for requests to its
  * base_url: redirects are not followed, plain http is refused for anything but a loopback
@@ -11,7 +11,7 @@
  * decoded by the caller with json-c. */
 #include "config.h" /* autoconf: _GNU_SOURCE */
 
-#include "http.h"
+#include "model_http.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -209,6 +209,97 @@ eph_mhttp_load_key(const eph_host_t *host, const char *where, const char *key_fi
                "%s: no API key: environment variable %s is not set and api_key_file is empty",
                where, key_env) < 0)
     *no_key_reason = NULL;
+  return r;
+}
+
+int
+eph_mhttp_key_header(const eph_host_t *host, const char *where, const char *key_file,
+                     const char *key_env, const char *header_prefix, bool required, char **key,
+                     char **header, char **no_key_reason, eph_error_t *err)
+{
+  *header = NULL;
+  int r = eph_mhttp_load_key(host, where, key_file, key_env, key, no_key_reason, err);
+  if (r < 0)
+    return r;
+  if (required && !*key && !*no_key_reason &&
+      asprintf(no_key_reason, "%s: no API key: set api_key_file or api_key_env", where) < 0)
+    *no_key_reason = NULL;
+  if (*key && asprintf(header, "%s%s", header_prefix, *key) < 0) {
+    *header = NULL;
+    return eph_error_set(err, ENOMEM, "out of memory");
+  }
+  if (*no_key_reason)
+    eph_mhttp_log(host, NULL, EPH_LOG_DEBUG, "%s; model calls will fail until it is set",
+                  *no_key_reason);
+  return 0;
+}
+
+int
+eph_mhttp_endpoint(const char *base_url, const char *path, char **url, eph_error_t *err)
+{
+  size_t blen = strlen(base_url);
+  while (blen > 0 && base_url[blen - 1] == '/')
+    blen--;
+  if (asprintf(url, "%.*s/%s", (int)blen, base_url, path) < 0) {
+    *url = NULL;
+    return eph_error_set(err, ENOMEM, "out of memory");
+  }
+  return 0;
+}
+
+struct curl_slist *
+eph_mhttp_headers(const char *const *lines, size_t n, eph_error_t *err)
+{
+  struct curl_slist *headers = NULL, *h;
+  for (size_t i = 0; i < n; i++) {
+    if (!lines[i])
+      continue;
+    if (!(h = curl_slist_append(headers, lines[i]))) {
+      curl_slist_free_all(headers);
+      eph_error_set(err, ENOMEM, "out of memory building request headers");
+      return NULL;
+    }
+    headers = h;
+  }
+  return headers;
+}
+
+char *
+eph_mhttp_body_text(json_object *body, eph_error_t *err)
+{
+  const char *text =
+      json_object_to_json_string_ext(body, JSON_C_TO_STRING_PLAIN | JSON_C_TO_STRING_NOSLASHESCAPE);
+  char *copy = text ? strdup(text) : NULL;
+  json_object_put(body);
+  if (!copy)
+    eph_error_set(err, ENOMEM, "out of memory building the request body");
+  return copy;
+}
+
+json_object *
+eph_mhttp_parse_body(const char *body, size_t len, const char *url, eph_error_t *err)
+{
+  const char *why = NULL;
+  json_object *root = eph_mhttp_parse_json(body, len, &why);
+  if (!root) {
+    char ex[120];
+    eph_mhttp_excerpt(body, len, ex, sizeof ex);
+    eph_error_set(err, EPH_E_PROTOCOL, "model call to %s: body is not valid JSON (%s): %s", url,
+                  why, ex);
+  }
+  return root;
+}
+
+int
+eph_mhttp_complete_end(const eph_host_t *host, const char *key, eph_model_response_t *resp, int r)
+{
+  if (r < 0) {
+    eph_model_response_clear(resp);
+    return r;
+  }
+  eph_mhttp_log(host, key, EPH_LOG_DEBUG, "model call: %llu+%llu tokens, %s",
+                (unsigned long long)resp->input_tokens, (unsigned long long)resp->output_tokens,
+                resp->finish_reason);
   return r;
 }
 

@@ -1,13 +1,16 @@
 /* Chat Completions response parsing shared by model-openai (which receives the bodies) and
  * model-replay (which reads the same bodies back from a transcript), so a recorded
- * transcript is read exactly the way it was first understood.
+ * transcript is read exactly the way it was first understood; the normalised assistant
+ * message, token counts and stream buffers it defines are model-anthropic's too.
  *
- * Compiled into each of the two plugins (hidden visibility: nothing here is exported). */
-#ifndef EPH_PLUGIN_CHAT_H
-#define EPH_PLUGIN_CHAT_H
+ * Part of sdk/support/libephmodel.la, linked into each of those plugins (hidden
+ * visibility: nothing here is exported). */
+#ifndef EPH_SUPPORT_MODEL_CHAT_H
+#define EPH_SUPPORT_MODEL_CHAT_H
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <string.h>
 
 #include <ephemeral/plugin.h>
 
@@ -29,10 +32,25 @@ int eph_chat_parse_response(json_object *body, const char *where, eph_model_resp
 /* The string value of key in obj, or NULL when absent or not a string. */
 const char *eph_chat_get_string(json_object *obj, const char *key);
 
+/* The response body's "usage" object (borrowed), or NULL with -EPH_E_PROTOCOL: every
+ * wire format must count its tokens, they are billed. */
+json_object *eph_chat_usage(json_object *body, const char *where, eph_error_t *err);
+
 /* A token count: obj.key as a non-negative integer into *out. A missing (or null) key is
  * an error naming `what` (e.g. "usage.input_tokens") when required, else *out = 0. */
 int eph_chat_get_count(json_object *obj, const char *key, const char *where, const char *what,
                        bool required, uint64_t *out, eph_error_t *err);
+
+/* What every hosted-model complete() starts with: resp emptied (no message, no raw body,
+ * no reason, zero counts), then req checked for a model and a messages array (-EINVAL). */
+int eph_chat_response_begin(const eph_model_request_t *req, eph_model_response_t *resp,
+                            eph_error_t *err);
+
+/* messages[i] of the core's conversation read for a request builder: *role (required) and
+ * *text, the string content or NULL when there is none. -EINVAL naming messages[i] when the
+ * role is missing or the content is not a string. Both strings borrowed from messages. */
+int eph_chat_message_at(json_object *messages, size_t i, const char **role, const char **text,
+                        eph_error_t *err);
 
 /* Stores the prompt-cache counts in resp when the caller's struct has room for them. */
 void eph_chat_set_cache(eph_model_response_t *resp, uint64_t read, uint64_t write);
@@ -49,6 +67,17 @@ void eph_chat_buf_free(eph_chat_buf_t *b);
  * borrowed for the call, not NUL-terminated. Set on a stream struct; kept across resets. */
 typedef void (*eph_text_delta_fn)(void *opaque, const char *text, size_t bytes);
 
+/* Empties a stream struct *st (every stream below) but for its on_text and text_opaque,
+ * which survive a reset; what the struct owned must be freed first. */
+#define EPH_STREAM_CLEAR(st)                                                                       \
+  do {                                                                                             \
+    eph_text_delta_fn on_text_ = (st)->on_text;                                                    \
+    void *text_opaque_ = (st)->text_opaque;                                                        \
+    memset((st), 0, sizeof *(st));                                                                 \
+    (st)->on_text = on_text_;                                                                      \
+    (st)->text_opaque = text_opaque_;                                                              \
+  } while (0)
+
 /* Chat Completions streaming (stream: true, stream_options.include_usage): the chunks of
  * one answer, accumulated into the chat.completion body a non-streaming call would have
  * returned, so both read the same (and --record writes the same). */
@@ -64,7 +93,7 @@ typedef struct eph_chat_stream {
     bool used;
   } calls[EPH_CHAT_STREAM_MAX_CALLS];
   size_t n_calls;
-  bool done; /* "data: [DONE]" */
+  bool done;                 /* "data: [DONE]" */
   eph_text_delta_fn on_text; /* optional; survives eph_chat_stream_reset() */
   void *text_opaque;
 } eph_chat_stream_t;

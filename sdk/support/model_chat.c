@@ -5,7 +5,7 @@
  * completion_tokens, total_tokens}. */
 #include "config.h" /* autoconf: _GNU_SOURCE */
 
-#include "chat.h"
+#include "model_chat.h"
 
 #include <errno.h>
 #include <stdbool.h>
@@ -21,13 +21,25 @@ eph_chat_get_string(json_object *obj, const char *key)
   return json_object_get_string(v);
 }
 
+json_object *
+eph_chat_usage(json_object *body, const char *where, eph_error_t *err)
+{
+  json_object *usage = NULL;
+  if (!json_object_object_get_ex(body, "usage", &usage) ||
+      !json_object_is_type(usage, json_type_object)) {
+    eph_error_set(err, EPH_E_PROTOCOL,
+                  "%s: response has no usage object (token counts are needed for billing)", where);
+    return NULL;
+  }
+  return usage;
+}
+
 static int
 get_tokens(json_object *usage, const char *key, const char *where, uint64_t *out, eph_error_t *err)
 {
   json_object *v = NULL;
   if (!json_object_object_get_ex(usage, key, &v) || !json_object_is_type(v, json_type_int))
-    return eph_error_set(err, EPH_E_PROTOCOL, "%s: usage.%s missing or not an integer", where,
-                         key);
+    return eph_error_set(err, EPH_E_PROTOCOL, "%s: usage.%s missing or not an integer", where, key);
   int64_t n = json_object_get_int64(v);
   if (n < 0)
     return eph_error_set(err, EPH_E_PROTOCOL, "%s: usage.%s is negative", where, key);
@@ -50,8 +62,8 @@ normalise_tool_call(json_object *tc, size_t i, const char *where, json_object *o
   /* "function" is the only tool call type Chat Completions defines for function tools;
    * a missing type is tolerated because some compatible servers omit it. */
   if (type && strcmp(type, "function") != 0)
-    return eph_error_set(err, EPH_E_PROTOCOL, "%s: tool_calls[%zu].type is \"%s\", not \"function\"",
-                         where, i, type);
+    return eph_error_set(err, EPH_E_PROTOCOL,
+                         "%s: tool_calls[%zu].type is \"%s\", not \"function\"", where, i, type);
   if (!json_object_object_get_ex(tc, "function", &fn) || !json_object_is_type(fn, json_type_object))
     return eph_error_set(err, EPH_E_PROTOCOL, "%s: tool_calls[%zu].function missing", where, i);
   const char *name = eph_chat_get_string(fn, "name");
@@ -94,11 +106,8 @@ eph_chat_parse_response(json_object *body, const char *where, eph_model_response
       !json_object_is_type(msg, json_type_object))
     return eph_error_set(err, EPH_E_PROTOCOL, "%s: choices[0].message missing", where);
 
-  if (!json_object_object_get_ex(body, "usage", &usage) ||
-      !json_object_is_type(usage, json_type_object))
-    return eph_error_set(err, EPH_E_PROTOCOL,
-                         "%s: response has no usage object (token counts are needed for billing)",
-                         where);
+  if (!(usage = eph_chat_usage(body, where, err)))
+    return -EPH_E_PROTOCOL;
   if ((r = get_tokens(usage, "prompt_tokens", where, &resp->input_tokens, err)) < 0 ||
       (r = get_tokens(usage, "completion_tokens", where, &resp->output_tokens, err)) < 0)
     return r;
@@ -135,8 +144,8 @@ eph_chat_parse_response(json_object *body, const char *where, eph_model_response
   if (json_object_object_get_ex(msg, "tool_calls", &v) && v) {
     if (!json_object_is_type(v, json_type_array)) {
       json_object_put(out);
-      return eph_error_set(err, EPH_E_PROTOCOL,
-                           "%s: choices[0].message.tool_calls is not an array", where);
+      return eph_error_set(err, EPH_E_PROTOCOL, "%s: choices[0].message.tool_calls is not an array",
+                           where);
     }
     size_t n = json_object_array_length(v);
     if (n > 0) {
@@ -189,6 +198,34 @@ eph_chat_set_cache(eph_model_response_t *resp, uint64_t read, uint64_t write)
 }
 
 int
+eph_chat_response_begin(const eph_model_request_t *req, eph_model_response_t *resp,
+                        eph_error_t *err)
+{
+  resp->message = resp->raw = NULL;
+  resp->finish_reason[0] = '\0';
+  resp->input_tokens = resp->output_tokens = 0;
+  eph_chat_set_cache(resp, 0, 0);
+  if (!req || !req->model || !req->messages || !json_object_is_type(req->messages, json_type_array))
+    return eph_error_set(err, EINVAL, "model request: model and a messages array are required");
+  return 0;
+}
+
+int
+eph_chat_message_at(json_object *messages, size_t i, const char **role, const char **text,
+                    eph_error_t *err)
+{
+  json_object *m = json_object_array_get_idx(messages, i), *content = NULL;
+  *text = NULL;
+  if (!(*role = eph_chat_get_string(m, "role")))
+    return eph_error_set(err, EINVAL, "messages[%zu]: no role", i);
+  json_object_object_get_ex(m, "content", &content);
+  if (content && !json_object_is_type(content, json_type_string))
+    return eph_error_set(err, EINVAL, "messages[%zu].content is not a string", i);
+  *text = content ? json_object_get_string(content) : NULL;
+  return 0;
+}
+
+int
 eph_chat_buf_add(eph_chat_buf_t *b, const char *s, size_t n)
 {
   if (b->len + n + 1 > b->cap) {
@@ -228,11 +265,7 @@ eph_chat_stream_reset(eph_chat_stream_t *st)
     eph_chat_buf_free(&st->calls[i].name);
     eph_chat_buf_free(&st->calls[i].args);
   }
-  eph_text_delta_fn on_text = st->on_text;
-  void *text_opaque = st->text_opaque;
-  memset(st, 0, sizeof *st);
-  st->on_text = on_text;
-  st->text_opaque = text_opaque;
+  EPH_STREAM_CLEAR(st);
 }
 
 static int
@@ -381,7 +414,7 @@ eph_chat_stream_finish(eph_chat_stream_t *st, const char *where, eph_error_t *er
   json_object *body = json_object_new_object();
   if (st->meta) {
     json_object_object_foreach(st->meta, k, mv)
-        json_object_object_add(body, k, json_object_get(mv));
+      json_object_object_add(body, k, json_object_get(mv));
   }
   json_object_object_add(body, "object", json_object_new_string("chat.completion"));
   json_object *msg = json_object_new_object();

@@ -1,8 +1,8 @@
 /* OpenAI Responses API: the core's conversation as input items, response objects read back
- * into the normalised assistant message (see responses.h). */
+ * into the normalised assistant message (see model_responses.h). */
 #include "config.h" /* autoconf: _GNU_SOURCE */
 
-#include "responses.h"
+#include "model_responses.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -25,18 +25,10 @@ eph_responses_input(json_object *messages, eph_error_t *err)
   json_object *items = json_object_new_array();
   size_t n = json_object_array_length(messages);
   for (size_t i = 0; i < n; i++) {
-    json_object *m = json_object_array_get_idx(messages, i), *tcs = NULL, *content = NULL;
-    const char *role = eph_chat_get_string(m, "role");
-    if (!role) {
-      eph_error_set(err, EINVAL, "messages[%zu]: no role", i);
+    json_object *m = json_object_array_get_idx(messages, i), *tcs = NULL;
+    const char *role, *text;
+    if (eph_chat_message_at(messages, i, &role, &text, err) < 0)
       goto fail;
-    }
-    json_object_object_get_ex(m, "content", &content);
-    if (content && !json_object_is_type(content, json_type_string)) {
-      eph_error_set(err, EINVAL, "messages[%zu].content is not a string", i);
-      goto fail;
-    }
-    const char *text = content ? json_object_get_string(content) : NULL;
     if (strcmp(role, "tool") == 0) {
       const char *id = eph_chat_get_string(m, "tool_call_id");
       if (!id) {
@@ -123,11 +115,8 @@ eph_responses_parse(json_object *body, const char *where, eph_model_response_t *
   if (!json_object_object_get_ex(body, "output", &output) ||
       !json_object_is_type(output, json_type_array))
     return eph_error_set(err, EPH_E_PROTOCOL, "%s: response has no output array", where);
-  if (!json_object_object_get_ex(body, "usage", &usage) ||
-      !json_object_is_type(usage, json_type_object))
-    return eph_error_set(err, EPH_E_PROTOCOL,
-                         "%s: response has no usage object (token counts are needed for billing)",
-                         where);
+  if (!(usage = eph_chat_usage(body, where, err)))
+    return -EPH_E_PROTOCOL;
   uint64_t cached = 0;
   if ((r = eph_chat_get_count(usage, "input_tokens", where, "usage.input_tokens", true,
                               &resp->input_tokens, err)) < 0 ||
@@ -235,11 +224,7 @@ eph_responses_stream_reset(eph_responses_stream_t *st)
   for (size_t i = 0; i < st->n_items; i++)
     if (st->items[i])
       json_object_put(st->items[i]);
-  eph_text_delta_fn on_text = st->on_text;
-  void *text_opaque = st->text_opaque;
-  memset(st, 0, sizeof *st);
-  st->on_text = on_text;
-  st->text_opaque = text_opaque;
+  EPH_STREAM_CLEAR(st);
 }
 
 /* Appends s to the string member key of obj (created when absent). */

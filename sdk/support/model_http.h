@@ -2,9 +2,10 @@
  * loading, base_url checks, key scrubbing, and one POST with retries, backoff, deadlines and
  * an optional Server-Sent Events (SSE) stream, over libcurl.
  *
- * Compiled into each plugin that needs it (hidden visibility: nothing here is exported). */
-#ifndef EPH_PLUGIN_MODEL_HTTP_H
-#define EPH_PLUGIN_MODEL_HTTP_H
+ * Part of sdk/support/libephmodelhttp.la, linked into each of those plugins (hidden
+ * visibility: nothing here is exported). */
+#ifndef EPH_SUPPORT_MODEL_HTTP_H
+#define EPH_SUPPORT_MODEL_HTTP_H
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -34,6 +35,38 @@ int eph_mhttp_policy_read(const eph_host_t *host, const config_setting_t *config
 int eph_mhttp_load_key(const eph_host_t *host, const char *where, const char *key_file,
                        const char *key_env, char **key, char **no_key_reason, eph_error_t *err);
 void eph_mhttp_free_secret(char *s);
+
+/* What a hosted-model plugin's init does with its key: loads it (eph_mhttp_load_key) and
+ * formats the header line that carries it, "<header_prefix><key>" (e.g. "x-api-key: "),
+ * into *header (NULL when there is no key). When `required` and no key source is
+ * configured at all, *no_key_reason says so too (otherwise no key means no header: local
+ * servers). A missing key is logged at debug level; calls must then fail with
+ * *no_key_reason. *key and *header are freed with eph_mhttp_free_secret, *no_key_reason
+ * with free(). Errors as eph_mhttp_load_key, or -ENOMEM. */
+int eph_mhttp_key_header(const eph_host_t *host, const char *where, const char *key_file,
+                         const char *key_env, const char *header_prefix, bool required, char **key,
+                         char **header, char **no_key_reason, eph_error_t *err);
+
+/* "<base_url>/<path>" into *url (heap), the base's trailing slashes dropped. -ENOMEM. */
+int eph_mhttp_endpoint(const char *base_url, const char *path, char **url, eph_error_t *err);
+
+/* The request's header list from lines (NULL entries skipped), or NULL with err set
+ * (-ENOMEM). Free with curl_slist_free_all. */
+struct curl_slist *eph_mhttp_headers(const char *const *lines, size_t n, eph_error_t *err);
+
+/* The request body as compact JSON text (slashes unescaped), heap; consumes body (one
+ * reference). NULL with err set (-ENOMEM). */
+char *eph_mhttp_body_text(json_object *body, eph_error_t *err);
+
+/* A non-streamed 2xx body as one JSON value (owned by the caller), or NULL with
+ * -EPH_E_PROTOCOL naming url, the parser's complaint and an excerpt of the body. */
+json_object *eph_mhttp_parse_body(const char *body, size_t len, const char *url, eph_error_t *err);
+
+/* How a hosted-model complete() ends with the result r of its call: on failure resp is
+ * cleared (no half answer), on success the debug line with its tokens and finish reason
+ * (scrubbed of key). Returns r. */
+int eph_mhttp_complete_end(const eph_host_t *host, const char *key, eph_model_response_t *resp,
+                           int r);
 
 /* Refuses a base_url that is not http(s), or plain http to a non-loopback host (the key
  * would travel in clear) unless allow_plain_http. */

@@ -1,7 +1,7 @@
-/* Anthropic Messages API request building and response parsing (see messages.h). */
+/* Anthropic Messages API request building and response parsing (see model_messages.h). */
 #include "config.h" /* autoconf: _GNU_SOURCE */
 
-#include "messages.h"
+#include "model_messages.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -45,18 +45,10 @@ eph_messages_request(const char *model, json_object *messages, json_object *tool
   eph_chat_buf_t system = {0};
   size_t n = json_object_array_length(messages);
   for (size_t i = 0; i < n; i++) {
-    json_object *m = json_object_array_get_idx(messages, i), *content = NULL, *tcs = NULL;
-    const char *role = eph_chat_get_string(m, "role");
-    if (!role) {
-      eph_error_set(err, EINVAL, "messages[%zu]: no role", i);
+    json_object *m = json_object_array_get_idx(messages, i), *tcs = NULL;
+    const char *role, *text;
+    if (eph_chat_message_at(messages, i, &role, &text, err) < 0)
       goto fail;
-    }
-    json_object_object_get_ex(m, "content", &content);
-    if (content && !json_object_is_type(content, json_type_string)) {
-      eph_error_set(err, EINVAL, "messages[%zu].content is not a string", i);
-      goto fail;
-    }
-    const char *text = content ? json_object_get_string(content) : NULL;
     json_object *blocks = json_object_new_array();
     if (strcmp(role, "system") == 0 || strcmp(role, "developer") == 0) {
       json_object_put(blocks);
@@ -198,11 +190,8 @@ eph_messages_parse(json_object *body, const char *where, eph_model_response_t *r
   if (!json_object_object_get_ex(body, "content", &content) ||
       !json_object_is_type(content, json_type_array))
     return eph_error_set(err, EPH_E_PROTOCOL, "%s: response content is not an array", where);
-  if (!json_object_object_get_ex(body, "usage", &usage) ||
-      !json_object_is_type(usage, json_type_object))
-    return eph_error_set(err, EPH_E_PROTOCOL,
-                         "%s: response has no usage object (token counts are needed for billing)",
-                         where);
+  if (!(usage = eph_chat_usage(body, where, err)))
+    return -EPH_E_PROTOCOL;
   uint64_t in = 0, cw = 0, cr = 0;
   if ((r = eph_chat_get_count(usage, "input_tokens", where, "usage.input_tokens", true, &in, err)) <
           0 ||
@@ -299,11 +288,7 @@ eph_messages_stream_reset(eph_messages_stream_t *st)
       json_object_put(st->blocks[i]);
     eph_chat_buf_free(&st->text[i]);
   }
-  eph_text_delta_fn on_text = st->on_text;
-  void *text_opaque = st->text_opaque;
-  memset(st, 0, sizeof *st);
-  st->on_text = on_text;
-  st->text_opaque = text_opaque;
+  EPH_STREAM_CLEAR(st);
 }
 
 static int
@@ -429,7 +414,7 @@ eph_messages_stream_event(eph_messages_stream_t *st, const char *event, const ch
   } else if (strcmp(type, "message_delta") == 0) {
     if (json_object_object_get_ex(ev, "delta", &v) && json_object_is_type(v, json_type_object)) {
       json_object_object_foreach(v, k, dv)
-          json_object_object_add(st->message, k, json_object_get(dv));
+        json_object_object_add(st->message, k, json_object_get(dv));
     }
     /* message_delta usage counts are cumulative: they replace message_start's. */
     if (json_object_object_get_ex(ev, "usage", &u) && json_object_is_type(u, json_type_object)) {
@@ -439,7 +424,8 @@ eph_messages_stream_event(eph_messages_stream_t *st, const char *event, const ch
         mu = json_object_new_object();
         json_object_object_add(st->message, "usage", mu);
       }
-      json_object_object_foreach(u, k, uv) if (uv)
+      json_object_object_foreach(u, k, uv)
+        if (uv)
           json_object_object_add(mu, k, json_object_get(uv));
     }
   } else if (strcmp(type, "message_stop") == 0) {

@@ -3,11 +3,12 @@
  * normalised assistant message, shared by model-anthropic and model-replay (which reads
  * recorded message objects back). https://docs.anthropic.com/en/api/messages
  *
- * Compiled into each of the two plugins (hidden visibility: nothing here is exported). */
-#ifndef EPH_PLUGIN_MESSAGES_H
-#define EPH_PLUGIN_MESSAGES_H
+ * Part of sdk/support/libephmodel.la, linked into each of those plugins (hidden
+ * visibility: nothing here is exported). */
+#ifndef EPH_SUPPORT_MODEL_MESSAGES_H
+#define EPH_SUPPORT_MODEL_MESSAGES_H
 
-#include "../model-openai/chat.h"
+#include "model_chat.h"
 
 /* The request body {model, max_tokens, system, messages, tools, tool_choice, stream}:
  *  - system messages joined (blank line between) into the top-level "system";
@@ -50,7 +51,7 @@ typedef struct eph_messages_stream {
   eph_chat_buf_t text[EPH_MESSAGES_MAX_BLOCKS]; /* text, or tool_use partial_json */
   bool stopped[EPH_MESSAGES_MAX_BLOCKS];
   size_t n_blocks;
-  bool done; /* message_stop */
+  bool done;                 /* message_stop */
   eph_text_delta_fn on_text; /* optional: text_delta pieces; survives a reset */
   void *text_opaque;
 } eph_messages_stream_t;

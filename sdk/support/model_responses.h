@@ -2,11 +2,12 @@
  * shared by model-openai and model-replay (which reads recorded response objects back).
  * https://platform.openai.com/docs/api-reference/responses
  *
- * Compiled into each of the two plugins (hidden visibility: nothing here is exported). */
-#ifndef EPH_PLUGIN_RESPONSES_H
-#define EPH_PLUGIN_RESPONSES_H
+ * Part of sdk/support/libephmodel.la, linked into each of those plugins (hidden
+ * visibility: nothing here is exported). */
+#ifndef EPH_SUPPORT_MODEL_RESPONSES_H
+#define EPH_SUPPORT_MODEL_RESPONSES_H
 
-#include "chat.h"
+#include "model_chat.h"
 
 /* The core's Chat Completions messages as Responses input items: system/user/assistant
  * text as message items, each assistant tool call as a function_call item, each tool
