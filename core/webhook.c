@@ -14,7 +14,6 @@
 #include <openssl/evp.h>
 #include <openssl/params.h>
 
-#include "support/net.h"
 #include "conf.h"
 #include "log.h"
 #include "util.h"

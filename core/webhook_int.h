@@ -10,7 +10,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "../plugins/tool-web/net.h"
+#include "support/net.h"
 #include "webhook.h"
 
 struct eph_webhooks {
