@@ -36,7 +36,7 @@ enum { FD_GUEST = 3, FD_QMP, FD_KERNEL, FD_INITRD, FD_INCOMING, FD_TAP, FD_FIRST
 /* The host's TSC rate in kHz, measured against CLOCK_MONOTONIC_RAW over ~20 ms. Under TCG
  * the guest's TSC is the host's, and the guest kernel's own calibration against the
  * emulated PIT fails now and then on a busy host (the boot then hangs). */
-int64_t
+static int64_t
 measure_tsc_khz(void)
 {
   struct timespec a, b;
@@ -48,6 +48,19 @@ measure_tsc_khz(void)
   clock_gettime(CLOCK_MONOTONIC_RAW, &b);
   int64_t ns = (b.tv_sec - a.tv_sec) * 1000000000LL + (b.tv_nsec - a.tv_nsec);
   return ns > 0 ? (int64_t)((t1 - t0) * 1000000ULL / (uint64_t)ns) : 0;
+}
+
+int64_t
+qemu_tsc_khz(qemu_t *q)
+{
+  if (q->cfg.tsc_khz > 0)
+    return q->cfg.tsc_khz;
+  pthread_mutex_lock(&q->lock);
+  if (q->tsc_khz < 0)
+    q->tsc_khz = measure_tsc_khz();
+  int64_t khz = q->tsc_khz;
+  pthread_mutex_unlock(&q->lock);
+  return khz;
 }
 
 /* QEMU 7.2 never makes itself non-dumpable, and its own -runas cannot be combined with
@@ -121,7 +134,7 @@ fail:
 /* ------------------------------------------------------------ launching QEMU */
 
 /* Builds the argument vector of one QEMU start. Strings live in `store`. */
-static void
+void
 build_argv(const qemu_t *q, const launch_t *l, char **argv, size_t max, char store[][512])
 {
   size_t n = 0, s = 0;
@@ -150,11 +163,12 @@ build_argv(const qemu_t *q, const launch_t *l, char **argv, size_t max, char sto
   ARGF("/proc/self/fd/%d", FD_KERNEL);
   ARG("-initrd");
   ARGF("/proc/self/fd/%d", FD_INITRD);
-  /* tsc_early_khz + tsc=reliable: see measure_tsc_khz. panic=-1: reboot at once, which
-   * -no-reboot turns into QEMU's exit. */
+  /* tsc_early_khz + tsc=reliable: see measure_tsc_khz (a cold boot under TCG only: a
+   * restored kernel calibrated at its boot). panic=-1: reboot at once, which -no-reboot
+   * turns into QEMU's exit. */
   char tsc[64] = "";
-  if (strcmp(l->accel, "tcg") == 0 && q->tsc_khz > 0)
-    snprintf(tsc, sizeof tsc, "tsc_early_khz=%" PRId64 " tsc=reliable ", q->tsc_khz);
+  if (strcmp(l->accel, "tcg") == 0 && l->tsc_khz > 0 && l->incoming_fd < 0)
+    snprintf(tsc, sizeof tsc, "tsc_early_khz=%" PRId64 " tsc=reliable ", l->tsc_khz);
   ARG("-append");
   ARGF("%s%s panic=-1 no_timer_check i8042.noaux i8042.nokbd eph_tmp_mib=%" PRIu64
        " eph_pids=%u %s%s%s", q->cfg.console_log ? "console=ttyS0 " : "quiet ", tsc, l->tmp_mib,

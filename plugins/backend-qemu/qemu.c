@@ -103,6 +103,14 @@ static const eph_config_key_t qemu_keys[] = {
   {"snapshot", EPH_CFG_BOOL, "true", NULL,
    "Start sandboxes from a saved ready guest (one cold boot per image and limits, saved "
    "under <state_dir>/qemu/snapshots) instead of booting each; false = always cold boot."},
+  {"snapshot_max_bytes", EPH_CFG_INT, "1073741824", "bytes",
+   "Most disk space the saved snapshots may take (~200 MB each): after a save, the least "
+   "recently used ones are removed until they fit, never one a sandbox is starting from. "
+   "`ephemeral snapshots list|prune` shows and trims them by hand."},
+  {"tsc_khz", EPH_CFG_INT, "0", "kHz",
+   "The host's TSC rate a cold-booting TCG guest is told (its own calibration against the "
+   "emulated timer fails now and then on a busy host); 0 = measured once (~20 ms) at the "
+   "first cold boot. Never part of a snapshot's identity."},
   {"uid_base", EPH_CFG_INT, "68000000", NULL,
    "When ephemeral runs as root, the QEMU of the microVM in slot k runs as uid and gid "
    "uid_base + k, ids owning nothing: two microVMs never share one, so neither can read "
@@ -151,6 +159,8 @@ read_config(qemu_t *q, const config_setting_t *c, eph_error_t *err)
       (r = h->cfg_int(c, "pids", 256, &k->pids, err)) < 0 ||
       (r = h->cfg_int(c, "max_pids", 4096, &k->max_pids, err)) < 0 ||
       (r = h->cfg_bool(c, "snapshot", 1, &k->snapshot, err)) < 0 ||
+      (r = h->cfg_int(c, "snapshot_max_bytes", 1073741824, &k->snapshot_max_bytes, err)) < 0 ||
+      (r = h->cfg_int(c, "tsc_khz", 0, &k->tsc_khz, err)) < 0 ||
       (r = h->cfg_int(c, "uid_base", 68000000, &k->uid_base, err)) < 0 ||
       (r = h->cfg_int(c, "slots", 1024, &k->slots, err)) < 0 ||
       (r = h->cfg_string(c, "append", "", &k->append, err)) < 0 ||
@@ -174,6 +184,10 @@ read_config(qemu_t *q, const config_setting_t *c, eph_error_t *err)
   if (k->uid_base < 1000 || k->uid_base + k->slots > 0xfffffffe)
     return eph_error_set(err, EPH_E_CONFIG, "backend-qemu: key 'uid_base': 1000 .. "
                          "4294967294 - slots (a microVM must never run as root or a system id)");
+  if (k->snapshot_max_bytes < 0)
+    return eph_error_set(err, EPH_E_CONFIG, "backend-qemu: key 'snapshot_max_bytes': >= 0");
+  if (k->tsc_khz < 0 || k->tsc_khz > 100000000)
+    return eph_error_set(err, EPH_E_CONFIG, "backend-qemu: key 'tsc_khz': 0..100000000");
   if (k->kvm_probe_ms < 100)
     return eph_error_set(err, EPH_E_CONFIG, "backend-qemu: key 'kvm_probe_ms': >= 100");
   if (*image_dir)
@@ -226,8 +240,9 @@ qemu_init(const eph_host_t *host, const config_setting_t *config, void **state,
     }
   find_in_path(q->cfg.qemu, q->qemu_path, sizeof q->qemu_path);
   /* A missing QEMU or image is reported by create(), where a run can show it; loading
-   * the plugin must not fail on a host that only uses the jail. */
-  q->tsc_khz = measure_tsc_khz();
+   * the plugin must not fail on a host that only uses the jail, nor cost it time: nothing
+   * is measured here (the TSC rate only at the first cold boot, qemu_tsc_khz). */
+  q->tsc_khz = -1;
   *state = q;
   return 0;
 fail:
@@ -374,10 +389,9 @@ qemu_create(void *state, const eph_sandbox_spec_t *spec, eph_sandbox_t **out, in
   l.log_fd = log_fd;
   /* A snapshot was saved without a NIC and cannot be restored with one: web runs boot. */
   if (k->snapshot && l.tap_fd < 0) {
-    char snap[PATH_MAX];
-    snapshot_path(q, &l, snap, sizeof snap);
     eph_error_t serr = {0};
-    if (ensure_snapshot(q, &l, snap, deadline, &serr) < 0) {
+    if ((snap_fd = snapshot_open(q, &l, deadline, &serr)) < 0) {
+      snap_fd = -1;
       if (eph_now_ms() >= deadline) {
         r = eph_error_set(err, ETIMEDOUT, "the guest sent no hello before the run deadline "
                           "(while saving its snapshot): %s", serr.message);
@@ -385,13 +399,14 @@ qemu_create(void *state, const eph_sandbox_spec_t *spec, eph_sandbox_t **out, in
       }
       q->host->log(EPH_LOG_WARN, "snapshot unavailable, cold boot: %s", serr.message);
     }
-    else if ((snap_fd = open(snap, O_RDONLY | O_CLOEXEC)) < 0)
-      q->host->log(EPH_LOG_WARN, "%s: %s; cold boot", snap, strerror(errno));
     l.incoming_fd = snap_fd;
   }
+  if (l.incoming_fd < 0 && strcmp(l.accel, "tcg") == 0)
+    l.tsc_khz = qemu_tsc_khz(q);
+  int64_t t_launch = eph_now_ms();
   r = launch_qemu(q, &l, &s->vm, &gfd, &qfd, err);
   if (snap_fd >= 0)
-    close(snap_fd);
+    close(snap_fd); /* QEMU shares it (and its flock) until loaded */
   if (l.tap_fd >= 0)
     close(l.tap_fd); /* QEMU holds the tap now; it goes when QEMU does */
   close(log_fd);
@@ -407,15 +422,24 @@ qemu_create(void *state, const eph_sandbox_spec_t *spec, eph_sandbox_t **out, in
     goto fail;
   }
   qfd = -1;
+  int64_t t_qmp = eph_now_ms(), t_loaded = t_qmp;
   if (s->restored) {
     static const char *const loading[] = {"inmigrate", "restore-vm", NULL};
     char st[32];
     if ((r = send_reseed(gfd, err)) < 0 ||
         (r = qmp_wait_status(&s->qmp, loading, deadline, st, sizeof st, err)) < 0)
       goto fail;
+    t_loaded = eph_now_ms();
     if (strcmp(st, "running") != 0 &&
         (r = qmp_exec(&s->qmp, "cont", NULL, -1, deadline, NULL, err)) < 0)
       goto fail;
+    /* Where a restore's time goes (bench/qemu-bench reads this line; the guest's answer
+     * to the reseed, its new hello, is the core's "ready"). */
+    int64_t now = eph_now_ms();
+    q->host->log(EPH_LOG_DEBUG, "%s: restore phases: prepare %" PRId64 " ms, QEMU start %"
+                 PRId64 " ms, incoming migration %" PRId64 " ms, resume %" PRId64 " ms, "
+                 "create %" PRId64 " ms", s->run_id, t_launch - t0, t_qmp - t_launch,
+                 t_loaded - t_qmp, now - t_loaded, now - t0);
   }
   q->host->log(EPH_LOG_DEBUG, "%s: QEMU %d (uid %lld) started (%s, %s, %" PRIu64 " MiB, %u vCPU) "
                "in %" PRId64 " ms", s->run_id, (int)s->vm.qemu,
@@ -608,6 +632,19 @@ qemu_sweep(void *state, eph_error_t *err)
   return reaped;
 }
 
+static int
+qemu_cache_list(void *state, eph_cache_each_fn each, void *ctx, eph_error_t *err)
+{
+  return snapshot_list(state, each, ctx, err);
+}
+
+static int
+qemu_cache_prune(void *state, int64_t max_bytes, eph_cache_each_fn each, void *ctx,
+                 eph_error_t *err)
+{
+  return snapshot_gc(state, max_bytes, NULL, false, each, ctx, err);
+}
+
 static const eph_backend_ops_t qemu_ops = {
   .struct_size = sizeof(eph_backend_ops_t),
   .source = "MicroVM",
@@ -616,6 +653,8 @@ static const eph_backend_ops_t qemu_ops = {
   .stats = qemu_stats,
   .destroy = qemu_destroy,
   .sweep = qemu_sweep,
+  .cache_list = qemu_cache_list,
+  .cache_prune = qemu_cache_prune,
 };
 
 EPH_PLUGIN_EXPORT = {

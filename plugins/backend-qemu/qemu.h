@@ -25,6 +25,8 @@ typedef struct qemu_cfg {
   char *image_dir;
   int64_t kvm_probe_ms, memory_mib, min_memory_mib, max_memory_mib, max_vcpus;
   int64_t scratch_mib, max_scratch_mib, pids, max_pids, uid_base, slots;
+  int64_t snapshot_max_bytes; /* the snapshot store's size limit (snapshot_gc) */
+  int64_t tsc_khz;            /* configured host TSC rate for TCG guests, 0 = measure */
   int snapshot, console_log;
 } qemu_cfg_t;
 
@@ -39,8 +41,8 @@ typedef struct qemu {
   bool exec_checked;        /* qemu_exec_copy ran (under lock) */
   char exec_copy[PATH_MAX]; /* a root-only-readable copy of QEMU (qemu_exec_copy), or "" */
   unsigned long long owner_start; /* our start time, in the slot records */
-  int64_t tsc_khz; /* host TSC rate, handed to the TCG guest (its calibration is flaky) */
-  pthread_mutex_t lock; /* accel verdict, exec copy */
+  int64_t tsc_khz;  /* host TSC rate for a cold-booting TCG guest (qemu_tsc_khz), -1 unknown */
+  pthread_mutex_t lock; /* accel verdict, exec copy, tsc_khz */
   char accel[8];        /* resolved: "kvm" or "tcg"; "" until the first create */
 } qemu_t;
 
@@ -60,7 +62,8 @@ typedef struct launch {
   unsigned vcpus;
   uint64_t tmp_mib;
   unsigned pids;
-  int incoming_fd;        /* snapshot to restore, or -1 */
+  int incoming_fd;        /* snapshot to restore (positioned at its migration stream), or -1 */
+  int64_t tsc_khz;        /* a cold boot under TCG: the host's TSC rate for the guest, 0 none */
   int64_t deadline_ms;    /* the keeper kills QEMU then (CLOCK_MONOTONIC ms; 0 = never) */
   int log_fd;             /* QEMU's stdout/stderr (and the console when console_log) */
   int tap_fd;             /* the NIC's tap (tap.c), or -1: no NIC */
@@ -141,7 +144,12 @@ void log_tail(const char *dir, char *out, size_t size);
  * the keeper itself be killed, QEMU's PR_SET_PDEATHSIG takes QEMU along. */
 enum { KEEPER_STOPPED = 0, KEEPER_QEMU_ENDED = 1, KEEPER_DEADLINE = 3, KEEPER_FAILED = 126 };
 
-int64_t measure_tsc_khz(void);
+/* The host TSC rate in kHz a cold-booting TCG guest is told (tsc_early_khz): the key
+ * tsc_khz, else measured once (~20 ms) at the first cold boot of this process, never at
+ * init and never for a restore (the restored kernel calibrated long ago). 0 = unknown. */
+int64_t qemu_tsc_khz(qemu_t *q);
+/* The argument vector of one QEMU start; strings live in store (16 x 512 bytes). */
+void build_argv(const qemu_t *q, const launch_t *l, char **argv, size_t max, char store[][512]);
 int qemu_exec_copy(const qemu_t *q);
 int launch_qemu(const qemu_t *q, const launch_t *l, vmproc_t *vm, int *guest_fd, int *qmp_fd,
                 eph_error_t *err);
@@ -155,8 +163,23 @@ int write_pid_record(const char *dir, const qemu_t *q, pid_t qemu_pid, eph_error
 
 /* snapshot.c: the snapshot store. */
 
-void snapshot_path(const qemu_t *q, const launch_t *l, char *out, size_t size);
-int ensure_snapshot(const qemu_t *q, const launch_t *base, const char *path, int64_t deadline_ms,
-                    eph_error_t *err);
+/* The snapshot for the machine `l` describes, opened for a restore: validated against the
+ * identity of its inputs (a file recording another identity is refused with a log line,
+ * removed and rebuilt), built first when missing (one cold boot + save, serialised by a
+ * lock so concurrent creates build it once; the store is then garbage-collected to
+ * snapshot_max_bytes). Returns a read-only fd positioned at the migration stream, holding a
+ * shared flock (in use: never pruned) and owned by the caller; negative errno with err set
+ * when there is none (the caller cold-boots). */
+int snapshot_open(qemu_t *q, const launch_t *l, int64_t deadline_ms, eph_error_t *err);
+/* Lists the store (cache_list of eph_backend_ops_t): each() once per snapshot, least
+ * recently used first. Returns the count, or negative errno. */
+int snapshot_list(const qemu_t *q, eph_cache_each_fn each, void *ctx, eph_error_t *err);
+/* Removes snapshots, least recently used first, until the store holds at most max_bytes
+ * (< 0: snapshot_max_bytes); never one in use (a restore holds its flock) nor `keep` (a
+ * file name, may be NULL). build_locked: the caller holds build.lock (else a save a crash
+ * interrupted is only removed when no build runs). each (may be NULL) sees every removed one. Returns how many were
+ * removed, or negative errno. */
+int snapshot_gc(const qemu_t *q, int64_t max_bytes, const char *keep, bool build_locked,
+                eph_cache_each_fn each, void *ctx, eph_error_t *err);
 
 #endif
