@@ -161,16 +161,25 @@ build_argv(const qemu_t *q, const launch_t *l, char **argv, size_t max, char sto
   ARG("on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny");
   ARG("-kernel");
   ARGF("/proc/self/fd/%d", FD_KERNEL);
-  ARG("-initrd");
-  ARGF("/proc/self/fd/%d", FD_INITRD);
+  /* A restore needs no initrd: the saved RAM holds the unpacked root, and the initrd only
+   * lives in fw_cfg (host memory, not migrated), so it would be 60 MB read and copied for
+   * nothing. The kernel stays: it brings the option ROM whose RAM block the stream has. */
+  if (l->incoming_fd < 0) {
+    ARG("-initrd");
+    ARGF("/proc/self/fd/%d", FD_INITRD);
+  }
   /* tsc_early_khz + tsc=reliable: see measure_tsc_khz (a cold boot under TCG only: a
    * restored kernel calibrated at its boot). panic=-1: reboot at once, which -no-reboot
    * turns into QEMU's exit. */
   char tsc[64] = "";
   if (strcmp(l->accel, "tcg") == 0 && l->tsc_khz > 0 && l->incoming_fd < 0)
     snprintf(tsc, sizeof tsc, "tsc_early_khz=%" PRId64 " tsc=reliable ", l->tsc_khz);
+  /* init_on_free=1: a freed page is zeroed at once (and no longer at its next allocation).
+   * Zero pages cost a snapshot nothing, so the pages the boot freed (the unpacked initrd,
+   * init code) drop out of it: measured 195 -> 122 MB, and a restore copies that much
+   * less. */
   ARG("-append");
-  ARGF("%s%s panic=-1 no_timer_check i8042.noaux i8042.nokbd eph_tmp_mib=%" PRIu64
+  ARGF("%s%s panic=-1 no_timer_check init_on_free=1 i8042.noaux i8042.nokbd eph_tmp_mib=%" PRIu64
        " eph_pids=%u %s%s%s", q->cfg.console_log ? "console=ttyS0 " : "quiet ", tsc, l->tmp_mib,
        l->pids, l->tap_fd >= 0 ? l->net : "", l->tap_fd >= 0 ? " " : "", q->cfg.append);
   if (q->cfg.console_log) {
