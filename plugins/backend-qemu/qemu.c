@@ -285,6 +285,25 @@ sandbox_free(eph_sandbox_t *s)
 
 /* ------------------------------------------------------------ create / destroy */
 
+/* CPU time (user + system, all threads) pid used so far, in ms; -1 if unknown. Under load
+ * it tells the work a phase took apart from the waiting. */
+static int64_t
+cpu_ms(pid_t pid)
+{
+  char path[64], buf[1024];
+  snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+  if (!read_small(path, buf, sizeof buf))
+    return -1;
+  char *p = strrchr(buf, ')');
+  unsigned long long ut, st;
+  /* after ")": state(3) ... utime(14) stime(15) */
+  if (!p || sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut,
+                   &st) != 2)
+    return -1;
+  long hz = sysconf(_SC_CLK_TCK);
+  return hz > 0 ? (int64_t)((ut + st) * 1000ULL / (unsigned long long)hz) : -1;
+}
+
 /* A run granting web: a virtio-net NIC whose host side is a tap in the proxy's netns
  * (tap.c), and the guest's address on the kernel command line. On success l->tap_fd is the
  * tap (the caller closes its copy once QEMU has it), s->tap its name and s->proxy_ns_fd a
@@ -438,8 +457,9 @@ qemu_create(void *state, const eph_sandbox_spec_t *spec, eph_sandbox_t **out, in
     int64_t now = eph_now_ms();
     q->host->log(EPH_LOG_DEBUG, "%s: restore phases: prepare %" PRId64 " ms, QEMU start %"
                  PRId64 " ms, incoming migration %" PRId64 " ms, resume %" PRId64 " ms, "
-                 "create %" PRId64 " ms", s->run_id, t_launch - t0, t_qmp - t_launch,
-                 t_loaded - t_qmp, now - t_loaded, now - t0);
+                 "create %" PRId64 " ms (QEMU used %" PRId64 " ms of CPU so far)", s->run_id,
+                 t_launch - t0, t_qmp - t_launch, t_loaded - t_qmp, now - t_loaded, now - t0,
+                 cpu_ms(s->vm.qemu));
   }
   q->host->log(EPH_LOG_DEBUG, "%s: QEMU %d (uid %lld) started (%s, %s, %" PRIu64 " MiB, %u vCPU) "
                "in %" PRId64 " ms", s->run_id, (int)s->vm.qemu,
