@@ -313,9 +313,10 @@ child_exec(const qemu_t *q, char **argv, const int *src, int nsrc, int log_fd, i
   struct rlimit nocore = {0, 0};
   setrlimit(RLIMIT_CORE, &nocore); /* guest RAM never lands in a core file */
   /* No transparent huge pages for guest RAM (QEMU madvises it MADV_HUGEPAGE): a restore
-   * writes ~120 MB scattered over the whole RAM, and each first touch zeroed a 2 MB page:
-   * 277 MB resident (227 MB of it huge pages) instead of ~130, and that much more zeroing
-   * before the guest could run. Inherited by QEMU across execve. */
+   * writes ~120 MB scattered over the whole RAM, and each first touch zeroed a whole 2 MB
+   * page: 277 MB resident (227 MB of it huge pages) instead of ~180, and a restore's CPU
+   * time 310 -> 228 ms (medians of 6, perf stat; 4 KiB faults cost less than the zeroing).
+   * Inherited by QEMU across execve. */
   prctl(PR_SET_THP_DISABLE, 1, 0, 0, 0);
   if (slot >= 0) {
     uid_t id = (uid_t)(q->cfg.uid_base + slot);
