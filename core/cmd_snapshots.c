@@ -117,14 +117,13 @@ eph_cmd_snapshots(eph_ctx_t *ctx, int argc, char **argv)
     asked++;
     listing_t l = {.backend = s->desc->name};
     err = (eph_error_t){0};
-    int r = list ? EPH_WITH_PLUGIN(s, ops->cache_list(s->state, print_entry, &l, &err))
-                 : EPH_WITH_PLUGIN(s, ops->cache_prune(s->state, max_bytes, print_removed, &l,
-                                                       &err));
+    int r =
+        list ? EPH_WITH_PLUGIN(s, ops->cache_list(s->state, print_entry, &l, &err))
+             : EPH_WITH_PLUGIN(s, ops->cache_prune(s->state, max_bytes, print_removed, &l, &err));
     if (r < 0) {
       fprintf(stderr, "snapshots: %s: %s\n", s->desc->name, err.message);
       status = 1;
-    }
-    else if (list)
+    } else if (list)
       fprintf(stderr, "%s: %d entr%s, %" PRIu64 " bytes\n", s->desc->name, l.n,
               l.n == 1 ? "y" : "ies", l.bytes);
     else

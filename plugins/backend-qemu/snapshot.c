@@ -59,8 +59,8 @@ file_identity(const char *label, const char *path, char *out, size_t size)
     snprintf(out, size, "%s %s missing\n", label, path);
   else
     snprintf(out, size, "%s %s dev=%llu ino=%llu size=%lld mtime=%lld.%09ld\n", label, path,
-             (unsigned long long)st.st_dev, (unsigned long long)st.st_ino,
-             (long long)st.st_size, (long long)st.st_mtim.tv_sec, st.st_mtim.tv_nsec);
+             (unsigned long long)st.st_dev, (unsigned long long)st.st_ino, (long long)st.st_size,
+             (long long)st.st_mtim.tv_sec, st.st_mtim.tv_nsec);
 }
 
 /* The identity of the machine `l` describes: hex (65 bytes) = SHA-256 of the inputs text
@@ -140,15 +140,12 @@ open_valid(const char *path, const char *identity, eph_error_t *err)
 {
   int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
   if (fd < 0)
-    return errno == ENOENT ? -ENOENT
-                           : eph_error_set(err, EBADMSG, "%s: %s", path, strerror(errno));
+    return errno == ENOENT ? -ENOENT : eph_error_set(err, EBADMSG, "%s: %s", path, strerror(errno));
   struct stat st;
   char have[65];
-  if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid() ||
-      (st.st_mode & 022)) {
+  if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid() || (st.st_mode & 022)) {
     close(fd);
-    return eph_error_set(err, EBADMSG, "%s: not a regular file of ours writable only by us",
-                         path);
+    return eph_error_set(err, EBADMSG, "%s: not a regular file of ours writable only by us", path);
   }
   if (read_header(fd, have, NULL, 0) < 0 || strcmp(have, identity) != 0) {
     close(fd);
@@ -371,8 +368,12 @@ report(int dfd, const snap_entry_t *s, eph_cache_each_fn each, void *ctx)
     read_header(fd, identity, detail, sizeof detail);
     close(fd);
   }
-  eph_cache_entry_t e = {.struct_size = sizeof e, .name = s->name, .size_bytes = s->bytes,
-                         .used_unix_s = s->used_s, .identity = identity, .detail = detail,
+  eph_cache_entry_t e = {.struct_size = sizeof e,
+                         .name = s->name,
+                         .size_bytes = s->bytes,
+                         .used_unix_s = s->used_s,
+                         .identity = identity,
+                         .detail = detail,
                          .in_use = s->in_use};
   each(ctx, &e);
 }
@@ -382,8 +383,7 @@ snapshot_list(const qemu_t *q, eph_cache_each_fn each, void *ctx, eph_error_t *e
 {
   cleanup_close int dfd = open(q->snap_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dfd < 0)
-    return errno == ENOENT ? 0 : eph_error_set(err, errno, "%s: %s", q->snap_dir,
-                                               strerror(errno));
+    return errno == ENOENT ? 0 : eph_error_set(err, errno, "%s: %s", q->snap_dir, strerror(errno));
   cleanup_free snap_entry_t *v = NULL;
   size_t n = 0;
   int r = scan(q, dfd, &v, &n, err);
@@ -402,8 +402,7 @@ snapshot_gc(const qemu_t *q, int64_t max_bytes, const char *keep, bool build_loc
     max_bytes = q->cfg.snapshot_max_bytes;
   cleanup_close int dfd = open(q->snap_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dfd < 0)
-    return errno == ENOENT ? 0 : eph_error_set(err, errno, "%s: %s", q->snap_dir,
-                                               strerror(errno));
+    return errno == ENOENT ? 0 : eph_error_set(err, errno, "%s: %s", q->snap_dir, strerror(errno));
   cleanup_free snap_entry_t *v = NULL;
   size_t n = 0;
   int r = scan(q, dfd, &v, &n, err);
@@ -433,8 +432,10 @@ snapshot_gc(const qemu_t *q, int64_t max_bytes, const char *keep, bool build_loc
     if (u == 0) {
       total -= v[i].bytes;
       removed++;
-      q->host->log(EPH_LOG_INFO, "snapshot %s/%s removed (%" PRIu64 " bytes; the store "
-                   "keeps at most %" PRId64 ")", q->snap_dir, v[i].name, v[i].bytes, max_bytes);
+      q->host->log(EPH_LOG_INFO,
+                   "snapshot %s/%s removed (%" PRIu64 " bytes; the store "
+                   "keeps at most %" PRId64 ")",
+                   q->snap_dir, v[i].name, v[i].bytes, max_bytes);
     }
   }
   /* Per-snapshot lock files of older versions (builds now share build.lock), and a save a
