@@ -314,8 +314,9 @@ child_exec(const qemu_t *q, char **argv, const int *src, int nsrc, int log_fd, i
   setrlimit(RLIMIT_CORE, &nocore); /* guest RAM never lands in a core file */
   /* Transparent huge pages stay on for guest RAM (QEMU madvises it MADV_HUGEPAGE): a
    * restore reads each zero page the stream names, and with THP one fault maps 2 MB of the
-   * huge zero page; without, it was ~100k 4 KiB faults: QEMU's CPU time to resume 80 -> 210
-   * ms and the ready p50 468 -> 767 ms (12 interleaved pairs), for ~100 MB less resident. */
+   * huge zero page. PR_SET_THP_DISABLE was tried: ~100 MB less resident, but ~100k 4 KiB
+   * faults took QEMU's CPU time to resume from 80 to 210 ms and the ready p50 from 468 to
+   * 767 ms (12 interleaved pairs). */
   if (slot >= 0) {
     uid_t id = (uid_t)(q->cfg.uid_base + slot);
     if (setgroups(extra_gid != (gid_t)-1 ? 1 : 0, &extra_gid) < 0 ||
