@@ -43,6 +43,7 @@ const eph_cli_command_t eph_cli_commands[] = {
      "  store or ledger file (PRAGMA quick_check), a full disk, a plugin that did not load\n"
      "  are reported; runs a dead process left are settled and recorded first.\n",
      true, 1, eph_cmd_doctor},
+    {"snapshots", "snapshots list | prune [--max-bytes N] [--backend NAME]", "list or prune what the backends keep to start sandboxes faster (microVM snapshots)", NULL, true, 1, eph_cmd_snapshots},
     {0},
 };
 

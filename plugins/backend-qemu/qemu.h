@@ -1,12 +1,75 @@
-/* backend-qemu internals shared by its files: the QMP client (qmp.c) and the plugin
- * (qemu.c). Nothing here is exported: the plugin's only public symbol is eph_plugin. */
+/* backend-qemu internals shared by its files. Nothing here is exported: the plugin's only
+ * public symbol is eph_plugin.
+ *   qemu.c      the plugin: configuration, create/destroy/stats/sweep
+ *   launch.c    starting QEMU: argv, slots, the keeper, the accelerator, run directories
+ *   snapshot.c  the snapshot store: identity, save, restore checks, garbage collection
+ *   proc.c      small file and /proc helpers
+ *   qmp.c       the QMP client;  tap.c  the NIC of runs granting web */
 #ifndef EPH_BACKEND_QEMU_H
 #define EPH_BACKEND_QEMU_H
 
+#include <limits.h>
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include <ephemeral/plugin.h>
+
+#define MIB (1024ULL * 1024ULL)
+#define QMP_TIMEOUT_MS 10000
+#define SNAPSHOT_SAVE_MS 60000
+
+typedef struct qemu_cfg {
+  const char *qemu, *accel, *append;
+  char *image_dir;
+  int64_t kvm_probe_ms, memory_mib, min_memory_mib, max_memory_mib, max_vcpus;
+  int64_t scratch_mib, max_scratch_mib, pids, max_pids, uid_base, slots;
+  int64_t snapshot_max_bytes; /* the snapshot store's size limit (snapshot_gc) */
+  int64_t tsc_khz;            /* configured host TSC rate for TCG guests, 0 = measure */
+  int snapshot, console_log;
+} qemu_cfg_t;
+
+typedef struct qemu {
+  const eph_host_t *host;
+  qemu_cfg_t cfg;
+  char *base;     /* <state_dir>/qemu */
+  char *run_base; /* <state_dir>/qemu/run */
+  char *snap_dir; /* <state_dir>/qemu/snapshots */
+  char *slot_dir; /* <state_dir>/qemu/slots: slot-<k> records */
+  char qemu_path[PATH_MAX];
+  bool exec_checked;        /* qemu_exec_copy ran (under lock) */
+  char exec_copy[PATH_MAX]; /* a root-only-readable copy of QEMU (qemu_exec_copy), or "" */
+  unsigned long long owner_start; /* our start time, in the slot records */
+  int64_t tsc_khz;  /* host TSC rate for a cold-booting TCG guest (qemu_tsc_khz), -1 unknown */
+  pthread_mutex_t lock; /* accel verdict, exec copy, tsc_khz */
+  char accel[8];        /* resolved: "kvm" or "tcg"; "" until the first create */
+} qemu_t;
+
+/* One running QEMU: the keeper (our child, a small root process that owns QEMU, enforces
+ * the deadline and our lifetime; see keeper_main) and QEMU (the keeper's child). */
+typedef struct vmproc {
+  pid_t keeper, qemu;
+  int lifeline; /* our end of the keeper's socketpair: closing it stops QEMU */
+  int slot;     /* the slot held (QEMU runs as uid_base + slot), -1 none */
+} vmproc_t;
+
+/* What one QEMU start needs. */
+typedef struct launch {
+  const char *name;       /* -name: "ephemeral-<run_id>" marks the process for sweep */
+  const char *accel;      /* "kvm" | "tcg" */
+  uint64_t memory_mib;
+  unsigned vcpus;
+  uint64_t tmp_mib;
+  unsigned pids;
+  int incoming_fd;        /* snapshot to restore (positioned at its migration stream), or -1 */
+  int64_t tsc_khz;        /* a cold boot under TCG: the host's TSC rate for the guest, 0 none */
+  int64_t deadline_ms;    /* the keeper kills QEMU then (CLOCK_MONOTONIC ms; 0 = never) */
+  int log_fd;             /* QEMU's stdout/stderr (and the console when console_log) */
+  int tap_fd;             /* the NIC's tap (tap.c), or -1: no NIC */
+  char net[64];           /* with a tap: "eph_net=GUEST/32,PROXY" for the guest's eth0 */
+  char mac[18];           /* with a tap: the NIC's MAC, locally administered */
+} launch_t;
 
 /* A QMP connection over a connected stream socket (one end of a socketpair whose other end
  * QEMU got as `-chardev socket,fd=N -mon mode=control`). Zero-initialise, then qmp_open. */
@@ -52,5 +115,71 @@ int qemu_tap_open(int proxy_ns_fd, const char *proxy_url, uint32_t *proxy, char 
 
 /* True when an interface `name` exists in the network namespace proxy_ns_fd. */
 bool qemu_tap_exists(int proxy_ns_fd, const char *name);
+
+/* proc.c: small file and /proc helpers. */
+
+/* Writes text to path atomically (path.tmp, then rename), mode 0600. */
+int write_file(const char *path, const char *text, eph_error_t *err);
+/* Reads at most size - 1 bytes of path into buf, NUL-terminated; NULL if unreadable. */
+char *read_small(const char *path, char *buf, size_t size);
+/* The start time of pid (clock ticks since boot, /proc/PID/stat field 22), 0 if gone. */
+unsigned long long start_time(pid_t pid);
+bool alive(pid_t pid);
+bool cmdline_has(pid_t pid, const char *arg);
+int count_named(const char *name, bool kill_them);
+int rm_tree(const char *dir);
+int count_files(const char *dir);
+void find_in_path(const char *prog, char *out, size_t size);
+int uid_processes(uid_t uid, bool kill_them);
+void log_tail(const char *dir, char *out, size_t size);
+
+/* launch.c: starting and ending QEMU. */
+
+/* The keeper: a small root process between us and QEMU (a forked copy of us, so only
+ * async-signal-safe calls). It starts QEMU as its child, tells us QEMU's pid, then waits
+ * for the first of: our end of the lifeline closing (destroy, or our death: the kernel
+ * closes it whichever thread or process of ours dies) -> kill QEMU, reap, exit 0; QEMU
+ * ending by itself -> reap, exit 1; the run's deadline -> kill QEMU, reap, exit 3. So the
+ * deadline holds and QEMU goes within milliseconds even when we are SIGKILLed; and should
+ * the keeper itself be killed, QEMU's PR_SET_PDEATHSIG takes QEMU along. */
+enum { KEEPER_STOPPED = 0, KEEPER_QEMU_ENDED = 1, KEEPER_DEADLINE = 3, KEEPER_FAILED = 126 };
+
+/* The host TSC rate in kHz a cold-booting TCG guest is told (tsc_early_khz): the key
+ * tsc_khz, else measured once (~20 ms) at the first cold boot of this process, never at
+ * init and never for a restore (the restored kernel calibrated long ago). 0 = unknown. */
+int64_t qemu_tsc_khz(qemu_t *q);
+/* The argument vector of one QEMU start; strings live in store (16 x 512 bytes). */
+void build_argv(const qemu_t *q, const launch_t *l, char **argv, size_t max, char store[][512]);
+int qemu_exec_copy(const qemu_t *q);
+int launch_qemu(const qemu_t *q, const launch_t *l, vmproc_t *vm, int *guest_fd, int *qmp_fd,
+                eph_error_t *err);
+int vm_stop(const qemu_t *q, vmproc_t *vm, int *left);
+int boot_and_hello(const qemu_t *q, const char *dir, const launch_t *l, vmproc_t *vm,
+                   int *guest_fd, qmp_t *qmp, int64_t deadline_ms, eph_error_t *err);
+const char *resolve_accel(qemu_t *q, const launch_t *base);
+int make_run_dir(const qemu_t *q, const char *run_id, char *dir, size_t size, int *log_fd,
+                 eph_error_t *err);
+int write_pid_record(const char *dir, const qemu_t *q, pid_t qemu_pid, eph_error_t *err);
+
+/* snapshot.c: the snapshot store. */
+
+/* The snapshot for the machine `l` describes, opened for a restore: validated against the
+ * identity of its inputs (a file recording another identity is refused with a log line,
+ * removed and rebuilt), built first when missing (one cold boot + save, serialised by a
+ * lock so concurrent creates build it once; the store is then garbage-collected to
+ * snapshot_max_bytes). Returns a read-only fd positioned at the migration stream, holding a
+ * shared flock (in use: never pruned) and owned by the caller; negative errno with err set
+ * when there is none (the caller cold-boots). */
+int snapshot_open(qemu_t *q, const launch_t *l, int64_t deadline_ms, eph_error_t *err);
+/* Lists the store (cache_list of eph_backend_ops_t): each() once per snapshot, least
+ * recently used first. Returns the count, or negative errno. */
+int snapshot_list(const qemu_t *q, eph_cache_each_fn each, void *ctx, eph_error_t *err);
+/* Removes snapshots, least recently used first, until the store holds at most max_bytes
+ * (< 0: snapshot_max_bytes); never one in use (a restore holds its flock) nor `keep` (a
+ * file name, may be NULL). build_locked: the caller holds build.lock (else a save a crash
+ * interrupted is only removed when no build runs). each (may be NULL) sees every removed one. Returns how many were
+ * removed, or negative errno. */
+int snapshot_gc(const qemu_t *q, int64_t max_bytes, const char *keep, bool build_locked,
+                eph_cache_each_fn each, void *ctx, eph_error_t *err);
 
 #endif

@@ -429,6 +429,21 @@ typedef struct eph_sandbox_report {
   uint64_t pids_refused;    /* forks refused by the process limit */
 } eph_sandbox_report_t;
 
+/* One entry of a backend's cache: what it keeps between sandboxes to start them faster (a
+ * saved microVM snapshot). Passed to an eph_cache_each_fn; every pointer is borrowed for
+ * the duration of that call. */
+typedef struct eph_cache_entry {
+  uint32_t struct_size;
+  const char *name;     /* unique within the backend, e.g. a file name */
+  uint64_t size_bytes;  /* disk space it takes */
+  int64_t used_unix_s;  /* when it was made or last used (wall clock, seconds) */
+  const char *identity; /* hex digest of what it was made from; "" when unknown */
+  const char *detail;   /* one line: what the identity covers; "" when unknown */
+  int in_use;           /* 1: a sandbox is being started from it now (never pruned) */
+} eph_cache_entry_t;
+
+typedef void (*eph_cache_each_fn)(void *ctx, const eph_cache_entry_t *entry);
+
 typedef struct eph_backend_ops {
   uint32_t struct_size;
   const char *source; /* the timeline's source column: "Sandbox", "MicroVM" */
@@ -449,6 +464,17 @@ typedef struct eph_backend_ops {
   /* Reaps sandboxes a dead host process left behind (kill -9). Returns how many were
    * reaped, or negative. Called once at start. May be NULL. */
   int (*sweep)(void *state, eph_error_t *err);
+  /* (ABI 1.2 addition, appended like the others: 1.2 is not yet released; both optional,
+   * NULL: the backend keeps no cache) `ephemeral snapshots list`:
+   * calls each(ctx, entry) once per entry, least recently used first. Returns how many, or
+   * negative. */
+  int (*cache_list)(void *state, eph_cache_each_fn each, void *ctx, eph_error_t *err);
+  /* `ephemeral snapshots prune`: removes entries, least recently used first, until the cache
+   * takes at most max_bytes (< 0: the backend's configured limit); never one in use. each
+   * (may be NULL) is called once per removed entry. Returns how many were removed, or
+   * negative. */
+  int (*cache_prune)(void *state, int64_t max_bytes, eph_cache_each_fn each, void *ctx,
+                     eph_error_t *err);
 } eph_backend_ops_t;
 
 /* ---------------------------------------------------------------- models */

@@ -1,0 +1,680 @@
+/* backend-qemu: starting and ending one QEMU. build_argv makes the command line, a slot gives
+ * QEMU its own uid, the keeper (a small root process) owns QEMU and kills it at the run's
+ * deadline or the moment we die; resolve_accel picks KVM only after a bounded test boot. */
+#include <config.h>
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+#include <grp.h>
+#include <poll.h>
+#include <sched.h>
+#include <sys/file.h>
+#include <sys/mount.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <x86intrin.h>
+
+#include "guest/protocol.h"
+#include "qemu.h"
+#include "support/cleanup.h"
+
+/* Inherited fds of the QEMU child, in this order. */
+enum { FD_GUEST = 3, FD_QMP, FD_KERNEL, FD_INITRD, FD_INCOMING, FD_TAP, FD_FIRST_FREE };
+
+/* The host's TSC rate in kHz, measured against CLOCK_MONOTONIC_RAW over ~20 ms. Under TCG
+ * the guest's TSC is the host's, and the guest kernel's own calibration against the
+ * emulated PIT fails now and then on a busy host (the boot then hangs). */
+static int64_t
+measure_tsc_khz(void)
+{
+  struct timespec a, b;
+  clock_gettime(CLOCK_MONOTONIC_RAW, &a);
+  uint64_t t0 = __rdtsc();
+  struct timespec pause = {0, 20 * 1000000L};
+  nanosleep(&pause, NULL);
+  uint64_t t1 = __rdtsc();
+  clock_gettime(CLOCK_MONOTONIC_RAW, &b);
+  int64_t ns = (b.tv_sec - a.tv_sec) * 1000000000LL + (b.tv_nsec - a.tv_nsec);
+  return ns > 0 ? (int64_t)((t1 - t0) * 1000000ULL / (uint64_t)ns) : 0;
+}
+
+int64_t
+qemu_tsc_khz(qemu_t *q)
+{
+  if (q->cfg.tsc_khz > 0)
+    return q->cfg.tsc_khz;
+  pthread_mutex_lock(&q->lock);
+  if (q->tsc_khz < 0)
+    q->tsc_khz = measure_tsc_khz();
+  int64_t khz = q->tsc_khz;
+  pthread_mutex_unlock(&q->lock);
+  return khz;
+}
+
+/* QEMU 7.2 never makes itself non-dumpable, and its own -runas cannot be combined with
+ * -sandbox elevateprivileges=deny. The kernel marks a process non-dumpable when it execs a
+ * binary its user cannot read (would_dump(), fs.suid_dumpable = 0): so QEMU runs from a
+ * copy only root may read (0711, <state_dir>/qemu/bin/, kept in step with the original's
+ * size and mtime), bind-mounted over the original's path in QEMU's own mount namespace (so
+ * QEMU still finds its modules and firmware relative to that path). Non-dumpable, QEMU's
+ * /proc/PID files belong to root: nobody but root may ptrace it, read its memory, environ
+ * or fds, and it never dumps core. Made at the first create (a host using only the jail
+ * never pays for it). Returns 0, or -1 (logged; QEMU then runs dumpable, still under its
+ * own uid). */
+int
+qemu_exec_copy(const qemu_t *q)
+{
+  char dir[PATH_MAX], path[PATH_MAX + 16], tmp[PATH_MAX + 32];
+  snprintf(dir, sizeof dir, "%s/bin", q->base);
+  snprintf(path, sizeof path, "%s/qemu", dir);
+  struct stat src, dst;
+  if (stat(q->qemu_path, &src) < 0)
+    return -1; /* reported by launch_qemu() */
+  int e = 0;
+  if (mkdir(dir, 0711) < 0 && errno != EEXIST) {
+    e = errno;
+    goto fail;
+  }
+  if (stat(path, &dst) < 0 || dst.st_size != src.st_size ||
+      dst.st_mtim.tv_sec != src.st_mtim.tv_sec || (dst.st_mode & 07777) != 0711 ||
+      dst.st_uid != 0) {
+    snprintf(tmp, sizeof tmp, "%s.%d.tmp", path, (int)getpid());
+    int in = open(q->qemu_path, O_RDONLY | O_CLOEXEC);
+    int out = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0700);
+    bool ok = in >= 0 && out >= 0;
+    e = ok ? 0 : errno;
+    char buf[65536];
+    ssize_t n;
+    while (ok && (n = read(in, buf, sizeof buf)) != 0) {
+      if (n < 0 || write(out, buf, (size_t)n) != n) {
+        e = n < 0 ? errno : EIO;
+        ok = false;
+      }
+    }
+    struct timespec times[2] = {src.st_atim, src.st_mtim};
+    if (ok && (fchmod(out, 0711) < 0 || futimens(out, times) < 0 || fsync(out) < 0)) {
+      e = errno;
+      ok = false;
+    }
+    if (in >= 0)
+      close(in);
+    if (out >= 0 && close(out) < 0 && ok) {
+      e = errno;
+      ok = false;
+    }
+    if (ok && rename(tmp, path) < 0) {
+      e = errno;
+      ok = false;
+    }
+    if (!ok) {
+      unlink(tmp);
+      goto fail;
+    }
+  }
+  return 0;
+fail:
+  q->host->log(EPH_LOG_WARN, "backend-qemu: %s: %s; QEMU runs from %s and stays dumpable "
+               "(its own uid still keeps other microVMs out)", path, strerror(e ? e : EIO),
+               q->qemu_path);
+  return -1;
+}
+
+/* ------------------------------------------------------------ launching QEMU */
+
+/* Builds the argument vector of one QEMU start. Strings live in `store`. */
+void
+build_argv(const qemu_t *q, const launch_t *l, char **argv, size_t max, char store[][512])
+{
+  size_t n = 0, s = 0;
+#define ARG(x) (argv[n++] = (char *)(x))
+#define ARGF(...) (snprintf(store[s], 512, __VA_ARGS__), argv[n++] = store[s++])
+  ARG(q->qemu_path);
+  ARG("-M");
+  ARG("microvm");
+  ARG("-accel");
+  ARG(l->accel);
+  ARG("-cpu");
+  ARG(strcmp(l->accel, "kvm") == 0 ? "host" : "max");
+  ARG("-m");
+  ARGF("%" PRIu64, l->memory_mib);
+  ARG("-smp");
+  ARGF("%u", l->vcpus);
+  ARG("-nodefaults");
+  ARG("-no-user-config");
+  ARG("-nographic");
+  ARG("-no-reboot"); /* a guest power-off or panic ends QEMU */
+  ARG("-name");
+  ARG(l->name);
+  ARG("-sandbox");
+  ARG("on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny");
+  ARG("-kernel");
+  ARGF("/proc/self/fd/%d", FD_KERNEL);
+  /* A restore needs no initrd: the saved RAM holds the unpacked root, and the initrd only
+   * lives in fw_cfg (host memory, not migrated), so it would be 60 MB read and copied for
+   * nothing. The kernel stays: it brings the option ROM whose RAM block the stream has. */
+  if (l->incoming_fd < 0) {
+    ARG("-initrd");
+    ARGF("/proc/self/fd/%d", FD_INITRD);
+  }
+  /* tsc_early_khz + tsc=reliable: see measure_tsc_khz (a cold boot under TCG only: a
+   * restored kernel calibrated at its boot). panic=-1: reboot at once, which -no-reboot
+   * turns into QEMU's exit. */
+  char tsc[64] = "";
+  if (strcmp(l->accel, "tcg") == 0 && l->tsc_khz > 0 && l->incoming_fd < 0)
+    snprintf(tsc, sizeof tsc, "tsc_early_khz=%" PRId64 " tsc=reliable ", l->tsc_khz);
+  /* init_on_free=1: a freed page is zeroed at once (and no longer at its next allocation).
+   * Zero pages cost a snapshot nothing, so the pages the boot freed (the unpacked initrd,
+   * init code) drop out of it: measured 195 -> 122 MB, and a restore copies that much
+   * less. */
+  ARG("-append");
+  ARGF("%s%s panic=-1 no_timer_check init_on_free=1 i8042.noaux i8042.nokbd eph_tmp_mib=%" PRIu64
+       " eph_pids=%u %s%s%s", q->cfg.console_log ? "console=ttyS0 " : "quiet ", tsc, l->tmp_mib,
+       l->pids, l->tap_fd >= 0 ? l->net : "", l->tap_fd >= 0 ? " " : "", q->cfg.append);
+  if (q->cfg.console_log) {
+    ARG("-serial");
+    ARG("stdio");
+  }
+  /* The guest's control stream: a virtio serial port (/dev/vport0p1 inside) on our
+   * socketpair. Not a virtconsole: QEMU silently drops console bytes the host socket cannot
+   * take at once (virtio-console.c flush_buf, "XXX ... silently dropping console data on
+   * EAGAIN"), which broke every frame past ~1 MB of output. A plain port is flow-controlled
+   * both ways: QEMU throttles the port until the socket drains. Port 0 stays reserved for a
+   * console, so this one is nr 1. */
+  ARG("-device");
+  ARG("virtio-serial-device,max_ports=2");
+  ARG("-chardev");
+  ARGF("socket,id=guest,fd=%d", FD_GUEST);
+  ARG("-device");
+  ARG("virtserialport,chardev=guest,nr=1,name=org.ephemeral.guest");
+  ARG("-chardev");
+  ARGF("socket,id=qmp,fd=%d", FD_QMP);
+  ARG("-mon");
+  ARG("chardev=qmp,mode=control");
+  if (l->tap_fd >= 0) {
+    /* The NIC's only peer is the tap in the proxy's netns (tap.c). */
+    ARG("-netdev");
+    ARGF("tap,id=n0,fd=%d", FD_TAP);
+    ARG("-device");
+    ARGF("virtio-net-device,netdev=n0,mac=%s", l->mac);
+  }
+  if (l->incoming_fd >= 0) {
+    ARG("-incoming");
+    ARGF("fd:%d", FD_INCOMING);
+  }
+  argv[n] = NULL;
+  (void)max;
+#undef ARG
+#undef ARGF
+}
+
+/* Claims a free slot k for the microVM `name`: its QEMU will run as uid_base + k. The slot
+ * is held by <state_dir>/qemu/slots/slot-<k>, created O_EXCL, holding "NAME OWNER_PID
+ * OWNER_START" so the sweep of a later start frees the slots of a dead owner. A slot whose
+ * uid still runs a process (left by a crash) is skipped, never shared. */
+static int
+claim_slot(const qemu_t *q, const char *name, eph_error_t *err)
+{
+  uint32_t h = 2166136261u; /* FNV-1a: spreads concurrent runs over the slots */
+  for (const char *c = name; *c; c++)
+    h = (h ^ (unsigned char)*c) * 16777619u;
+  char text[256];
+  snprintf(text, sizeof text, "%s %d %llu\n", name, (int)getpid(), q->owner_start);
+  for (int64_t i = 0; i < q->cfg.slots; i++) {
+    int slot = (int)((h + (uint64_t)i) % (uint64_t)q->cfg.slots);
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/slot-%d", q->slot_dir, slot);
+    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd < 0 && errno == EEXIST)
+      continue;
+    if (fd < 0)
+      return eph_error_set(err, errno, "slot record %s: %s", path, strerror(errno));
+    ssize_t n = write(fd, text, strlen(text));
+    int e = errno;
+    close(fd);
+    if (n != (ssize_t)strlen(text)) {
+      unlink(path);
+      return eph_error_set(err, n < 0 ? e : EIO, "slot record %s: %s", path,
+                           strerror(n < 0 ? e : EIO));
+    }
+    uid_t uid = (uid_t)(q->cfg.uid_base + slot);
+    if (uid_processes(uid, false) > 0) {
+      q->host->log(EPH_LOG_WARN, "slot %d: uid %u still runs a process; slot skipped", slot,
+                   (unsigned)uid);
+      unlink(path);
+      continue;
+    }
+    return slot;
+  }
+  return eph_error_set(err, EAGAIN, "all %" PRId64 " microVM slots are in use (key 'slots')",
+                       q->cfg.slots);
+}
+
+static void
+release_slot(const qemu_t *q, int slot)
+{
+  if (slot < 0)
+    return;
+  char path[PATH_MAX];
+  snprintf(path, sizeof path, "%s/slot-%d", q->slot_dir, slot);
+  unlink(path);
+}
+
+/* ------------------------------------------------------------ the keeper */
+
+/* In QEMU's process, before exec: only async-signal-safe calls. */
+static void __attribute__((noreturn))
+child_exec(const qemu_t *q, char **argv, const int *src, int nsrc, int log_fd, int slot,
+           gid_t extra_gid, const char *exec_src, pid_t keeper)
+{
+  static char *const no_env[] = {NULL};
+  setsid();
+  /* Every source first above the target range, then onto its target. */
+  int moved[8];
+  for (int i = 0; i < nsrc; i++)
+    moved[i] = src[i] >= 0 ? fcntl(src[i], F_DUPFD, 64) : -1;
+  int log_moved = fcntl(log_fd, F_DUPFD, 64);
+  /* QEMU's own mount namespace, where its binary's path shows the root-only-readable copy
+   * (qemu_exec_copy): exec'd as the VM's uid, QEMU starts non-dumpable, and finds its
+   * modules and firmware where it always does. Fails closed. */
+  if (exec_src && (unshare(CLONE_NEWNS) < 0 ||
+                   mount(NULL, "/", NULL, MS_REC | MS_SLAVE, NULL) < 0 ||
+                   mount(exec_src, argv[0], NULL, MS_BIND, NULL) < 0)) {
+    /* strerror is not async-signal-safe: the errno in digits */
+    int e = errno;
+    char msg[] = "backend-qemu: binding the unreadable QEMU copy failed: errno 000\n";
+    msg[sizeof msg - 5] = (char)('0' + e / 100 % 10);
+    msg[sizeof msg - 4] = (char)('0' + e / 10 % 10);
+    msg[sizeof msg - 3] = (char)('0' + e % 10);
+    (void)!write(log_fd, msg, sizeof msg - 1);
+    _exit(126);
+  }
+  int null = open("/dev/null", O_RDONLY);
+  if (null < 0 || dup2(null, 0) < 0 || dup2(log_moved, 1) < 0 || dup2(log_moved, 2) < 0)
+    _exit(126);
+  for (int i = 0; i < nsrc; i++)
+    if (moved[i] >= 0 && dup2(moved[i], FD_GUEST + i) < 0)
+      _exit(126);
+  /* close_range(2) is Linux 5.9+; fall back to a loop */
+  if (syscall(SYS_close_range, FD_FIRST_FREE, ~0U, 0) < 0)
+    for (int fd = FD_FIRST_FREE; fd < 4096; fd++)
+      close(fd);
+  struct rlimit nocore = {0, 0};
+  setrlimit(RLIMIT_CORE, &nocore); /* guest RAM never lands in a core file */
+  /* Transparent huge pages stay on for guest RAM (QEMU madvises it MADV_HUGEPAGE): a
+   * restore reads each zero page the stream names, and with THP one fault maps 2 MB of the
+   * huge zero page. PR_SET_THP_DISABLE was tried: ~100 MB less resident, but ~100k 4 KiB
+   * faults took QEMU's CPU time to resume from 80 to 210 ms and the ready p50 from 468 to
+   * 767 ms (12 interleaved pairs). */
+  if (slot >= 0) {
+    uid_t id = (uid_t)(q->cfg.uid_base + slot);
+    if (setgroups(extra_gid != (gid_t)-1 ? 1 : 0, &extra_gid) < 0 ||
+        setresgid(id, id, id) < 0 || setresuid(id, id, id) < 0) {
+      static const char msg[] = "backend-qemu: dropping privileges failed\n";
+      (void)!write(2, msg, sizeof msg - 1);
+      _exit(126);
+    }
+  }
+  /* After the id change (which clears it): QEMU dies with its keeper, whatever kills it. */
+  if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) < 0 || getppid() != keeper)
+    _exit(126);
+  prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);
+  sigset_t none;
+  sigemptyset(&none);
+  sigprocmask(SIG_SETMASK, &none, NULL);
+  /* No variable of ours (API keys, credential_env secrets) reaches QEMU: an empty
+   * environment. */
+  execve(argv[0], argv, no_env);
+  static const char msg[] = "backend-qemu: exec of QEMU failed\n";
+  (void)!write(2, msg, sizeof msg - 1);
+  _exit(127);
+}
+
+/* The keeper: a small root process between us and QEMU (a forked copy of us, so only
+ * async-signal-safe calls). It starts QEMU as its child, tells us QEMU's pid, then waits
+ * for the first of: our end of the lifeline closing (destroy, or our death: the kernel
+ * closes it whichever thread or process of ours dies) -> kill QEMU, reap, exit 0; QEMU
+ * ending by itself -> reap, exit 1; the run's deadline -> kill QEMU, reap, exit 3. So the
+ * deadline holds and QEMU goes within milliseconds even when we are SIGKILLed; and should
+ * the keeper itself be killed, QEMU's PR_SET_PDEATHSIG takes QEMU along. */
+static void __attribute__((noreturn))
+keeper_main(const qemu_t *q, char **argv, const int *src, int nsrc, int log_fd, int slot,
+            gid_t extra_gid, const char *exec_src, int lifeline, int64_t deadline_ms)
+{
+  prctl(PR_SET_NAME, "eph-vm-keeper", 0, 0, 0);
+  pid_t self = getpid();
+  pid_t qemu = fork();
+  if (qemu == 0)
+    child_exec(q, argv, src, nsrc, log_fd, slot, extra_gid, exec_src, self);
+  int32_t msg = qemu;
+  (void)!write(lifeline, &msg, sizeof msg);
+  if (qemu < 0)
+    _exit(KEEPER_FAILED);
+  /* Nothing of ours stays open here but the lifeline (not the guest stream, not another
+   * sandbox's lifeline). */
+  if (lifeline != 3 && dup2(lifeline, 3) < 0) {
+    kill(qemu, SIGKILL);
+    _exit(KEEPER_FAILED);
+  }
+  if (syscall(SYS_close_range, 4, ~0U, 0) < 0)
+    for (int fd = 4; fd < 4096; fd++)
+      close(fd);
+  int null = open("/dev/null", O_RDWR);
+  for (int fd = 0; null >= 0 && fd < 3; fd++)
+    dup2(null, fd); /* not our stdout: a caller reading it to its end must not wait on us */
+  if (null > 3)
+    close(null);
+  int pidfd = (int)syscall(SYS_pidfd_open, qemu, 0);
+  int code = KEEPER_QEMU_ENDED;
+  for (;;) {
+    int64_t left = deadline_ms > 0 ? deadline_ms - eph_now_ms() : -1;
+    if (deadline_ms > 0 && left <= 0) {
+      code = KEEPER_DEADLINE;
+      break;
+    }
+    /* Without pidfds (Linux < 5.3) QEMU's end is polled for every 100 ms. */
+    int wait = left < 0 ? -1 : left > INT32_MAX ? INT32_MAX : (int)left;
+    if (pidfd < 0 && (wait < 0 || wait > 100))
+      wait = 100;
+    struct pollfd p[2] = {{.fd = 3, .events = POLLIN}, {.fd = pidfd, .events = POLLIN}};
+    int n = poll(p, pidfd >= 0 ? 2 : 1, wait);
+    if (n < 0 && errno != EINTR)
+      break;
+    if (n > 0 && p[0].revents) {
+      char c;
+      if (read(3, &c, 1) <= 0) {
+        code = KEEPER_STOPPED;
+        break;
+      }
+    }
+    int st;
+    if ((n > 0 && pidfd >= 0 && p[1].revents) ||
+        (pidfd < 0 && waitpid(qemu, &st, WNOHANG) == qemu)) {
+      if (pidfd < 0)
+        _exit(KEEPER_QEMU_ENDED);
+      break;
+    }
+  }
+  kill(qemu, SIGKILL);
+  while (waitpid(qemu, NULL, 0) < 0 && errno == EINTR)
+    ;
+  _exit(code);
+}
+
+/* Starts QEMU under a keeper. On success *vm holds the keeper, QEMU's pid, the lifeline
+ * and the slot; *guest_fd is the host end of the guest's stream and *qmp_fd of its monitor
+ * (both owned by the caller). vm_stop() ends it all. */
+int
+launch_qemu(const qemu_t *q, const launch_t *l, vmproc_t *vm, int *guest_fd, int *qmp_fd,
+            eph_error_t *err)
+{
+  *vm = (vmproc_t){.keeper = -1, .qemu = -1, .lifeline = -1, .slot = -1};
+  char path[PATH_MAX];
+  snprintf(path, sizeof path, "%s/vmlinuz", q->cfg.image_dir);
+  cleanup_close int kfd = open(path, O_RDONLY | O_CLOEXEC);
+  if (kfd < 0)
+    return eph_error_set(err, errno, "guest image: %s: %s (build it with `make guest-image`)",
+                         path, strerror(errno));
+  snprintf(path, sizeof path, "%s/initrd.cpio", q->cfg.image_dir);
+  cleanup_close int ifd = open(path, O_RDONLY | O_CLOEXEC);
+  if (ifd < 0)
+    return eph_error_set(err, errno, "guest image: %s: %s (build it with `make guest-image`)",
+                         path, strerror(errno));
+  if (access(q->qemu_path, X_OK) < 0)
+    return eph_error_set(err, errno, "%s: %s (install the Debian package qemu-system-x86)",
+                         q->qemu_path, strerror(errno));
+  /* As root, every microVM gets its own uid/gid from a slot; unprivileged (tests without
+   * root), QEMU keeps ours. */
+  int slot = -1;
+  if (geteuid() == 0 && (slot = claim_slot(q, l->name, err)) < 0)
+    return slot;
+  int gp[2] = {-1, -1}, mp[2] = {-1, -1}, lp[2] = {-1, -1};
+  if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, gp) < 0 ||
+      socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, mp) < 0 ||
+      socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, lp) < 0) {
+    int e = errno;
+    for (int i = 0; i < 2; i++) {
+      if (gp[i] >= 0) close(gp[i]);
+      if (mp[i] >= 0) close(mp[i]);
+      if (lp[i] >= 0) close(lp[i]);
+    }
+    release_slot(q, slot);
+    return eph_error_set(err, e, "socketpair: %s", strerror(e));
+  }
+  char *argv[64];
+  char store[16][512];
+  build_argv(q, l, argv, 64, store);
+
+  gid_t kvm_gid = (gid_t)-1;
+  struct stat st;
+  if (slot >= 0 && strcmp(l->accel, "kvm") == 0 && stat("/dev/kvm", &st) == 0)
+    kvm_gid = st.st_gid; /* Debian's udev makes /dev/kvm root:kvm 0660 */
+  int src[] = {gp[1], mp[1], kfd, ifd, l->incoming_fd, l->tap_fd};
+  pid_t keeper = fork();
+  if (keeper == 0) {
+    close(lp[0]);
+    keeper_main(q, argv, src, 6, l->log_fd, slot, kvm_gid,
+                slot >= 0 && q->exec_copy[0] ? q->exec_copy : NULL, lp[1], l->deadline_ms);
+  }
+  int e = errno;
+  close(gp[1]);
+  close(mp[1]);
+  close(lp[1]);
+  int32_t qpid = -1;
+  ssize_t n = -1;
+  if (keeper > 0)
+    while ((n = read(lp[0], &qpid, sizeof qpid)) < 0 && errno == EINTR)
+      ;
+  if (keeper < 0 || n != (ssize_t)sizeof qpid || qpid <= 0) {
+    close(gp[0]);
+    close(mp[0]);
+    close(lp[0]);
+    if (keeper > 0)
+      while (waitpid(keeper, NULL, 0) < 0 && errno == EINTR)
+        ;
+    release_slot(q, slot);
+    return keeper < 0 ? eph_error_set(err, e, "fork: %s", strerror(e))
+                      : eph_error_set(err, EAGAIN, "the QEMU keeper could not start QEMU");
+  }
+  *vm = (vmproc_t){.keeper = keeper, .qemu = qpid, .lifeline = lp[0], .slot = slot};
+  *guest_fd = gp[0];
+  *qmp_fd = mp[0];
+  return 0;
+}
+
+/* Ends a QEMU started by launch_qemu: closing the lifeline makes the keeper kill and reap
+ * QEMU; we reap the keeper, then free the slot once no process runs as its uid. Returns the
+ * keeper's verdict (KEEPER_*; KEEPER_DEADLINE when the run's deadline killed QEMU) and
+ * *left the processes still running as the slot's uid (0 normally). */
+int
+vm_stop(const qemu_t *q, vmproc_t *vm, int *left)
+{
+  int code = KEEPER_STOPPED;
+  if (left)
+    *left = 0;
+  if (vm->lifeline >= 0)
+    close(vm->lifeline);
+  vm->lifeline = -1;
+  if (vm->keeper > 0) {
+    int st = 0;
+    while (waitpid(vm->keeper, &st, 0) < 0 && errno == EINTR)
+      ;
+    code = WIFEXITED(st) ? WEXITSTATUS(st) : KEEPER_FAILED;
+  }
+  vm->keeper = vm->qemu = -1;
+  if (vm->slot >= 0) {
+    uid_t uid = (uid_t)(q->cfg.uid_base + vm->slot);
+    int n = uid_processes(uid, true);
+    if (left)
+      *left = n;
+    if (n == 0)
+      release_slot(q, vm->slot); /* else the sweep frees it once they are gone */
+  }
+  vm->slot = -1;
+  return code;
+}
+
+/* ------------------------------------------------------------ the accelerator */
+
+/* Boots the image once and reads the guest's hello before deadline_ms. */
+int
+boot_and_hello(const qemu_t *q, const char *dir, const launch_t *l, vmproc_t *vm, int *guest_fd,
+               qmp_t *qmp, int64_t deadline_ms, eph_error_t *err)
+{
+  int qfd;
+  int r = launch_qemu(q, l, vm, guest_fd, &qfd, err);
+  if (r < 0)
+    return r;
+  if ((r = qmp_open(qmp, qfd, deadline_ms, err)) < 0)
+    goto fail;
+  eph_frame_reader_t rd = {0};
+  json_object *hello = NULL;
+  while (!hello) {
+    int64_t left = deadline_ms - eph_now_ms();
+    if (left <= 0) {
+      r = eph_error_set(err, ETIMEDOUT, "no guest hello in time");
+      break;
+    }
+    struct pollfd p = {.fd = *guest_fd, .events = POLLIN};
+    if (poll(&p, 1, (int)(left > 1000 ? 1000 : left)) <= 0)
+      continue;
+    r = eph_frame_reader_feed(&rd, *guest_fd, &hello);
+    if (r < 0) {
+      r = eph_error_set(err, EPH_E_PROTOCOL, "guest stream: %s",
+                        rd.why[0] ? rd.why : strerror(-r));
+      break;
+    }
+  }
+  eph_frame_reader_clear(&rd);
+  if (hello) {
+    const char *type = eph_proto_str(hello, "type");
+    r = type && strcmp(type, "hello") == 0
+            ? 0
+            : eph_error_set(err, EPH_E_PROTOCOL, "guest: first frame is '%s', not hello",
+                            type ? type : "?");
+    json_object_put(hello);
+  }
+  if (r == 0)
+    return 0;
+fail:;
+  char tail[400];
+  log_tail(dir, tail, sizeof tail);
+  if (tail[0])
+    eph_error_wrap(err, "QEMU log: %s", tail);
+  qmp_close(qmp);
+  close(*guest_fd);
+  *guest_fd = -1;
+  vm_stop(q, vm, NULL);
+  return r;
+}
+
+/* The accelerator to use: the configured one, or for auto the cached verdict of a bounded
+ * test boot under KVM. */
+const char *
+resolve_accel(qemu_t *q, const launch_t *base)
+{
+  if (strcmp(q->cfg.accel, "auto") != 0)
+    return q->cfg.accel;
+  pthread_mutex_lock(&q->lock);
+  if (q->accel[0])
+    goto out;
+  char path[PATH_MAX], buf[256], sha[128] = "";
+  snprintf(path, sizeof path, "%s/image.sha256", q->cfg.image_dir);
+  char shabuf[1024];
+  if (read_small(path, shabuf, sizeof shabuf))
+    snprintf(sha, sizeof sha, "%.64s", shabuf);
+  snprintf(path, sizeof path, "%s/accel", q->base);
+  char want[256];
+  if (read_small(path, buf, sizeof buf) && sscanf(buf, "%7s %255s", q->accel, want) == 2 &&
+      strcmp(want, sha[0] ? sha : "-") == 0 &&
+      (!strcmp(q->accel, "kvm") || !strcmp(q->accel, "tcg")))
+    goto out;
+  snprintf(q->accel, sizeof q->accel, "tcg");
+  int kvm = open("/dev/kvm", O_RDWR | O_CLOEXEC);
+  if (kvm >= 0) {
+    close(kvm);
+    eph_error_t err = {0};
+    char dir[PATH_MAX];
+    int log_fd = -1;
+    char id[64];
+    snprintf(id, sizeof id, "kvm-probe-%d", (int)getpid());
+    if (make_run_dir(q, id, dir, sizeof dir, &log_fd, &err) == 0) {
+      char name[96];
+      snprintf(name, sizeof name, "ephemeral-%s", id);
+      launch_t l = *base;
+      l.name = name;
+      l.accel = "kvm";
+      l.incoming_fd = -1;
+      l.tap_fd = -1;
+      l.log_fd = log_fd;
+      int64_t t0 = eph_now_ms();
+      l.deadline_ms = t0 + q->cfg.kvm_probe_ms;
+      vmproc_t vm;
+      int gfd = -1;
+      qmp_t qmp = {.fd = -1};
+      if (boot_and_hello(q, dir, &l, &vm, &gfd, &qmp, l.deadline_ms, &err) == 0) {
+        snprintf(q->accel, sizeof q->accel, "kvm");
+        qmp_close(&qmp);
+        close(gfd);
+        vm_stop(q, &vm, NULL);
+      }
+      q->host->log(EPH_LOG_INFO, "KVM test boot %s after %" PRId64 " ms%s%s: using %s",
+                   strcmp(q->accel, "kvm") ? "failed" : "succeeded", eph_now_ms() - t0,
+                   err.message[0] ? ": " : "", err.message, q->accel);
+      close(log_fd);
+      rm_tree(dir);
+    }
+  }
+  snprintf(buf, sizeof buf, "%s %s\n", q->accel, sha[0] ? sha : "-");
+  eph_error_t werr = {0};
+  if (write_file(path, buf, &werr) < 0)
+    q->host->log(EPH_LOG_WARN, "%s", werr.message);
+out:
+  pthread_mutex_unlock(&q->lock);
+  return q->accel;
+}
+
+/* ------------------------------------------------------------ run directories */
+
+int
+make_run_dir(const qemu_t *q, const char *run_id, char *dir, size_t size, int *log_fd,
+             eph_error_t *err)
+{
+  for (const char *p = run_id; *p; p++)
+    if (!(*p == '_' || *p == '-' || (*p >= 'a' && *p <= 'z') || (*p >= '0' && *p <= '9') ||
+          (*p >= 'A' && *p <= 'Z')))
+      return eph_error_set(err, EINVAL, "run id '%s': only [A-Za-z0-9_-] allowed", run_id);
+  snprintf(dir, size, "%s/%s", q->run_base, run_id);
+  if (mkdir(dir, 0700) < 0)
+    return eph_error_set(err, errno, "%s: %s", dir, strerror(errno));
+  char path[PATH_MAX];
+  snprintf(path, sizeof path, "%s/qemu.log", dir);
+  *log_fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0600);
+  if (*log_fd < 0) {
+    int e = errno;
+    rm_tree(dir);
+    return eph_error_set(err, e, "%s: %s", path, strerror(e));
+  }
+  return 0;
+}
+
+/* "QEMU_PID OWNER_PID OWNER_START": the sweep kills QEMU when the owner is gone. */
+int
+write_pid_record(const char *dir, const qemu_t *q, pid_t qemu_pid, eph_error_t *err)
+{
+  char path[PATH_MAX + 8], text[128];
+  snprintf(path, sizeof path, "%s/pid", dir);
+  snprintf(text, sizeof text, "%d %d %llu\n", (int)qemu_pid, (int)getpid(), q->owner_start);
+  return write_file(path, text, err);
+}
