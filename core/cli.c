@@ -43,6 +43,10 @@ const eph_cli_command_t eph_cli_commands[] = {
      "  store or ledger file (PRAGMA quick_check), a full disk, a plugin that did not load\n"
      "  are reported; runs a dead process left are settled and recorded first.\n",
      true, 1, eph_cmd_doctor},
+    {"db", "db migrate", "create or migrate the store's schema (SQLite file or `database`)",
+     "  migrate   open the configured store, applying every pending migration (safe while\n"
+     "            other nodes start: PostgreSQL migrations hold an advisory lock)\n",
+     false, 1, eph_cmd_db},
     {0},
 };
 

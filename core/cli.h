@@ -26,5 +26,6 @@ int eph_cmd_runs(eph_ctx_t *ctx, int argc, char **argv);
 int eph_cmd_orgs(eph_ctx_t *ctx, int argc, char **argv);
 int eph_cmd_keys(eph_ctx_t *ctx, int argc, char **argv);
 int eph_cmd_doctor(eph_ctx_t *ctx, int argc, char **argv);
+int eph_cmd_db(eph_ctx_t *ctx, int argc, char **argv);
 
 #endif

@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "cluster.h"
 #include "log.h"
 #include "util.h"
 
@@ -320,8 +321,7 @@ eph_runstore_recover(eph_ctx_t *ctx, eph_store_t *store, bool quiet, int *pendin
     eph_store_t *st = store;
     if (!st) {
       if (!own) {
-        cleanup_free char *db = eph_xasprintf("%s/ephemeral.sqlite", ctx->state_dir);
-        if (eph_store_open(db, NULL, &own, &e) < 0) {
+        if (eph_store_open_ctx(ctx, NULL, &own, &e) < 0) {
           eph_log(quiet ? EPH_LOG_DEBUG : EPH_LOG_WARN, "run %s: %s", run_id, e.message);
           own = NULL;
         }

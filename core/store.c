@@ -482,6 +482,12 @@ eph_store_path(const eph_store_t *s)
   return s->path;
 }
 
+int
+eph_store_schema_version(const eph_store_t *s)
+{
+  return s->schema_version;
+}
+
 eph_store_kind_t
 eph_store_kind(const eph_store_t *s)
 {

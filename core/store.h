@@ -227,6 +227,9 @@ int eph_store_with_db(eph_store_t *store,
  * as the store). */
 const char *eph_store_path(const eph_store_t *store);
 
+/* The schema version the store is at (its migrations applied at open). */
+int eph_store_schema_version(const eph_store_t *store);
+
 /* Which implementation the store is. */
 eph_store_kind_t eph_store_kind(const eph_store_t *store);
 

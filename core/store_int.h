@@ -66,6 +66,7 @@ struct eph_store {
   /* What messages name: the SQLite file, or the PostgreSQL target without its password. */
   char *path;
   int64_t idempotency_us;
+  int schema_version; /* after the migrations at open */
   /* The last storage fault until a write succeeds again, read by health checks without
    * waiting for the implementation's lock (see eph_store_fault). */
   pthread_mutex_t fault_lock;

@@ -754,7 +754,9 @@ migrate(pg_store_t *s, eph_error_t *err)
     exec_plain(s, "ROLLBACK", "rolling back the migration", NULL);
     return r;
   }
-  return exec_plain(s, "COMMIT", "committing the schema", err);
+  if ((r = exec_plain(s, "COMMIT", "committing the schema", err)) >= 0)
+    s->base.schema_version = SCHEMA_VERSION;
+  return r;
 }
 
 /* libpq's notices ("relation exists, skipping") are not ours to print on stderr. */

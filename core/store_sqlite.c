@@ -312,7 +312,9 @@ migrate(sq_store_t *s, eph_error_t *err)
     exec_sql(s, "ROLLBACK", "rolling back the migration", NULL);
     return r;
   }
-  return exec_sql(s, "COMMIT", "committing the schema", err);
+  if ((r = exec_sql(s, "COMMIT", "committing the schema", err)) >= 0)
+    s->base.schema_version = SCHEMA_VERSION;
+  return r;
 }
 
 static void
