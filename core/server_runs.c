@@ -20,6 +20,10 @@
 #include "util.h"
 #include "webhook.h"
 
+/* How long an admission waits for the run row of an idempotency key claimed by another
+ * cluster node before answering 503 (retry with the same key). */
+#define CLUSTER_CLAIM_WAIT_MS 5000
+
 /* ------------------------------------------------------------------ the table */
 
 static unsigned
@@ -671,7 +675,18 @@ eph_srv_runs_create(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req
     /* Same key, same body: the first run is the answer. */
     json_object *o = eph_srv_run_object(srv, existing, req->org, false, &err);
     bool busy = false;
-    if (!o && err.code == ENOENT && (busy = claim_in_progress(srv, existing)) == false) {
+    if (!o && err.code == ENOENT && eph_store_kind(srv->store) == EPH_STORE_POSTGRES) {
+      /* A cluster: the claim may be another node's admission in progress, whose mark is in
+       * that node's state directory. Its row normally follows within milliseconds: wait
+       * for it (bounded); a claim still without a row is never released from here (that
+       * would make a second run), the client is told to retry. */
+      for (int i = 0; i < CLUSTER_CLAIM_WAIT_MS / 20 && !o && err.code == ENOENT; i++) {
+        nanosleep(&(struct timespec){0, 20 * 1000000}, NULL);
+        err = (eph_error_t){0};
+        o = eph_srv_run_object(srv, existing, req->org, false, &err);
+      }
+      busy = !o && err.code == ENOENT;
+    } else if (!o && err.code == ENOENT && (busy = claim_in_progress(srv, existing)) == false) {
       /* Its admitter is gone: it may have stored the row and removed its mark just now. */
       err = (eph_error_t){0};
       o = eph_srv_run_object(srv, existing, req->org, false, &err);
