@@ -23,6 +23,10 @@
 /* How long an admission waits for the run row of an idempotency key claimed by another
  * cluster node before answering 503 (retry with the same key). */
 #define CLUSTER_CLAIM_WAIT_MS 5000
+/* How often a cluster node looks for cancel requests of its runs made on other nodes. */
+#define CLUSTER_CANCEL_POLL_MS 250
+
+static void poll_cancels(eph_server_t *srv);
 
 /* ------------------------------------------------------------------ the table */
 
@@ -233,6 +237,8 @@ ticker_main(void *arg)
 {
   eph_server_t *srv = arg;
   const struct timespec tick = {0, 100 * 1000000};
+  bool cluster = eph_store_kind(srv->store) == EPH_STORE_POSTGRES;
+  int64_t next_cancel_poll_ms = 0;
   for (;;) {
     nanosleep(&tick, NULL);
     live_t *dead = NULL;
@@ -279,6 +285,10 @@ ticker_main(void *arg)
       pthread_mutex_unlock(&srv->lock);
       if (empty)
         malloc_trim(0);
+    }
+    if (cluster && now >= next_cancel_poll_ms) {
+      next_cancel_poll_ms = now + CLUSTER_CANCEL_POLL_MS;
+      poll_cancels(srv);
     }
     if (purge) {
       int64_t days = 30;
@@ -866,16 +876,13 @@ eph_srv_runs_list(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req)
   return eph_srv_json(c, srv, MHD_HTTP_OK, o);
 }
 
-MHD_RESULT
-eph_srv_runs_cancel(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req)
+/* Cancels a run live on this node: a queued one is abandoned, a running one told to stop.
+ * False when it has already ended (nothing to cancel). */
+static bool
+cancel_live(eph_server_t *srv, live_t *l)
 {
-  live_t *l = eph_srv_live_get(srv, req->param);
-  if (l && strcmp(l->org, req->org) != 0) {
-    eph_srv_live_put(l);
-    return not_found(srv, c, req->param);
-  }
-  bool abandon = false, ended = !l;
-  if (l) {
+  bool abandon = false, ended = false;
+  {
     pthread_mutex_lock(&srv->lock);
     if (l->queued) {
       for (live_t **p = &srv->queue_head, *prev = NULL; *p; prev = *p, p = &(*p)->queue_next)
@@ -897,20 +904,63 @@ eph_srv_runs_cancel(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req
     }
     pthread_mutex_unlock(&srv->lock);
   }
-  if (ended) {
-    eph_srv_live_put(l);
-    eph_error_t err = {0};
-    cleanup_json json_object *o = eph_srv_run_object(srv, req->param, req->org, false, &err);
-    if (!o)
-      return store_failure(srv, c, &err);
-    return eph_srv_error(c, srv, MHD_HTTP_CONFLICT, "conflict", NULL,
-                         "run %s has already ended", req->param);
-  }
+  if (ended)
+    return false;
   if (abandon) {
     eph_run_abandon(l->run, "cancelled");
     finished(srv, l);
   } else {
     eph_run_cancel(l->run);
+  }
+  return true;
+}
+
+/* A cluster node: cancels the runs live here that another node was asked to cancel
+ * (eph_store_cancel_request). Called by the ticker every CLUSTER_CANCEL_POLL_MS. */
+static void
+poll_cancels(eph_server_t *srv)
+{
+  cleanup_json json_object *ids = NULL;
+  eph_error_t err = {0};
+  if (eph_store_cancels_pending(srv->store, &ids, &err) < 0) {
+    eph_warn("reading cancel requests: %s", err.message);
+    return;
+  }
+  for (size_t i = 0; i < json_object_array_length(ids); i++) {
+    live_t *l = eph_srv_live_get(srv, json_object_get_string(json_object_array_get_idx(ids, i)));
+    if (!l)
+      continue; /* another node's run */
+    if (cancel_live(srv, l))
+      eph_info("run %s: cancelled through another node", l->id);
+    eph_srv_live_put(l);
+  }
+}
+
+MHD_RESULT
+eph_srv_runs_cancel(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req)
+{
+  live_t *l = eph_srv_live_get(srv, req->param);
+  if (l && strcmp(l->org, req->org) != 0) {
+    eph_srv_live_put(l);
+    return not_found(srv, c, req->param);
+  }
+  if (!l || !cancel_live(srv, l)) {
+    eph_srv_live_put(l);
+    eph_error_t err = {0};
+    cleanup_json json_object *o = eph_srv_run_object(srv, req->param, req->org, false, &err);
+    if (!o)
+      return store_failure(srv, c, &err);
+    const char *status = json_object_get_string(json_object_object_get(o, "status"));
+    if (!l && eph_store_kind(srv->store) == EPH_STORE_POSTGRES && status &&
+        (strcmp(status, "queued") == 0 || strcmp(status, "running") == 0)) {
+      /* Executing on another node: the request goes through the database; that node
+       * cancels it within CLUSTER_CANCEL_POLL_MS. Answered with the run as it is now. */
+      if (eph_store_cancel_request(srv->store, req->param, &err) < 0)
+        return store_failure(srv, c, &err);
+      return eph_srv_json(c, srv, MHD_HTTP_OK, json_object_get(o));
+    }
+    return eph_srv_error(c, srv, MHD_HTTP_CONFLICT, "conflict", NULL,
+                         "run %s has already ended", req->param);
   }
   json_object *o = eph_run_to_json(l->run, false);
   eph_srv_live_put(l);

@@ -446,6 +446,27 @@ eph_store_idem_release(eph_store_t *s, const char *org, const char *key, const c
   return s->ops->idem_release(s, org, key, run_id, err);
 }
 
+/* ---------------------------------------------------------------- cluster */
+
+int
+eph_store_cancel_request(eph_store_t *s, const char *run_id, eph_error_t *err)
+{
+  int r = check_text("run id", run_id, MAX_ID_BYTES, err);
+  if (r < 0)
+    return r;
+  if (!s->ops->cancel_request)
+    return eph_error_set(err, ENOTSUP, "%s: no cluster on this store", s->path);
+  return s->ops->cancel_request(s, run_id, err);
+}
+
+int
+eph_store_cancels_pending(eph_store_t *s, json_object **out, eph_error_t *err)
+{
+  if (!s->ops->cancels_pending)
+    return eph_error_set(err, ENOTSUP, "%s: no cluster on this store", s->path);
+  return s->ops->cancels_pending(s, out, err);
+}
+
 /* ---------------------------------------------------------------- retention, health */
 
 int

@@ -210,6 +210,17 @@ int eph_store_probe(eph_store_t *store, eph_error_t *err);
  * the message naming the file. Never waits for a write in progress. */
 bool eph_store_fault(eph_store_t *store, char *buf, size_t size);
 
+/* ---------------------------------------------------------------- cluster */
+
+/* Asks the node executing run_id to cancel it (PostgreSQL: the run may be live on another
+ * node; SQLite: -ENOTSUP, one host cancels in memory). Idempotent. -ENOENT for an unknown
+ * run. The owner finds the request with eph_store_cancels_pending. */
+int eph_store_cancel_request(eph_store_t *store, const char *run_id, eph_error_t *err);
+
+/* The ids of runs with a cancel request that are still queued or running: *out is a JSON
+ * array of strings owned by the caller. -ENOTSUP on SQLite. */
+int eph_store_cancels_pending(eph_store_t *store, json_object **out, eph_error_t *err);
+
 /* ---------------------------------------------------------------- other modules' tables */
 
 /* Runs fn(db, opaque, err) holding the store's lock (the one connection, see the top

@@ -56,6 +56,9 @@ typedef struct eph_store_ops {
                       eph_error_t *err);
   int (*purge)(eph_store_t *s, int64_t runs_before_us, int64_t idem_before_us, eph_error_t *err);
   int (*probe)(eph_store_t *s, eph_error_t *err);
+  /* Cluster operations; NULL where there is no cluster (SQLite). */
+  int (*cancel_request)(eph_store_t *s, const char *run_id, eph_error_t *err);
+  int (*cancels_pending)(eph_store_t *s, json_object **out, eph_error_t *err);
   /* NULL when the implementation has no SQLite connection to lend. */
   int (*with_db)(eph_store_t *s, int (*fn)(struct sqlite3 *db, void *opaque, eph_error_t *err),
                  void *opaque, eph_error_t *err);

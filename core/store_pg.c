@@ -96,6 +96,11 @@ static const char *const migrations[] = {
   "  id INTEGER PRIMARY KEY CHECK (id = 1),"
   "  t_us BIGINT NOT NULL"
   ");",
+  /* 1 -> 2: cancel requests for runs executing on another node (docs/cluster.md). */
+  "CREATE TABLE run_cancels ("
+  "  run_id TEXT PRIMARY KEY REFERENCES runs(id) ON DELETE CASCADE,"
+  "  requested_at_us BIGINT NOT NULL"
+  ");",
 };
 #define SCHEMA_VERSION ((int)(sizeof migrations / sizeof migrations[0]))
 
@@ -594,6 +599,46 @@ pg_idem_release(eph_store_t *base, const char *org, const char *key, const char 
   return r;
 }
 
+/* ---------------------------------------------------------------- cluster */
+
+static int
+pg_cancel_request(eph_store_t *base, const char *run_id, eph_error_t *err)
+{
+  int r;
+  i64s_t now = i64s(eph_wall_us());
+  const char *v[] = {run_id, now.s};
+  /* Only for a run that exists; announced on channel eph_cancels (delivered at commit). */
+  cleanup_pgresult PGresult *res =
+    pg_run(PG(base),
+           "WITH ins AS (INSERT INTO run_cancels(run_id, requested_at_us)"
+           " SELECT id, $2 FROM runs WHERE id = $1 ON CONFLICT (run_id) DO NOTHING"
+           " RETURNING run_id)"
+           " SELECT pg_notify('eph_cancels', run_id) FROM ins"
+           " UNION ALL SELECT NULL FROM runs WHERE id = $1",
+           2, v, "requesting a cancel", &r, err);
+  if (r >= 0 && PQntuples(res) == 0)
+    r = eph_error_set(err, ENOENT, "run %s does not exist", run_id);
+  return r;
+}
+
+static int
+pg_cancels_pending(eph_store_t *base, json_object **out, eph_error_t *err)
+{
+  int r;
+  cleanup_pgresult PGresult *res =
+    pg_run(PG(base),
+           "SELECT c.run_id FROM run_cancels c JOIN runs r ON r.id = c.run_id"
+           " WHERE r.status IN ('queued', 'running')",
+           0, NULL, "reading cancel requests", &r, err);
+  if (r < 0)
+    return r;
+  json_object *arr = json_object_new_array();
+  for (int i = 0; i < PQntuples(res); i++)
+    json_object_array_add(arr, json_object_new_string(PQgetvalue(res, i, 0)));
+  *out = arr;
+  return 0;
+}
+
 /* ---------------------------------------------------------------- retention, health */
 
 static int
@@ -673,6 +718,8 @@ static const eph_store_ops_t pg_ops = {
   .idem_release = pg_idem_release,
   .purge = pg_purge,
   .probe = pg_probe,
+  .cancel_request = pg_cancel_request,
+  .cancels_pending = pg_cancels_pending,
   .with_db = pg_with_db,
 };
 

@@ -874,6 +874,37 @@ test_concurrent_first_open(void **st)
   assert_int_equal(eph_store_key_create(f->store, "acme", "after", &key, NULL, &err), 0);
 }
 
+/* Cancel requests (a cluster's way to reach the node executing a run): only for a run that
+ * exists, idempotent, listed while the run is queued or running, gone once it ended. SQLite
+ * has no cluster: -ENOTSUP. */
+static void
+test_cancel_requests(void **st)
+{
+  fixture_t *f = *st;
+  eph_error_t err = {0};
+  cleanup_json json_object *req = request("c");
+  if (!f->pg) {
+    assert_int_equal(eph_store_cancel_request(f->store, "run_x", &err), -ENOTSUP);
+    return;
+  }
+  assert_int_equal(eph_store_run_insert(f->store, "run_live", "acme", "running", 1, req, false,
+                                        &err),
+                   0);
+  assert_int_equal(eph_store_run_insert(f->store, "run_other", "acme", "running", 2, req, false,
+                                        &err),
+                   0);
+  assert_int_equal(eph_store_cancel_request(f->store, "run_nope", &err), -ENOENT);
+  assert_int_equal(eph_store_cancel_request(f->store, "run_live", &err), 0);
+  assert_int_equal(eph_store_cancel_request(f->store, "run_live", &err), 0);
+  cleanup_json json_object *pending = NULL, *after = NULL;
+  assert_int_equal(eph_store_cancels_pending(f->store, &pending, &err), 0);
+  assert_int_equal(json_object_array_length(pending), 1);
+  assert_string_equal(json_object_get_string(json_object_array_get_idx(pending, 0)), "run_live");
+  assert_int_equal(eph_store_run_update(f->store, "run_live", "cancelled", NULL, NULL, &err), 0);
+  assert_int_equal(eph_store_cancels_pending(f->store, &after, &err), 0);
+  assert_int_equal(json_object_array_length(after), 0);
+}
+
 /* Which strings name a PostgreSQL database; the password of one never appears in the
  * store's name for messages. */
 static void
@@ -924,6 +955,7 @@ main(void)
                                     teardown),
     cmocka_unit_test_setup_teardown(test_concurrent_first_open, setup, teardown),
     cmocka_unit_test_setup_teardown(test_target_kind_and_password_hidden, setup, teardown),
+    cmocka_unit_test_setup_teardown(test_cancel_requests, setup, teardown),
     /* Properties of the SQLite file itself: last, left out on PostgreSQL. */
     cmocka_unit_test_setup_teardown(test_damaged_file_refused, setup, teardown),
     cmocka_unit_test_setup_teardown(test_damage_found_while_open_is_sticky, setup, teardown),
