@@ -72,8 +72,8 @@ eph_cluster_config_free(eph_cluster_config_t *c)
 }
 
 int
-eph_store_open_ctx(const eph_ctx_t *ctx, const eph_store_options_t *opt, eph_store_t **out,
-                   eph_error_t *err)
+eph_store_open_ctx(const eph_ctx_t *ctx, const eph_store_options_t *opt, bool as_node,
+                   eph_store_t **out, eph_error_t *err)
 {
   eph_cluster_config_t cc;
   int r = eph_cluster_config(ctx, &cc, err);
@@ -82,6 +82,10 @@ eph_store_open_ctx(const eph_ctx_t *ctx, const eph_store_options_t *opt, eph_sto
   cleanup_free char *local = eph_xasprintf("%s/ephemeral.sqlite", ctx->state_dir);
   eph_store_options_t o = opt ? *opt : (eph_store_options_t){0};
   o.local_path = cc.database ? local : NULL;
+  if (as_node) {
+    o.node_name = cc.node_name;
+    o.lease_seconds = (int)cc.lease_seconds;
+  }
   r = eph_store_open(cc.database ? cc.database : local, &o, out, err);
   eph_cluster_config_free(&cc);
   return r;

@@ -9,6 +9,7 @@
 #ifndef EPH_CLUSTER_H
 #define EPH_CLUSTER_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "context.h"
@@ -27,9 +28,11 @@ int eph_cluster_config(const eph_ctx_t *ctx, eph_cluster_config_t *out, eph_erro
 void eph_cluster_config_free(eph_cluster_config_t *c);
 
 /* Opens the store this process is configured for (see the top comment). On PostgreSQL the
- * node-local tables (webhooks, admin audit) stay in <state_dir>/ephemeral.sqlite. opt may
- * be NULL; its local_path is ignored (set here). */
-int eph_store_open_ctx(const eph_ctx_t *ctx, const eph_store_options_t *opt, eph_store_t **out,
-                       eph_error_t *err);
+ * node-local tables (webhooks, admin audit) stay in <state_dir>/ephemeral.sqlite. as_node:
+ * the daemon, whose runs carry node_name and a lease it renews (the CLI's do not: nothing
+ * would renew them). opt may be NULL; its local_path, node_name and lease_seconds are set
+ * here. */
+int eph_store_open_ctx(const eph_ctx_t *ctx, const eph_store_options_t *opt, bool as_node,
+                       eph_store_t **out, eph_error_t *err);
 
 #endif

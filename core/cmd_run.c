@@ -230,7 +230,7 @@ static int
 open_store(eph_ctx_t *ctx, eph_store_t **store)
 {
   eph_error_t err = {0};
-  if (eph_store_open_ctx(ctx, NULL, store, &err) < 0) {
+  if (eph_store_open_ctx(ctx, NULL, false, store, &err) < 0) {
     eph_error("%s", err.message);
     return -1;
   }

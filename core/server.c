@@ -923,7 +923,7 @@ eph_server_start(eph_ctx_t *ctx, const eph_server_options_t *opt, eph_server_t *
   srv->replay_models = strcmp(model_plugin, "model-replay") == 0;
 
   eph_store_options_t so = {.idempotency_hours = opt->idempotency_hours};
-  if ((r = eph_store_open_ctx(ctx, &so, &srv->store, err)) < 0)
+  if ((r = eph_store_open_ctx(ctx, &so, true, &srv->store, err)) < 0)
     goto fail;
   if ((r = eph_webhooks_start(ctx, srv->store, &srv->webhooks, err)) < 0)
     goto fail;

@@ -129,7 +129,9 @@ eph_store_open(const char *path, const eph_store_options_t *opt, eph_store_t **o
   if (busy_ms < 0)
     return eph_error_set(err, EINVAL, "store: busy_timeout_ms %d is negative", busy_ms);
   eph_store_options_t o = {.idempotency_hours = idem_hours, .busy_timeout_ms = busy_ms,
-                           .local_path = opt ? opt->local_path : NULL};
+                           .local_path = opt ? opt->local_path : NULL,
+                           .node_name = opt ? opt->node_name : NULL,
+                           .lease_seconds = opt ? opt->lease_seconds : 0};
   if (eph_store_target_is_pg(path)) {
 #ifdef HAVE_LIBPQ
     return eph_store_pg_open(path, &o, out, err);
@@ -465,6 +467,24 @@ eph_store_cancels_pending(eph_store_t *s, json_object **out, eph_error_t *err)
   if (!s->ops->cancels_pending)
     return eph_error_set(err, ENOTSUP, "%s: no cluster on this store", s->path);
   return s->ops->cancels_pending(s, out, err);
+}
+
+int
+eph_store_leases_renew(eph_store_t *s, json_object *ids, eph_error_t *err)
+{
+  if (!json_object_is_type(ids, json_type_array))
+    return eph_error_set(err, EINVAL, "lease renewal: ids is not an array");
+  if (!s->ops->leases_renew)
+    return eph_error_set(err, ENOTSUP, "%s: no cluster on this store", s->path);
+  return s->ops->leases_renew(s, ids, err);
+}
+
+int
+eph_store_leases_take_expired(eph_store_t *s, json_object **out, eph_error_t *err)
+{
+  if (!s->ops->leases_take_expired)
+    return eph_error_set(err, ENOTSUP, "%s: no cluster on this store", s->path);
+  return s->ops->leases_take_expired(s, out, err);
 }
 
 /* ---------------------------------------------------------------- retention, health */

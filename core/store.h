@@ -72,6 +72,11 @@ typedef struct eph_store_options {
   /* PostgreSQL only: an SQLite file for the tables other modules reach through
    * eph_store_with_db (webhooks, admin audit). NULL: those calls fail with -ENOTSUP. */
   const char *local_path;
+  /* PostgreSQL only: this node's name and lease (docs/cluster.md). A run inserted by this
+   * store carries node_name and a lease of lease_seconds, renewed with
+   * eph_store_leases_renew; NULL/0: runs get no lease (the CLI, tests). */
+  const char *node_name;
+  int lease_seconds;
 } eph_store_options_t;
 
 /* Opens (creating or migrating) the store at path: an SQLite file, or a PostgreSQL
@@ -220,6 +225,18 @@ int eph_store_cancel_request(eph_store_t *store, const char *run_id, eph_error_t
 /* The ids of runs with a cancel request that are still queued or running: *out is a JSON
  * array of strings owned by the caller. -ENOTSUP on SQLite. */
 int eph_store_cancels_pending(eph_store_t *store, json_object **out, eph_error_t *err);
+
+/* Renews this node's lease on its runs: ids is a JSON array of run id strings (borrowed),
+ * each given lease_seconds from now if it is this node's and still queued or running.
+ * -ENOTSUP on SQLite or without a node_name. */
+int eph_store_leases_renew(eph_store_t *store, json_object *ids, eph_error_t *err);
+
+/* Takes over every queued or running run whose lease expired (its node stopped renewing
+ * it): one conditional UPDATE gives each such run a fresh lease held by this node, so of
+ * several nodes noticing at once exactly one gets it. *out: JSON array of the run ids
+ * taken, owned by the caller; the caller settles and ends them (host_lost). -ENOTSUP on
+ * SQLite or without a node_name. */
+int eph_store_leases_take_expired(eph_store_t *store, json_object **out, eph_error_t *err);
 
 /* ---------------------------------------------------------------- other modules' tables */
 

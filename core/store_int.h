@@ -59,6 +59,8 @@ typedef struct eph_store_ops {
   /* Cluster operations; NULL where there is no cluster (SQLite). */
   int (*cancel_request)(eph_store_t *s, const char *run_id, eph_error_t *err);
   int (*cancels_pending)(eph_store_t *s, json_object **out, eph_error_t *err);
+  int (*leases_renew)(eph_store_t *s, json_object *ids, eph_error_t *err);
+  int (*leases_take_expired)(eph_store_t *s, json_object **out, eph_error_t *err);
   /* NULL when the implementation has no SQLite connection to lend. */
   int (*with_db)(eph_store_t *s, int (*fn)(struct sqlite3 *db, void *opaque, eph_error_t *err),
                  void *opaque, eph_error_t *err);

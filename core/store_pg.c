@@ -101,6 +101,9 @@ static const char *const migrations[] = {
   "  run_id TEXT PRIMARY KEY REFERENCES runs(id) ON DELETE CASCADE,"
   "  requested_at_us BIGINT NOT NULL"
   ");",
+  /* 2 -> 3: which node holds a run and until when (leases, docs/cluster.md). */
+  "ALTER TABLE runs ADD COLUMN node TEXT, ADD COLUMN lease_expires_us BIGINT;"
+  "CREATE INDEX runs_lease ON runs(lease_expires_us) WHERE status IN ('queued', 'running');",
 };
 #define SCHEMA_VERSION ((int)(sizeof migrations / sizeof migrations[0]))
 
@@ -109,6 +112,8 @@ typedef struct pg_store {
   PGconn *conn;
   pthread_mutex_t lock; /* one connection, one user at a time */
   eph_store_t *local;   /* node-local SQLite for eph_store_with_db, or NULL */
+  char *node;           /* this node's name, or NULL (no leases) */
+  int64_t lease_us;
 } pg_store_t;
 
 #define PG(x) ((pg_store_t *)(x))
@@ -387,13 +392,17 @@ pg_run_insert(eph_store_t *base, const char *id, const char *org, const char *st
               int64_t created_at_us, json_object *stored, bool zdr, eph_error_t *err)
 {
   int r;
-  i64s_t t = i64s(created_at_us);
-  const char *v[] = {id, org, status, t.s, zdr ? "true" : "false", json_text(stored)};
+  pg_store_t *s = PG(base);
+  i64s_t t = i64s(created_at_us), lease = i64s(eph_wall_us() + s->lease_us);
+  const char *v[] = {id, org, status, t.s, zdr ? "true" : "false", json_text(stored), s->node,
+                     s->node ? lease.s : NULL};
+  /* The inserting node holds the run from the start: a node dying before its first
+   * heartbeat still leaves a lease that expires. */
   cleanup_pgresult PGresult *res =
-    pg_run(PG(base),
-           "INSERT INTO runs(id, org, status, created_at_us, updated_at_us, zdr, request)"
-           " VALUES ($1, $2, $3, $4, $4, $5, $6)",
-           6, v, "inserting the run", &r, err);
+    pg_run(s,
+           "INSERT INTO runs(id, org, status, created_at_us, updated_at_us, zdr, request, node,"
+           " lease_expires_us) VALUES ($1, $2, $3, $4, $4, $5, $6, $7, $8)",
+           8, v, "inserting the run", &r, err);
   return r;
 }
 
@@ -639,6 +648,51 @@ pg_cancels_pending(eph_store_t *base, json_object **out, eph_error_t *err)
   return 0;
 }
 
+static int
+pg_leases_renew(eph_store_t *base, json_object *ids, eph_error_t *err)
+{
+  pg_store_t *s = PG(base);
+  if (!s->node)
+    return eph_error_set(err, ENOTSUP, "%s: no node_name: no leases", base->path);
+  int r;
+  i64s_t until = i64s(eph_wall_us() + s->lease_us);
+  /* The ids travel as one JSON parameter, expanded by the server: no SQL is built. */
+  const char *v[] = {s->node, until.s, json_text(ids)};
+  cleanup_pgresult PGresult *res =
+    pg_run(s,
+           "UPDATE runs SET lease_expires_us = $2 WHERE node = $1"
+           " AND status IN ('queued', 'running')"
+           " AND id IN (SELECT jsonb_array_elements_text($3::jsonb))",
+           3, v, "renewing leases", &r, err);
+  return r;
+}
+
+static int
+pg_leases_take_expired(eph_store_t *base, json_object **out, eph_error_t *err)
+{
+  pg_store_t *s = PG(base);
+  if (!s->node)
+    return eph_error_set(err, ENOTSUP, "%s: no node_name: no leases", base->path);
+  int r;
+  int64_t now = eph_wall_us();
+  i64s_t now_s = i64s(now), until = i64s(now + s->lease_us);
+  const char *v[] = {s->node, until.s, now_s.s};
+  /* Conditional: a second node updating the same row waits for the first, then re-checks
+   * the WHERE against the new lease and skips it. Exactly one node takes each run. */
+  cleanup_pgresult PGresult *res =
+    pg_run(s,
+           "UPDATE runs SET node = $1, lease_expires_us = $2"
+           " WHERE status IN ('queued', 'running') AND lease_expires_us < $3 RETURNING id",
+           3, v, "taking over expired leases", &r, err);
+  if (r < 0)
+    return r;
+  json_object *arr = json_object_new_array();
+  for (int i = 0; i < PQntuples(res); i++)
+    json_object_array_add(arr, json_object_new_string(PQgetvalue(res, i, 0)));
+  *out = arr;
+  return 0;
+}
+
 /* ---------------------------------------------------------------- retention, health */
 
 static int
@@ -694,6 +748,7 @@ pg_close(eph_store_t *base)
   if (s->conn)
     PQfinish(s->conn);
   eph_store_close(s->local);
+  free(s->node);
   pthread_mutex_destroy(&s->lock);
   eph_store_base_free(&s->base);
   free(s);
@@ -720,6 +775,8 @@ static const eph_store_ops_t pg_ops = {
   .probe = pg_probe,
   .cancel_request = pg_cancel_request,
   .cancels_pending = pg_cancels_pending,
+  .leases_renew = pg_leases_renew,
+  .leases_take_expired = pg_leases_take_expired,
   .with_db = pg_with_db,
 };
 
@@ -823,6 +880,10 @@ eph_store_pg_open(const char *conninfo, const eph_store_options_t *opt, eph_stor
   eph_store_base_init(&s->base, &pg_ops, display,
                       (int64_t)opt->idempotency_hours * 3600 * 1000000);
   pthread_mutex_init(&s->lock, NULL);
+  if (opt->node_name && *opt->node_name) {
+    s->node = eph_xstrdup(opt->node_name);
+    s->lease_us = (int64_t)(opt->lease_seconds > 0 ? opt->lease_seconds : 15) * 1000000;
+  }
   int r = 0;
   s->conn = PQconnectdb(conninfo);
   if (!s->conn || PQstatus(s->conn) != CONNECTION_OK) {
