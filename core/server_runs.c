@@ -15,7 +15,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "cluster.h"
 #include "log.h"
 #include "runstore.h"
 #include "util.h"
@@ -24,11 +23,6 @@
 /* How long an admission waits for the run row of an idempotency key claimed by another
  * cluster node before answering 503 (retry with the same key). */
 #define CLUSTER_CLAIM_WAIT_MS 5000
-/* How often a cluster node looks for cancel requests of its runs made on other nodes. */
-#define CLUSTER_CANCEL_POLL_MS 250
-
-static void poll_cancels(eph_server_t *srv);
-static void leases_tick(eph_server_t *srv);
 
 /* ------------------------------------------------------------------ the table */
 
@@ -239,17 +233,8 @@ ticker_main(void *arg)
 {
   eph_server_t *srv = arg;
   const struct timespec tick = {0, 100 * 1000000};
-  bool cluster = eph_store_kind(srv->store) == EPH_STORE_POSTGRES;
-  int64_t next_cancel_poll_ms = 0, next_lease_ms = 0, lease_every_ms = 5000;
-  if (cluster) {
-    eph_cluster_config_t cc;
-    eph_error_t err = {0};
-    if (eph_cluster_config(srv->ctx, &cc, &err) == 0) {
-      /* Renewed three times per lease: one late renewal never loses a run. */
-      lease_every_ms = cc.lease_seconds * 1000 / 3;
-      eph_cluster_config_free(&cc);
-    }
-  }
+  eph_srv_cluster_t cluster;
+  eph_srv_cluster_init(srv, &cluster);
   for (;;) {
     nanosleep(&tick, NULL);
     live_t *dead = NULL;
@@ -297,14 +282,7 @@ ticker_main(void *arg)
       if (empty)
         malloc_trim(0);
     }
-    if (cluster && now >= next_cancel_poll_ms) {
-      next_cancel_poll_ms = now + CLUSTER_CANCEL_POLL_MS;
-      poll_cancels(srv);
-    }
-    if (cluster && now >= next_lease_ms) {
-      next_lease_ms = now + lease_every_ms;
-      leases_tick(srv);
-    }
+    eph_srv_cluster_tick(srv, &cluster, now);
     if (purge) {
       int64_t days = 30;
       eph_error_t err = {0};
@@ -893,8 +871,8 @@ eph_srv_runs_list(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req)
 
 /* Cancels a run live on this node: a queued one is abandoned, a running one told to stop.
  * False when it has already ended (nothing to cancel). */
-static bool
-cancel_live(eph_server_t *srv, live_t *l)
+bool
+eph_srv_cancel_live(eph_server_t *srv, live_t *l)
 {
   bool abandon = false, ended = false;
   {
@@ -930,62 +908,6 @@ cancel_live(eph_server_t *srv, live_t *l)
   return true;
 }
 
-/* A cluster node: cancels the runs live here that another node was asked to cancel
- * (eph_store_cancel_request). Called by the ticker every CLUSTER_CANCEL_POLL_MS. */
-static void
-poll_cancels(eph_server_t *srv)
-{
-  cleanup_json json_object *ids = NULL;
-  eph_error_t err = {0};
-  if (eph_store_cancels_pending(srv->store, &ids, &err) < 0) {
-    eph_warn("reading cancel requests: %s", err.message);
-    return;
-  }
-  for (size_t i = 0; i < json_object_array_length(ids); i++) {
-    live_t *l = eph_srv_live_get(srv, json_object_get_string(json_object_array_get_idx(ids, i)));
-    if (!l)
-      continue; /* another node's run */
-    if (cancel_live(srv, l))
-      eph_info("run %s: cancelled through another node", l->id);
-    eph_srv_live_put(l);
-  }
-}
-
-/* A cluster node's leases: renews its own runs' (every run in memory not yet settled),
- * then takes over the runs of nodes that stopped renewing theirs and ends them host_lost,
- * settled from the ledger (docs/cluster.md). */
-static void
-leases_tick(eph_server_t *srv)
-{
-  cleanup_json json_object *ids = json_object_new_array();
-  pthread_mutex_lock(&srv->lock);
-  for (unsigned b = 0; b < LIVE_BUCKETS; b++)
-    for (live_t *l = srv->table[b]; l; l = l->bucket_next)
-      if (!l->settled)
-        json_object_array_add(ids, json_object_new_string(l->id));
-  pthread_mutex_unlock(&srv->lock);
-  eph_error_t err = {0};
-  if (json_object_array_length(ids) > 0 && eph_store_leases_renew(srv->store, ids, &err) < 0)
-    eph_warn("renewing this node's leases: %s", err.message);
-  cleanup_json json_object *lost = NULL;
-  err = (eph_error_t){0};
-  if (eph_store_leases_take_expired(srv->store, &lost, &err) < 0) {
-    eph_warn("looking for runs of lost nodes: %s", err.message);
-    return;
-  }
-  for (size_t i = 0; i < json_object_array_length(lost); i++) {
-    const char *id = json_object_get_string(json_object_array_get_idx(lost, i));
-    eph_ledger_totals_t t = {0};
-    err = (eph_error_t){0};
-    if (eph_runstore_settle_lost(srv->ctx, srv->store, id, &t, &err) < 0)
-      eph_warn("run %s (its node was lost): %s; retried when the lease expires", id,
-               err.message);
-    else
-      eph_info("run %s: its node was lost; ended host_lost, %" PRId64 " billed, %" PRId64
-               " released", id, t.billed_micros, t.released_micros);
-  }
-}
-
 MHD_RESULT
 eph_srv_runs_cancel(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req)
 {
@@ -994,7 +916,7 @@ eph_srv_runs_cancel(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req
     eph_srv_live_put(l);
     return not_found(srv, c, req->param);
   }
-  if (!l || !cancel_live(srv, l)) {
+  if (!l || !eph_srv_cancel_live(srv, l)) {
     eph_srv_live_put(l);
     eph_error_t err = {0};
     cleanup_json json_object *o = eph_srv_run_object(srv, req->param, req->org, false, &err);

@@ -91,6 +91,11 @@ int eph_store_pg_open(const char *conninfo, const eph_store_options_t *opt, eph_
 extern const char *const eph_store_sqlite_migrations[];
 extern const int eph_store_sqlite_schema_version;
 
+/* The PostgreSQL schema (store_pg_schema.c): migration i brings eph_schema.version from i
+ * to i + 1; append, never edit. */
+extern const char *const eph_store_pg_migrations[];
+extern const int eph_store_pg_schema_version;
+
 /* Fills the base fields (path copied) / releases them. */
 void eph_store_base_init(eph_store_t *s, const eph_store_ops_t *ops, const char *path,
                          int64_t idempotency_us);

@@ -905,6 +905,106 @@ test_cancel_requests(void **st)
   assert_int_equal(json_object_array_length(after), 0);
 }
 
+#ifdef HAVE_LIBPQ
+typedef struct taker_arg {
+  eph_store_t *store;
+  pthread_barrier_t *barrier;
+  int result;
+  json_object *taken;
+} taker_arg_t;
+
+static void *
+taker(void *p)
+{
+  taker_arg_t *a = p;
+  eph_error_t err = {0};
+  pthread_barrier_wait(a->barrier);
+  a->result = eph_store_leases_take_expired(a->store, &a->taken, &err);
+  return NULL;
+}
+#endif
+
+/* Leases: a run inserted by a node carries it; renewal by another node does nothing; once
+ * expired, several nodes taking over at once: exactly one gets the run. Without a node or
+ * on SQLite: -ENOTSUP. */
+static void
+test_leases(void **st)
+{
+  fixture_t *f = *st;
+  eph_error_t err = {0};
+  cleanup_json json_object *none = NULL, *ids = json_tokener_parse("[\"run_l\"]");
+  assert_int_equal(eph_store_leases_take_expired(f->store, &none, &err), -ENOTSUP);
+  if (!f->pg)
+    return;
+#ifdef HAVE_LIBPQ
+  enum { TAKERS = 6 };
+  eph_store_t *nodes[TAKERS];
+  for (int i = 0; i < TAKERS; i++) {
+    char name[16];
+    snprintf(name, sizeof name, "n%d", i);
+    eph_store_options_t o = {.node_name = name, .lease_seconds = 2};
+    if (eph_store_open(f->path, &o, &nodes[i], &err) < 0)
+      fail_msg("%s", err.message);
+  }
+  cleanup_json json_object *req = request("l");
+  assert_int_equal(eph_store_run_insert(nodes[0], "run_l", "acme", "running", 1, req, false,
+                                        &err),
+                   0);
+  PGresult *res = pg_query(f, "SELECT node, lease_expires_us > (extract(epoch FROM now())"
+                              " * 1000000)::bigint FROM runs WHERE id = 'run_l'",
+                           NULL, NULL, true);
+  assert_string_equal(PQgetvalue(res, 0, 0), "n0");
+  assert_string_equal(PQgetvalue(res, 0, 1), "t");
+  PQclear(res);
+  /* Not expired: nobody takes it. */
+  cleanup_json json_object *early = NULL;
+  assert_int_equal(eph_store_leases_take_expired(nodes[1], &early, &err), 0);
+  assert_int_equal(json_object_array_length(early), 0);
+  /* Expired (the node stopped renewing): a renewal by another node does not revive it. */
+  assert_int_equal(sql_exec(f, "UPDATE runs SET lease_expires_us = 1 WHERE id = 'run_l'"), 0);
+  assert_int_equal(eph_store_leases_renew(nodes[2], ids, &err), 0);
+  pthread_t th[TAKERS];
+  taker_arg_t args[TAKERS];
+  pthread_barrier_t barrier;
+  pthread_barrier_init(&barrier, NULL, TAKERS);
+  for (int i = 0; i < TAKERS; i++) {
+    args[i] = (taker_arg_t){.store = nodes[i], .barrier = &barrier};
+    assert_int_equal(pthread_create(&th[i], NULL, taker, &args[i]), 0);
+  }
+  int winners = 0, winner = -1;
+  for (int i = 0; i < TAKERS; i++) {
+    pthread_join(th[i], NULL);
+    assert_int_equal(args[i].result, 0);
+    size_t n = json_object_array_length(args[i].taken);
+    if (n == 1) {
+      winners++;
+      winner = i;
+      assert_string_equal(json_object_get_string(json_object_array_get_idx(args[i].taken, 0)),
+                          "run_l");
+    } else {
+      assert_int_equal(n, 0);
+    }
+    json_object_put(args[i].taken);
+  }
+  pthread_barrier_destroy(&barrier);
+  assert_int_equal(winners, 1);
+  /* The taker now holds a fresh lease; the old node's renewal no longer applies. */
+  char want[16];
+  snprintf(want, sizeof want, "n%d", winner);
+  res = pg_query(f, "SELECT node FROM runs WHERE id = 'run_l'", NULL, NULL, true);
+  assert_string_equal(PQgetvalue(res, 0, 0), want);
+  PQclear(res);
+  /* Once ended, an expired lease is nobody's business. */
+  assert_int_equal(eph_store_run_update(nodes[0], "run_l", "failed", NULL, NULL, &err), 0);
+  assert_int_equal(sql_exec(f, "UPDATE runs SET lease_expires_us = 1 WHERE id = 'run_l'"), 0);
+  cleanup_json json_object *after = NULL;
+  assert_int_equal(eph_store_leases_take_expired(nodes[1], &after, &err), 0);
+  assert_int_equal(json_object_array_length(after), 0);
+  for (int i = 0; i < TAKERS; i++)
+    eph_store_close(nodes[i]);
+#endif
+}
+
 /* Which strings name a PostgreSQL database; the password of one never appears in the
  * store's name for messages. */
 static void
@@ -956,6 +1056,7 @@ main(void)
     cmocka_unit_test_setup_teardown(test_concurrent_first_open, setup, teardown),
     cmocka_unit_test_setup_teardown(test_target_kind_and_password_hidden, setup, teardown),
     cmocka_unit_test_setup_teardown(test_cancel_requests, setup, teardown),
+    cmocka_unit_test_setup_teardown(test_leases, setup, teardown),
     /* Properties of the SQLite file itself: last, left out on PostgreSQL. */
     cmocka_unit_test_setup_teardown(test_damaged_file_refused, setup, teardown),
     cmocka_unit_test_setup_teardown(test_damage_found_while_open_is_sticky, setup, teardown),
