@@ -91,6 +91,36 @@ int eph_store_pg_open(const char *conninfo, const eph_store_options_t *opt, eph_
 extern const char *const eph_store_sqlite_migrations[];
 extern const int eph_store_sqlite_schema_version;
 
+/* The SQLite store's prepared statements (store_sqlite_schema.c), by index. */
+enum {
+  ST_BEGIN,
+  ST_COMMIT,
+  ST_ROLLBACK,
+  ST_ORG_ENSURE,
+  ST_ORG_EXISTS,
+  ST_MEMBER_PUT,
+  ST_KEY_INSERT,
+  ST_KEY_BY_HASH,
+  ST_KEY_REVOKE,
+  ST_KEY_LIST,
+  ST_RUN_INSERT,
+  ST_RUN_UPDATE,
+  ST_RUN_GET,
+  ST_RUN_LIST_FIRST,
+  ST_RUN_LIST_AFTER,
+  ST_EVENT_INSERT,
+  ST_EVENTS_SINCE,
+  ST_IDEM_GET,
+  ST_IDEM_DELETE,
+  ST_IDEM_INSERT,
+  ST_IDEM_RELEASE,
+  ST_PURGE_RUNS,
+  ST_PURGE_IDEM,
+  ST_PROBE,
+  ST_COUNT
+};
+extern const char *const eph_store_sqlite_sql[ST_COUNT];
+
 /* The PostgreSQL schema (store_pg_schema.c): migration i brings eph_schema.version from i
  * to i + 1; append, never edit. */
 extern const char *const eph_store_pg_migrations[];

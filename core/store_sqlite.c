@@ -25,85 +25,8 @@
 #define SCHEMA_VERSION eph_store_sqlite_schema_version
 #define migrations eph_store_sqlite_migrations
 
-enum {
-  ST_BEGIN,
-  ST_COMMIT,
-  ST_ROLLBACK,
-  ST_ORG_ENSURE,
-  ST_ORG_EXISTS,
-  ST_MEMBER_PUT,
-  ST_KEY_INSERT,
-  ST_KEY_BY_HASH,
-  ST_KEY_REVOKE,
-  ST_KEY_LIST,
-  ST_RUN_INSERT,
-  ST_RUN_UPDATE,
-  ST_RUN_GET,
-  ST_RUN_LIST_FIRST,
-  ST_RUN_LIST_AFTER,
-  ST_EVENT_INSERT,
-  ST_EVENTS_SINCE,
-  ST_IDEM_GET,
-  ST_IDEM_DELETE,
-  ST_IDEM_INSERT,
-  ST_IDEM_RELEASE,
-  ST_PURGE_RUNS,
-  ST_PURGE_IDEM,
-  ST_PROBE,
-  ST_COUNT
-};
-
-static const char *const statement_sql[ST_COUNT] = {
-  [ST_BEGIN] = "BEGIN IMMEDIATE",
-  [ST_COMMIT] = "COMMIT",
-  [ST_ROLLBACK] = "ROLLBACK",
-  [ST_ORG_ENSURE] = "INSERT INTO organisations(id, created_at_us) VALUES (?1, ?2)"
-                    " ON CONFLICT(id) DO NOTHING",
-  [ST_ORG_EXISTS] = "SELECT 1 FROM organisations WHERE id = ?1",
-  [ST_MEMBER_PUT] = "INSERT INTO members(org, member, role, created_at_us)"
-                    " VALUES (?1, ?2, ?3, ?4)"
-                    " ON CONFLICT(org, member) DO UPDATE SET role = excluded.role",
-  [ST_KEY_INSERT] = "INSERT INTO api_keys(id, org, name, sha256, created_at_us)"
-                    " VALUES (?1, ?2, ?3, ?4, ?5)",
-  [ST_KEY_BY_HASH] = "SELECT id, org, sha256 FROM api_keys"
-                     " WHERE sha256 = ?1 AND revoked_at_us IS NULL",
-  [ST_KEY_REVOKE] = "UPDATE api_keys SET revoked_at_us = ?3"
-                    " WHERE org = ?2 AND (id = ?1 OR name = ?1) AND revoked_at_us IS NULL",
-  [ST_KEY_LIST] = "SELECT id, name, created_at_us, revoked_at_us FROM api_keys"
-                  " WHERE org = ?1 ORDER BY created_at_us DESC, id DESC",
-  [ST_RUN_INSERT] = "INSERT INTO runs(id, org, status, created_at_us, updated_at_us, zdr,"
-                    " request) VALUES (?1, ?2, ?3, ?4, ?4, ?5, ?6)",
-  /* output is kept NULL under zdr whatever is bound. */
-  [ST_RUN_UPDATE] = "UPDATE runs SET status = coalesce(?2, status),"
-                    " output = CASE WHEN zdr = 1 THEN NULL ELSE coalesce(?3, output) END,"
-                    " usage = coalesce(?4, usage), updated_at_us = ?5 WHERE id = ?1",
-  [ST_RUN_GET] = "SELECT id, org, status, created_at_us, updated_at_us, zdr, request, output,"
-                 " usage FROM runs WHERE id = ?1",
-  [ST_RUN_LIST_FIRST] = "SELECT id, org, status, created_at_us, updated_at_us, zdr, NULL,"
-                        " NULL, usage FROM runs WHERE org = ?1"
-                        " ORDER BY created_at_us DESC, id DESC LIMIT ?2",
-  [ST_RUN_LIST_AFTER] = "SELECT id, org, status, created_at_us, updated_at_us, zdr, NULL,"
-                        " NULL, usage FROM runs WHERE org = ?1"
-                        " AND (created_at_us < ?3 OR (created_at_us = ?3 AND id < ?4))"
-                        " ORDER BY created_at_us DESC, id DESC LIMIT ?2",
-  /* One statement decides on zdr from the run row itself: no window between a check and
-   * the insert. No row is inserted for an unknown run. */
-  [ST_EVENT_INSERT] = "INSERT INTO events(run_id, seq, t_ms, source, kind, text, data)"
-                      " SELECT id, ?2, ?3, ?4, ?5, ?6, CASE WHEN zdr = 1 THEN NULL ELSE ?7 END"
-                      " FROM runs WHERE id = ?1",
-  [ST_EVENTS_SINCE] = "SELECT seq, t_ms, source, kind, text, data FROM events"
-                      " WHERE run_id = ?1 AND seq > ?2 ORDER BY seq LIMIT ?3",
-  [ST_IDEM_GET] = "SELECT body_sha256, run_id, created_at_us FROM idempotency"
-                  " WHERE org = ?1 AND key = ?2",
-  [ST_IDEM_DELETE] = "DELETE FROM idempotency WHERE org = ?1 AND key = ?2",
-  [ST_IDEM_INSERT] = "INSERT INTO idempotency(org, key, body_sha256, run_id, created_at_us)"
-                     " VALUES (?1, ?2, ?3, ?4, ?5)",
-  [ST_PURGE_RUNS] = "DELETE FROM runs WHERE created_at_us < ?1",
-  [ST_IDEM_RELEASE] = "DELETE FROM idempotency WHERE org = ?1 AND key = ?2 AND run_id = ?3",
-  [ST_PURGE_IDEM] = "DELETE FROM idempotency WHERE created_at_us < ?1",
-  [ST_PROBE] = "INSERT INTO probe(id, t_us) VALUES (1, ?1)"
-               " ON CONFLICT(id) DO UPDATE SET t_us = excluded.t_us",
-};
+/* The prepared statements (ST_*, eph_store_sqlite_sql) are in store_sqlite_schema.c. */
+#define statement_sql eph_store_sqlite_sql
 
 typedef struct sq_store {
   eph_store_t base; /* first: see store_int.h */
