@@ -1005,6 +1005,73 @@ test_leases(void **st)
 #endif
 }
 
+/* Attack: values made of SQL (quotes, statement separators, comments, a NUL-free
+ * backslash soup) go through every text parameter a client can influence: a run id, an
+ * idempotency key, a key name, event text and JSON. Each is stored and read back verbatim
+ * and the tables are all still there: nothing was ever spliced into SQL. */
+static void
+test_hostile_values(void **st)
+{
+  fixture_t *f = *st;
+  eph_error_t err = {0};
+  static const char *const evil[] = {
+    "x'); DROP TABLE runs; --",
+    "'' OR 1=1 --",
+    "\\'; SELECT pg_sleep(10); --",
+    "$1 $$ $tag$ ; COMMIT; DROP TABLE api_keys",
+    "run_\"quoted\" /* comment */ ",
+  };
+  for (size_t i = 0; i < sizeof evil / sizeof evil[0]; i++) {
+    cleanup_json json_object *req = request(evil[i]);
+    assert_int_equal(eph_store_run_insert(f->store, evil[i], "acme", "queued", (int64_t)i + 1,
+                                          req, false, &err),
+                     0);
+    cleanup_json json_object *data = json_object_new_object();
+    json_object_object_add(data, evil[i], json_object_new_string(evil[i]));
+    assert_int_equal(eph_store_event_append(f->store, evil[i], 0, 1, "Shell", "tool_call",
+                                            evil[i], data, &err),
+                     0);
+    char h[65];
+    sha(evil[i], h);
+    char *existing = NULL;
+    assert_int_equal(eph_store_idem_claim(f->store, "acme", evil[i], h, evil[i], &existing,
+                                          &err),
+                     0);
+    assert_int_equal(eph_store_idem_claim(f->store, "acme", evil[i], h, "run_other", &existing,
+                                          &err),
+                     1);
+    assert_string_equal(existing, evil[i]);
+    free(existing);
+    cleanup_free char *key = NULL;
+    assert_int_equal(eph_store_key_create(f->store, "acme", evil[i], &key, NULL, &err), 0);
+    assert_int_equal(eph_store_key_revoke(f->store, evil[i], "acme", &err), 0);
+    assert_int_equal(eph_store_key_verify(f->store, key, NULL, NULL, &err), -EACCES);
+
+    cleanup_json json_object *run = NULL, *events = NULL;
+    assert_int_equal(eph_store_run_get(f->store, evil[i], "acme", &run, &err), 0);
+    assert_string_equal(json_object_get_string(json_object_object_get(run, "id")), evil[i]);
+    assert_string_equal(json_object_get_string(json_object_object_get(
+                          json_object_object_get(run, "request"), "prompt")),
+                        evil[i]);
+    assert_int_equal(eph_store_events_since(f->store, evil[i], -1, 0, &events, &err), 0);
+    json_object *e = json_object_array_get_idx(events, 0);
+    assert_string_equal(json_object_get_string(json_object_object_get(e, "text")), evil[i]);
+    assert_string_equal(json_object_get_string(json_object_object_get(
+                          json_object_object_get(e, "data"), evil[i])),
+                        evil[i]);
+  }
+  /* Every table is still there and holds exactly what was put in. */
+  cleanup_json json_object *runs = NULL;
+  char *next = NULL;
+  assert_int_equal(eph_store_run_list(f->store, "acme", 0, NULL, &runs, &next, &err), 0);
+  assert_int_equal(json_object_array_length(runs), 5);
+  assert_null(next);
+  cleanup_json json_object *keys = NULL;
+  assert_int_equal(eph_store_key_list(f->store, "acme", &keys, &err), 0);
+  assert_int_equal(json_object_array_length(keys), 5);
+  assert_int_equal(eph_store_probe(f->store, &err), 0);
+}
+
 /* Which strings name a PostgreSQL database; the password of one never appears in the
  * store's name for messages. */
 static void
@@ -1057,6 +1124,7 @@ main(void)
     cmocka_unit_test_setup_teardown(test_target_kind_and_password_hidden, setup, teardown),
     cmocka_unit_test_setup_teardown(test_cancel_requests, setup, teardown),
     cmocka_unit_test_setup_teardown(test_leases, setup, teardown),
+    cmocka_unit_test_setup_teardown(test_hostile_values, setup, teardown),
     /* Properties of the SQLite file itself: last, left out on PostgreSQL. */
     cmocka_unit_test_setup_teardown(test_damaged_file_refused, setup, teardown),
     cmocka_unit_test_setup_teardown(test_damage_found_while_open_is_sticky, setup, teardown),
