@@ -53,7 +53,7 @@ eph_cluster_config(const eph_ctx_t *ctx, eph_cluster_config_t *out, eph_error_t 
   s = core ? config_setting_get_member(core, "node_name") : NULL;
   if (strlen(node) > 64 ||
       strspn(node, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-") !=
-        strlen(node))
+          strlen(node))
     return eph_error_set(err, EPH_E_CONFIG,
                          "%s: node_name '%s': expected 1 to 64 letters, digits or '_.-'",
                          eph_cfg_where(s, where, sizeof where), node);

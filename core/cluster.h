@@ -16,8 +16,8 @@
 #include "store.h"
 
 typedef struct eph_cluster_config {
-  char *database;      /* the PostgreSQL target, or NULL for the local SQLite store; owned */
-  char *node_name;     /* `node_name`, default the hostname; owned */
+  char *database;        /* the PostgreSQL target, or NULL for the local SQLite store; owned */
+  char *node_name;       /* `node_name`, default the hostname; owned */
   int64_t lease_seconds; /* `lease_seconds`, default 15, 2..3600 */
 } eph_cluster_config_t;
 

@@ -64,11 +64,11 @@ leases_tick(eph_server_t *srv)
     eph_ledger_totals_t t = {0};
     err = (eph_error_t){0};
     if (eph_runstore_settle_lost(srv->ctx, srv->store, id, &t, &err) < 0)
-      eph_warn("run %s (its node was lost): %s; retried when the lease expires", id,
-               err.message);
+      eph_warn("run %s (its node was lost): %s; retried when the lease expires", id, err.message);
     else
       eph_info("run %s: its node was lost; ended host_lost, %" PRId64 " billed, %" PRId64
-               " released", id, t.billed_micros, t.released_micros);
+               " released",
+               id, t.billed_micros, t.released_micros);
   }
 }
 

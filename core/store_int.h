@@ -31,8 +31,7 @@ typedef struct eph_store_ops {
    * time), -EACCES when none. */
   int (*key_lookup)(eph_store_t *s, const unsigned char md[32], char **id_out, char **org_out,
                     eph_error_t *err);
-  int (*key_revoke)(eph_store_t *s, const char *key_id_or_name, const char *org,
-                    eph_error_t *err);
+  int (*key_revoke)(eph_store_t *s, const char *key_id_or_name, const char *org, eph_error_t *err);
   int (*key_list)(eph_store_t *s, const char *org, json_object **out, eph_error_t *err);
   /* stored: the request as it is to be stored (content already dropped under zdr). */
   int (*run_insert)(eph_store_t *s, const char *id, const char *org, const char *status,

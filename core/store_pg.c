@@ -91,8 +91,8 @@ static int
 pg_error(pg_store_t *s, const PGresult *res, const char *what, eph_error_t *err)
 {
   const char *state = res ? PQresultErrorField(res, PG_DIAG_SQLSTATE) : NULL;
-  const char *msg = res && *PQresultErrorMessage(res) ? PQresultErrorMessage(res)
-                                                      : PQerrorMessage(s->conn);
+  const char *msg =
+      res && *PQresultErrorMessage(res) ? PQresultErrorMessage(res) : PQerrorMessage(s->conn);
   char clean[400];
   snprintf(clean, sizeof clean, "%s", msg ? msg : "unknown error");
   clean[strcspn(clean, "\n")] = '\0';
@@ -157,8 +157,8 @@ pg_exec(pg_store_t *s, const char *sql, int n, const char *const *vals, const in
 
 /* pg_exec taking the lock itself, for the one-statement operations. */
 static PGresult *
-pg_run(pg_store_t *s, const char *sql, int n, const char *const *vals, const char *what,
-       int *r, eph_error_t *err)
+pg_run(pg_store_t *s, const char *sql, int n, const char *const *vals, const char *what, int *r,
+       eph_error_t *err)
 {
   pthread_mutex_lock(&s->lock);
   PGresult *res = pg_exec(s, sql, n, vals, NULL, NULL, 0, what, r, err);
@@ -181,10 +181,10 @@ pg_org_create(eph_store_t *base, const char *org, eph_error_t *err)
   i64s_t now = i64s(eph_wall_us());
   const char *v[] = {org, now.s};
   cleanup_pgresult PGresult *res =
-    pg_run(PG(base),
-           "INSERT INTO organisations(id, created_at_us) VALUES ($1, $2)"
-           " ON CONFLICT (id) DO NOTHING",
-           2, v, "creating the organisation", &r, err);
+      pg_run(PG(base),
+             "INSERT INTO organisations(id, created_at_us) VALUES ($1, $2)"
+             " ON CONFLICT (id) DO NOTHING",
+             2, v, "creating the organisation", &r, err);
   return r;
 }
 
@@ -197,11 +197,11 @@ pg_member_add(eph_store_t *base, const char *org, const char *member, const char
   const char *v[] = {org, member, role, now.s};
   /* One statement: no member row for an organisation that does not exist. */
   cleanup_pgresult PGresult *res =
-    pg_run(PG(base),
-           "INSERT INTO members(org, member, role, created_at_us)"
-           " SELECT $1, $2, $3, $4 WHERE EXISTS (SELECT 1 FROM organisations WHERE id = $1)"
-           " ON CONFLICT (org, member) DO UPDATE SET role = excluded.role",
-           4, v, "adding the member", &r, err);
+      pg_run(PG(base),
+             "INSERT INTO members(org, member, role, created_at_us)"
+             " SELECT $1, $2, $3, $4 WHERE EXISTS (SELECT 1 FROM organisations WHERE id = $1)"
+             " ON CONFLICT (org, member) DO UPDATE SET role = excluded.role",
+             4, v, "adding the member", &r, err);
   if (r >= 0 && affected(res) == 0)
     r = eph_error_set(err, ENOENT, "organisation '%s' does not exist", org);
   return r;
@@ -224,14 +224,14 @@ pg_key_insert(eph_store_t *base, const char *org, const char *name, const char *
   pg_store_t *s = PG(base);
   pthread_mutex_lock(&s->lock);
   cleanup_pgresult PGresult *res =
-    pg_exec(s,
-            "INSERT INTO api_keys(id, org, name, sha256, created_at_us)"
-            " VALUES ($1, $2, $3, $4, $5)",
-            5, v, lens, fmts, 0, "storing the API key", &r, err);
+      pg_exec(s,
+              "INSERT INTO api_keys(id, org, name, sha256, created_at_us)"
+              " VALUES ($1, $2, $3, $4, $5)",
+              5, v, lens, fmts, 0, "storing the API key", &r, err);
   pthread_mutex_unlock(&s->lock);
   if (r == -EEXIST)
-    r = eph_error_set(err, EEXIST, "organisation '%s' already has an active key named '%s'",
-                      org, name);
+    r = eph_error_set(err, EEXIST, "organisation '%s' already has an active key named '%s'", org,
+                      name);
   return r;
 }
 
@@ -247,9 +247,8 @@ pg_key_lookup(eph_store_t *base, const unsigned char md[32], char **id_out, char
   /* Binary results: sha256 comes back as its 32 bytes, the text columns as their bytes
    * (NUL-terminated by libpq). */
   cleanup_pgresult PGresult *res =
-    pg_exec(s,
-            "SELECT id, org, sha256 FROM api_keys WHERE sha256 = $1 AND revoked_at_us IS NULL",
-            1, v, lens, fmts, 1, "looking up the API key", &r, err);
+      pg_exec(s, "SELECT id, org, sha256 FROM api_keys WHERE sha256 = $1 AND revoked_at_us IS NULL",
+              1, v, lens, fmts, 1, "looking up the API key", &r, err);
   pthread_mutex_unlock(&s->lock);
   if (r < 0)
     return r;
@@ -269,13 +268,12 @@ pg_key_revoke(eph_store_t *base, const char *key_id_or_name, const char *org, ep
   i64s_t now = i64s(eph_wall_us());
   const char *v[] = {key_id_or_name, org, now.s};
   cleanup_pgresult PGresult *res =
-    pg_run(PG(base),
-           "UPDATE api_keys SET revoked_at_us = $3"
-           " WHERE org = $2 AND (id = $1 OR name = $1) AND revoked_at_us IS NULL",
-           3, v, "revoking the API key", &r, err);
+      pg_run(PG(base),
+             "UPDATE api_keys SET revoked_at_us = $3"
+             " WHERE org = $2 AND (id = $1 OR name = $1) AND revoked_at_us IS NULL",
+             3, v, "revoking the API key", &r, err);
   if (r >= 0 && affected(res) == 0)
-    r = eph_error_set(err, ENOENT, "organisation '%s' has no active key '%s'", org,
-                      key_id_or_name);
+    r = eph_error_set(err, ENOENT, "organisation '%s' has no active key '%s'", org, key_id_or_name);
   return r;
 }
 
@@ -285,10 +283,10 @@ pg_key_list(eph_store_t *base, const char *org, json_object **out, eph_error_t *
   int r;
   const char *v[] = {org};
   cleanup_pgresult PGresult *res =
-    pg_run(PG(base),
-           "SELECT id, name, created_at_us, revoked_at_us FROM api_keys"
-           " WHERE org = $1 ORDER BY created_at_us DESC, id DESC",
-           1, v, "listing API keys", &r, err);
+      pg_run(PG(base),
+             "SELECT id, name, created_at_us, revoked_at_us FROM api_keys"
+             " WHERE org = $1 ORDER BY created_at_us DESC, id DESC",
+             1, v, "listing API keys", &r, err);
   if (r < 0)
     return r;
   json_object *arr = json_object_new_array();
@@ -297,9 +295,9 @@ pg_key_list(eph_store_t *base, const char *org, json_object **out, eph_error_t *
     json_object_object_add(k, "id", json_object_new_string(PQgetvalue(res, i, 0)));
     json_object_object_add(k, "name", json_object_new_string(PQgetvalue(res, i, 1)));
     json_object_object_add(k, "created_at_us", json_object_new_int64(get_i64(res, i, 2)));
-    json_object_object_add(k, "revoked_at_us", PQgetisnull(res, i, 3)
-                                                 ? NULL
-                                                 : json_object_new_int64(get_i64(res, i, 3)));
+    json_object_object_add(k, "revoked_at_us",
+                           PQgetisnull(res, i, 3) ? NULL
+                                                  : json_object_new_int64(get_i64(res, i, 3)));
     json_object_array_add(arr, k);
   }
   *out = arr;
@@ -315,15 +313,21 @@ pg_run_insert(eph_store_t *base, const char *id, const char *org, const char *st
   int r;
   pg_store_t *s = PG(base);
   i64s_t t = i64s(created_at_us), lease = i64s(eph_wall_us() + s->lease_us);
-  const char *v[] = {id, org, status, t.s, zdr ? "true" : "false", json_text(stored), s->node,
+  const char *v[] = {id,
+                     org,
+                     status,
+                     t.s,
+                     zdr ? "true" : "false",
+                     json_text(stored),
+                     s->node,
                      s->node ? lease.s : NULL};
   /* The inserting node holds the run from the start: a node dying before its first
    * heartbeat still leaves a lease that expires. */
   cleanup_pgresult PGresult *res =
-    pg_run(s,
-           "INSERT INTO runs(id, org, status, created_at_us, updated_at_us, zdr, request, node,"
-           " lease_expires_us) VALUES ($1, $2, $3, $4, $4, $5, $6, $7, $8)",
-           8, v, "inserting the run", &r, err);
+      pg_run(s,
+             "INSERT INTO runs(id, org, status, created_at_us, updated_at_us, zdr, request, node,"
+             " lease_expires_us) VALUES ($1, $2, $3, $4, $4, $5, $6, $7, $8)",
+             8, v, "inserting the run", &r, err);
   return r;
 }
 
@@ -336,11 +340,11 @@ pg_run_update(eph_store_t *base, const char *id, const char *status, json_object
   const char *v[] = {id, status, json_text(output), json_text(usage), now.s};
   /* output is kept NULL under zdr whatever is bound. */
   cleanup_pgresult PGresult *res =
-    pg_run(PG(base),
-           "UPDATE runs SET status = coalesce($2, status),"
-           " output = CASE WHEN zdr THEN NULL ELSE coalesce($3, output) END,"
-           " usage = coalesce($4, usage), updated_at_us = $5 WHERE id = $1",
-           5, v, "updating the run", &r, err);
+      pg_run(PG(base),
+             "UPDATE runs SET status = coalesce($2, status),"
+             " output = CASE WHEN zdr THEN NULL ELSE coalesce($3, output) END,"
+             " usage = coalesce($4, usage), updated_at_us = $5 WHERE id = $1",
+             5, v, "updating the run", &r, err);
   if (r >= 0 && affected(res) == 0)
     r = eph_error_set(err, ENOENT, "run %s does not exist", id);
   return r;
@@ -372,34 +376,34 @@ pg_run_get(eph_store_t *base, const char *id, json_object **out, eph_error_t *er
   int r;
   const char *v[] = {id};
   cleanup_pgresult PGresult *res =
-    pg_run(PG(base),
-           "SELECT id, org, status, created_at_us, updated_at_us, zdr, request, output, usage"
-           " FROM runs WHERE id = $1",
-           1, v, "reading the run", &r, err);
+      pg_run(PG(base),
+             "SELECT id, org, status, created_at_us, updated_at_us, zdr, request, output, usage"
+             " FROM runs WHERE id = $1",
+             1, v, "reading the run", &r, err);
   if (r >= 0 && PQntuples(res) == 1)
     *out = run_from_row(res, 0, true);
   return r;
 }
 
 static int
-pg_run_list(eph_store_t *base, const char *org, int limit, int64_t after_us,
-            const char *after_id, json_object **out, eph_error_t *err)
+pg_run_list(eph_store_t *base, const char *org, int limit, int64_t after_us, const char *after_id,
+            json_object **out, eph_error_t *err)
 {
   int r;
   i64s_t lim = i64s(limit + 1), after = i64s(after_us);
   const char *v[] = {org, lim.s, after.s, after_id};
   cleanup_pgresult PGresult *res =
-    after_id ? pg_run(PG(base),
-                      "SELECT id, org, status, created_at_us, updated_at_us, zdr, NULL, NULL,"
-                      " usage FROM runs WHERE org = $1"
-                      " AND (created_at_us < $3 OR (created_at_us = $3 AND id < $4))"
-                      " ORDER BY created_at_us DESC, id DESC LIMIT $2",
-                      4, v, "listing runs", &r, err)
-             : pg_run(PG(base),
-                      "SELECT id, org, status, created_at_us, updated_at_us, zdr, NULL, NULL,"
-                      " usage FROM runs WHERE org = $1"
-                      " ORDER BY created_at_us DESC, id DESC LIMIT $2",
-                      2, v, "listing runs", &r, err);
+      after_id ? pg_run(PG(base),
+                        "SELECT id, org, status, created_at_us, updated_at_us, zdr, NULL, NULL,"
+                        " usage FROM runs WHERE org = $1"
+                        " AND (created_at_us < $3 OR (created_at_us = $3 AND id < $4))"
+                        " ORDER BY created_at_us DESC, id DESC LIMIT $2",
+                        4, v, "listing runs", &r, err)
+               : pg_run(PG(base),
+                        "SELECT id, org, status, created_at_us, updated_at_us, zdr, NULL, NULL,"
+                        " usage FROM runs WHERE org = $1"
+                        " ORDER BY created_at_us DESC, id DESC LIMIT $2",
+                        2, v, "listing runs", &r, err);
   if (r < 0)
     return r;
   json_object *arr = json_object_new_array();
@@ -423,12 +427,12 @@ pg_event_append(eph_store_t *base, const char *run_id, int64_t seq, int64_t t_ms
    * run, and announces the event to every node following the run (channel eph_events,
    * payload the run id; delivered at commit). */
   cleanup_pgresult PGresult *res =
-    pg_run(PG(base),
-           "WITH ins AS (INSERT INTO events(run_id, seq, t_ms, source, kind, text, data)"
-           " SELECT id, $2, $3, $4, $5, $6, CASE WHEN zdr THEN NULL ELSE $7 END"
-           " FROM runs WHERE id = $1 RETURNING run_id)"
-           " SELECT pg_notify('eph_events', run_id) FROM ins",
-           7, v, "appending the event", &r, err);
+      pg_run(PG(base),
+             "WITH ins AS (INSERT INTO events(run_id, seq, t_ms, source, kind, text, data)"
+             " SELECT id, $2, $3, $4, $5, $6, CASE WHEN zdr THEN NULL ELSE $7 END"
+             " FROM runs WHERE id = $1 RETURNING run_id)"
+             " SELECT pg_notify('eph_events', run_id) FROM ins",
+             7, v, "appending the event", &r, err);
   if (r >= 0 && PQntuples(res) == 0)
     r = eph_error_set(err, ENOENT, "run %s does not exist", run_id);
   return r;
@@ -441,11 +445,10 @@ pg_events_since(eph_store_t *base, const char *run_id, int64_t since_seq, int li
   int r;
   i64s_t since = i64s(since_seq), lim = i64s(limit);
   const char *v[] = {run_id, since.s, limit ? lim.s : NULL}; /* LIMIT NULL: no limit */
-  cleanup_pgresult PGresult *res =
-    pg_run(PG(base),
-           "SELECT seq, t_ms, source, kind, text, data FROM events"
-           " WHERE run_id = $1 AND seq > $2 ORDER BY seq LIMIT $3",
-           3, v, "reading events", &r, err);
+  cleanup_pgresult PGresult *res = pg_run(PG(base),
+                                          "SELECT seq, t_ms, source, kind, text, data FROM events"
+                                          " WHERE run_id = $1 AND seq > $2 ORDER BY seq LIMIT $3",
+                                          3, v, "reading events", &r, err);
   if (r < 0)
     return r;
   json_object *arr = json_object_new_array();
@@ -481,18 +484,18 @@ pg_idem_claim(eph_store_t *base, const char *org, const char *key, const char *b
     {
       const char *v[] = {org, key, expired.s};
       cleanup_pgresult PGresult *res =
-        pg_run(s, "DELETE FROM idempotency WHERE org = $1 AND key = $2 AND created_at_us < $3",
-               3, v, "forgetting an expired idempotency key", &r, err);
+          pg_run(s, "DELETE FROM idempotency WHERE org = $1 AND key = $2 AND created_at_us < $3", 3,
+                 v, "forgetting an expired idempotency key", &r, err);
       if (r < 0)
         return r;
     }
     {
       const char *v[] = {org, key, body_sha256_hex, new_run_id, now_s.s};
       cleanup_pgresult PGresult *res =
-        pg_run(s,
-               "INSERT INTO idempotency(org, key, body_sha256, run_id, created_at_us)"
-               " VALUES ($1, $2, $3, $4, $5) ON CONFLICT (org, key) DO NOTHING",
-               5, v, "claiming the idempotency key", &r, err);
+          pg_run(s,
+                 "INSERT INTO idempotency(org, key, body_sha256, run_id, created_at_us)"
+                 " VALUES ($1, $2, $3, $4, $5) ON CONFLICT (org, key) DO NOTHING",
+                 5, v, "claiming the idempotency key", &r, err);
       if (r < 0)
         return r;
       if (affected(res) == 1)
@@ -500,21 +503,19 @@ pg_idem_claim(eph_store_t *base, const char *org, const char *key, const char *b
     }
     const char *v[] = {org, key};
     cleanup_pgresult PGresult *res =
-      pg_run(s, "SELECT body_sha256, run_id FROM idempotency WHERE org = $1 AND key = $2", 2,
-             v, "reading the idempotency key", &r, err);
+        pg_run(s, "SELECT body_sha256, run_id FROM idempotency WHERE org = $1 AND key = $2", 2, v,
+               "reading the idempotency key", &r, err);
     if (r < 0)
       return r;
     if (PQntuples(res) == 0)
       continue;
     if (strcmp(PQgetvalue(res, 0, 0), body_sha256_hex) != 0)
-      return eph_error_set(err, EBUSY,
-                           "idempotency key '%s' was already used with a different request body",
-                           key);
+      return eph_error_set(
+          err, EBUSY, "idempotency key '%s' was already used with a different request body", key);
     *existing_run_id = get_dup(res, 0, 1);
     return 1;
   }
-  return eph_error_set(err, EBUSY, "idempotency key '%s': claimed and released repeatedly",
-                       key);
+  return eph_error_set(err, EBUSY, "idempotency key '%s': claimed and released repeatedly", key);
 }
 
 static int
@@ -524,8 +525,8 @@ pg_idem_release(eph_store_t *base, const char *org, const char *key, const char 
   int r;
   const char *v[] = {org, key, run_id};
   cleanup_pgresult PGresult *res =
-    pg_run(PG(base), "DELETE FROM idempotency WHERE org = $1 AND key = $2 AND run_id = $3", 3,
-           v, "releasing the idempotency key", &r, err);
+      pg_run(PG(base), "DELETE FROM idempotency WHERE org = $1 AND key = $2 AND run_id = $3", 3, v,
+             "releasing the idempotency key", &r, err);
   return r;
 }
 
@@ -539,13 +540,13 @@ pg_cancel_request(eph_store_t *base, const char *run_id, eph_error_t *err)
   const char *v[] = {run_id, now.s};
   /* Only for a run that exists; announced on channel eph_cancels (delivered at commit). */
   cleanup_pgresult PGresult *res =
-    pg_run(PG(base),
-           "WITH ins AS (INSERT INTO run_cancels(run_id, requested_at_us)"
-           " SELECT id, $2 FROM runs WHERE id = $1 ON CONFLICT (run_id) DO NOTHING"
-           " RETURNING run_id)"
-           " SELECT pg_notify('eph_cancels', run_id) FROM ins"
-           " UNION ALL SELECT NULL FROM runs WHERE id = $1",
-           2, v, "requesting a cancel", &r, err);
+      pg_run(PG(base),
+             "WITH ins AS (INSERT INTO run_cancels(run_id, requested_at_us)"
+             " SELECT id, $2 FROM runs WHERE id = $1 ON CONFLICT (run_id) DO NOTHING"
+             " RETURNING run_id)"
+             " SELECT pg_notify('eph_cancels', run_id) FROM ins"
+             " UNION ALL SELECT NULL FROM runs WHERE id = $1",
+             2, v, "requesting a cancel", &r, err);
   if (r >= 0 && PQntuples(res) == 0)
     r = eph_error_set(err, ENOENT, "run %s does not exist", run_id);
   return r;
@@ -556,10 +557,10 @@ pg_cancels_pending(eph_store_t *base, json_object **out, eph_error_t *err)
 {
   int r;
   cleanup_pgresult PGresult *res =
-    pg_run(PG(base),
-           "SELECT c.run_id FROM run_cancels c JOIN runs r ON r.id = c.run_id"
-           " WHERE r.status IN ('queued', 'running')",
-           0, NULL, "reading cancel requests", &r, err);
+      pg_run(PG(base),
+             "SELECT c.run_id FROM run_cancels c JOIN runs r ON r.id = c.run_id"
+             " WHERE r.status IN ('queued', 'running')",
+             0, NULL, "reading cancel requests", &r, err);
   if (r < 0)
     return r;
   json_object *arr = json_object_new_array();
@@ -580,11 +581,11 @@ pg_leases_renew(eph_store_t *base, json_object *ids, eph_error_t *err)
   /* The ids travel as one JSON parameter, expanded by the server: no SQL is built. */
   const char *v[] = {s->node, until.s, json_text(ids)};
   cleanup_pgresult PGresult *res =
-    pg_run(s,
-           "UPDATE runs SET lease_expires_us = $2 WHERE node = $1"
-           " AND status IN ('queued', 'running')"
-           " AND id IN (SELECT jsonb_array_elements_text($3::jsonb))",
-           3, v, "renewing leases", &r, err);
+      pg_run(s,
+             "UPDATE runs SET lease_expires_us = $2 WHERE node = $1"
+             " AND status IN ('queued', 'running')"
+             " AND id IN (SELECT jsonb_array_elements_text($3::jsonb))",
+             3, v, "renewing leases", &r, err);
   return r;
 }
 
@@ -601,10 +602,10 @@ pg_leases_take_expired(eph_store_t *base, json_object **out, eph_error_t *err)
   /* Conditional: a second node updating the same row waits for the first, then re-checks
    * the WHERE against the new lease and skips it. Exactly one node takes each run. */
   cleanup_pgresult PGresult *res =
-    pg_run(s,
-           "UPDATE runs SET node = $1, lease_expires_us = $2"
-           " WHERE status IN ('queued', 'running') AND lease_expires_us < $3 RETURNING id",
-           3, v, "taking over expired leases", &r, err);
+      pg_run(s,
+             "UPDATE runs SET node = $1, lease_expires_us = $2"
+             " WHERE status IN ('queued', 'running') AND lease_expires_us < $3 RETURNING id",
+             3, v, "taking over expired leases", &r, err);
   if (r < 0)
     return r;
   json_object *arr = json_object_new_array();
@@ -631,8 +632,8 @@ pg_purge(eph_store_t *base, int64_t runs_before_us, int64_t idem_before_us, eph_
   }
   const char *v[] = {idem.s};
   cleanup_pgresult PGresult *res =
-    pg_run(PG(base), "DELETE FROM idempotency WHERE created_at_us < $1", 1, v,
-           "purging idempotency keys", &r, err);
+      pg_run(PG(base), "DELETE FROM idempotency WHERE created_at_us < $1", 1, v,
+             "purging idempotency keys", &r, err);
   return r < 0 ? r : deleted;
 }
 
@@ -642,11 +643,10 @@ pg_probe(eph_store_t *base, eph_error_t *err)
   int r;
   i64s_t now = i64s(eph_wall_us());
   const char *v[] = {now.s};
-  cleanup_pgresult PGresult *res =
-    pg_run(PG(base),
-           "INSERT INTO probe(id, t_us) VALUES (1, $1)"
-           " ON CONFLICT (id) DO UPDATE SET t_us = excluded.t_us",
-           1, v, "health probe", &r, err);
+  cleanup_pgresult PGresult *res = pg_run(PG(base),
+                                          "INSERT INTO probe(id, t_us) VALUES (1, $1)"
+                                          " ON CONFLICT (id) DO UPDATE SET t_us = excluded.t_us",
+                                          1, v, "health probe", &r, err);
   return r;
 }
 
@@ -658,7 +658,8 @@ pg_with_db(eph_store_t *base, int (*fn)(struct sqlite3 *db, void *opaque, eph_er
   if (!s->local)
     return eph_error_set(err, ENOTSUP,
                          "%s: webhooks and the admin audit are node-local: no local store file "
-                         "was given", base->path);
+                         "was given",
+                         base->path);
   return eph_store_with_db(s->local, fn, opaque, err);
 }
 
@@ -676,29 +677,29 @@ pg_close(eph_store_t *base)
 }
 
 static const eph_store_ops_t pg_ops = {
-  .kind = EPH_STORE_POSTGRES,
-  .close = pg_close,
-  .org_create = pg_org_create,
-  .member_add = pg_member_add,
-  .key_insert = pg_key_insert,
-  .key_lookup = pg_key_lookup,
-  .key_revoke = pg_key_revoke,
-  .key_list = pg_key_list,
-  .run_insert = pg_run_insert,
-  .run_update = pg_run_update,
-  .run_get = pg_run_get,
-  .run_list = pg_run_list,
-  .event_append = pg_event_append,
-  .events_since = pg_events_since,
-  .idem_claim = pg_idem_claim,
-  .idem_release = pg_idem_release,
-  .purge = pg_purge,
-  .probe = pg_probe,
-  .cancel_request = pg_cancel_request,
-  .cancels_pending = pg_cancels_pending,
-  .leases_renew = pg_leases_renew,
-  .leases_take_expired = pg_leases_take_expired,
-  .with_db = pg_with_db,
+    .kind = EPH_STORE_POSTGRES,
+    .close = pg_close,
+    .org_create = pg_org_create,
+    .member_add = pg_member_add,
+    .key_insert = pg_key_insert,
+    .key_lookup = pg_key_lookup,
+    .key_revoke = pg_key_revoke,
+    .key_list = pg_key_list,
+    .run_insert = pg_run_insert,
+    .run_update = pg_run_update,
+    .run_get = pg_run_get,
+    .run_list = pg_run_list,
+    .event_append = pg_event_append,
+    .events_since = pg_events_since,
+    .idem_claim = pg_idem_claim,
+    .idem_release = pg_idem_release,
+    .purge = pg_purge,
+    .probe = pg_probe,
+    .cancel_request = pg_cancel_request,
+    .cancels_pending = pg_cancels_pending,
+    .leases_renew = pg_leases_renew,
+    .leases_take_expired = pg_leases_take_expired,
+    .with_db = pg_with_db,
 };
 
 /* ---------------------------------------------------------------- open, migrations */
@@ -753,8 +754,9 @@ migrate(pg_store_t *s, eph_error_t *err)
     return r;
   if ((r = exec_plain(s, "SELECT pg_advisory_xact_lock(" MIGRATION_LOCK_KEY ")",
                       "waiting for other nodes' migration", err)) >= 0)
-    r = exec_plain(s, "CREATE TABLE IF NOT EXISTS eph_schema (version INTEGER NOT NULL);"
-                      "INSERT INTO eph_schema SELECT 0 WHERE NOT EXISTS (SELECT 1 FROM eph_schema)",
+    r = exec_plain(s,
+                   "CREATE TABLE IF NOT EXISTS eph_schema (version INTEGER NOT NULL);"
+                   "INSERT INTO eph_schema SELECT 0 WHERE NOT EXISTS (SELECT 1 FROM eph_schema)",
                    "creating the schema version table", err);
   int version = -1;
   if (r >= 0) {
@@ -767,7 +769,8 @@ migrate(pg_store_t *s, eph_error_t *err)
   if (r >= 0 && version > SCHEMA_VERSION)
     r = eph_error_set(err, EPH_E_CONFIG,
                       "%s: schema version %d is newer than this program's (%d); refusing to "
-                      "touch it", s->base.path, version, SCHEMA_VERSION);
+                      "touch it",
+                      s->base.path, version, SCHEMA_VERSION);
   for (int v = version; r >= 0 && v < SCHEMA_VERSION; v++) {
     char what[64], set[64];
     snprintf(what, sizeof what, "migrating the schema to version %d", v + 1);
@@ -798,8 +801,7 @@ eph_store_pg_open(const char *conninfo, const eph_store_options_t *opt, eph_stor
 {
   pg_store_t *s = eph_xcalloc(1, sizeof *s);
   cleanup_free char *display = display_target(conninfo);
-  eph_store_base_init(&s->base, &pg_ops, display,
-                      (int64_t)opt->idempotency_hours * 3600 * 1000000);
+  eph_store_base_init(&s->base, &pg_ops, display, (int64_t)opt->idempotency_hours * 3600 * 1000000);
   pthread_mutex_init(&s->lock, NULL);
   if (opt->node_name && *opt->node_name) {
     s->node = eph_xstrdup(opt->node_name);
