@@ -10,6 +10,8 @@
 #include <unistd.h>
 
 #include "conf.h"
+#include "loader.h"
+#include "log.h"
 #include "util.h"
 
 static const char *
@@ -85,6 +87,14 @@ eph_store_open_ctx(const eph_ctx_t *ctx, const eph_store_options_t *opt, bool as
   if (as_node) {
     o.node_name = cc.node_name;
     o.lease_seconds = (int)cc.lease_seconds;
+    /* Runs, keys and queue are shared; money is where the ledger plugin keeps it. A
+     * file-based ledger is shared only by processes of one machine: said at start, so an
+     * operator does not credit one host's ledger believing it is the cluster's. */
+    const eph_plugin_slot_t *ledger = eph_plugins_first(&ctx->plugins, EPH_KIND_LEDGER);
+    if (cc.database && ledger && strcmp(ledger->desc->name, "ledger-sqlite") == 0)
+      eph_warn("database is shared but the ledger is ledger-sqlite (a file on this host): "
+               "money is shared only with processes on this machine using the same file; "
+               "use ledger-postgres for several hosts (docs/cluster.md)");
   }
   r = eph_store_open(cc.database ? cc.database : local, &o, out, err);
   eph_cluster_config_free(&cc);
