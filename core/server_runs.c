@@ -23,6 +23,8 @@
 /* How long an admission waits for the run row of an idempotency key claimed by another
  * cluster node before answering 503 (retry with the same key). */
 #define CLUSTER_CLAIM_WAIT_MS 5000
+/* How often ?wait= on a run executing on another cluster node reads the store. */
+#define CLUSTER_WAIT_POLL_MS 200
 
 /* ------------------------------------------------------------------ the table */
 
@@ -447,6 +449,17 @@ store_failure(eph_server_t *srv, struct MHD_Connection *c, const eph_error_t *er
 
 /* Answers a created (or replayed) run, or suspends the connection until it settles or the
  * wait passes; called again when resumed. */
+/* True when a run object's timeline ends with its `settled` event (always the last). */
+static bool
+run_object_settled(json_object *o)
+{
+  json_object *events = json_object_object_get(o, "events"), *kind = NULL;
+  size_t n = json_object_array_length(events);
+  json_object *last = n ? json_object_array_get_idx(events, n - 1) : NULL;
+  return last && json_object_object_get_ex(last, "kind", &kind) &&
+         strcmp(json_object_get_string(kind), "settled") == 0;
+}
+
 MHD_RESULT
 eph_srv_runs_continue(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req)
 {
@@ -479,6 +492,25 @@ eph_srv_runs_continue(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *r
     o = eph_srv_run_object(srv, req->run_id, req->org, true, &err);
     if (!o)
       return store_failure(srv, c, &err);
+    int64_t now = eph_now_ms();
+    if (eph_store_kind(srv->store) == EPH_STORE_POSTGRES && req->wait_until_ms > now &&
+        !run_object_settled(o)) {
+      /* ?wait= for a run executing on another cluster node (an Idempotency-Key replay):
+       * its progress is in the store, polled until it settles or the wait is over. */
+      pthread_mutex_lock(&srv->lock);
+      if (!srv->stopping) {
+        json_object_put(o);
+        req->waiter.conn = c;
+        req->waiter.live = NULL;
+        req->waiter.deadline_ms = now + CLUSTER_WAIT_POLL_MS < req->wait_until_ms
+                                      ? now + CLUSTER_WAIT_POLL_MS
+                                      : req->wait_until_ms;
+        eph_srv_wait_add(srv, &req->waiter);
+        pthread_mutex_unlock(&srv->lock);
+        return MHD_YES;
+      }
+      pthread_mutex_unlock(&srv->lock);
+    }
   }
   return eph_srv_json(c, srv, (unsigned)req->status, o);
 }
