@@ -44,6 +44,10 @@ const eph_cli_command_t eph_cli_commands[] = {
      "  are reported; runs a dead process left are settled and recorded first.\n",
      true, 1, eph_cmd_doctor},
     {"snapshots", "snapshots list | prune [--max-bytes N] [--backend NAME]", "list or prune what the backends keep to start sandboxes faster (microVM snapshots)", NULL, true, 1, eph_cmd_snapshots},
+    {"db", "db migrate", "create or migrate the store's schema (SQLite file or `database`)",
+     "  migrate   open the configured store, applying every pending migration (safe while\n"
+     "            other nodes start: PostgreSQL migrations hold an advisory lock)\n",
+     false, 1, eph_cmd_db},
     {0},
 };
 

@@ -27,5 +27,6 @@ int eph_cmd_orgs(eph_ctx_t *ctx, int argc, char **argv);
 int eph_cmd_keys(eph_ctx_t *ctx, int argc, char **argv);
 int eph_cmd_doctor(eph_ctx_t *ctx, int argc, char **argv);
 int eph_cmd_snapshots(eph_ctx_t *ctx, int argc, char **argv); /* core/cmd_snapshots.c */
+int eph_cmd_db(eph_ctx_t *ctx, int argc, char **argv);
 
 #endif

@@ -10,6 +10,7 @@
 #include "log.h"
 #include "runstore.h"
 #include "store.h"
+#include "cluster.h"
 #include "util.h"
 
 int
@@ -20,10 +21,9 @@ eph_cmd_doctor(eph_ctx_t *ctx, int argc, char **argv)
     fprintf(stderr, "usage: ephemeral doctor\n");
     return 2;
   }
-  cleanup_free char *path = eph_xasprintf("%s/ephemeral.sqlite", ctx->state_dir);
   eph_store_t *store = NULL;
   eph_error_t err = {0};
-  if (eph_store_open(path, NULL, &store, &err) < 0)
+  if (eph_store_open_ctx(ctx, NULL, false, &store, &err) < 0)
     store = NULL;
   bool healthy = false;
   cleanup_json json_object *report =

@@ -21,6 +21,7 @@
 #include "run.h"
 #include "runstore.h"
 #include "store.h"
+#include "cluster.h"
 #include "util.h"
 
 #define REQUEST_MAX_BYTES (8 * 1024 * 1024)
@@ -229,8 +230,7 @@ static int
 open_store(eph_ctx_t *ctx, eph_store_t **store)
 {
   eph_error_t err = {0};
-  cleanup_free char *path = eph_xasprintf("%s/ephemeral.sqlite", ctx->state_dir);
-  if (eph_store_open(path, NULL, store, &err) < 0) {
+  if (eph_store_open_ctx(ctx, NULL, false, store, &err) < 0) {
     eph_error("%s", err.message);
     return -1;
   }

@@ -19,6 +19,14 @@ const eph_config_key_t eph_core_config_keys[] = {
     {"state_dir", EPH_CFG_STRING, "(see ephemeral(1))", NULL,
      "Directory of the SQLite files (ledger, run history). Overridden by --state-dir and "
      "EPHEMERAL_STATE_DIR."},
+    {"database", EPH_CFG_STRING, "(unset: <state_dir>/ephemeral.sqlite)", NULL,
+     "Shared PostgreSQL database for runs, queue and keys (\"postgresql://...\" URI or libpq "
+     "key=value string; docs/cluster.md). Overridden by --database and EPHEMERAL_DATABASE."},
+    {"node_name", EPH_CFG_STRING, "(the hostname)", NULL,
+     "Name of this host in a cluster (runs it claims carry it)."},
+    {"lease_seconds", EPH_CFG_INT, "15", "seconds",
+     "A cluster node's lease on its runs: a run whose node stops renewing it for this long is "
+     "ended host_lost and settled by another node."},
     {"log_level", EPH_CFG_STRING, "\"warn\"", NULL,
      "Least severe level logged to stderr: error, warn, info or debug."},
     {"backend", EPH_CFG_STRING, "\"backend-jail\"", NULL,

@@ -36,6 +36,7 @@ usage(FILE *out)
           "  -c, --config FILE       ephemeral.conf to use (its conf.d/ beside it)\n"
           "      --plugin-dir DIR    load plugins from DIR\n"
           "      --state-dir DIR     state directory (also EPHEMERAL_STATE_DIR)\n"
+          "      --database URL      shared PostgreSQL store (also EPHEMERAL_DATABASE)\n"
           "  -v, --verbose           log debug messages too (default: info)\n"
           "  -q, --quiet             log errors only\n"
           "      --routes            print the routes served and exit\n"
@@ -73,7 +74,7 @@ main(int argc, char **argv)
       {"listen", required_argument, NULL, 'l'},  {"config", required_argument, NULL, 'c'},
       {"plugin-dir", required_argument, NULL, 'P'}, {"state-dir", required_argument, NULL, 'S'},
       {"verbose", no_argument, NULL, 'v'},       {"quiet", no_argument, NULL, 'q'},
-      {"routes", no_argument, NULL, 'R'},
+      {"routes", no_argument, NULL, 'R'},        {"database", required_argument, NULL, 'D'},
       {"help", no_argument, NULL, 'h'},          {"version", no_argument, NULL, 'V'},
       {0},
   };
@@ -95,6 +96,9 @@ main(int argc, char **argv)
       break;
     case 'S':
       copt.state_dir = optarg;
+      break;
+    case 'D': /* read where the store is opened (core/cluster.c) */
+      setenv("EPHEMERAL_DATABASE", optarg, 1);
       break;
     case 'v':
       verbose++;

@@ -31,6 +31,7 @@ usage(FILE *out)
           "  -c, --config FILE     ephemeral.conf to use (its conf.d/ beside it)\n"
           "      --plugin-dir DIR  load plugins from DIR\n"
           "      --state-dir DIR   state directory (also EPHEMERAL_STATE_DIR)\n"
+          "      --database URL    shared PostgreSQL store (also EPHEMERAL_DATABASE)\n"
           "  -v, --verbose         log more (repeat for debug)\n"
           "  -q, --quiet           log errors only\n"
           "  -h, --help            show this help\n"
@@ -46,6 +47,7 @@ main(int argc, char **argv)
       {"config", required_argument, NULL, 'c'},
       {"plugin-dir", required_argument, NULL, 'P'},
       {"state-dir", required_argument, NULL, 'S'},
+      {"database", required_argument, NULL, 'D'},
       {"verbose", no_argument, NULL, 'v'},
       {"quiet", no_argument, NULL, 'q'},
       {"help", no_argument, NULL, 'h'},
@@ -68,6 +70,9 @@ main(int argc, char **argv)
       break;
     case 'S':
       opt.state_dir = optarg;
+      break;
+    case 'D': /* read where the store is opened (core/cluster.c) */
+      setenv("EPHEMERAL_DATABASE", optarg, 1);
       break;
     case 'v':
       verbose++;

@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "cluster.h"
 #include "log.h"
 #include "util.h"
 
@@ -262,6 +263,28 @@ complete_record(eph_store_t *store, const char *run_id, json_object *note,
 }
 
 int
+eph_runstore_settle_lost(eph_ctx_t *ctx, eph_store_t *store, const char *run_id,
+                         eph_ledger_totals_t *totals, eph_error_t *err)
+{
+  const eph_plugin_slot_t *ledger = eph_plugins_first(&ctx->plugins, EPH_KIND_LEDGER);
+  if (!ledger)
+    return eph_error_set(err, EPH_E_CONFIG, "run %s: no ledger plugin to settle it", run_id);
+  const eph_ledger_ops_t *ops = ledger->desc->ops;
+  eph_ledger_totals_t t = {0};
+  eph_error_t e = {0};
+  int r = EPH_WITH_PLUGIN(ledger, ops->settle(ledger->state, run_id, &t, &e));
+  if (r < 0 && e.code != ENOENT) {
+    *err = e;
+    return r;
+  }
+  if ((r = complete_record(store, run_id, NULL, &t, r >= 0, err)) < 0)
+    return r;
+  if (totals)
+    *totals = t;
+  return 0;
+}
+
+int
 eph_runstore_recover(eph_ctx_t *ctx, eph_store_t *store, bool quiet, int *pending)
 {
   if (pending)
@@ -320,8 +343,7 @@ eph_runstore_recover(eph_ctx_t *ctx, eph_store_t *store, bool quiet, int *pendin
     eph_store_t *st = store;
     if (!st) {
       if (!own) {
-        cleanup_free char *db = eph_xasprintf("%s/ephemeral.sqlite", ctx->state_dir);
-        if (eph_store_open(db, NULL, &own, &e) < 0) {
+        if (eph_store_open_ctx(ctx, NULL, false, &own, &e) < 0) {
           eph_log(quiet ? EPH_LOG_DEBUG : EPH_LOG_WARN, "run %s: %s", run_id, e.message);
           own = NULL;
         }

@@ -30,4 +30,13 @@ void eph_runstore_detach(eph_run_t *run);
  * number of runs completed; *pending (optional) receives how many are left. */
 int eph_runstore_recover(eph_ctx_t *ctx, eph_store_t *store, bool quiet, int *pending);
 
+/* A cluster run whose node was lost (its lease expired and this node took it over with
+ * eph_store_leases_take_expired): settles its reservation in the ledger (compute charged
+ * up to the last metered moment stays billed, the rest is released; idempotent) and
+ * completes its record as recovery does, ended failed/host_lost with the ledger's totals.
+ * *totals (optional) receives them. 0 or negative (the lease then expires again and a node
+ * retries). */
+int eph_runstore_settle_lost(eph_ctx_t *ctx, eph_store_t *store, const char *run_id,
+                             eph_ledger_totals_t *totals, eph_error_t *err);
+
 #endif

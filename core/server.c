@@ -19,6 +19,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "cluster.h"
 #include "log.h"
 #include "util.h"
 #include "webhook.h"
@@ -902,7 +903,6 @@ eph_server_start(eph_ctx_t *ctx, const eph_server_options_t *opt, eph_server_t *
   pthread_cond_init(&srv->guard_cond, &ca);
   pthread_condattr_destroy(&ca);
 
-  cleanup_free char *path = NULL; /* before the first goto: fail: frees it */
   /* Request limits: the same operator maxima as the CLI's. */
   int64_t files_max = 0;
   const config_setting_t *core = ctx->config.core;
@@ -922,9 +922,8 @@ eph_server_start(eph_ctx_t *ctx, const eph_server_options_t *opt, eph_server_t *
     goto fail;
   srv->replay_models = strcmp(model_plugin, "model-replay") == 0;
 
-  path = eph_xasprintf("%s/ephemeral.sqlite", ctx->state_dir);
   eph_store_options_t so = {.idempotency_hours = opt->idempotency_hours};
-  if ((r = eph_store_open(path, &so, &srv->store, err)) < 0)
+  if ((r = eph_store_open_ctx(ctx, &so, true, &srv->store, err)) < 0)
     goto fail;
   if ((r = eph_webhooks_start(ctx, srv->store, &srv->webhooks, err)) < 0)
     goto fail;

@@ -174,6 +174,19 @@ void eph_srv_secure_headers(struct MHD_Response *resp, const char *content_type)
 int eph_srv_runs_init(eph_server_t *srv, eph_error_t *err);
 live_t *eph_srv_live_get(eph_server_t *srv, const char *id); /* a ref, or NULL */
 void eph_srv_live_put(live_t *l);
+/* Cancels a run live on this node (queued: abandoned; running: told to stop). False when
+ * it has already ended. server_runs.c. */
+bool eph_srv_cancel_live(eph_server_t *srv, live_t *l);
+
+/* Cluster duties run by the ticker (server_cluster.c); a no-op unless the store is
+ * PostgreSQL. */
+typedef struct eph_srv_cluster {
+  bool enabled;
+  int64_t lease_every_ms, next_cancel_poll_ms, next_lease_ms;
+} eph_srv_cluster_t;
+void eph_srv_cluster_init(eph_server_t *srv, eph_srv_cluster_t *c);
+void eph_srv_cluster_tick(eph_server_t *srv, eph_srv_cluster_t *c, int64_t now_ms);
+
 void eph_srv_wait_add(eph_server_t *srv, waiter_t *w); /* srv->lock held: suspends w->conn */
 void eph_srv_wait_remove(eph_server_t *srv, waiter_t *w); /* srv->lock held */
 json_object *eph_srv_run_object(eph_server_t *srv, const char *id, const char *org,

@@ -20,6 +20,12 @@
 #include "util.h"
 #include "webhook.h"
 
+/* How long an admission waits for the run row of an idempotency key claimed by another
+ * cluster node before answering 503 (retry with the same key). */
+#define CLUSTER_CLAIM_WAIT_MS 5000
+/* How often ?wait= on a run executing on another cluster node reads the store. */
+#define CLUSTER_WAIT_POLL_MS 200
+
 /* ------------------------------------------------------------------ the table */
 
 static unsigned
@@ -229,6 +235,8 @@ ticker_main(void *arg)
 {
   eph_server_t *srv = arg;
   const struct timespec tick = {0, 100 * 1000000};
+  eph_srv_cluster_t cluster;
+  eph_srv_cluster_init(srv, &cluster);
   for (;;) {
     nanosleep(&tick, NULL);
     live_t *dead = NULL;
@@ -276,6 +284,7 @@ ticker_main(void *arg)
       if (empty)
         malloc_trim(0);
     }
+    eph_srv_cluster_tick(srv, &cluster, now);
     if (purge) {
       int64_t days = 30;
       eph_error_t err = {0};
@@ -440,6 +449,17 @@ store_failure(eph_server_t *srv, struct MHD_Connection *c, const eph_error_t *er
 
 /* Answers a created (or replayed) run, or suspends the connection until it settles or the
  * wait passes; called again when resumed. */
+/* True when a run object's timeline ends with its `settled` event (always the last). */
+static bool
+run_object_settled(json_object *o)
+{
+  json_object *events = json_object_object_get(o, "events"), *kind = NULL;
+  size_t n = json_object_array_length(events);
+  json_object *last = n ? json_object_array_get_idx(events, n - 1) : NULL;
+  return last && json_object_object_get_ex(last, "kind", &kind) &&
+         strcmp(json_object_get_string(kind), "settled") == 0;
+}
+
 MHD_RESULT
 eph_srv_runs_continue(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req)
 {
@@ -472,6 +492,25 @@ eph_srv_runs_continue(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *r
     o = eph_srv_run_object(srv, req->run_id, req->org, true, &err);
     if (!o)
       return store_failure(srv, c, &err);
+    int64_t now = eph_now_ms();
+    if (eph_store_kind(srv->store) == EPH_STORE_POSTGRES && req->wait_until_ms > now &&
+        !run_object_settled(o)) {
+      /* ?wait= for a run executing on another cluster node (an Idempotency-Key replay):
+       * its progress is in the store, polled until it settles or the wait is over. */
+      pthread_mutex_lock(&srv->lock);
+      if (!srv->stopping) {
+        json_object_put(o);
+        req->waiter.conn = c;
+        req->waiter.live = NULL;
+        req->waiter.deadline_ms = now + CLUSTER_WAIT_POLL_MS < req->wait_until_ms
+                                      ? now + CLUSTER_WAIT_POLL_MS
+                                      : req->wait_until_ms;
+        eph_srv_wait_add(srv, &req->waiter);
+        pthread_mutex_unlock(&srv->lock);
+        return MHD_YES;
+      }
+      pthread_mutex_unlock(&srv->lock);
+    }
   }
   return eph_srv_json(c, srv, (unsigned)req->status, o);
 }
@@ -671,7 +710,18 @@ eph_srv_runs_create(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req
     /* Same key, same body: the first run is the answer. */
     json_object *o = eph_srv_run_object(srv, existing, req->org, false, &err);
     bool busy = false;
-    if (!o && err.code == ENOENT && (busy = claim_in_progress(srv, existing)) == false) {
+    if (!o && err.code == ENOENT && eph_store_kind(srv->store) == EPH_STORE_POSTGRES) {
+      /* A cluster: the claim may be another node's admission in progress, whose mark is in
+       * that node's state directory. Its row normally follows within milliseconds: wait
+       * for it (bounded); a claim still without a row is never released from here (that
+       * would make a second run), the client is told to retry. */
+      for (int i = 0; i < CLUSTER_CLAIM_WAIT_MS / 20 && !o && err.code == ENOENT; i++) {
+        nanosleep(&(struct timespec){0, 20 * 1000000}, NULL);
+        err = (eph_error_t){0};
+        o = eph_srv_run_object(srv, existing, req->org, false, &err);
+      }
+      busy = !o && err.code == ENOENT;
+    } else if (!o && err.code == ENOENT && (busy = claim_in_progress(srv, existing)) == false) {
       /* Its admitter is gone: it may have stored the row and removed its mark just now. */
       err = (eph_error_t){0};
       o = eph_srv_run_object(srv, existing, req->org, false, &err);
@@ -851,16 +901,13 @@ eph_srv_runs_list(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req)
   return eph_srv_json(c, srv, MHD_HTTP_OK, o);
 }
 
-MHD_RESULT
-eph_srv_runs_cancel(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req)
+/* Cancels a run live on this node: a queued one is abandoned, a running one told to stop.
+ * False when it has already ended (nothing to cancel). */
+bool
+eph_srv_cancel_live(eph_server_t *srv, live_t *l)
 {
-  live_t *l = eph_srv_live_get(srv, req->param);
-  if (l && strcmp(l->org, req->org) != 0) {
-    eph_srv_live_put(l);
-    return not_found(srv, c, req->param);
-  }
-  bool abandon = false, ended = !l;
-  if (l) {
+  bool abandon = false, ended = false;
+  {
     pthread_mutex_lock(&srv->lock);
     if (l->queued) {
       for (live_t **p = &srv->queue_head, *prev = NULL; *p; prev = *p, p = &(*p)->queue_next)
@@ -882,20 +929,42 @@ eph_srv_runs_cancel(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req
     }
     pthread_mutex_unlock(&srv->lock);
   }
-  if (ended) {
-    eph_srv_live_put(l);
-    eph_error_t err = {0};
-    cleanup_json json_object *o = eph_srv_run_object(srv, req->param, req->org, false, &err);
-    if (!o)
-      return store_failure(srv, c, &err);
-    return eph_srv_error(c, srv, MHD_HTTP_CONFLICT, "conflict", NULL,
-                         "run %s has already ended", req->param);
-  }
+  if (ended)
+    return false;
   if (abandon) {
     eph_run_abandon(l->run, "cancelled");
     finished(srv, l);
   } else {
     eph_run_cancel(l->run);
+  }
+  return true;
+}
+
+MHD_RESULT
+eph_srv_runs_cancel(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req)
+{
+  live_t *l = eph_srv_live_get(srv, req->param);
+  if (l && strcmp(l->org, req->org) != 0) {
+    eph_srv_live_put(l);
+    return not_found(srv, c, req->param);
+  }
+  if (!l || !eph_srv_cancel_live(srv, l)) {
+    eph_srv_live_put(l);
+    eph_error_t err = {0};
+    cleanup_json json_object *o = eph_srv_run_object(srv, req->param, req->org, false, &err);
+    if (!o)
+      return store_failure(srv, c, &err);
+    const char *status = json_object_get_string(json_object_object_get(o, "status"));
+    if (!l && eph_store_kind(srv->store) == EPH_STORE_POSTGRES && status &&
+        (strcmp(status, "queued") == 0 || strcmp(status, "running") == 0)) {
+      /* Executing on another node: the request goes through the database; that node
+       * cancels it within CLUSTER_CANCEL_POLL_MS. Answered with the run as it is now. */
+      if (eph_store_cancel_request(srv->store, req->param, &err) < 0)
+        return store_failure(srv, c, &err);
+      return eph_srv_json(c, srv, MHD_HTTP_OK, json_object_get(o));
+    }
+    return eph_srv_error(c, srv, MHD_HTTP_CONFLICT, "conflict", NULL,
+                         "run %s has already ended", req->param);
   }
   json_object *o = eph_run_to_json(l->run, false);
   eph_srv_live_put(l);

@@ -11,7 +11,9 @@
  *
  * A live run is read from memory: when nothing is new the connection is suspended and the
  * run's observer resumes it at the next event (the ticker resumes it every 15 s for a
- * keep-alive comment). A run no longer in memory is read from the store in one go. */
+ * keep-alive comment). A run no longer in memory is read from the store in one go; on a
+ * cluster's shared store (PostgreSQL) it may be executing on another node, so its stored
+ * events are polled every SSE_REMOTE_POLL_MS until its `settled` event (docs/cluster.md). */
 #include <config.h>
 
 #include "server_int.h"
@@ -26,10 +28,13 @@
 
 /* The reconnection delay an EventSource is told to use after a dropped stream. */
 #define SSE_RETRY_MS 2000
+/* How often a stream of a run executing on another cluster node polls the store. */
+#define SSE_REMOTE_POLL_MS 200
 
 typedef struct sse {
   eph_server_t *srv;
   live_t *live; /* a ref, or NULL: read from the store */
+  bool remote;  /* not live here, the store shared (PostgreSQL): follow it until settled */
   char run_id[64];
   int64_t last_seq;
   char *buf;
@@ -88,9 +93,37 @@ sse_read(void *cls, uint64_t pos, char *out, size_t max)
         eph_warn("events of %s: %s", s->run_id, err.message);
         return MHD_CONTENT_READER_END_WITH_ERROR;
       }
-      append_events(s, events, true);
-      s->done = true; /* a run out of memory has nothing more to say */
-      continue;
+      bool got = json_object_array_length(events) > 0;
+      append_events(s, events, true); /* done once `settled` went out */
+      /* One host: a run out of memory has nothing more to say. A cluster: it may be
+       * running on another node, whose events arrive in the store: polled until settled. */
+      if (!s->remote)
+        s->done = true;
+      if (got || s->done)
+        continue;
+      int64_t now = eph_now_ms();
+      if (s->keepalive_at && now >= s->keepalive_at) {
+        s->keepalive_at = 0;
+        static const char ka[] = ": keep-alive\n\n";
+        free(s->buf);
+        s->buf = eph_xstrdup(ka);
+        s->len = sizeof ka - 1;
+        s->off = 0;
+        continue;
+      }
+      if (!s->keepalive_at)
+        s->keepalive_at = now + SSE_KEEPALIVE_MS;
+      pthread_mutex_lock(&srv->lock);
+      if (srv->stopping) {
+        pthread_mutex_unlock(&srv->lock);
+        s->done = true;
+        continue;
+      }
+      s->waiter.live = NULL;
+      s->waiter.deadline_ms = now + SSE_REMOTE_POLL_MS;
+      eph_srv_wait_add(srv, &s->waiter);
+      pthread_mutex_unlock(&srv->lock);
+      return 0; /* suspended: the ticker resumes it at the deadline */
     }
     bool settled = eph_run_settled(s->live->run);
     cleanup_json json_object *events = eph_run_events_json(s->live->run, s->last_seq);
@@ -217,13 +250,19 @@ eph_srv_runs_events(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req
       if (eph_store_events_since(srv->store, id, last - 1, 2, &from, &err) < 0 ||
           json_object_array_length(from) == 0)
         return bad_cursor(srv, c, cursor);
-      if (json_object_array_length(from) == 1) /* out of memory: nothing will follow */
+      json_object *at = json_object_array_get_idx(from, 0), *kind = NULL;
+      bool at_end = json_object_object_get_ex(at, "kind", &kind) &&
+                    strcmp(json_object_get_string(kind), "settled") == 0;
+      /* Out of memory on one host, or settled: nothing will follow. */
+      if (json_object_array_length(from) == 1 &&
+          (at_end || eph_store_kind(srv->store) != EPH_STORE_POSTGRES))
         return no_more_events(srv, c);
     }
   }
   sse_t *s = eph_xcalloc(1, sizeof *s);
   s->srv = srv;
   s->live = l;
+  s->remote = !l && eph_store_kind(srv->store) == EPH_STORE_POSTGRES;
   s->last_seq = last;
   s->waiter.conn = c;
   snprintf(s->run_id, sizeof s->run_id, "%s", id);

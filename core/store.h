@@ -1,8 +1,25 @@
 /*
- * The store: run history, organisations, members, API keys and idempotency keys, in one
- * SQLite file (<state_dir>/ephemeral.sqlite) used by the run engine and the HTTP daemon.
+ * The store: run history, organisations, members, API keys and idempotency keys, used by
+ * the run engine and the HTTP daemon. Two implementations behind one interface, chosen by
+ * what eph_store_open is given:
+ *   - a path: one SQLite file (<state_dir>/ephemeral.sqlite), the default, one host
+ *     (core/store_sqlite.c; described below);
+ *   - a PostgreSQL URI ("postgresql://..." or "postgres://...") or a libpq key=value
+ *     connection string ("host=... dbname=..."): a database several hosts share
+ *     (core/store_pg.c, docs/cluster.md), built when libpq was found at configure time.
+ * Both keep the same contract (same errors, same JSON shapes, same ZDR rules).
  *
- * File: WAL mode, synchronous=NORMAL (history, not money: an OS crash may lose the last
+ * PostgreSQL: one connection behind a mutex, reset once and retried when the server closed
+ * it. The schema is versioned in table eph_schema and migrated under
+ * pg_advisory_xact_lock, so several nodes starting at once migrate exactly once; a schema
+ * newer than this code is refused (-EPH_E_CONFIG). Read-then-write operations are single
+ * statements or one transaction whose conflicting inserts are decided by the unique index
+ * (INSERT ... ON CONFLICT), so two nodes claiming one idempotency key get one winner.
+ * Every value is a bound parameter (PQexecParams); no SQL is built from data. The
+ * connection string's password never appears in a message (eph_store_path shows the
+ * target without it).
+ *
+ * SQLite file: WAL mode, synchronous=NORMAL (history, not money: an OS crash may lose the last
  * events, never corrupt the file; the money is in the ledger plugin's own file), foreign
  * keys on, busy_timeout 5 s for a second process (CLI beside the daemon). The schema is
  * versioned with PRAGMA user_version and migrated forward at open; a file newer than this
@@ -39,6 +56,12 @@
 
 typedef struct eph_store eph_store_t;
 
+typedef enum eph_store_kind { EPH_STORE_SQLITE, EPH_STORE_POSTGRES } eph_store_kind_t;
+
+/* True when target names a PostgreSQL database (a postgresql:// or postgres:// URI, or a
+ * libpq key=value string), false for a file path. */
+bool eph_store_target_is_pg(const char *target);
+
 /* Store options; a NULL pointer or a 0 field takes the default. */
 typedef struct eph_store_options {
   /* How long an idempotency key is remembered, hours. Default 24; values below 24 are
@@ -46,10 +69,19 @@ typedef struct eph_store_options {
   int idempotency_hours;
   /* How long another process may hold the write lock before a call fails, ms. Default 5000. */
   int busy_timeout_ms;
+  /* PostgreSQL only: an SQLite file for the tables other modules reach through
+   * eph_store_with_db (webhooks, admin audit). NULL: those calls fail with -ENOTSUP. */
+  const char *local_path;
+  /* PostgreSQL only: this node's name and lease (docs/cluster.md). A run inserted by this
+   * store carries node_name and a lease of lease_seconds, renewed with
+   * eph_store_leases_renew; NULL/0: runs get no lease (the CLI, tests). */
+  const char *node_name;
+  int lease_seconds;
 } eph_store_options_t;
 
-/* Opens (creating or migrating) the store at path. *out is owned by the caller and released
- * with eph_store_close(). */
+/* Opens (creating or migrating) the store at path: an SQLite file, or a PostgreSQL
+ * connection string (see the top comment; -EPH_E_CONFIG when this build has no libpq).
+ * *out is owned by the caller and released with eph_store_close(). */
 int eph_store_open(const char *path, const eph_store_options_t *opt, eph_store_t **out,
                    eph_error_t *err);
 void eph_store_close(eph_store_t *store);
@@ -183,18 +215,50 @@ int eph_store_probe(eph_store_t *store, eph_error_t *err);
  * the message naming the file. Never waits for a write in progress. */
 bool eph_store_fault(eph_store_t *store, char *buf, size_t size);
 
+/* ---------------------------------------------------------------- cluster */
+
+/* Asks the node executing run_id to cancel it (PostgreSQL: the run may be live on another
+ * node; SQLite: -ENOTSUP, one host cancels in memory). Idempotent. -ENOENT for an unknown
+ * run. The owner finds the request with eph_store_cancels_pending. */
+int eph_store_cancel_request(eph_store_t *store, const char *run_id, eph_error_t *err);
+
+/* The ids of runs with a cancel request that are still queued or running: *out is a JSON
+ * array of strings owned by the caller. -ENOTSUP on SQLite. */
+int eph_store_cancels_pending(eph_store_t *store, json_object **out, eph_error_t *err);
+
+/* Renews this node's lease on its runs: ids is a JSON array of run id strings (borrowed),
+ * each given lease_seconds from now if it is this node's and still queued or running.
+ * -ENOTSUP on SQLite or without a node_name. */
+int eph_store_leases_renew(eph_store_t *store, json_object *ids, eph_error_t *err);
+
+/* Takes over every queued or running run whose lease expired (its node stopped renewing
+ * it): one conditional UPDATE gives each such run a fresh lease held by this node, so of
+ * several nodes noticing at once exactly one gets it. *out: JSON array of the run ids
+ * taken, owned by the caller; the caller settles and ends them (host_lost). -ENOTSUP on
+ * SQLite or without a node_name. */
+int eph_store_leases_take_expired(eph_store_t *store, json_object **out, eph_error_t *err);
+
 /* ---------------------------------------------------------------- other modules' tables */
 
 /* Runs fn(db, opaque, err) holding the store's lock (the one connection, see the top
  * comment), for a module that keeps its own tables in this file (core/webhook.c: the
  * migration creating them is here, the statements there). fn must not call back into the
- * store. Returns what fn returned. */
+ * store. Returns what fn returned. On PostgreSQL: fn runs on the node-local SQLite file
+ * named by eph_store_options_t.local_path (webhooks and the admin audit stay per node, see
+ * docs/cluster.md), or the call fails with -ENOTSUP when none was given. */
 struct sqlite3;
 int eph_store_with_db(eph_store_t *store,
                       int (*fn)(struct sqlite3 *db, void *opaque, eph_error_t *err),
                       void *opaque, eph_error_t *err);
 
-/* The file's path (borrowed, lives as long as the store). */
+/* The file's path, or the PostgreSQL target without its password (borrowed, lives as long
+ * as the store). */
 const char *eph_store_path(const eph_store_t *store);
+
+/* The schema version the store is at (its migrations applied at open). */
+int eph_store_schema_version(const eph_store_t *store);
+
+/* Which implementation the store is. */
+eph_store_kind_t eph_store_kind(const eph_store_t *store);
 
 #endif

@@ -1,6 +1,9 @@
-/* Tests of core/store.c on a real SQLite file in a fresh temporary directory. Where a test
- * claims something is NOT in the file (a key, a ZDR payload) it first shows that the same
- * search finds what IS stored, so the search itself is proven to work. */
+/* Tests of core/store.c on a real SQLite file in a fresh temporary directory, or, when
+ * EPH_TEST_DATABASE names a PostgreSQL database (tests/store-pg.test runs this program under
+ * tests/with-pg), on that database, emptied before each test: the same contract for both
+ * implementations. Where a test claims something is NOT stored (a key, a ZDR payload) it
+ * first shows that the same search finds what IS stored, so the search itself is proven to
+ * work. Tests of the SQLite file itself (damage, mode) are skipped on PostgreSQL. */
 #include "config.h"
 
 #include <errno.h>
@@ -17,15 +20,60 @@
 
 #include <cmocka.h>
 #include <sqlite3.h>
+#ifdef HAVE_LIBPQ
+#include <libpq-fe.h>
+#endif
 
 #include "store.h"
 #include "util.h"
 
 typedef struct fixture {
   char dir[64];
-  char path[128];
+  char path[1024]; /* the SQLite file, or the PostgreSQL URI */
+  bool pg;
   eph_store_t *store;
 } fixture_t;
+
+#ifdef HAVE_LIBPQ
+/* Runs sql on the test database through a connection of its own (a writer that bypasses
+ * the store); params: up to 2 text values. Returns the result (caller clears) or fails. */
+static PGresult *
+pg_query(fixture_t *f, const char *sql, const char *p1, const char *p2, bool must_succeed)
+{
+  PGconn *c = PQconnectdb(f->path);
+  if (PQstatus(c) != CONNECTION_OK)
+    fail_msg("connecting to %s: %s", f->path, PQerrorMessage(c));
+  const char *v[] = {p1, p2};
+  /* Without parameters PQexec, which takes several statements. */
+  PGresult *res = p1 ? PQexecParams(c, sql, p2 ? 2 : 1, NULL, v, NULL, NULL, 0) : PQexec(c, sql);
+  ExecStatusType s = PQresultStatus(res);
+  if (must_succeed && s != PGRES_COMMAND_OK && s != PGRES_TUPLES_OK)
+    fail_msg("%s: %s", sql, PQresultErrorMessage(res));
+  PQfinish(c);
+  return res;
+}
+#endif
+
+/* Runs sql (no parameters) on the store's database behind its back: 0 or -1. */
+static int
+sql_exec(fixture_t *f, const char *sql)
+{
+#ifdef HAVE_LIBPQ
+  if (f->pg) {
+    PGresult *res = pg_query(f, sql, NULL, NULL, false);
+    int r = PQresultStatus(res) == PGRES_COMMAND_OK || PQresultStatus(res) == PGRES_TUPLES_OK
+              ? 0 : -1;
+    PQclear(res);
+    return r;
+  }
+#endif
+  sqlite3 *db = NULL;
+  assert_int_equal(sqlite3_open(f->path, &db), SQLITE_OK);
+  sqlite3_busy_timeout(db, 5000);
+  int rc = sqlite3_exec(db, sql, NULL, NULL, NULL);
+  sqlite3_close(db);
+  return rc == SQLITE_OK ? 0 : -1;
+}
 
 static int
 setup(void **st)
@@ -34,6 +82,17 @@ setup(void **st)
   snprintf(f->dir, sizeof f->dir, "/tmp/eph-store-test-XXXXXX");
   assert_non_null(mkdtemp(f->dir));
   snprintf(f->path, sizeof f->path, "%s/ephemeral.sqlite", f->dir);
+  const char *db = getenv("EPH_TEST_DATABASE");
+  if (db && *db) {
+#ifdef HAVE_LIBPQ
+    f->pg = true;
+    snprintf(f->path, sizeof f->path, "%s", db);
+    /* Each test starts from an empty database, as each SQLite test from a new file. */
+    PQclear(pg_query(f, "DROP SCHEMA public CASCADE; CREATE SCHEMA public", NULL, NULL, true));
+#else
+    fail_msg("EPH_TEST_DATABASE is set but this build has no libpq");
+#endif
+  }
   eph_error_t err = {0};
   if (eph_store_open(f->path, NULL, &f->store, &err) < 0)
     fail_msg("%s", err.message);
@@ -59,7 +118,7 @@ file_contains(fixture_t *f, const char *needle)
 {
   static const char *const suffixes[] = {"", "-wal"};
   for (int i = 0; i < 2; i++) {
-    char p[160];
+    char p[sizeof f->path + 8];
     snprintf(p, sizeof p, "%s%s", f->path, suffixes[i]);
     cleanup_free char *buf = NULL;
     size_t n = 0;
@@ -70,6 +129,58 @@ file_contains(fixture_t *f, const char *needle)
       return true;
   }
   return false;
+}
+
+/* True when needle is stored anywhere in the store: the file's bytes (SQLite), every row of
+ * every table as text (PostgreSQL). */
+static bool
+stored_contains(fixture_t *f, const char *needle)
+{
+#ifdef HAVE_LIBPQ
+  if (f->pg) {
+    PGresult *res = pg_query(
+      f,
+      "SELECT count(*) FROM (SELECT row_to_json(t)::text AS j FROM runs t UNION ALL"
+      " SELECT row_to_json(t)::text FROM events t UNION ALL"
+      " SELECT row_to_json(t)::text FROM api_keys t UNION ALL"
+      " SELECT row_to_json(t)::text FROM idempotency t) x WHERE strpos(j, $1) > 0",
+      needle, NULL, true);
+    bool found = atoi(PQgetvalue(res, 0, 0)) > 0;
+    PQclear(res);
+    return found;
+  }
+#endif
+  return file_contains(f, needle);
+}
+
+/* The stored SHA-256 of key id, as hex. */
+static void
+stored_key_hash(fixture_t *f, const char *id, char out[65])
+{
+#ifdef HAVE_LIBPQ
+  if (f->pg) {
+    PGresult *res =
+      pg_query(f, "SELECT encode(sha256, 'hex') FROM api_keys WHERE id = $1", id, NULL, true);
+    assert_int_equal(PQntuples(res), 1);
+    snprintf(out, 65, "%s", PQgetvalue(res, 0, 0));
+    PQclear(res);
+    return;
+  }
+#endif
+  sqlite3 *db = NULL;
+  assert_int_equal(sqlite3_open(f->path, &db), SQLITE_OK);
+  sqlite3_stmt *s = NULL;
+  assert_int_equal(sqlite3_prepare_v2(db, "SELECT sha256 FROM api_keys WHERE id = ?1", -1, &s,
+                                      NULL),
+                   SQLITE_OK);
+  sqlite3_bind_text(s, 1, id, -1, SQLITE_STATIC);
+  assert_int_equal(sqlite3_step(s), SQLITE_ROW);
+  const unsigned char *b = sqlite3_column_blob(s, 0);
+  assert_int_equal(sqlite3_column_bytes(s, 0), 32);
+  for (int i = 0; i < 32; i++)
+    snprintf(out + 2 * i, 3, "%02x", b[i]);
+  sqlite3_finalize(s);
+  sqlite3_close(db);
 }
 
 static void
@@ -113,28 +224,14 @@ test_keys(void **st)
 
   /* Only the hash is on disk: the name (stored in clear) is found by the same search, the
    * key and its random part are not; the hash is. */
-  assert_true(file_contains(f, "ci-deploy-key"));
-  assert_false(file_contains(f, key));
-  assert_false(file_contains(f, key + 4));
-  assert_false(file_contains(f, key + 20));
-  sqlite3 *db = NULL;
-  assert_int_equal(sqlite3_open(f->path, &db), SQLITE_OK);
-  sqlite3_stmt *s = NULL;
-  assert_int_equal(sqlite3_prepare_v2(db, "SELECT sha256 FROM api_keys WHERE id = ?1", -1, &s,
-                                      NULL),
-                   SQLITE_OK);
-  sqlite3_bind_text(s, 1, id, -1, SQLITE_STATIC);
-  assert_int_equal(sqlite3_step(s), SQLITE_ROW);
-  char hex[65];
+  assert_true(stored_contains(f, "ci-deploy-key"));
+  assert_false(stored_contains(f, key));
+  assert_false(stored_contains(f, key + 4));
+  assert_false(stored_contains(f, key + 20));
+  char hex[65], stored_hex[65];
   sha(key, hex);
-  char stored_hex[65];
-  const unsigned char *b = sqlite3_column_blob(s, 0);
-  assert_int_equal(sqlite3_column_bytes(s, 0), 32);
-  for (int i = 0; i < 32; i++)
-    snprintf(stored_hex + 2 * i, 3, "%02x", b[i]);
+  stored_key_hash(f, id, stored_hex);
   assert_string_equal(stored_hex, hex);
-  sqlite3_finalize(s);
-  sqlite3_close(db);
 
   /* List: never the key. */
   cleanup_json json_object *list = NULL;
@@ -473,14 +570,10 @@ test_purge(void **st)
 
   /* An idempotency key older than the window is purged and may be claimed afresh: age it
    * through SQL (the API has no clock to turn). */
-  sqlite3 *db = NULL;
-  assert_int_equal(sqlite3_open(f->path, &db), SQLITE_OK);
-  sqlite3_busy_timeout(db, 5000);
-  assert_int_equal(sqlite3_exec(db, "UPDATE idempotency SET created_at_us = created_at_us - "
-                                    "25 * 3600 * 1000000",
-                                NULL, NULL, NULL),
-                   SQLITE_OK);
-  sqlite3_close(db);
+  /* 25 hours in micros, one literal: PostgreSQL multiplies int4 literals as int4. */
+  assert_int_equal(sql_exec(f, "UPDATE idempotency SET created_at_us = created_at_us - "
+                               "90000000000"),
+                   0);
   assert_int_equal(eph_store_idem_claim(f->store, "acme", "k", h, "run_fresh", &existing, &err),
                    0);
 }
@@ -514,12 +607,12 @@ test_zdr_payloads_not_stored(void **st)
   assert_int_equal(eph_store_run_update(f->store, "run_open", "succeeded", o1, usage, &err), 0);
   assert_int_equal(eph_store_run_update(f->store, "run_zdr", "succeeded", o2, usage, &err), 0);
 
-  assert_true(file_contains(f, "VISIBLE_PROMPT_MARKER"));
-  assert_true(file_contains(f, "VISIBLE_DATA_MARKER"));
-  assert_true(file_contains(f, "VISIBLE_OUTPUT_MARKER"));
-  assert_false(file_contains(f, "SECRET_PROMPT_MARKER"));
-  assert_false(file_contains(f, "SECRET_DATA_MARKER"));
-  assert_false(file_contains(f, "SECRET_OUTPUT_MARKER"));
+  assert_true(stored_contains(f, "VISIBLE_PROMPT_MARKER"));
+  assert_true(stored_contains(f, "VISIBLE_DATA_MARKER"));
+  assert_true(stored_contains(f, "VISIBLE_OUTPUT_MARKER"));
+  assert_false(stored_contains(f, "SECRET_PROMPT_MARKER"));
+  assert_false(stored_contains(f, "SECRET_DATA_MARKER"));
+  assert_false(stored_contains(f, "SECRET_OUTPUT_MARKER"));
 
   /* What ZDR keeps: the permission table, budget, usage, the event skeleton. */
   cleanup_json json_object *run = NULL, *events = NULL;
@@ -540,15 +633,13 @@ test_zdr_payloads_not_stored(void **st)
   assert_string_equal(json_object_get_string(json_object_object_get(e, "kind")), "tool_result");
 
   /* The schema refuses a payload for a ZDR run even from a writer that bypasses the API. */
-  sqlite3 *db = NULL;
-  assert_int_equal(sqlite3_open(f->path, &db), SQLITE_OK);
-  sqlite3_busy_timeout(db, 5000);
-  int rc = sqlite3_exec(db,
-                        "INSERT INTO events(run_id, seq, t_ms, source, kind, text, data)"
-                        " VALUES ('run_zdr', 1, 0, 's', 'k', 't', '{}')",
-                        NULL, NULL, NULL);
-  assert_int_equal(rc & 0xff, SQLITE_CONSTRAINT);
-  sqlite3_close(db);
+  assert_int_equal(sql_exec(f, "INSERT INTO events(run_id, seq, t_ms, source, kind, text, data)"
+                               " VALUES ('run_zdr', 1, 0, 's', 'k', 't', '{}')"),
+                   -1);
+  /* ... while the same insert for an ordinary run passes: the refusal is the trigger's. */
+  assert_int_equal(sql_exec(f, "INSERT INTO events(run_id, seq, t_ms, source, kind, text, data)"
+                               " VALUES ('run_open', 1, 0, 's', 'k', 't', '{}')"),
+                   0);
 }
 
 static void
@@ -556,6 +647,27 @@ test_schema_version(void **st)
 {
   fixture_t *f = *st;
   eph_error_t err = {0};
+#ifdef HAVE_LIBPQ
+  if (f->pg) {
+    PGresult *res = pg_query(f, "SELECT version FROM eph_schema", NULL, NULL, true);
+    assert_int_equal(PQntuples(res), 1);
+    int v = atoi(PQgetvalue(res, 0, 0));
+    PQclear(res);
+    assert_true(v >= 1);
+    eph_store_close(f->store);
+    f->store = NULL;
+    assert_int_equal(eph_store_open(f->path, NULL, &f->store, &err), 0);
+    eph_store_close(f->store);
+    f->store = NULL;
+    char sql[64];
+    snprintf(sql, sizeof sql, "UPDATE eph_schema SET version = %d", v + 1);
+    assert_int_equal(sql_exec(f, sql), 0);
+    assert_int_equal(eph_store_open(f->path, NULL, &f->store, &err), -EPH_E_CONFIG);
+    assert_non_null(strstr(err.message, "newer"));
+    assert_null(f->store);
+    return;
+  }
+#endif
   eph_store_close(f->store);
   f->store = NULL;
   sqlite3 *db = NULL;
@@ -666,6 +778,333 @@ test_damage_found_while_open_is_sticky(void **st)
   assert_true(eph_store_fault(f->store, NULL, 0));
 }
 
+/* Separate connections (as separate nodes would have) claiming one key at once: one
+ * winner, every other claim answers with its run. */
+static void
+test_idempotency_concurrent_claims_separate_connections(void **st)
+{
+  fixture_t *f = *st;
+  char h[65];
+  sha("{\"prompt\":\"nodes\"}", h);
+  pthread_t th[CLAIMERS];
+  claim_arg_t args[CLAIMERS];
+  eph_store_t *stores[CLAIMERS];
+  pthread_barrier_t barrier;
+  pthread_barrier_init(&barrier, NULL, CLAIMERS);
+  for (int i = 0; i < CLAIMERS; i++) {
+    eph_error_t err = {0};
+    if (eph_store_open(f->path, NULL, &stores[i], &err) < 0)
+      fail_msg("%s", err.message);
+    args[i] = (claim_arg_t){.store = stores[i], .hash = h, .index = i, .barrier = &barrier};
+    assert_int_equal(pthread_create(&th[i], NULL, claimer, &args[i]), 0);
+  }
+  for (int i = 0; i < CLAIMERS; i++)
+    pthread_join(th[i], NULL);
+  pthread_barrier_destroy(&barrier);
+  int winners = 0, winner = -1;
+  for (int i = 0; i < CLAIMERS; i++) {
+    assert_true(args[i].result == 0 || args[i].result == 1);
+    if (args[i].result == 0) {
+      winners++;
+      winner = i;
+    }
+    eph_store_close(stores[i]);
+  }
+  assert_int_equal(winners, 1);
+  char won[32];
+  snprintf(won, sizeof won, "run_claim_%02d", winner);
+  for (int i = 0; i < CLAIMERS; i++) {
+    if (i != winner)
+      assert_string_equal(args[i].existing, won);
+    free(args[i].existing);
+  }
+}
+
+typedef struct opener_arg {
+  const char *path;
+  pthread_barrier_t *barrier;
+  int result;
+  char message[sizeof((eph_error_t *)0)->message];
+} opener_arg_t;
+
+static void *
+opener(void *p)
+{
+  opener_arg_t *a = p;
+  eph_store_t *s = NULL;
+  eph_error_t err = {0};
+  pthread_barrier_wait(a->barrier);
+  a->result = eph_store_open(a->path, NULL, &s, &err);
+  snprintf(a->message, sizeof a->message, "%s", err.message);
+  eph_store_close(s);
+  return NULL;
+}
+
+/* Several nodes starting at once on an empty database: every one opens, the schema is
+ * created once (on PostgreSQL: serialised by the advisory lock; without it the concurrent
+ * CREATE TABLEs fail). */
+static void
+test_concurrent_first_open(void **st)
+{
+  fixture_t *f = *st;
+  eph_store_close(f->store);
+  f->store = NULL;
+  if (f->pg)
+    assert_int_equal(sql_exec(f, "DROP SCHEMA public CASCADE; CREATE SCHEMA public"), 0);
+  else
+    assert_int_equal(unlink(f->path), 0);
+  enum { OPENERS = 6 };
+  pthread_t th[OPENERS];
+  opener_arg_t args[OPENERS];
+  pthread_barrier_t barrier;
+  pthread_barrier_init(&barrier, NULL, OPENERS);
+  for (int i = 0; i < OPENERS; i++) {
+    args[i] = (opener_arg_t){.path = f->path, .barrier = &barrier};
+    assert_int_equal(pthread_create(&th[i], NULL, opener, &args[i]), 0);
+  }
+  for (int i = 0; i < OPENERS; i++)
+    pthread_join(th[i], NULL);
+  pthread_barrier_destroy(&barrier);
+  for (int i = 0; i < OPENERS; i++)
+    if (args[i].result != 0)
+      fail_msg("opener %d: %d %s", i, args[i].result, args[i].message);
+  eph_error_t err = {0};
+  assert_int_equal(eph_store_open(f->path, NULL, &f->store, &err), 0);
+  cleanup_free char *key = NULL;
+  assert_int_equal(eph_store_key_create(f->store, "acme", "after", &key, NULL, &err), 0);
+}
+
+/* Cancel requests (a cluster's way to reach the node executing a run): only for a run that
+ * exists, idempotent, listed while the run is queued or running, gone once it ended. SQLite
+ * has no cluster: -ENOTSUP. */
+static void
+test_cancel_requests(void **st)
+{
+  fixture_t *f = *st;
+  eph_error_t err = {0};
+  cleanup_json json_object *req = request("c");
+  if (!f->pg) {
+    assert_int_equal(eph_store_cancel_request(f->store, "run_x", &err), -ENOTSUP);
+    return;
+  }
+  assert_int_equal(eph_store_run_insert(f->store, "run_live", "acme", "running", 1, req, false,
+                                        &err),
+                   0);
+  assert_int_equal(eph_store_run_insert(f->store, "run_other", "acme", "running", 2, req, false,
+                                        &err),
+                   0);
+  assert_int_equal(eph_store_cancel_request(f->store, "run_nope", &err), -ENOENT);
+  assert_int_equal(eph_store_cancel_request(f->store, "run_live", &err), 0);
+  assert_int_equal(eph_store_cancel_request(f->store, "run_live", &err), 0);
+  cleanup_json json_object *pending = NULL, *after = NULL;
+  assert_int_equal(eph_store_cancels_pending(f->store, &pending, &err), 0);
+  assert_int_equal(json_object_array_length(pending), 1);
+  assert_string_equal(json_object_get_string(json_object_array_get_idx(pending, 0)), "run_live");
+  assert_int_equal(eph_store_run_update(f->store, "run_live", "cancelled", NULL, NULL, &err), 0);
+  assert_int_equal(eph_store_cancels_pending(f->store, &after, &err), 0);
+  assert_int_equal(json_object_array_length(after), 0);
+}
+
+#ifdef HAVE_LIBPQ
+typedef struct taker_arg {
+  eph_store_t *store;
+  pthread_barrier_t *barrier;
+  int result;
+  json_object *taken;
+} taker_arg_t;
+
+static void *
+taker(void *p)
+{
+  taker_arg_t *a = p;
+  eph_error_t err = {0};
+  pthread_barrier_wait(a->barrier);
+  a->result = eph_store_leases_take_expired(a->store, &a->taken, &err);
+  return NULL;
+}
+#endif
+
+/* Leases: a run inserted by a node carries it; renewal by another node does nothing; once
+ * expired, several nodes taking over at once: exactly one gets the run. Without a node or
+ * on SQLite: -ENOTSUP. */
+static void
+test_leases(void **st)
+{
+  fixture_t *f = *st;
+  eph_error_t err = {0};
+  cleanup_json json_object *none = NULL, *ids = json_tokener_parse("[\"run_l\"]");
+  assert_int_equal(eph_store_leases_take_expired(f->store, &none, &err), -ENOTSUP);
+  if (!f->pg)
+    return;
+#ifdef HAVE_LIBPQ
+  enum { TAKERS = 6 };
+  eph_store_t *nodes[TAKERS];
+  for (int i = 0; i < TAKERS; i++) {
+    char name[16];
+    snprintf(name, sizeof name, "n%d", i);
+    eph_store_options_t o = {.node_name = name, .lease_seconds = 2};
+    if (eph_store_open(f->path, &o, &nodes[i], &err) < 0)
+      fail_msg("%s", err.message);
+  }
+  cleanup_json json_object *req = request("l");
+  assert_int_equal(eph_store_run_insert(nodes[0], "run_l", "acme", "running", 1, req, false,
+                                        &err),
+                   0);
+  PGresult *res = pg_query(f, "SELECT node, lease_expires_us > (extract(epoch FROM now())"
+                              " * 1000000)::bigint FROM runs WHERE id = 'run_l'",
+                           NULL, NULL, true);
+  assert_string_equal(PQgetvalue(res, 0, 0), "n0");
+  assert_string_equal(PQgetvalue(res, 0, 1), "t");
+  PQclear(res);
+  /* Not expired: nobody takes it. */
+  cleanup_json json_object *early = NULL;
+  assert_int_equal(eph_store_leases_take_expired(nodes[1], &early, &err), 0);
+  assert_int_equal(json_object_array_length(early), 0);
+  /* Expired (the node stopped renewing): a renewal by another node does not revive it. */
+  assert_int_equal(sql_exec(f, "UPDATE runs SET lease_expires_us = 1 WHERE id = 'run_l'"), 0);
+  assert_int_equal(eph_store_leases_renew(nodes[2], ids, &err), 0);
+  pthread_t th[TAKERS];
+  taker_arg_t args[TAKERS];
+  pthread_barrier_t barrier;
+  pthread_barrier_init(&barrier, NULL, TAKERS);
+  for (int i = 0; i < TAKERS; i++) {
+    args[i] = (taker_arg_t){.store = nodes[i], .barrier = &barrier};
+    assert_int_equal(pthread_create(&th[i], NULL, taker, &args[i]), 0);
+  }
+  int winners = 0, winner = -1;
+  for (int i = 0; i < TAKERS; i++) {
+    pthread_join(th[i], NULL);
+    assert_int_equal(args[i].result, 0);
+    size_t n = json_object_array_length(args[i].taken);
+    if (n == 1) {
+      winners++;
+      winner = i;
+      assert_string_equal(json_object_get_string(json_object_array_get_idx(args[i].taken, 0)),
+                          "run_l");
+    } else {
+      assert_int_equal(n, 0);
+    }
+    json_object_put(args[i].taken);
+  }
+  pthread_barrier_destroy(&barrier);
+  assert_int_equal(winners, 1);
+  /* The taker now holds a fresh lease; the old node's renewal no longer applies. */
+  char want[16];
+  snprintf(want, sizeof want, "n%d", winner);
+  res = pg_query(f, "SELECT node FROM runs WHERE id = 'run_l'", NULL, NULL, true);
+  assert_string_equal(PQgetvalue(res, 0, 0), want);
+  PQclear(res);
+  /* Once ended, an expired lease is nobody's business. */
+  assert_int_equal(eph_store_run_update(nodes[0], "run_l", "failed", NULL, NULL, &err), 0);
+  assert_int_equal(sql_exec(f, "UPDATE runs SET lease_expires_us = 1 WHERE id = 'run_l'"), 0);
+  cleanup_json json_object *after = NULL;
+  assert_int_equal(eph_store_leases_take_expired(nodes[1], &after, &err), 0);
+  assert_int_equal(json_object_array_length(after), 0);
+  for (int i = 0; i < TAKERS; i++)
+    eph_store_close(nodes[i]);
+#endif
+}
+
+/* Attack: values made of SQL (quotes, statement separators, comments, a NUL-free
+ * backslash soup) go through every text parameter a client can influence: a run id, an
+ * idempotency key, a key name, event text and JSON. Each is stored and read back verbatim
+ * and the tables are all still there: nothing was ever spliced into SQL. */
+static void
+test_hostile_values(void **st)
+{
+  fixture_t *f = *st;
+  eph_error_t err = {0};
+  static const char *const evil[] = {
+    "x'); DROP TABLE runs; --",
+    "'' OR 1=1 --",
+    "\\'; SELECT pg_sleep(10); --",
+    "$1 $$ $tag$ ; COMMIT; DROP TABLE api_keys",
+    "run_\"quoted\" /* comment */ ",
+  };
+  for (size_t i = 0; i < sizeof evil / sizeof evil[0]; i++) {
+    cleanup_json json_object *req = request(evil[i]);
+    assert_int_equal(eph_store_run_insert(f->store, evil[i], "acme", "queued", (int64_t)i + 1,
+                                          req, false, &err),
+                     0);
+    cleanup_json json_object *data = json_object_new_object();
+    json_object_object_add(data, evil[i], json_object_new_string(evil[i]));
+    assert_int_equal(eph_store_event_append(f->store, evil[i], 0, 1, "Shell", "tool_call",
+                                            evil[i], data, &err),
+                     0);
+    char h[65];
+    sha(evil[i], h);
+    char *existing = NULL;
+    assert_int_equal(eph_store_idem_claim(f->store, "acme", evil[i], h, evil[i], &existing,
+                                          &err),
+                     0);
+    assert_int_equal(eph_store_idem_claim(f->store, "acme", evil[i], h, "run_other", &existing,
+                                          &err),
+                     1);
+    assert_string_equal(existing, evil[i]);
+    free(existing);
+    cleanup_free char *key = NULL;
+    assert_int_equal(eph_store_key_create(f->store, "acme", evil[i], &key, NULL, &err), 0);
+    assert_int_equal(eph_store_key_revoke(f->store, evil[i], "acme", &err), 0);
+    assert_int_equal(eph_store_key_verify(f->store, key, NULL, NULL, &err), -EACCES);
+
+    cleanup_json json_object *run = NULL, *events = NULL;
+    assert_int_equal(eph_store_run_get(f->store, evil[i], "acme", &run, &err), 0);
+    assert_string_equal(json_object_get_string(json_object_object_get(run, "id")), evil[i]);
+    assert_string_equal(json_object_get_string(json_object_object_get(
+                          json_object_object_get(run, "request"), "prompt")),
+                        evil[i]);
+    assert_int_equal(eph_store_events_since(f->store, evil[i], -1, 0, &events, &err), 0);
+    json_object *e = json_object_array_get_idx(events, 0);
+    assert_string_equal(json_object_get_string(json_object_object_get(e, "text")), evil[i]);
+    assert_string_equal(json_object_get_string(json_object_object_get(
+                          json_object_object_get(e, "data"), evil[i])),
+                        evil[i]);
+  }
+  /* Every table is still there and holds exactly what was put in. */
+  cleanup_json json_object *runs = NULL;
+  char *next = NULL;
+  assert_int_equal(eph_store_run_list(f->store, "acme", 0, NULL, &runs, &next, &err), 0);
+  assert_int_equal(json_object_array_length(runs), 5);
+  assert_null(next);
+  cleanup_json json_object *keys = NULL;
+  assert_int_equal(eph_store_key_list(f->store, "acme", &keys, &err), 0);
+  assert_int_equal(json_object_array_length(keys), 5);
+  assert_int_equal(eph_store_probe(f->store, &err), 0);
+}
+
+/* Which strings name a PostgreSQL database; the password of one never appears in the
+ * store's name for messages. */
+static void
+test_target_kind_and_password_hidden(void **st)
+{
+  fixture_t *f = *st;
+  assert_true(eph_store_target_is_pg("postgresql://db.example/eph"));
+  assert_true(eph_store_target_is_pg("postgres://u:p@db/eph"));
+  assert_true(eph_store_target_is_pg("host=db dbname=eph"));
+  assert_false(eph_store_target_is_pg("/var/lib/ephemeral/ephemeral.sqlite"));
+  assert_false(eph_store_target_is_pg("./state/a=b/ephemeral.sqlite"));
+  assert_false(eph_store_target_is_pg("postgresql.sqlite"));
+  assert_int_equal(eph_store_kind(f->store), f->pg ? EPH_STORE_POSTGRES : EPH_STORE_SQLITE);
+  if (!f->pg)
+    return;
+  char with_pw[1200];
+  snprintf(with_pw, sizeof with_pw, "%s&password=Sekr1tPassw0rd", f->path);
+  eph_store_t *s = NULL;
+  eph_error_t err = {0};
+  assert_int_equal(eph_store_open(with_pw, NULL, &s, &err), 0); /* trust auth: ignored */
+  assert_null(strstr(eph_store_path(s), "Sekr1t"));
+  assert_non_null(strstr(eph_store_path(s), "ephemeral_test"));
+  eph_store_close(s);
+  /* A refused connection's message names the target, not the password. */
+  char bad[1200];
+  snprintf(bad, sizeof bad, "postgresql://nobody:Sekr1tPassw0rd@/no_such_db?host=%s",
+           getenv("PGHOST") ? getenv("PGHOST") : "/nonexistent");
+  err = (eph_error_t){0};
+  assert_true(eph_store_open(bad, NULL, &s, &err) < 0);
+  assert_null(strstr(err.message, "Sekr1t"));
+  assert_non_null(strstr(err.message, "no_such_db"));
+}
+
 int
 main(void)
 {
@@ -679,8 +1118,20 @@ main(void)
     cmocka_unit_test_setup_teardown(test_purge, setup, teardown),
     cmocka_unit_test_setup_teardown(test_zdr_payloads_not_stored, setup, teardown),
     cmocka_unit_test_setup_teardown(test_schema_version, setup, teardown),
+    cmocka_unit_test_setup_teardown(test_idempotency_concurrent_claims_separate_connections, setup,
+                                    teardown),
+    cmocka_unit_test_setup_teardown(test_concurrent_first_open, setup, teardown),
+    cmocka_unit_test_setup_teardown(test_target_kind_and_password_hidden, setup, teardown),
+    cmocka_unit_test_setup_teardown(test_cancel_requests, setup, teardown),
+    cmocka_unit_test_setup_teardown(test_leases, setup, teardown),
+    cmocka_unit_test_setup_teardown(test_hostile_values, setup, teardown),
+    /* Properties of the SQLite file itself: last, left out on PostgreSQL. */
     cmocka_unit_test_setup_teardown(test_damaged_file_refused, setup, teardown),
     cmocka_unit_test_setup_teardown(test_damage_found_while_open_is_sticky, setup, teardown),
   };
-  return cmocka_run_group_tests_name("store", tests, NULL, NULL);
+  const size_t sqlite_only = 2, all = sizeof tests / sizeof tests[0];
+  const char *db = getenv("EPH_TEST_DATABASE");
+  if (db && *db)
+    return _cmocka_run_group_tests("store (PostgreSQL)", tests, all - sqlite_only, NULL, NULL);
+  return _cmocka_run_group_tests("store (SQLite)", tests, all, NULL, NULL);
 }

@@ -1,0 +1,102 @@
+/* Cluster configuration: see cluster.h. */
+#include "config.h"
+
+#include "cluster.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "conf.h"
+#include "loader.h"
+#include "log.h"
+#include "util.h"
+
+static const char *
+env_database(void)
+{
+  const char *v = getenv("EPHEMERAL_DATABASE");
+  return v && *v ? v : NULL;
+}
+
+int
+eph_cluster_config(const eph_ctx_t *ctx, eph_cluster_config_t *out, eph_error_t *err)
+{
+  *out = (eph_cluster_config_t){0};
+  const config_setting_t *core = ctx->config.core;
+  const char *db = NULL, *node = NULL;
+  int64_t lease = 15;
+  int r;
+  if ((r = eph_cfg_string(core, "database", NULL, &db, err)) < 0 ||
+      (r = eph_cfg_string(core, "node_name", NULL, &node, err)) < 0 ||
+      (r = eph_cfg_int(core, "lease_seconds", 15, &lease, err)) < 0)
+    return r;
+  char where[256];
+  const config_setting_t *s = core ? config_setting_get_member(core, "database") : NULL;
+  const char *chosen = env_database() ? env_database() : db && *db ? db : NULL;
+  if (chosen && !eph_store_target_is_pg(chosen))
+    return eph_error_set(err, EPH_E_CONFIG,
+                         "%s: database: expected a PostgreSQL URI (postgresql://...) or libpq "
+                         "key=value string; unset it for the local SQLite store",
+                         env_database() ? "EPHEMERAL_DATABASE or --database"
+                                        : eph_cfg_where(s, where, sizeof where));
+  s = core ? config_setting_get_member(core, "lease_seconds") : NULL;
+  if (lease < 2 || lease > 3600)
+    return eph_error_set(err, EPH_E_CONFIG, "%s: lease_seconds = %" PRId64 ": expected 2..3600",
+                         eph_cfg_where(s, where, sizeof where), lease);
+  char host[256] = "";
+  if (!node || !*node) {
+    if (gethostname(host, sizeof host - 1) < 0 || !host[0])
+      snprintf(host, sizeof host, "node");
+    node = host;
+  }
+  s = core ? config_setting_get_member(core, "node_name") : NULL;
+  if (strlen(node) > 64 ||
+      strspn(node, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-") !=
+          strlen(node))
+    return eph_error_set(err, EPH_E_CONFIG,
+                         "%s: node_name '%s': expected 1 to 64 letters, digits or '_.-'",
+                         eph_cfg_where(s, where, sizeof where), node);
+  out->database = chosen ? eph_xstrdup(chosen) : NULL;
+  out->node_name = eph_xstrdup(node);
+  out->lease_seconds = lease;
+  return 0;
+}
+
+void
+eph_cluster_config_free(eph_cluster_config_t *c)
+{
+  free(c->database);
+  free(c->node_name);
+  *c = (eph_cluster_config_t){0};
+}
+
+int
+eph_store_open_ctx(const eph_ctx_t *ctx, const eph_store_options_t *opt, bool as_node,
+                   eph_store_t **out, eph_error_t *err)
+{
+  eph_cluster_config_t cc;
+  int r = eph_cluster_config(ctx, &cc, err);
+  if (r < 0)
+    return r;
+  cleanup_free char *local = eph_xasprintf("%s/ephemeral.sqlite", ctx->state_dir);
+  eph_store_options_t o = opt ? *opt : (eph_store_options_t){0};
+  o.local_path = cc.database ? local : NULL;
+  if (as_node) {
+    o.node_name = cc.node_name;
+    o.lease_seconds = (int)cc.lease_seconds;
+    /* Runs, keys and queue are shared; money is where the ledger plugin keeps it. A
+     * file-based ledger is shared only by processes of one machine: said at start, so an
+     * operator does not credit one host's ledger believing it is the cluster's. */
+    const eph_plugin_slot_t *ledger = eph_plugins_first(&ctx->plugins, EPH_KIND_LEDGER);
+    if (cc.database && ledger && strcmp(ledger->desc->name, "ledger-sqlite") == 0)
+      eph_warn("database is shared but the ledger is ledger-sqlite (a file on this host): "
+               "money is shared only with processes on this machine using the same file; "
+               "use ledger-postgres for several hosts (docs/cluster.md)");
+  }
+  r = eph_store_open(cc.database ? cc.database : local, &o, out, err);
+  eph_cluster_config_free(&cc);
+  return r;
+}

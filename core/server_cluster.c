@@ -1,0 +1,104 @@
+/* A cluster node's periodic duties (docs/cluster.md), run by the ticker of server_runs.c
+ * when the store is PostgreSQL: cancel requests made on other nodes for runs live here,
+ * the leases of its own runs, and taking over the runs of lost nodes. */
+#include <config.h>
+
+#include "server_int.h"
+
+#include <inttypes.h>
+#include <string.h>
+
+#include "cluster.h"
+#include "log.h"
+#include "runstore.h"
+#include "util.h"
+
+/* How often a cluster node looks for cancel requests of its runs made on other nodes. */
+#define CLUSTER_CANCEL_POLL_MS 250
+
+/* A cluster node: cancels the runs live here that another node was asked to cancel
+ * (eph_store_cancel_request). Called by the ticker every CLUSTER_CANCEL_POLL_MS. */
+static void
+poll_cancels(eph_server_t *srv)
+{
+  cleanup_json json_object *ids = NULL;
+  eph_error_t err = {0};
+  if (eph_store_cancels_pending(srv->store, &ids, &err) < 0) {
+    eph_warn("reading cancel requests: %s", err.message);
+    return;
+  }
+  for (size_t i = 0; i < json_object_array_length(ids); i++) {
+    live_t *l = eph_srv_live_get(srv, json_object_get_string(json_object_array_get_idx(ids, i)));
+    if (!l)
+      continue; /* another node's run */
+    if (eph_srv_cancel_live(srv, l))
+      eph_info("run %s: cancelled through another node", l->id);
+    eph_srv_live_put(l);
+  }
+}
+
+/* A cluster node's leases: renews its own runs' (every run in memory not yet settled),
+ * then takes over the runs of nodes that stopped renewing theirs and ends them host_lost,
+ * settled from the ledger (docs/cluster.md). */
+static void
+leases_tick(eph_server_t *srv)
+{
+  cleanup_json json_object *ids = json_object_new_array();
+  pthread_mutex_lock(&srv->lock);
+  for (unsigned b = 0; b < LIVE_BUCKETS; b++)
+    for (live_t *l = srv->table[b]; l; l = l->bucket_next)
+      if (!l->settled)
+        json_object_array_add(ids, json_object_new_string(l->id));
+  pthread_mutex_unlock(&srv->lock);
+  eph_error_t err = {0};
+  if (json_object_array_length(ids) > 0 && eph_store_leases_renew(srv->store, ids, &err) < 0)
+    eph_warn("renewing this node's leases: %s", err.message);
+  cleanup_json json_object *lost = NULL;
+  err = (eph_error_t){0};
+  if (eph_store_leases_take_expired(srv->store, &lost, &err) < 0) {
+    eph_warn("looking for runs of lost nodes: %s", err.message);
+    return;
+  }
+  for (size_t i = 0; i < json_object_array_length(lost); i++) {
+    const char *id = json_object_get_string(json_object_array_get_idx(lost, i));
+    eph_ledger_totals_t t = {0};
+    err = (eph_error_t){0};
+    if (eph_runstore_settle_lost(srv->ctx, srv->store, id, &t, &err) < 0)
+      eph_warn("run %s (its node was lost): %s; retried when the lease expires", id, err.message);
+    else
+      eph_info("run %s: its node was lost; ended host_lost, %" PRId64 " billed, %" PRId64
+               " released",
+               id, t.billed_micros, t.released_micros);
+  }
+}
+
+void
+eph_srv_cluster_init(eph_server_t *srv, eph_srv_cluster_t *c)
+{
+  *c = (eph_srv_cluster_t){.enabled = eph_store_kind(srv->store) == EPH_STORE_POSTGRES,
+                           .lease_every_ms = 5000};
+  if (!c->enabled)
+    return;
+  eph_cluster_config_t cc;
+  eph_error_t err = {0};
+  if (eph_cluster_config(srv->ctx, &cc, &err) == 0) {
+    /* Renewed three times per lease: one late renewal never loses a run. */
+    c->lease_every_ms = cc.lease_seconds * 1000 / 3;
+    eph_cluster_config_free(&cc);
+  }
+}
+
+void
+eph_srv_cluster_tick(eph_server_t *srv, eph_srv_cluster_t *c, int64_t now_ms)
+{
+  if (!c->enabled)
+    return;
+  if (now_ms >= c->next_cancel_poll_ms) {
+    c->next_cancel_poll_ms = now_ms + CLUSTER_CANCEL_POLL_MS;
+    poll_cancels(srv);
+  }
+  if (now_ms >= c->next_lease_ms) {
+    c->next_lease_ms = now_ms + c->lease_every_ms;
+    leases_tick(srv);
+  }
+}
