@@ -16,25 +16,20 @@
 /* How often a cluster node looks for cancel requests of its runs made on other nodes. */
 #define CLUSTER_CANCEL_POLL_MS 250
 
-/* A cluster node: cancels the runs live here that another node was asked to cancel
- * (eph_store_cancel_request). Called by the ticker every CLUSTER_CANCEL_POLL_MS. */
-static void
+/* A cluster node: the runs another node was asked to cancel (eph_store_cancel_request),
+ * as a new array of ids for the ticker to cancel if they are live here (NULL: none or
+ * unreadable, said in the log). The ticker (server_runs.c) does the cancelling, so this
+ * unit stays below it. */
+static json_object *
 poll_cancels(eph_server_t *srv)
 {
-  cleanup_json json_object *ids = NULL;
+  json_object *ids = NULL;
   eph_error_t err = {0};
   if (eph_store_cancels_pending(srv->store, &ids, &err) < 0) {
     eph_warn("reading cancel requests: %s", err.message);
-    return;
+    return NULL;
   }
-  for (size_t i = 0; i < json_object_array_length(ids); i++) {
-    live_t *l = eph_srv_live_get(srv, json_object_get_string(json_object_array_get_idx(ids, i)));
-    if (!l)
-      continue; /* another node's run */
-    if (eph_srv_cancel_live(srv, l))
-      eph_info("run %s: cancelled through another node", l->id);
-    eph_srv_live_put(l);
-  }
+  return ids;
 }
 
 /* A cluster node's leases: renews its own runs' (every run in memory not yet settled),
@@ -88,17 +83,19 @@ eph_srv_cluster_init(eph_server_t *srv, eph_srv_cluster_t *c)
   }
 }
 
-void
+json_object *
 eph_srv_cluster_tick(eph_server_t *srv, eph_srv_cluster_t *c, int64_t now_ms)
 {
   if (!c->enabled)
-    return;
+    return NULL;
+  json_object *cancels = NULL;
   if (now_ms >= c->next_cancel_poll_ms) {
     c->next_cancel_poll_ms = now_ms + CLUSTER_CANCEL_POLL_MS;
-    poll_cancels(srv);
+    cancels = poll_cancels(srv);
   }
   if (now_ms >= c->next_lease_ms) {
     c->next_lease_ms = now_ms + c->lease_every_ms;
     leases_tick(srv);
   }
+  return cancels;
 }

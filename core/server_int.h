@@ -185,7 +185,9 @@ typedef struct eph_srv_cluster {
   int64_t lease_every_ms, next_cancel_poll_ms, next_lease_ms;
 } eph_srv_cluster_t;
 void eph_srv_cluster_init(eph_server_t *srv, eph_srv_cluster_t *c);
-void eph_srv_cluster_tick(eph_server_t *srv, eph_srv_cluster_t *c, int64_t now_ms);
+/* Returns the ids (a new JSON array, or NULL) of runs other nodes were asked to cancel: the
+ * caller cancels those live here and puts the array. */
+json_object *eph_srv_cluster_tick(eph_server_t *srv, eph_srv_cluster_t *c, int64_t now_ms);
 
 void eph_srv_wait_add(eph_server_t *srv, waiter_t *w); /* srv->lock held: suspends w->conn */
 void eph_srv_wait_remove(eph_server_t *srv, waiter_t *w); /* srv->lock held */

@@ -284,7 +284,17 @@ ticker_main(void *arg)
       if (empty)
         malloc_trim(0);
     }
-    eph_srv_cluster_tick(srv, &cluster, now);
+    json_object *cancels = eph_srv_cluster_tick(srv, &cluster, now);
+    for (size_t i = 0; cancels && i < json_object_array_length(cancels); i++) {
+      live_t *l = eph_srv_live_get(srv, json_object_get_string(json_object_array_get_idx(cancels, i)));
+      if (!l)
+        continue; /* another node's run */
+      if (eph_srv_cancel_live(srv, l))
+        eph_info("run %s: cancelled through another node", l->id);
+      eph_srv_live_put(l);
+    }
+    if (cancels)
+      json_object_put(cancels);
     if (purge) {
       int64_t days = 30;
       eph_error_t err = {0};

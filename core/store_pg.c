@@ -660,7 +660,7 @@ pg_with_db(eph_store_t *base, int (*fn)(struct sqlite3 *db, void *opaque, eph_er
                          "%s: webhooks and the admin audit are node-local: no local store file "
                          "was given",
                          base->path);
-  return eph_store_with_db(s->local, fn, opaque, err);
+  return s->local->ops->with_db(s->local, fn, opaque, err); /* the SQLite store's own */
 }
 
 static void
@@ -669,7 +669,8 @@ pg_close(eph_store_t *base)
   pg_store_t *s = PG(base);
   if (s->conn)
     PQfinish(s->conn);
-  eph_store_close(s->local);
+  if (s->local) /* its own close: this unit stays below store.c's dispatch */
+    s->local->ops->close(s->local);
   free(s->node);
   pthread_mutex_destroy(&s->lock);
   eph_store_base_free(&s->base);
