@@ -11,9 +11,12 @@
 #define EPH_CONF_H
 
 #include <stdbool.h>
+#include <stdio.h>
 #include <libconfig.h>
 
 #include <ephemeral/plugin.h>
+
+#include "conf_core.h"
 
 /* One plugin block found in conf.d. */
 typedef struct eph_config_block {
@@ -33,6 +36,8 @@ typedef struct eph_config {
   size_t n_blocks;
   const config_setting_t *core; /* root of ephemeral.conf (core keys), or NULL */
   int warnings;              /* unknown keys and other warnings reported so far */
+  eph_core_conf_t values;    /* every core key of ephemeral.conf, parsed once, defaults
+                              * applied and ranges checked (rows: conf_core.h) */
 } eph_config_t;
 
 /* The core's own documented keys (ephemeral.conf), {0}-terminated. */
@@ -40,10 +45,11 @@ extern const eph_config_key_t eph_core_config_keys[];
 
 /* Loads main_path (may be NULL or missing: embedded defaults) and every *.conf in
  * confd_path, in lexical order. A confd_path that is NULL, missing or not a directory
- * fails with -EPH_E_CONFIG and a message naming it. Syntax errors,
- * type errors of core keys and duplicate blocks fail with "file:line: message"; unknown core
- * keys are warnings (counted in c->warnings). On failure c is left empty. Free with
- * eph_config_free(). */
+ * fails with -EPH_E_CONFIG and a message naming it. Syntax errors, type and range errors
+ * of core keys (nested groups included) and duplicate blocks fail with "file:line:
+ * message"; unknown core keys, at the top level or inside a group, are warnings naming
+ * file:line (counted in c->warnings). Fills c->values. On failure c is left empty. Free
+ * with eph_config_free(). */
 int eph_config_load(eph_config_t *c, const char *main_path, const char *confd_path,
                     eph_error_t *err);
 void eph_config_free(eph_config_t *c);
@@ -51,14 +57,28 @@ void eph_config_free(eph_config_t *c);
 /* Finds the block for a plugin name, or NULL. */
 const eph_config_block_t *eph_config_block(const eph_config_t *c, const char *name);
 
-/* Checks a block's keys against a documented table: a key of the wrong type is an error
- * (file:line), an unknown key a warning (file:line) counted in *warnings. `enabled` and
- * `file` are always accepted. owner names the block in messages. */
+/* Checks a block's keys against a documented table: a key of the wrong type or outside its
+ * row's range is an error (file:line), an unknown key a warning (file:line) counted in
+ * *warnings; rows with their own keys (groups, lists of groups) are checked the same way
+ * inside. `enabled` and `file` are always accepted at the top. owner names the block in
+ * messages. Each matched setting keeps its row, so eph_cfg_int enforces the range too. */
 int eph_config_check_keys(const config_setting_t *block, const eph_config_key_t *keys,
                           const char *owner, int *warnings, eph_error_t *err);
 
+/* Prints one line per key, nested keys as "group.key":
+ * BLOCK TAB NAME TAB TYPE TAB DEFAULT TAB UNIT TAB DOC TAB RANGE (`ephemeral config keys`,
+ * from which docs/man/gen-conf5.sh writes ephemeral.conf(5)). prefix may be NULL. */
+void eph_config_keys_print(FILE *out, const char *block, const eph_config_key_t *keys,
+                           const char *prefix);
+/* "1..65535", "1..3600 seconds", "1..(no maximum) ms", or "" without a range; returns buf. */
+const char *eph_config_range_text(const eph_config_key_t *k, char *buf, size_t size);
+/* "integer", "string", ... */
+const char *eph_config_type_word(eph_config_type_t t);
+
 /* Typed getters: missing key (or NULL block) gives def; a wrong type fails with
- * -EPH_E_CONFIG and "file:line: key 'k': expected ...". Strings are borrowed from the
+ * -EPH_E_CONFIG and "file:line: key 'k': expected ...", an integer outside the range of the
+ * row eph_config_check_keys matched with "file:line: key 'k': V is outside LO..HI UNIT
+ * (block.k)". Strings are borrowed from the
  * config tree (valid until eph_config_free) or are def. */
 int eph_cfg_int(const config_setting_t *block, const char *key, int64_t def, int64_t *out,
                 eph_error_t *err);

@@ -277,9 +277,8 @@ ticker_main(void *arg)
         malloc_trim(0);
     }
     if (purge) {
-      int64_t days = 30;
+      int64_t days = srv->ctx->config.values.retention_days;
       eph_error_t err = {0};
-      eph_cfg_int(srv->ctx->config.core, "retention_days", 30, &days, &err);
       int n = eph_store_purge(srv->store, days > 0 ? (int)days : 30, &err);
       if (n < 0)
         eph_warn("purging history: %s", err.message);
