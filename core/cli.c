@@ -73,7 +73,7 @@ eph_cmd_config(eph_ctx_t *ctx, int argc, char **argv)
     eph_config_keys_print(stdout, "ephemeral.conf", eph_core_config_keys, NULL);
     for (size_t i = 0; i < ctx->plugins.n; i++)
       eph_config_keys_print(stdout, ctx->plugins.slots[i].desc->name,
-                            ctx->plugins.slots[i].desc->config_keys, NULL);
+                            ctx->plugins.slots[i].config_keys, NULL);
     return 0;
   }
   int enabled = 0;

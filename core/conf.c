@@ -234,7 +234,7 @@ eph_config_range_text(const eph_config_key_t *k, char *buf, size_t size)
   if (!k->has_range)
     snprintf(buf, size, "%s", "");
   else if (k->max == INT64_MAX)
-    snprintf(buf, size, "%" PRId64 "..(no maximum)%s%s", k->min, k->unit ? " " : "",
+    snprintf(buf, size, "at least %" PRId64 "%s%s", k->min, k->unit ? " " : "",
              k->unit ? k->unit : "");
   else
     snprintf(buf, size, "%" PRId64 "..%" PRId64 "%s%s", k->min, k->max, k->unit ? " " : "",
@@ -249,11 +249,22 @@ range_error(const config_setting_t *s, const eph_config_key_t *k, int64_t v, eph
   eph_cfg_where(s, where, sizeof where);
   setting_path(s, path, sizeof path);
   eph_config_range_text(k, range, sizeof range);
+  /* "is outside 1..64", or without a maximum "is not positive", "is negative", "is below
+   * at least 100 ms" reads badly: "is below 100 ms". */
+  char what[192];
+  if (k->max != INT64_MAX)
+    snprintf(what, sizeof what, "is outside %s", range);
+  else if (k->min == 1)
+    snprintf(what, sizeof what, "is not positive");
+  else if (k->min == 0)
+    snprintf(what, sizeof what, "is negative");
+  else
+    snprintf(what, sizeof what, "is below %s", range + strlen("at least "));
   if (strcmp(path, k->name) == 0)
-    return eph_error_set(err, EPH_E_CONFIG, "%s: key '%s': %" PRId64 " is outside %s", where,
-                         k->name, v, range);
-  return eph_error_set(err, EPH_E_CONFIG, "%s: key '%s': %" PRId64 " is outside %s (%s)", where,
-                       k->name, v, range, path);
+    return eph_error_set(err, EPH_E_CONFIG, "%s: key '%s': %" PRId64 " %s", where, k->name, v,
+                         what);
+  return eph_error_set(err, EPH_E_CONFIG, "%s: key '%s': %" PRId64 " %s (%s)", where, k->name, v,
+                       what, path);
 }
 
 /* Checks the named settings of group against keys; top: a plugin block or the file's root,
@@ -359,6 +370,30 @@ eph_config_type_word(eph_config_type_t t)
     return "group";
   }
   return "?";
+}
+
+/* The key row of ABI 1.0 and 1.1, before ranges and nested keys were appended in 1.2. */
+typedef struct key_1_1 {
+  const char *name;
+  eph_config_type_t type;
+  const char *default_text, *unit, *doc;
+} key_1_1_t;
+
+eph_config_key_t *
+eph_config_keys_upgrade_1_1(const void *rows)
+{
+  const key_1_1_t *old = rows;
+  if (!old)
+    return NULL;
+  size_t n = 0;
+  while (old[n].name)
+    n++;
+  eph_config_key_t *keys = eph_xcalloc(n + 1, sizeof *keys);
+  for (size_t i = 0; i < n; i++)
+    keys[i] = (eph_config_key_t){.name = old[i].name, .type = old[i].type,
+                                 .default_text = old[i].default_text, .unit = old[i].unit,
+                                 .doc = old[i].doc};
+  return keys;
 }
 
 /* ------------------------------------------------------------------ parsing the core */

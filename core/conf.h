@@ -65,12 +65,18 @@ const eph_config_block_t *eph_config_block(const eph_config_t *c, const char *na
 int eph_config_check_keys(const config_setting_t *block, const eph_config_key_t *keys,
                           const char *owner, int *warnings, eph_error_t *err);
 
+/* A plugin built against ABI 1.0 or 1.1 has key rows of the old, shorter layout: this
+ * returns them in today's layout (no ranges, no nested keys), {0}-terminated, heap memory
+ * owned by the caller (free()); NULL for NULL. The strings stay borrowed from the plugin. */
+eph_config_key_t *eph_config_keys_upgrade_1_1(const void *rows);
+
 /* Prints one line per key, nested keys as "group.key":
  * BLOCK TAB NAME TAB TYPE TAB DEFAULT TAB UNIT TAB DOC TAB RANGE (`ephemeral config keys`,
  * from which docs/man/gen-conf5.sh writes ephemeral.conf(5)). prefix may be NULL. */
 void eph_config_keys_print(FILE *out, const char *block, const eph_config_key_t *keys,
                            const char *prefix);
-/* "1..65535", "1..3600 seconds", "1..(no maximum) ms", or "" without a range; returns buf. */
+/* "1..65535", "1..3600 seconds", "at least 1 ms" (no maximum), or "" without a range;
+ * returns buf. */
 const char *eph_config_range_text(const eph_config_key_t *k, char *buf, size_t size);
 /* "integer", "string", ... */
 const char *eph_config_type_word(eph_config_type_t t);

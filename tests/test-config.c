@@ -406,9 +406,35 @@ test_keys_print_ranges(void **state)
   assert_non_null(strstr(text, "\t1024..1073741824 bytes\n"));
   assert_non_null(strstr(text, "ephemeral.conf\tmax_steps\tinteger\t24\t\t"));
   assert_non_null(strstr(text, "ephemeral.conf\tegress.max_bytes\tinteger\t67108864\tbytes\t"));
-  assert_non_null(strstr(text, "\t1..(no maximum) bytes\n"));
+  assert_non_null(strstr(text, "\tat least 1 bytes\n"));
   assert_non_null(strstr(text, "ephemeral.conf\tpricing.models.cached_input_micros_per_mtok\t"));
   free(text);
+}
+
+/* A plugin built against ABI 1.0/1.1 has the shorter key rows: the loader reads them in
+ * today's layout (without it the core would read every row after the first at the wrong
+ * offset). */
+static void
+test_old_key_rows_upgraded(void **state)
+{
+  (void)state;
+  static const struct {
+    const char *name;
+    eph_config_type_t type;
+    const char *default_text, *unit, *doc;
+  } old[] = {{"a", EPH_CFG_INT, "1", "ms", "doc a"}, {"b", EPH_CFG_STRING, "\"x\"", NULL, "doc b"},
+             {0}};
+  eph_config_key_t *k = eph_config_keys_upgrade_1_1(old);
+  assert_string_equal(k[0].name, "a");
+  assert_string_equal(k[0].unit, "ms");
+  assert_false(k[0].has_range);
+  assert_null(k[0].keys);
+  assert_string_equal(k[1].name, "b");
+  assert_int_equal(k[1].type, EPH_CFG_STRING);
+  assert_string_equal(k[1].doc, "doc b");
+  assert_null(k[2].name);
+  free(k);
+  assert_null(eph_config_keys_upgrade_1_1(NULL));
 }
 
 int
@@ -430,6 +456,7 @@ main(void)
       cmocka_unit_test_setup_teardown(test_values_parsed_once, setup, teardown),
       cmocka_unit_test_setup_teardown(test_plugin_key_range, setup, teardown),
       cmocka_unit_test(test_keys_print_ranges),
+      cmocka_unit_test(test_old_key_rows_upgraded),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -171,11 +171,14 @@ typedef struct eph_config_key {
   const char *default_text; /* default as written in conf.d, e.g. "512" or "\"tcg\"" */
   const char *unit;         /* e.g. "MiB", "seconds", "micros", or NULL */
   const char *doc;          /* one or two sentences; required */
-  /* Part of ABI 1.2 (rows grew before 1.2 was released); optional, so a table written with
-   * designated initializers needs no change. */
+  /* ABI 1.2 (rows grew before 1.2 was released; the loader reads a 1.0/1.1 plugin's shorter
+   * rows as they were). Optional: a row written with designated initializers needs no
+   * change (a positional row compiles, and warns under -Wextra's
+   * -Wmissing-field-initializers). */
   /* EPH_CFG_INT: with has_range true the host refuses a value outside min..max (inclusive,
-   * in unit) with "file:line: key 'k': V is outside MIN..MAX UNIT (block.k)", when the block
-   * is loaded (so `ephemeral config check` says it) and again in cfg_int. has_range false
+   * in unit) with "file:line: key 'k': V is outside MIN..MAX UNIT (block.k)" (with max
+   * INT64_MAX: "is not positive", "is negative" or "is below MIN UNIT"), when the block is
+   * loaded (so `ephemeral config check` says it) and again in cfg_int. has_range false
    * means unchecked: 0 is a legitimate bound, so the flag and not a zero range decides.
    * Write EPH_CFG_RANGE(lo, hi) in the row. */
   bool has_range;
