@@ -254,7 +254,7 @@ ledger_slot(eph_ctx_t *ctx)
 static int
 ensure_cli_credit(eph_ctx_t *ctx, const eph_plugin_slot_t *ledger, const char *org)
 {
-  int64_t credit = ctx->config.values.cli_credit_micros;
+  int64_t credit = eph_config_values(&ctx->config)->cli_credit_micros;
   eph_error_t err = {0};
   cleanup_free char *marker = eph_xasprintf("%s/cli-credit-%s", ctx->state_dir, org);
   cleanup_close int fd = open(marker, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
@@ -351,10 +351,11 @@ eph_cmd_run(eph_ctx_t *ctx, int argc, char **argv)
   }
 
   eph_request_limits_t limits = {.max_files_total_bytes = 16 * 1024 * 1024};
-  limits.max_timeout_seconds = ctx->config.values.max_timeout_seconds;
-  limits.max_cost_micros = ctx->config.values.max_cost_micros;
-  limits.default_model = ctx->config.values.default_model;
-  limits.max_files_total_bytes = (size_t)ctx->config.values.max_inline_files_bytes;
+  const eph_core_conf_t *conf = eph_config_values(&ctx->config);
+  limits.max_timeout_seconds = conf->max_timeout_seconds;
+  limits.max_cost_micros = conf->max_cost_micros;
+  limits.default_model = conf->default_model;
+  limits.max_files_total_bytes = (size_t)conf->max_inline_files_bytes;
   limits.plugins = &ctx->plugins;
   eph_request_t req;
   const char *field = NULL;
@@ -375,7 +376,7 @@ eph_cmd_run(eph_ctx_t *ctx, int argc, char **argv)
     return 1;
   }
   if (!org)
-    org = ctx->config.values.cli_org;
+    org = eph_config_values(&ctx->config)->cli_org;
   if (ensure_cli_credit(ctx, ledger, org) < 0) {
     eph_request_free(&req);
     return 1;
@@ -397,7 +398,7 @@ eph_cmd_run(eph_ctx_t *ctx, int argc, char **argv)
     return 1;
   }
   /* History older than retention_days goes before a new run is added. */
-  int64_t retention = ctx->config.values.retention_days;
+  int64_t retention = eph_config_values(&ctx->config)->retention_days;
   if (retention > 0 && eph_store_purge(store, (int)retention, &err) < 0)
     eph_warn("purging runs older than %lld days: %s", (long long)retention, err.message);
 
@@ -516,7 +517,7 @@ eph_cmd_runs(eph_ctx_t *ctx, int argc, char **argv)
     return 1;
   eph_error_t err = {0};
   int status = 0;
-  const char *org = ctx->config.values.cli_org;
+  const char *org = eph_config_values(&ctx->config)->cli_org;
   if (strcmp(argv[1], "list") == 0) {
     int limit = 20;
     for (int i = 2; i + 1 < argc; i++)

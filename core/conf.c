@@ -1,16 +1,18 @@
+#include <config.h>
+
 #include "conf.h"
 
 #include <dirent.h>
 #include <errno.h>
 #include <inttypes.h>
+#include <limits.h>
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
-#include <limits.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
 
-#include <config.h>
 #include "log.h"
 #include "util.h"
 
@@ -19,12 +21,12 @@
 /* How a row's value lands in its struct (conf_core.h): generated from the same row. */
 typedef struct conf_table conf_table_t;
 typedef struct conf_bind {
-  size_t offset;             /* of the member; SIZE_MAX: no member (an L row) */
-  int64_t def_int;           /* I rows; INT64_MIN for IX rows (the finish function sets it) */
-  const char *def_str;       /* S rows; NULL for SX rows */
-  bool def_bool;             /* B rows */
-  const conf_table_t *sub;   /* G and LG rows */
-  size_t count_offset;       /* LG rows: offset of n_NAME */
+  size_t offset;           /* of the member; SIZE_MAX: no member (an L row) */
+  int64_t def_int;         /* I rows; INT64_MIN for IX rows (the finish function sets it) */
+  const char *def_str;     /* S rows; NULL for SX rows */
+  bool def_bool;           /* B rows */
+  const conf_table_t *sub; /* G and LG rows */
+  size_t count_offset;     /* LG rows: offset of n_NAME */
 } conf_bind_t;
 
 struct conf_table {
@@ -35,21 +37,28 @@ struct conf_table {
   int (*finish)(void *values, const config_setting_t *g, eph_error_t *err);
 };
 
-#define ROW_I(n, def, lo, hi, u, d)                                                            \
-  {.name = #n, .type = EPH_CFG_INT, .default_text = #def, .unit = u, .doc = d,                 \
+#define ROW_I(n, def, lo, hi, u, d)                                                                \
+  {.name = #n,                                                                                     \
+   .type = EPH_CFG_INT,                                                                            \
+   .default_text = #def,                                                                           \
+   .unit = u,                                                                                      \
+   .doc = d,                                                                                       \
    EPH_CFG_RANGE(lo, hi)},
-#define ROW_IX(n, text, lo, hi, u, d)                                                          \
-  {.name = #n, .type = EPH_CFG_INT, .default_text = text, .unit = u, .doc = d,                 \
+#define ROW_IX(n, text, lo, hi, u, d)                                                              \
+  {.name = #n,                                                                                     \
+   .type = EPH_CFG_INT,                                                                            \
+   .default_text = text,                                                                           \
+   .unit = u,                                                                                      \
+   .doc = d,                                                                                       \
    EPH_CFG_RANGE(lo, hi)},
 #define ROW_S(n, def, d) {.name = #n, .type = EPH_CFG_STRING, .default_text = #def, .doc = d},
 #define ROW_SX(n, text, d) {.name = #n, .type = EPH_CFG_STRING, .default_text = text, .doc = d},
 #define ROW_B(n, def, d) {.name = #n, .type = EPH_CFG_BOOL, .default_text = #def, .doc = d},
 #define ROW_L(n, text, d) {.name = #n, .type = EPH_CFG_LIST, .default_text = text, .doc = d},
-#define ROW_LG(n, ty_, sb_, text, d)                                                           \
+#define ROW_LG(n, ty_, sb_, text, d)                                                               \
   {.name = #n, .type = EPH_CFG_LIST, .default_text = text, .doc = d, .keys = sb_##_keys},
-#define ROW_G(n, ty_, sb_, d)                                                                  \
-  {.name = #n, .type = EPH_CFG_GROUP, .default_text = "(see below)", .doc = d,                 \
-   .keys = sb_##_keys},
+#define ROW_G(n, ty_, sb_, d)                                                                      \
+  {.name = #n, .type = EPH_CFG_GROUP, .default_text = "(see below)", .doc = d, .keys = sb_##_keys},
 #define ROWS(LIST) LIST(ROW_I, ROW_IX, ROW_S, ROW_SX, ROW_B, ROW_L, ROW_LG, ROW_G)
 
 #define BIND_I(n, def, ...) {.offset = offsetof(CUR_T, n), .def_int = def},
@@ -58,7 +67,7 @@ struct conf_table {
 #define BIND_SX(n, ...) {.offset = offsetof(CUR_T, n)},
 #define BIND_B(n, def, ...) {.offset = offsetof(CUR_T, n), .def_bool = def},
 #define BIND_L(n, ...) {.offset = SIZE_MAX},
-#define BIND_LG(n, ty_, sb_, ...)                                                              \
+#define BIND_LG(n, ty_, sb_, ...)                                                                  \
   {.offset = offsetof(CUR_T, n), .count_offset = offsetof(CUR_T, n_##n), .sub = &sb_##_table},
 #define BIND_G(n, ty_, sb_, ...) {.offset = offsetof(CUR_T, n), .sub = &sb_##_table},
 #define BINDS(LIST) LIST(BIND_I, BIND_IX, BIND_S, BIND_SX, BIND_B, BIND_L, BIND_LG, BIND_G)
@@ -67,9 +76,9 @@ static int price_model_finish(void *values, const config_setting_t *g, eph_error
 static int server_finish(void *values, const config_setting_t *g, eph_error_t *err);
 static int core_finish(void *values, const config_setting_t *g, eph_error_t *err);
 
-#define TABLE(sub, type, LIST, fin)                                                            \
-  static const eph_config_key_t sub##_keys[] = {ROWS(LIST){0}};                                \
-  static const conf_bind_t sub##_bind[] = {BINDS(LIST)};                                       \
+#define TABLE(sub, type, LIST, fin)                                                                \
+  static const eph_config_key_t sub##_keys[] = {ROWS(LIST){0}};                                    \
+  static const conf_bind_t sub##_bind[] = {BINDS(LIST)};                                           \
   static const conf_table_t sub##_table = {sub##_keys, sub##_bind, sizeof(type), fin};
 
 #define CUR_T eph_price_model_t
@@ -178,8 +187,7 @@ eph_cfg_int(const config_setting_t *block, const char *key, int64_t def, int64_t
 }
 
 int
-eph_cfg_bool(const config_setting_t *block, const char *key, int def, int *out,
-             eph_error_t *err)
+eph_cfg_bool(const config_setting_t *block, const char *key, int def, int *out, eph_error_t *err)
 {
   config_setting_t *s = block ? config_setting_get_member(block, key) : NULL;
   if (!s) {
@@ -193,8 +201,8 @@ eph_cfg_bool(const config_setting_t *block, const char *key, int def, int *out,
 }
 
 int
-eph_cfg_string(const config_setting_t *block, const char *key, const char *def,
-               const char **out, eph_error_t *err)
+eph_cfg_string(const config_setting_t *block, const char *key, const char *def, const char **out,
+               eph_error_t *err)
 {
   config_setting_t *s = block ? config_setting_get_member(block, key) : NULL;
   if (!s) {
@@ -295,8 +303,8 @@ check_group(const config_setting_t *group, const eph_config_key_t *keys, const c
       k++;
     if (!k || !k->name) {
       char path[512];
-      eph_warn("%s: unknown key '%s' in %s (ignored)", eph_cfg_where(s, where, sizeof where),
-               name, top ? owner : setting_path(group, path, sizeof path));
+      eph_warn("%s: unknown key '%s' in %s (ignored)", eph_cfg_where(s, where, sizeof where), name,
+               top ? owner : setting_path(group, path, sizeof path));
       if (warnings)
         (*warnings)++;
       continue;
@@ -345,8 +353,8 @@ eph_config_keys_print(FILE *out, const char *block, const eph_config_key_t *keys
     char range[128];
     cleanup_free char *name = eph_xasprintf("%s%s", prefix ? prefix : "", k->name);
     fprintf(out, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", block, name, eph_config_type_word(k->type),
-            k->default_text ? k->default_text : "", k->unit ? k->unit : "",
-            k->doc ? k->doc : "", eph_config_range_text(k, range, sizeof range));
+            k->default_text ? k->default_text : "", k->unit ? k->unit : "", k->doc ? k->doc : "",
+            eph_config_range_text(k, range, sizeof range));
     if (k->keys) {
       cleanup_free char *sub = eph_xasprintf("%s.", name);
       eph_config_keys_print(out, block, k->keys, sub);
@@ -390,8 +398,10 @@ eph_config_keys_upgrade_1_1(const void *rows)
     n++;
   eph_config_key_t *keys = eph_xcalloc(n + 1, sizeof *keys);
   for (size_t i = 0; i < n; i++)
-    keys[i] = (eph_config_key_t){.name = old[i].name, .type = old[i].type,
-                                 .default_text = old[i].default_text, .unit = old[i].unit,
+    keys[i] = (eph_config_key_t){.name = old[i].name,
+                                 .type = old[i].type,
+                                 .default_text = old[i].default_text,
+                                 .unit = old[i].unit,
                                  .doc = old[i].doc};
   return keys;
 }
@@ -465,6 +475,25 @@ static const char *
 member_where(const config_setting_t *g, const char *key, char *buf, size_t size)
 {
   return eph_cfg_where(g ? config_setting_get_member(g, key) : NULL, buf, size);
+}
+
+static eph_core_conf_t defaults;
+static pthread_once_t defaults_once = PTHREAD_ONCE_INIT;
+
+static void
+parse_defaults(void)
+{
+  /* No group: every row's default; the finish functions cannot fail on them. */
+  parse_table(&core_table, NULL, &defaults, NULL);
+}
+
+const eph_core_conf_t *
+eph_config_values(const eph_config_t *c)
+{
+  if (c && c->parsed)
+    return &c->values;
+  pthread_once(&defaults_once, parse_defaults);
+  return &defaults;
 }
 
 /* Cached prompt tokens cost the input price unless said otherwise. */
@@ -551,8 +580,8 @@ is_dir(const char *path)
 }
 
 static void
-add_block(eph_config_t *c, const char *name, config_setting_t *s, bool enabled,
-          const char *file, const char *where)
+add_block(eph_config_t *c, const char *name, config_setting_t *s, bool enabled, const char *file,
+          const char *where)
 {
   c->blocks = eph_xrealloc(c->blocks, (c->n_blocks + 1) * sizeof *c->blocks);
   eph_config_block_t *b = &c->blocks[c->n_blocks++];
@@ -585,8 +614,8 @@ collect_blocks(eph_config_t *c, config_t *cfg, eph_error_t *err)
                              name);
     const eph_config_block_t *prev = eph_config_block(c, name);
     if (prev)
-      return eph_error_set(err, EPH_E_CONFIG, "%s: duplicate block '%s' (first at %s)", where,
-                           name, prev->where);
+      return eph_error_set(err, EPH_E_CONFIG, "%s: duplicate block '%s' (first at %s)", where, name,
+                           prev->where);
     int enabled = 0;
     const char *file = NULL;
     int r = eph_cfg_bool(s, "enabled", 0, &enabled, err);
@@ -601,8 +630,7 @@ collect_blocks(eph_config_t *c, config_t *cfg, eph_error_t *err)
 }
 
 int
-eph_config_load(eph_config_t *c, const char *main_path, const char *confd_path,
-                eph_error_t *err)
+eph_config_load(eph_config_t *c, const char *main_path, const char *confd_path, eph_error_t *err)
 {
   memset(c, 0, sizeof *c);
   int r = 0;
@@ -632,8 +660,7 @@ eph_config_load(eph_config_t *c, const char *main_path, const char *confd_path,
     c->n_files = 1;
     c->main_path = eph_xstrdup(main_path);
     c->core = config_root_setting(&c->files[0]);
-    r = eph_config_check_keys(c->core, eph_core_config_keys, "ephemeral.conf", &c->warnings,
-                              err);
+    r = eph_config_check_keys(c->core, eph_core_config_keys, "ephemeral.conf", &c->warnings, err);
     if (r < 0)
       goto out;
   } else {
@@ -647,6 +674,7 @@ eph_config_load(eph_config_t *c, const char *main_path, const char *confd_path,
   r = parse_table(&core_table, c->core, &c->values, err);
   if (r < 0)
     goto out;
+  c->parsed = true;
 
   c->confd_path = eph_xstrdup(confd_path);
   for (int i = 0; i < n_names; i++) {

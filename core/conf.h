@@ -1,5 +1,5 @@
-/* Configuration: ephemeral.conf (core keys) then every conf.d file ending in .conf in lexical order (plugin
- * blocks), libconfig syntax. A plugin block is a top-level group named after the plugin:
+/* Configuration: ephemeral.conf (core keys) then every conf.d file ending in .conf in lexical order
+ * (plugin blocks), libconfig syntax. A plugin block is a top-level group named after the plugin:
  *
  *   backend-jail: { enabled = true; memory_mib = 512; };
  *
@@ -10,9 +10,9 @@
 #ifndef EPH_CONF_H
 #define EPH_CONF_H
 
+#include <libconfig.h>
 #include <stdbool.h>
 #include <stdio.h>
-#include <libconfig.h>
 
 #include <ephemeral/plugin.h>
 
@@ -24,21 +24,28 @@ typedef struct eph_config_block {
   config_setting_t *setting; /* the group; owned by its file */
   char *file;                /* the .so file name or path; owned */
   bool enabled;
-  char *where;               /* "conf.d/10-x.conf:3"; owned */
+  char *where; /* "conf.d/10-x.conf:3"; owned */
 } eph_config_block_t;
 
 typedef struct eph_config {
-  char *main_path;           /* ephemeral.conf used, or NULL (embedded defaults); owned */
-  char *confd_path;          /* conf.d directory used; owned */
-  config_t *files;           /* parsed files: [0] ephemeral.conf (maybe empty), then conf.d */
+  char *main_path;  /* ephemeral.conf used, or NULL (embedded defaults); owned */
+  char *confd_path; /* conf.d directory used; owned */
+  config_t *files;  /* parsed files: [0] ephemeral.conf (maybe empty), then conf.d */
   size_t n_files;
   eph_config_block_t *blocks;
   size_t n_blocks;
   const config_setting_t *core; /* root of ephemeral.conf (core keys), or NULL */
-  int warnings;              /* unknown keys and other warnings reported so far */
-  eph_core_conf_t values;    /* every core key of ephemeral.conf, parsed once, defaults
-                              * applied and ranges checked (rows: conf_core.h) */
+  int warnings;                 /* unknown keys and other warnings reported so far */
+  /* Every core key of ephemeral.conf, parsed once, defaults applied and ranges checked
+   * (rows: conf_core.h). Read it through eph_config_values(). */
+  eph_core_conf_t values;
+  bool parsed; /* values holds the loaded files' (eph_config_load succeeded) */
 } eph_config_t;
+
+/* The core's values: c's once eph_config_load succeeded, else (c NULL, or a context built
+ * without loading a configuration, as unit tests do) the rows' defaults. Borrowed, valid
+ * until eph_config_free(c). Thread-safe. */
+const eph_core_conf_t *eph_config_values(const eph_config_t *c);
 
 /* The core's own documented keys (ephemeral.conf), {0}-terminated. */
 extern const eph_config_key_t eph_core_config_keys[];

@@ -18,7 +18,7 @@
 static int
 resolve_state_dir(eph_ctx_t *ctx, const eph_ctx_options_t *opt, eph_error_t *err)
 {
-  const char *from_config = ctx->config.values.state_dir;
+  const char *from_config = eph_config_values(&ctx->config)->state_dir;
   const char *env = getenv("EPHEMERAL_STATE_DIR");
   if (opt->state_dir)
     ctx->state_dir = eph_xstrdup(opt->state_dir);
@@ -70,12 +70,12 @@ eph_ctx_open(eph_ctx_t *ctx, const eph_ctx_options_t *opt, eph_error_t *err)
     goto fail;
 
   /* Types, ranges and log_level were checked by eph_config_load (core/conf_core.h). */
-  const char *level = ctx->config.values.log_level;
+  const char *level = eph_config_values(&ctx->config)->log_level;
   /* -v on the command line wins over the config's level. */
   if (eph_log_get_level() == EPH_LOG_WARN)
     eph_log_set_level((eph_log_level_t)eph_log_level_parse(level));
 
-  const char *plugin_dir = ctx->config.values.plugin_dir;
+  const char *plugin_dir = eph_config_values(&ctx->config)->plugin_dir;
   ctx->plugin_dir = eph_xstrdup(opt->plugin_dir     ? opt->plugin_dir
                                 : getenv("EPHEMERAL_PLUGIN_DIR") ? getenv("EPHEMERAL_PLUGIN_DIR")
                                 : plugin_dir        ? plugin_dir
@@ -145,7 +145,7 @@ eph_ctx_check_selected(eph_ctx_t *ctx, eph_error_t *err)
     cleanup_free char *where = core_key_where(ctx, "backend");
     return eph_error_set(err, ENOENT, "%sbackend: %s", where, e.message);
   }
-  const char *model_plugin = ctx->config.values.model_plugin;
+  const char *model_plugin = eph_config_values(&ctx->config)->model_plugin;
   const eph_plugin_slot_t *m = eph_plugins_find(&ctx->plugins, model_plugin);
   if (!m || m->desc->kind != EPH_KIND_MODEL) {
     cleanup_free char *where = core_key_where(ctx, "model_plugin");

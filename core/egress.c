@@ -73,7 +73,7 @@ eph_egress_load_config(const eph_config_t *config, const eph_host_t *host,
                        eph_egress_options_t *opt, eph_net_policy_t *policy, eph_error_t *err)
 {
   /* Checked against their rows' ranges by eph_config_load (core/conf_core.h). */
-  const eph_egress_conf_t *v = &config->values.egress;
+  const eph_egress_conf_t *v = &eph_config_values(config)->egress;
   memset(opt, 0, sizeof *opt);
   opt->pool = v->pool;
   opt->max_bytes = v->max_bytes;

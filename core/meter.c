@@ -14,7 +14,7 @@
 int
 eph_meter_prices(eph_run_t *run, eph_error_t *err)
 {
-  const eph_pricing_conf_t *p = &run->ctx->config.values.pricing;
+  const eph_pricing_conf_t *p = &eph_config_values(&run->ctx->config)->pricing;
   run->compute_price_s = p->compute_micros_per_second;
   run->in_price_mtok = run->cache_read_price_mtok = run->cache_write_price_mtok =
       EPH_PRICE_DEFAULT_INPUT_MTOK;

@@ -156,9 +156,10 @@ eph_run_new(eph_ctx_t *ctx, eph_request_t *req, const eph_run_options_t *opt,
     eph_random_hex(run->id + 4, 16);
   }
   int r;
-  run->max_steps = ctx->config.values.max_steps;
-  run->max_output_tokens = ctx->config.values.max_output_tokens;
-  run->meter_ms = ctx->config.values.compute_meter_ms; /* at least 10: its row's range */
+  const eph_core_conf_t *conf = eph_config_values(&ctx->config);
+  run->max_steps = conf->max_steps;
+  run->max_output_tokens = conf->max_output_tokens;
+  run->meter_ms = conf->compute_meter_ms; /* at least 10: its row's range */
 
   run->ledger = eph_plugins_first(&ctx->plugins, EPH_KIND_LEDGER);
   if (!run->ledger) {
@@ -178,7 +179,7 @@ eph_run_new(eph_ctx_t *ctx, eph_request_t *req, const eph_run_options_t *opt,
   if (strncmp(run->model_call_name, "replay:", 7) == 0)
     model_plugin = "model-replay";
   else
-    model_plugin = ctx->config.values.model_plugin;
+    model_plugin = conf->model_plugin;
   /* Routing by the model's provider prefix ("openai/", "anthropic/", an operator's
    * "local/"): the model plugin serving the name with the most specific prefix takes the
    * run. An offline daemon (model-replay) replays every run; plugins without serves()

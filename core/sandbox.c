@@ -257,7 +257,7 @@ const eph_plugin_slot_t *
 eph_ctx_backend(eph_ctx_t *ctx, const char *name, eph_error_t *err)
 {
   if (!name)
-    name = ctx->config.values.backend;
+    name = eph_config_values(&ctx->config)->backend;
   cleanup_free char *full =
       strncmp(name, "backend-", 8) == 0 ? eph_xstrdup(name) : eph_xasprintf("backend-%s", name);
   const eph_plugin_slot_t *s = eph_plugins_find(&ctx->plugins, full);

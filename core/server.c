@@ -609,7 +609,7 @@ eph_server_start(eph_ctx_t *ctx, const eph_server_options_t *opt, eph_server_t *
 
   cleanup_free char *path = NULL; /* before the first goto: fail: frees it */
   /* Request limits: the same operator maxima as the CLI's. */
-  const eph_core_conf_t *conf = &ctx->config.values;
+  const eph_core_conf_t *conf = eph_config_values(&ctx->config);
   int r;
   srv->limits.max_timeout_seconds = conf->max_timeout_seconds;
   srv->limits.max_cost_micros = conf->max_cost_micros;

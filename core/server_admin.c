@@ -45,7 +45,7 @@ audit(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req, const char *
 {
   char addr[64];
   client_address(c, addr, sizeof addr);
-  int64_t days = srv->ctx->config.values.retention_days;
+  int64_t days = eph_config_values(&srv->ctx->config)->retention_days;
   eph_error_t err = {0};
   if (eph_admin_audit_add(srv->store, req->key_id ? req->key_id : "?", req->org ? req->org : "?",
                           action, target_org, target,

@@ -18,7 +18,7 @@ int
 eph_server_options_from_config(eph_ctx_t *ctx, eph_server_options_t *opt, eph_error_t *err)
 {
   (void)err;
-  const eph_server_conf_t *v = &ctx->config.values.server;
+  const eph_server_conf_t *v = &eph_config_values(&ctx->config)->server;
   memset(opt, 0, sizeof *opt);
   snprintf(opt->listen, sizeof opt->listen, "%s", v->listen);
   opt->max_concurrent_runs = (int)v->max_concurrent_runs;

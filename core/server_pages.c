@@ -21,9 +21,10 @@ eph_srv_metrics(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req)
   size_t len = 0;
   FILE *f = open_memstream(&text, &len);
   pthread_mutex_lock(&srv->lock);
-  fprintf(f, "# HELP ephemeral_runs_created_total Runs admitted since the daemon started.\n"
-             "# TYPE ephemeral_runs_created_total counter\n"
-             "ephemeral_runs_created_total %" PRIu64 "\n",
+  fprintf(f,
+          "# HELP ephemeral_runs_created_total Runs admitted since the daemon started.\n"
+          "# TYPE ephemeral_runs_created_total counter\n"
+          "ephemeral_runs_created_total %" PRIu64 "\n",
           srv->runs_created);
   fprintf(f, "# HELP ephemeral_runs_ended_total Runs that reached an end state, by state.\n"
              "# TYPE ephemeral_runs_ended_total counter\n");
@@ -88,7 +89,7 @@ eph_srv_metrics(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req)
   pthread_mutex_unlock(&srv->lock);
   fclose(f);
   return eph_srv_send(c, srv, MHD_HTTP_OK, "text/plain; version=0.0.4; charset=utf-8", text, len,
-                     NULL, NULL);
+                      NULL, NULL);
 }
 
 /* Files shipped in the data directory: installed under <pkgdatadir>, in the source tree
@@ -110,8 +111,7 @@ send_file(eph_server_t *srv, struct MHD_Connection *c, const char *rel, const ch
   eph_error_t err = {0};
   if (eph_read_file(path, STATIC_MAX_BYTES, &data, &len, &err) < 0) {
     eph_warn("%s", err.message);
-    return eph_srv_error(c, srv, MHD_HTTP_NOT_FOUND, "not_found", NULL, "%s is not installed",
-                         rel);
+    return eph_srv_error(c, srv, MHD_HTTP_NOT_FOUND, "not_found", NULL, "%s is not installed", rel);
   }
   return eph_srv_send(c, srv, MHD_HTTP_OK, type, data, len, NULL, NULL);
 }
@@ -139,9 +139,9 @@ eph_srv_static(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req)
       strspn(name, "abcdefghijklmnopqrstuvwxyz0123456789-_.") != strlen(name))
     return eph_srv_error(c, srv, MHD_HTTP_NOT_FOUND, "not_found", NULL, "no such file");
   const char *dot = strrchr(name, '.');
-  const char *type = !dot                     ? "application/octet-stream"
-                     : strcmp(dot, ".js") == 0  ? "text/javascript; charset=utf-8"
-                     : strcmp(dot, ".css") == 0 ? "text/css; charset=utf-8"
+  const char *type = !dot                        ? "application/octet-stream"
+                     : strcmp(dot, ".js") == 0   ? "text/javascript; charset=utf-8"
+                     : strcmp(dot, ".css") == 0  ? "text/css; charset=utf-8"
                      : strcmp(dot, ".html") == 0 ? "text/html; charset=utf-8"
                      : strcmp(dot, ".json") == 0 ? "application/json"
                      : strcmp(dot, ".svg") == 0  ? "image/svg+xml"

@@ -277,7 +277,7 @@ ticker_main(void *arg)
         malloc_trim(0);
     }
     if (purge) {
-      int64_t days = srv->ctx->config.values.retention_days;
+      int64_t days = eph_config_values(&srv->ctx->config)->retention_days;
       eph_error_t err = {0};
       int n = eph_store_purge(srv->store, days > 0 ? (int)days : 30, &err);
       if (n < 0)

@@ -580,10 +580,10 @@ eph_webhooks_start(eph_ctx_t *ctx, eph_store_t *store, eph_webhooks_t **out, eph
   const config_setting_t *g =
       ctx->config.core ? config_setting_get_member(ctx->config.core, "webhooks") : NULL;
   /* Checked against their rows' ranges by eph_config_load (core/conf_core.h). */
-  const eph_webhooks_conf_t *v = &ctx->config.values.webhooks;
+  const eph_webhooks_conf_t *v = &eph_config_values(&ctx->config)->webhooks;
   int64_t hours = v->retry_hours, base_ms = v->retry_base_ms, timeout_ms = v->timeout_ms;
-  int64_t retention_days = ctx->config.values.retention_days;
-  int64_t max_timeout_s = ctx->config.values.max_timeout_seconds;
+  int64_t retention_days = eph_config_values(&ctx->config)->retention_days;
+  int64_t max_timeout_s = eph_config_values(&ctx->config)->max_timeout_seconds;
   int r;
   eph_webhooks_t *wh = eph_xcalloc(1, sizeof *wh);
   if ((r = eph_net_policy_load(&wh->policy, &ctx->host, g, err)) < 0) {

@@ -5,7 +5,9 @@
  *   (b) every key the shipped ephemeral.conf and conf.d/NN-NAME.conf files use is in the tables, with the
  *       right type, and every key nested in a group is named by that group's description;
  *   (c) the generated manual page (build tree docs/man/ephemeral.conf.5) carries every key of
- *       every table under its block's section.
+ *       every table under its block's section;
+ *   (d) every value the shipped ephemeral.conf sets is its row's default (the file says so);
+ *   (e) the page carries every nested key (GROUP.KEY) and every row's range.
  * The plugins are the real ones of the build tree (plugins/.libs/NAME.so), opened with dlopen. */
 #include <config.h>
 

@@ -316,6 +316,11 @@ test_values_parsed_once(void **state)
   assert_string_equal(c.values.server.listen, "127.0.0.1:8080");
   assert_null(c.values.pricing.models);
   eph_config_free(&c);
+  /* A context built without loading a configuration (unit tests) reads the same defaults. */
+  eph_config_t zero = {0};
+  assert_int_equal(eph_config_values(&zero)->max_steps, 24);
+  assert_string_equal(eph_config_values(&zero)->model_plugin, "model-openai");
+  assert_int_equal(eph_config_values(NULL)->server.max_body_bytes, 25165824);
   write_file("ephemeral.conf", "max_steps = 7;\nserver: { listen = \"127.0.0.1:1\"; };\n"
                                "pricing: { models = ( { name = \"m\"; input_micros_per_mtok = 5; "
                                "output_micros_per_mtok = 6; } ); };\n");
