@@ -155,15 +155,21 @@ type_matches(const config_setting_t *s, eph_config_type_t t)
   return false;
 }
 
+static const char *setting_path(const config_setting_t *s, char *buf, size_t size);
 static int range_error(const config_setting_t *s, const eph_config_key_t *k, int64_t v,
                        eph_error_t *err);
 
 static int
 type_error(const config_setting_t *s, const char *key, eph_config_type_t want, eph_error_t *err)
 {
-  char where[PATH_MAX + 32];
-  return eph_error_set(err, EPH_E_CONFIG, "%s: key '%s': expected %s",
-                       eph_cfg_where(s, where, sizeof where), key, type_name(want));
+  char where[PATH_MAX + 32], path[512];
+  eph_cfg_where(s, where, sizeof where);
+  setting_path(s, path, sizeof path);
+  if (strcmp(path, key) == 0)
+    return eph_error_set(err, EPH_E_CONFIG, "%s: key '%s': expected %s", where, key,
+                         type_name(want));
+  return eph_error_set(err, EPH_E_CONFIG, "%s: key '%s': expected %s (%s)", where, key,
+                       type_name(want), path);
 }
 
 int

@@ -288,7 +288,8 @@ test_group_range_and_type_errors(void **state)
   err = (eph_error_t){0};
   write_file("ephemeral.conf", "server: {\n\n listen = 8080;\n};\n");
   assert_true(load(&c, &err) < 0);
-  assert_non_null(strstr(err.message, "ephemeral.conf:3: key 'listen': expected a string"));
+  assert_non_null(strstr(err.message, "ephemeral.conf:3: key 'listen': expected a string "
+                                      "(server.listen)"));
   err = (eph_error_t){0};
   write_file("ephemeral.conf", "pricing: { models = ( \"m\" ); };\n");
   assert_true(load(&c, &err) < 0);
