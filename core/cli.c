@@ -67,33 +67,6 @@ eph_cmd_plugins(eph_ctx_t *ctx, int argc, char **argv)
   return ctx->plugins.refused ? 1 : 0;
 }
 
-static const char *
-type_word(eph_config_type_t t)
-{
-  switch (t) {
-  case EPH_CFG_BOOL:
-    return "bool";
-  case EPH_CFG_INT:
-    return "integer";
-  case EPH_CFG_STRING:
-    return "string";
-  case EPH_CFG_LIST:
-    return "list";
-  case EPH_CFG_GROUP:
-    return "group";
-  }
-  return "?";
-}
-
-static void
-print_keys(const char *block, const eph_config_key_t *keys)
-{
-  for (const eph_config_key_t *k = keys; k && k->name; k++)
-    printf("%s\t%s\t%s\t%s\t%s\t%s\n", block, k->name, type_word(k->type),
-           k->default_text ? k->default_text : "", k->unit ? k->unit : "",
-           k->doc ? k->doc : "");
-}
-
 int
 eph_cmd_config(eph_ctx_t *ctx, int argc, char **argv)
 {
@@ -102,9 +75,10 @@ eph_cmd_config(eph_ctx_t *ctx, int argc, char **argv)
     return 2;
   }
   if (strcmp(argv[1], "keys") == 0) {
-    print_keys("ephemeral.conf", eph_core_config_keys);
+    eph_config_keys_print(stdout, "ephemeral.conf", eph_core_config_keys, NULL);
     for (size_t i = 0; i < ctx->plugins.n; i++)
-      print_keys(ctx->plugins.slots[i].desc->name, ctx->plugins.slots[i].desc->config_keys);
+      eph_config_keys_print(stdout, ctx->plugins.slots[i].desc->name,
+                            ctx->plugins.slots[i].config_keys, NULL);
     return 0;
   }
   int enabled = 0;

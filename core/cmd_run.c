@@ -254,12 +254,8 @@ ledger_slot(eph_ctx_t *ctx)
 static int
 ensure_cli_credit(eph_ctx_t *ctx, const eph_plugin_slot_t *ledger, const char *org)
 {
-  int64_t credit = 0;
+  int64_t credit = eph_config_values(&ctx->config)->cli_credit_micros;
   eph_error_t err = {0};
-  if (eph_cfg_int(ctx->config.core, "cli_credit_micros", 10000000, &credit, &err) < 0) {
-    eph_error("%s", err.message);
-    return -1;
-  }
   cleanup_free char *marker = eph_xasprintf("%s/cli-credit-%s", ctx->state_dir, org);
   cleanup_close int fd = open(marker, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
   if (fd < 0 || flock(fd, LOCK_EX) < 0) {
@@ -355,19 +351,11 @@ eph_cmd_run(eph_ctx_t *ctx, int argc, char **argv)
   }
 
   eph_request_limits_t limits = {.max_files_total_bytes = 16 * 1024 * 1024};
-  int64_t files_max = 0;
-  if (eph_cfg_int(ctx->config.core, "max_timeout_seconds", 900, &limits.max_timeout_seconds,
-                  &err) < 0 ||
-      eph_cfg_int(ctx->config.core, "max_cost_micros", 10000000, &limits.max_cost_micros, &err) <
-          0 ||
-      eph_cfg_int(ctx->config.core, "max_inline_files_bytes", 16 * 1024 * 1024, &files_max,
-                  &err) < 0 ||
-      eph_cfg_string(ctx->config.core, "default_model", "openai/gpt-6-luna",
-                     &limits.default_model, &err) < 0) {
-    eph_error("%s", err.message);
-    return 2;
-  }
-  limits.max_files_total_bytes = (size_t)files_max;
+  const eph_core_conf_t *conf = eph_config_values(&ctx->config);
+  limits.max_timeout_seconds = conf->max_timeout_seconds;
+  limits.max_cost_micros = conf->max_cost_micros;
+  limits.default_model = conf->default_model;
+  limits.max_files_total_bytes = (size_t)conf->max_inline_files_bytes;
   limits.plugins = &ctx->plugins;
   eph_request_t req;
   const char *field = NULL;
@@ -387,11 +375,8 @@ eph_cmd_run(eph_ctx_t *ctx, int argc, char **argv)
     eph_request_free(&req);
     return 1;
   }
-  if (!org && eph_cfg_string(ctx->config.core, "cli_org", "local", &org, &err) < 0) {
-    eph_error("%s", err.message);
-    eph_request_free(&req);
-    return 2;
-  }
+  if (!org)
+    org = eph_config_values(&ctx->config)->cli_org;
   if (ensure_cli_credit(ctx, ledger, org) < 0) {
     eph_request_free(&req);
     return 1;
@@ -413,9 +398,8 @@ eph_cmd_run(eph_ctx_t *ctx, int argc, char **argv)
     return 1;
   }
   /* History older than retention_days goes before a new run is added. */
-  int64_t retention = 30;
-  if (eph_cfg_int(ctx->config.core, "retention_days", 30, &retention, &err) == 0 &&
-      retention > 0 && eph_store_purge(store, (int)retention, &err) < 0)
+  int64_t retention = eph_config_values(&ctx->config)->retention_days;
+  if (retention > 0 && eph_store_purge(store, (int)retention, &err) < 0)
     eph_warn("purging runs older than %lld days: %s", (long long)retention, err.message);
 
   /* Signals go to one thread that cancels the run; the run's own threads never see them. */
@@ -533,8 +517,7 @@ eph_cmd_runs(eph_ctx_t *ctx, int argc, char **argv)
     return 1;
   eph_error_t err = {0};
   int status = 0;
-  const char *org = NULL;
-  eph_cfg_string(ctx->config.core, "cli_org", "local", &org, &err);
+  const char *org = eph_config_values(&ctx->config)->cli_org;
   if (strcmp(argv[1], "list") == 0) {
     int limit = 20;
     for (int i = 2; i + 1 < argc; i++)

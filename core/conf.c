@@ -1,106 +1,110 @@
+#include <config.h>
+
 #include "conf.h"
 
 #include <dirent.h>
 #include <errno.h>
+#include <inttypes.h>
 #include <limits.h>
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
 
-#include <config.h>
 #include "log.h"
 #include "util.h"
 
-/* The core's own keys. Kept in one table so `config check`, the unknown-key warnings and
- * ephemeral.conf(5) all read the same source. */
-const eph_config_key_t eph_core_config_keys[] = {
-    {"plugin_dir", EPH_CFG_STRING, "(build tree or <libdir>/ephemeral/plugins)", NULL,
-     "Directory the plugins' .so files are loaded from."},
-    {"state_dir", EPH_CFG_STRING, "(see ephemeral(1))", NULL,
-     "Directory of the SQLite files (ledger, run history). Overridden by --state-dir and "
-     "EPHEMERAL_STATE_DIR."},
-    {"database", EPH_CFG_STRING, "(unset: <state_dir>/ephemeral.sqlite)", NULL,
-     "Shared PostgreSQL database for runs, queue and keys (\"postgresql://...\" URI or libpq "
-     "key=value string; docs/cluster.md). Overridden by --database and EPHEMERAL_DATABASE."},
-    {"node_name", EPH_CFG_STRING, "(the hostname)", NULL,
-     "Name of this host in a cluster (runs it claims carry it)."},
-    {"lease_seconds", EPH_CFG_INT, "15", "seconds",
-     "A cluster node's lease on its runs: a run whose node stops renewing it for this long is "
-     "ended host_lost and settled by another node."},
-    {"log_level", EPH_CFG_STRING, "\"warn\"", NULL,
-     "Least severe level logged to stderr: error, warn, info or debug."},
-    {"backend", EPH_CFG_STRING, "\"backend-jail\"", NULL,
-     "Backend plugin used when a request or command does not name one."},
-    {"model_plugin", EPH_CFG_STRING, "\"model-openai\"", NULL,
-     "Model plugin serving model calls; model names starting with \"replay:\" always go to "
-     "model-replay (ephemerald refuses them from requests unless this is \"model-replay\"). "
-     "\"model-replay\" makes every run replay model-replay's configured "
-     "transcript (an offline daemon: demos, tests)."},
-    {"default_model", EPH_CFG_STRING, "\"openai/gpt-6-luna\"", NULL,
-     "Model used when the request does not name one (the product page's model)."},
-    {"max_timeout_seconds", EPH_CFG_INT, "900", "seconds",
-     "Largest timeout_seconds a request may ask for; larger requests are refused."},
-    {"max_cost_micros", EPH_CFG_INT, "10000000", "micros",
-     "Largest max_cost_micros (budget) a request may ask for; larger requests are refused."},
-    {"max_steps", EPH_CFG_INT, "24", NULL,
-     "Most model calls one run may make before it ends with reason step_limit."},
-    {"max_output_tokens", EPH_CFG_INT, "4096", "tokens",
-     "Output tokens each model call may produce; the call is pre-authorised at this worst "
-     "case."},
-    {"compute_meter_ms", EPH_CFG_INT, "2000", "ms",
-     "How often sandbox compute is charged while a run lives (a crash loses at most one "
-     "interval)."},
-    {"retention_days", EPH_CFG_INT, "30", "days",
-     "Runs and their events older than this are purged (the product page keeps 30 days)."},
-    {"cli_org", EPH_CFG_STRING, "\"local\"", NULL,
-     "Organisation the CLI's runs are billed to."},
-    {"cli_credit_micros", EPH_CFG_INT, "10000000", "micros",
-     "Credit given to cli_org the first time the CLI uses a new state directory."},
-    {"pricing", EPH_CFG_GROUP, "(see below)", NULL,
-     "Prices in micros: compute_micros_per_second (sandbox time) and a list `models` of "
-     "{name, input_micros_per_mtok, output_micros_per_mtok, cached_input_micros_per_mtok "
-     "(prompt tokens read from the provider's cache; default: the input price), "
-     "cache_write_micros_per_mtok (prompt tokens written to it, Anthropic; default: the input "
-     "price)}, name being the full model name with its provider prefix. Web requests are priced in the "
-     "tool-web block (price_micros_per_request); sandbox limits in the backend's block."},
-    {"max_inline_files_bytes", EPH_CFG_INT, "16777216", "bytes",
-     "Largest total size of a request's inline files (after base64 decoding)."},
-    {"egress", EPH_CFG_GROUP, "(see below)", NULL,
-     "The sandbox egress proxy of runs granting web: pool (private IPv4 range the "
-     "per-sandbox /30s come from, default \"10.213.0.0/16\"), port (3128), max_connections "
-     "(32 open at once per run), max_bytes (per connection, 67108864), max_connection_ms "
-     "(300000) and idle_ms (30000); what a connection costs, price_micros_per_request (1000, "
-     "category web); and where sandboxes may go, the one place saying so (tool-web's keys "
-     "govern its own host-side requests only): allow_domains, deny_domains (lists, empty: "
-     "any name not denied), allowed_ports (default [80, 443]), allow_private_addresses and "
-     "allow_loopback (both false); addresses of the host's interfaces are always refused."},
-    {"webhooks", EPH_CFG_GROUP, "(see below)", NULL,
-     "Where and how run-end webhooks are delivered (POST /v1/webhooks registers one): "
-     "retry_hours (how long a failing endpoint is retried after the run ended, default 24, "
-     "1..720); retry_base_ms (the first retry's delay, doubling per attempt up to an hour, "
-     "default 10000); timeout_ms (one attempt, default 10000); and the address policy, read "
-     "like tool-web's: allow_domains, deny_domains, allowed_ports (default [80, 443]), "
-     "allow_private_addresses and allow_loopback (both false: a tenant's endpoint on the "
-     "operator's own or private network is refused at registration and at every attempt; "
-     "addresses of the host's interfaces are always refused)."},
-    {"server", EPH_CFG_GROUP, "(see below)", NULL,
-     "ephemerald's settings: listen (\"ADDR:PORT\" or \"[V6]:PORT\", default "
-     "\"127.0.0.1:8080\"); max_concurrent_runs (runs executing at once, default 4); "
-     "max_queued_runs (runs admitted beyond those, default 64; more are refused with 429); "
-     "max_body_bytes (request body limit, default 25165824; more is 413); "
-     "drain_grace_seconds (on SIGTERM, how long running runs may finish before they are "
-     "cancelled, default 30); idempotency_hours (how long an Idempotency-Key is remembered, "
-     "at least and by default 24); max_inflight_body_bytes (request bodies being received at "
-     "once, all clients together, a declared Content-Length counting in full, default "
-     "100663296; more is 503 with Retry-After); max_connections (HTTP connections open at "
-     "once, default 4096, lowered to fit the open-file limit); max_connections_per_ip "
-     "(connections open at once from one client address, default 64); "
-     "header_timeout_seconds (a connection must send a complete request head within this, "
-     "default 10); body_timeout_seconds (a request body must be complete within this after "
-     "its head, default 60); idle_timeout_seconds (a connection without traffic is closed, "
-     "default 60)."},
-    {0},
+/* ------------------------------------------------------------------ the core's tables */
+
+/* How a row's value lands in its struct (conf_core.h): generated from the same row. */
+typedef struct conf_table conf_table_t;
+typedef struct conf_bind {
+  size_t offset;           /* of the member; SIZE_MAX: no member (an L row) */
+  int64_t def_int;         /* I rows; INT64_MIN for IX rows (the finish function sets it) */
+  const char *def_str;     /* S rows; NULL for SX rows */
+  bool def_bool;           /* B rows */
+  const conf_table_t *sub; /* G and LG rows */
+  size_t count_offset;     /* LG rows: offset of n_NAME */
+} conf_bind_t;
+
+struct conf_table {
+  const eph_config_key_t *keys; /* {0}-terminated */
+  const conf_bind_t *bind;      /* one per row */
+  size_t size;                  /* sizeof the struct (elements of an LG row) */
+  /* Cross-key rules and derived defaults, after the rows; g may be NULL (defaults). */
+  int (*finish)(void *values, const config_setting_t *g, eph_error_t *err);
 };
+
+#define ROW_I(n, def, lo, hi, u, d)                                                                \
+  {.name = #n,                                                                                     \
+   .type = EPH_CFG_INT,                                                                            \
+   .default_text = #def,                                                                           \
+   .unit = u,                                                                                      \
+   .doc = d,                                                                                       \
+   EPH_CFG_RANGE(lo, hi)},
+#define ROW_IX(n, text, lo, hi, u, d)                                                              \
+  {.name = #n,                                                                                     \
+   .type = EPH_CFG_INT,                                                                            \
+   .default_text = text,                                                                           \
+   .unit = u,                                                                                      \
+   .doc = d,                                                                                       \
+   EPH_CFG_RANGE(lo, hi)},
+#define ROW_S(n, def, d) {.name = #n, .type = EPH_CFG_STRING, .default_text = #def, .doc = d},
+#define ROW_SX(n, text, d) {.name = #n, .type = EPH_CFG_STRING, .default_text = text, .doc = d},
+#define ROW_B(n, def, d) {.name = #n, .type = EPH_CFG_BOOL, .default_text = #def, .doc = d},
+#define ROW_L(n, text, d) {.name = #n, .type = EPH_CFG_LIST, .default_text = text, .doc = d},
+#define ROW_LG(n, ty_, sb_, text, d)                                                               \
+  {.name = #n, .type = EPH_CFG_LIST, .default_text = text, .doc = d, .keys = sb_##_keys},
+#define ROW_G(n, ty_, sb_, d)                                                                      \
+  {.name = #n, .type = EPH_CFG_GROUP, .default_text = "(see below)", .doc = d, .keys = sb_##_keys},
+#define ROWS(LIST) LIST(ROW_I, ROW_IX, ROW_S, ROW_SX, ROW_B, ROW_L, ROW_LG, ROW_G)
+
+#define BIND_I(n, def, ...) {.offset = offsetof(CUR_T, n), .def_int = def},
+#define BIND_IX(n, ...) {.offset = offsetof(CUR_T, n), .def_int = INT64_MIN},
+#define BIND_S(n, def, ...) {.offset = offsetof(CUR_T, n), .def_str = def},
+#define BIND_SX(n, ...) {.offset = offsetof(CUR_T, n)},
+#define BIND_B(n, def, ...) {.offset = offsetof(CUR_T, n), .def_bool = def},
+#define BIND_L(n, ...) {.offset = SIZE_MAX},
+#define BIND_LG(n, ty_, sb_, ...)                                                                  \
+  {.offset = offsetof(CUR_T, n), .count_offset = offsetof(CUR_T, n_##n), .sub = &sb_##_table},
+#define BIND_G(n, ty_, sb_, ...) {.offset = offsetof(CUR_T, n), .sub = &sb_##_table},
+#define BINDS(LIST) LIST(BIND_I, BIND_IX, BIND_S, BIND_SX, BIND_B, BIND_L, BIND_LG, BIND_G)
+
+static int price_model_finish(void *values, const config_setting_t *g, eph_error_t *err);
+static int server_finish(void *values, const config_setting_t *g, eph_error_t *err);
+static int core_finish(void *values, const config_setting_t *g, eph_error_t *err);
+
+#define TABLE(sub, type, LIST, fin)                                                                \
+  static const eph_config_key_t sub##_keys[] = {ROWS(LIST){0}};                                    \
+  static const conf_bind_t sub##_bind[] = {BINDS(LIST)};                                           \
+  static const conf_table_t sub##_table = {sub##_keys, sub##_bind, sizeof(type), fin};
+
+#define CUR_T eph_price_model_t
+TABLE(price_model, eph_price_model_t, EPH_PRICE_MODEL_KEYS, price_model_finish)
+#undef CUR_T
+#define CUR_T eph_pricing_conf_t
+TABLE(pricing, eph_pricing_conf_t, EPH_PRICING_KEYS, NULL)
+#undef CUR_T
+#define CUR_T eph_egress_conf_t
+TABLE(egress, eph_egress_conf_t, EPH_EGRESS_KEYS, NULL)
+#undef CUR_T
+#define CUR_T eph_webhooks_conf_t
+TABLE(webhooks, eph_webhooks_conf_t, EPH_WEBHOOKS_KEYS, NULL)
+#undef CUR_T
+#define CUR_T eph_server_conf_t
+TABLE(server, eph_server_conf_t, EPH_SERVER_KEYS, server_finish)
+#undef CUR_T
+
+/* The core's own keys: `config check`, the unknown-key warnings, `config keys` and
+ * ephemeral.conf(5) all read this table (rows: conf_core.h). */
+const eph_config_key_t eph_core_config_keys[] = {ROWS(EPH_CORE_KEYS){0}};
+#define CUR_T eph_core_conf_t
+static const conf_bind_t core_bind[] = {BINDS(EPH_CORE_KEYS)};
+#undef CUR_T
+static const conf_table_t core_table = {eph_core_config_keys, core_bind, sizeof(eph_core_conf_t),
+                                        core_finish};
 
 const char *
 eph_cfg_where(const config_setting_t *s, char *buf, size_t size)
@@ -151,12 +155,21 @@ type_matches(const config_setting_t *s, eph_config_type_t t)
   return false;
 }
 
+static const char *setting_path(const config_setting_t *s, char *buf, size_t size);
+static int range_error(const config_setting_t *s, const eph_config_key_t *k, int64_t v,
+                       eph_error_t *err);
+
 static int
 type_error(const config_setting_t *s, const char *key, eph_config_type_t want, eph_error_t *err)
 {
-  char where[PATH_MAX + 32];
-  return eph_error_set(err, EPH_E_CONFIG, "%s: key '%s': expected %s",
-                       eph_cfg_where(s, where, sizeof where), key, type_name(want));
+  char where[PATH_MAX + 32], path[512];
+  eph_cfg_where(s, where, sizeof where);
+  setting_path(s, path, sizeof path);
+  if (strcmp(path, key) == 0)
+    return eph_error_set(err, EPH_E_CONFIG, "%s: key '%s': expected %s", where, key,
+                         type_name(want));
+  return eph_error_set(err, EPH_E_CONFIG, "%s: key '%s': expected %s (%s)", where, key,
+                       type_name(want), path);
 }
 
 int
@@ -170,13 +183,17 @@ eph_cfg_int(const config_setting_t *block, const char *key, int64_t def, int64_t
   }
   if (!type_matches(s, EPH_CFG_INT))
     return type_error(s, key, EPH_CFG_INT, err);
-  *out = config_setting_get_int64(s);
+  int64_t v = config_setting_get_int64(s);
+  /* The row the key check matched (eph_config_check_keys leaves it on the setting). */
+  const eph_config_key_t *k = config_setting_get_hook(s);
+  if (k && k->type == EPH_CFG_INT && k->has_range && (v < k->min || v > k->max))
+    return range_error(s, k, v, err);
+  *out = v;
   return 0;
 }
 
 int
-eph_cfg_bool(const config_setting_t *block, const char *key, int def, int *out,
-             eph_error_t *err)
+eph_cfg_bool(const config_setting_t *block, const char *key, int def, int *out, eph_error_t *err)
 {
   config_setting_t *s = block ? config_setting_get_member(block, key) : NULL;
   if (!s) {
@@ -190,8 +207,8 @@ eph_cfg_bool(const config_setting_t *block, const char *key, int def, int *out,
 }
 
 int
-eph_cfg_string(const config_setting_t *block, const char *key, const char *def,
-               const char **out, eph_error_t *err)
+eph_cfg_string(const config_setting_t *block, const char *key, const char *def, const char **out,
+               eph_error_t *err)
 {
   config_setting_t *s = block ? config_setting_get_member(block, key) : NULL;
   if (!s) {
@@ -204,25 +221,85 @@ eph_cfg_string(const config_setting_t *block, const char *key, const char *def,
   return 0;
 }
 
-int
-eph_config_check_keys(const config_setting_t *block, const eph_config_key_t *keys,
-                      const char *owner, int *warnings, eph_error_t *err)
+/* "server.max_body_bytes", "backend-qemu.slots", "pricing.models[0].name": the names of s
+ * and its parents up to the file's root. */
+static const char *
+setting_path(const config_setting_t *s, char *buf, size_t size)
 {
-  if (!block)
-    return 0;
+  const config_setting_t *chain[16];
+  size_t n = 0;
+  for (; s && config_setting_parent(s) && n < sizeof chain / sizeof chain[0];
+       s = config_setting_parent(s))
+    chain[n++] = s;
+  size_t len = 0;
+  buf[0] = '\0';
+  while (n-- > 0 && len < size) {
+    const char *name = config_setting_name(chain[n]);
+    int w = name ? snprintf(buf + len, size - len, "%s%s", len ? "." : "", name)
+                 : snprintf(buf + len, size - len, "[%d]", config_setting_index(chain[n]));
+    len += w > 0 ? (size_t)w : 0;
+  }
+  return buf;
+}
+
+const char *
+eph_config_range_text(const eph_config_key_t *k, char *buf, size_t size)
+{
+  if (!k->has_range)
+    snprintf(buf, size, "%s", "");
+  else if (k->max == INT64_MAX)
+    snprintf(buf, size, "at least %" PRId64 "%s%s", k->min, k->unit ? " " : "",
+             k->unit ? k->unit : "");
+  else
+    snprintf(buf, size, "%" PRId64 "..%" PRId64 "%s%s", k->min, k->max, k->unit ? " " : "",
+             k->unit ? k->unit : "");
+  return buf;
+}
+
+static int
+range_error(const config_setting_t *s, const eph_config_key_t *k, int64_t v, eph_error_t *err)
+{
+  char where[PATH_MAX + 32], path[512], range[128];
+  eph_cfg_where(s, where, sizeof where);
+  setting_path(s, path, sizeof path);
+  eph_config_range_text(k, range, sizeof range);
+  /* "is outside 1..64", or without a maximum "is not positive", "is negative", "is below
+   * at least 100 ms" reads badly: "is below 100 ms". */
+  char what[192];
+  if (k->max != INT64_MAX)
+    snprintf(what, sizeof what, "is outside %s", range);
+  else if (k->min == 1)
+    snprintf(what, sizeof what, "is not positive");
+  else if (k->min == 0)
+    snprintf(what, sizeof what, "is negative");
+  else
+    snprintf(what, sizeof what, "is below %s", range + strlen("at least "));
+  if (strcmp(path, k->name) == 0)
+    return eph_error_set(err, EPH_E_CONFIG, "%s: key '%s': %" PRId64 " %s", where, k->name, v,
+                         what);
+  return eph_error_set(err, EPH_E_CONFIG, "%s: key '%s': %" PRId64 " %s (%s)", where, k->name, v,
+                       what, path);
+}
+
+/* Checks the named settings of group against keys; top: a plugin block or the file's root,
+ * where `enabled` and `file` are always accepted. Recurses into rows with their own keys. */
+static int
+check_group(const config_setting_t *group, const eph_config_key_t *keys, const char *owner,
+            bool top, int *warnings, eph_error_t *err)
+{
   char where[PATH_MAX + 32];
-  int n = config_setting_length(block);
+  int n = config_setting_length(group);
   for (int i = 0; i < n; i++) {
-    config_setting_t *s = config_setting_get_elem(block, (unsigned)i);
+    config_setting_t *s = config_setting_get_elem(group, (unsigned)i);
     const char *name = config_setting_name(s);
     if (!name)
       continue;
-    if (strcmp(name, "enabled") == 0) {
+    if (top && strcmp(name, "enabled") == 0) {
       if (!type_matches(s, EPH_CFG_BOOL))
         return type_error(s, name, EPH_CFG_BOOL, err);
       continue;
     }
-    if (strcmp(name, "file") == 0) {
+    if (top && strcmp(name, "file") == 0) {
       if (!type_matches(s, EPH_CFG_STRING))
         return type_error(s, name, EPH_CFG_STRING, err);
       continue;
@@ -231,15 +308,235 @@ eph_config_check_keys(const config_setting_t *block, const eph_config_key_t *key
     while (k && k->name && strcmp(k->name, name) != 0)
       k++;
     if (!k || !k->name) {
-      eph_warn("%s: unknown key '%s' in %s (ignored)", eph_cfg_where(s, where, sizeof where),
-               name, owner);
+      char path[512];
+      eph_warn("%s: unknown key '%s' in %s (ignored)", eph_cfg_where(s, where, sizeof where), name,
+               top ? owner : setting_path(group, path, sizeof path));
       if (warnings)
         (*warnings)++;
       continue;
     }
     if (!type_matches(s, k->type))
       return type_error(s, name, k->type, err);
+    /* For cfg_int: the range travels with the setting. */
+    config_setting_set_hook(s, (void *)k);
+    int r;
+    if (k->type == EPH_CFG_INT && k->has_range) {
+      int64_t v = config_setting_get_int64(s);
+      if (v < k->min || v > k->max)
+        return range_error(s, k, v, err);
+    } else if (k->type == EPH_CFG_GROUP && k->keys) {
+      if ((r = check_group(s, k->keys, owner, false, warnings, err)) < 0)
+        return r;
+    } else if (k->type == EPH_CFG_LIST && k->keys) {
+      for (int j = 0; j < config_setting_length(s); j++) {
+        const config_setting_t *e = config_setting_get_elem(s, (unsigned)j);
+        if (config_setting_type(e) != CONFIG_TYPE_GROUP)
+          return eph_error_set(err, EPH_E_CONFIG, "%s: key '%s': element %d: expected %s",
+                               eph_cfg_where(e, where, sizeof where), name, j,
+                               type_name(EPH_CFG_GROUP));
+        if ((r = check_group(e, k->keys, owner, false, warnings, err)) < 0)
+          return r;
+      }
+    }
   }
+  return 0;
+}
+
+int
+eph_config_check_keys(const config_setting_t *block, const eph_config_key_t *keys,
+                      const char *owner, int *warnings, eph_error_t *err)
+{
+  if (!block)
+    return 0;
+  return check_group(block, keys, owner, true, warnings, err);
+}
+
+void
+eph_config_keys_print(FILE *out, const char *block, const eph_config_key_t *keys,
+                      const char *prefix)
+{
+  for (const eph_config_key_t *k = keys; k && k->name; k++) {
+    char range[128];
+    cleanup_free char *name = eph_xasprintf("%s%s", prefix ? prefix : "", k->name);
+    fprintf(out, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", block, name, eph_config_type_word(k->type),
+            k->default_text ? k->default_text : "", k->unit ? k->unit : "", k->doc ? k->doc : "",
+            eph_config_range_text(k, range, sizeof range));
+    if (k->keys) {
+      cleanup_free char *sub = eph_xasprintf("%s.", name);
+      eph_config_keys_print(out, block, k->keys, sub);
+    }
+  }
+}
+
+const char *
+eph_config_type_word(eph_config_type_t t)
+{
+  switch (t) {
+  case EPH_CFG_BOOL:
+    return "bool";
+  case EPH_CFG_INT:
+    return "integer";
+  case EPH_CFG_STRING:
+    return "string";
+  case EPH_CFG_LIST:
+    return "list";
+  case EPH_CFG_GROUP:
+    return "group";
+  }
+  return "?";
+}
+
+/* The key row of ABI 1.0 and 1.1, before ranges and nested keys were appended in 1.2. */
+typedef struct key_1_1 {
+  const char *name;
+  eph_config_type_t type;
+  const char *default_text, *unit, *doc;
+} key_1_1_t;
+
+eph_config_key_t *
+eph_config_keys_upgrade_1_1(const void *rows)
+{
+  const key_1_1_t *old = rows;
+  if (!old)
+    return NULL;
+  size_t n = 0;
+  while (old[n].name)
+    n++;
+  eph_config_key_t *keys = eph_xcalloc(n + 1, sizeof *keys);
+  for (size_t i = 0; i < n; i++)
+    keys[i] = (eph_config_key_t){.name = old[i].name,
+                                 .type = old[i].type,
+                                 .default_text = old[i].default_text,
+                                 .unit = old[i].unit,
+                                 .doc = old[i].doc};
+  return keys;
+}
+
+/* ------------------------------------------------------------------ parsing the core */
+
+static int
+parse_table(const conf_table_t *t, const config_setting_t *g, void *values, eph_error_t *err)
+{
+  char *base = values;
+  int r;
+  for (size_t i = 0; t->keys[i].name; i++) {
+    const eph_config_key_t *k = &t->keys[i];
+    const conf_bind_t *b = &t->bind[i];
+    const config_setting_t *s = g ? config_setting_get_member(g, k->name) : NULL;
+    if (b->offset == SIZE_MAX)
+      continue;
+    /* Types and ranges were checked by check_group (parse runs after it). */
+    switch (k->type) {
+    case EPH_CFG_INT:
+      *(int64_t *)(base + b->offset) = s ? config_setting_get_int64(s) : b->def_int;
+      break;
+    case EPH_CFG_STRING:
+      *(const char **)(base + b->offset) = s ? config_setting_get_string(s) : b->def_str;
+      break;
+    case EPH_CFG_BOOL:
+      *(bool *)(base + b->offset) = s ? config_setting_get_bool(s) : b->def_bool;
+      break;
+    case EPH_CFG_GROUP:
+      if ((r = parse_table(b->sub, s, base + b->offset, err)) < 0)
+        return r;
+      break;
+    case EPH_CFG_LIST: {
+      /* Given but empty is not absent: elems is NULL only for an absent list. */
+      size_t n = s ? (size_t)config_setting_length(s) : 0;
+      char *elems = s ? eph_xcalloc(n ? n : 1, b->sub->size) : NULL;
+      *(void **)(base + b->offset) = elems;
+      *(size_t *)(base + b->count_offset) = n;
+      for (size_t j = 0; j < n; j++)
+        if ((r = parse_table(b->sub, config_setting_get_elem(s, (unsigned)j),
+                             elems + j * b->sub->size, err)) < 0)
+          return r;
+      break;
+    }
+    }
+  }
+  return t->finish ? t->finish(values, g, err) : 0;
+}
+
+static void
+free_table(const conf_table_t *t, void *values)
+{
+  char *base = values;
+  for (size_t i = 0; t->keys[i].name; i++) {
+    const conf_bind_t *b = &t->bind[i];
+    if (b->offset == SIZE_MAX || !b->sub)
+      continue;
+    if (t->keys[i].type == EPH_CFG_GROUP) {
+      free_table(b->sub, base + b->offset);
+      continue;
+    }
+    char *elems = *(void **)(base + b->offset);
+    size_t n = *(size_t *)(base + b->count_offset);
+    for (size_t j = 0; j < n; j++)
+      free_table(b->sub, elems + j * b->sub->size);
+    free(elems);
+  }
+}
+
+static const char *
+member_where(const config_setting_t *g, const char *key, char *buf, size_t size)
+{
+  return eph_cfg_where(g ? config_setting_get_member(g, key) : NULL, buf, size);
+}
+
+static eph_core_conf_t defaults;
+static pthread_once_t defaults_once = PTHREAD_ONCE_INIT;
+
+static void
+parse_defaults(void)
+{
+  /* No group: every row's default; the finish functions cannot fail on them. */
+  parse_table(&core_table, NULL, &defaults, NULL);
+}
+
+const eph_core_conf_t *
+eph_config_values(const eph_config_t *c)
+{
+  if (c && c->parsed)
+    return &c->values;
+  pthread_once(&defaults_once, parse_defaults);
+  return &defaults;
+}
+
+/* Cached prompt tokens cost the input price unless said otherwise. */
+static int
+price_model_finish(void *values, const config_setting_t *g, eph_error_t *err)
+{
+  (void)g, (void)err;
+  eph_price_model_t *m = values;
+  if (m->cached_input_micros_per_mtok == INT64_MIN)
+    m->cached_input_micros_per_mtok = m->input_micros_per_mtok;
+  if (m->cache_write_micros_per_mtok == INT64_MIN)
+    m->cache_write_micros_per_mtok = m->input_micros_per_mtok;
+  return 0;
+}
+
+static int
+server_finish(void *values, const config_setting_t *g, eph_error_t *err)
+{
+  const eph_server_conf_t *v = values;
+  char where[PATH_MAX + 32];
+  if (v->max_inflight_body_bytes < v->max_body_bytes)
+    return eph_error_set(err, EPH_E_CONFIG,
+                         "%s: server.max_inflight_body_bytes = %" PRId64
+                         ": must be at least server.max_body_bytes (%" PRId64 ")",
+                         member_where(g, "max_inflight_body_bytes", where, sizeof where),
+                         v->max_inflight_body_bytes, v->max_body_bytes);
+  return 0;
+}
+
+static int
+core_finish(void *values, const config_setting_t *g, eph_error_t *err)
+{
+  const eph_core_conf_t *v = values;
+  char where[PATH_MAX + 32];
+  if (eph_log_level_parse(v->log_level) < 0)
+    return eph_error_set(err, EPH_E_CONFIG, "%s: log_level: expected error, warn, info or debug",
+                         member_where(g, "log_level", where, sizeof where));
   return 0;
 }
 
@@ -289,8 +586,8 @@ is_dir(const char *path)
 }
 
 static void
-add_block(eph_config_t *c, const char *name, config_setting_t *s, bool enabled,
-          const char *file, const char *where)
+add_block(eph_config_t *c, const char *name, config_setting_t *s, bool enabled, const char *file,
+          const char *where)
 {
   c->blocks = eph_xrealloc(c->blocks, (c->n_blocks + 1) * sizeof *c->blocks);
   eph_config_block_t *b = &c->blocks[c->n_blocks++];
@@ -323,8 +620,8 @@ collect_blocks(eph_config_t *c, config_t *cfg, eph_error_t *err)
                              name);
     const eph_config_block_t *prev = eph_config_block(c, name);
     if (prev)
-      return eph_error_set(err, EPH_E_CONFIG, "%s: duplicate block '%s' (first at %s)", where,
-                           name, prev->where);
+      return eph_error_set(err, EPH_E_CONFIG, "%s: duplicate block '%s' (first at %s)", where, name,
+                           prev->where);
     int enabled = 0;
     const char *file = NULL;
     int r = eph_cfg_bool(s, "enabled", 0, &enabled, err);
@@ -339,8 +636,7 @@ collect_blocks(eph_config_t *c, config_t *cfg, eph_error_t *err)
 }
 
 int
-eph_config_load(eph_config_t *c, const char *main_path, const char *confd_path,
-                eph_error_t *err)
+eph_config_load(eph_config_t *c, const char *main_path, const char *confd_path, eph_error_t *err)
 {
   memset(c, 0, sizeof *c);
   int r = 0;
@@ -370,8 +666,7 @@ eph_config_load(eph_config_t *c, const char *main_path, const char *confd_path,
     c->n_files = 1;
     c->main_path = eph_xstrdup(main_path);
     c->core = config_root_setting(&c->files[0]);
-    r = eph_config_check_keys(c->core, eph_core_config_keys, "ephemeral.conf", &c->warnings,
-                              err);
+    r = eph_config_check_keys(c->core, eph_core_config_keys, "ephemeral.conf", &c->warnings, err);
     if (r < 0)
       goto out;
   } else {
@@ -380,6 +675,12 @@ eph_config_load(eph_config_t *c, const char *main_path, const char *confd_path,
     config_init(&c->files[0]);
     c->n_files = 1;
   }
+
+  /* Every core value, defaults applied, once (c->core is NULL: the embedded defaults). */
+  r = parse_table(&core_table, c->core, &c->values, err);
+  if (r < 0)
+    goto out;
+  c->parsed = true;
 
   c->confd_path = eph_xstrdup(confd_path);
   for (int i = 0; i < n_names; i++) {
@@ -411,6 +712,7 @@ eph_config_free(eph_config_t *c)
     free(c->blocks[i].where);
   }
   free(c->blocks);
+  free_table(&core_table, &c->values);
   for (size_t i = 0; i < c->n_files; i++)
     config_destroy(&c->files[i]);
   free(c->files);

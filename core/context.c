@@ -15,72 +15,10 @@
 #include "runstore.h"
 #include "util.h"
 
-/* Ranges of the core's numbers. A value outside is an error naming file:line, never a
- * silent surprise: a negative price made runs free, a max_cost_micros of -1 refused every
- * request with a confusing message. The upper bounds keep the money arithmetic of a run
- * (budget * 1e6, tokens * price) inside int64. */
-static const struct {
-  const char *key;
-  int64_t lo, hi;
-} core_ranges[] = {
-    {"max_timeout_seconds", 1, 2147483},
-    {"max_cost_micros", 1, 1000000000000LL},
-    {"max_steps", 1, 100000},
-    {"max_output_tokens", 1, 10000000},
-    {"compute_meter_ms", 10, 3600000},
-    {"retention_days", 0, 36500},
-    {"cli_credit_micros", 0, 1000000000000LL},
-    {"max_inline_files_bytes", 0, 1073741824},
-};
-
-static int
-check_range(const config_setting_t *block, const char *key, int64_t lo, int64_t hi,
-            eph_error_t *err)
-{
-  int64_t v = 0;
-  int r = eph_cfg_int(block, key, lo, &v, err);
-  if (r < 0)
-    return r;
-  if (v >= lo && v <= hi)
-    return 0;
-  char where[512];
-  return eph_error_set(err, EPH_E_CONFIG, "%s: key '%s': %lld is outside %lld..%lld",
-                       eph_cfg_where(config_setting_get_member(block, key), where, sizeof where),
-                       key, (long long)v, (long long)lo, (long long)hi);
-}
-
-static int
-check_core_ranges(const config_setting_t *core, eph_error_t *err)
-{
-  int r;
-  if (!core)
-    return 0;
-  for (size_t i = 0; i < sizeof core_ranges / sizeof core_ranges[0]; i++)
-    if ((r = check_range(core, core_ranges[i].key, core_ranges[i].lo, core_ranges[i].hi,
-                         err)) < 0)
-      return r;
-  const config_setting_t *pricing = config_setting_get_member(core, "pricing");
-  if (!pricing)
-    return 0;
-  if ((r = check_range(pricing, "compute_micros_per_second", 0, 1000000000, err)) < 0)
-    return r;
-  const config_setting_t *models = config_setting_get_member(pricing, "models");
-  for (int i = 0; models && i < config_setting_length(models); i++) {
-    const config_setting_t *m = config_setting_get_elem(models, (unsigned)i);
-    if ((r = check_range(m, "input_micros_per_mtok", 0, 100000000000LL, err)) < 0 ||
-        (r = check_range(m, "output_micros_per_mtok", 0, 100000000000LL, err)) < 0)
-      return r;
-  }
-  return 0;
-}
-
 static int
 resolve_state_dir(eph_ctx_t *ctx, const eph_ctx_options_t *opt, eph_error_t *err)
 {
-  const char *from_config = NULL;
-  int r = eph_cfg_string(ctx->config.core, "state_dir", NULL, &from_config, err);
-  if (r < 0)
-    return r;
+  const char *from_config = eph_config_values(&ctx->config)->state_dir;
   const char *env = getenv("EPHEMERAL_STATE_DIR");
   if (opt->state_dir)
     ctx->state_dir = eph_xstrdup(opt->state_dir);
@@ -90,7 +28,7 @@ resolve_state_dir(eph_ctx_t *ctx, const eph_ctx_options_t *opt, eph_error_t *err
     ctx->state_dir = eph_xstrdup(from_config);
   else
     ctx->state_dir = eph_paths_default_state_dir(&ctx->paths, opt->daemon);
-  r = eph_mkdir_p(ctx->state_dir, 0700, err);
+  int r = eph_mkdir_p(ctx->state_dir, 0700, err);
   if (r < 0)
     return eph_error_wrap(err, "state directory");
   char *real = realpath(ctx->state_dir, NULL);
@@ -131,28 +69,13 @@ eph_ctx_open(eph_ctx_t *ctx, const eph_ctx_options_t *opt, eph_error_t *err)
   if (r < 0)
     goto fail;
 
-  const char *level = NULL;
-  r = eph_cfg_string(ctx->config.core, "log_level", NULL, &level, err);
-  if (r < 0)
-    goto fail;
-  if (level && eph_log_level_parse(level) < 0) {
-    char where[512];
-    r = eph_error_set(err, EPH_E_CONFIG, "%s: log_level: expected error, warn, info or debug",
-                      eph_cfg_where(config_setting_get_member(ctx->config.core, "log_level"),
-                                    where, sizeof where));
-    goto fail;
-  }
-  r = check_core_ranges(ctx->config.core, err);
-  if (r < 0)
-    goto fail;
+  /* Types, ranges and log_level were checked by eph_config_load (core/conf_core.h). */
+  const char *level = eph_config_values(&ctx->config)->log_level;
   /* -v on the command line wins over the config's level. */
-  if (level && eph_log_get_level() == EPH_LOG_WARN)
+  if (eph_log_get_level() == EPH_LOG_WARN)
     eph_log_set_level((eph_log_level_t)eph_log_level_parse(level));
 
-  const char *plugin_dir = NULL;
-  r = eph_cfg_string(ctx->config.core, "plugin_dir", NULL, &plugin_dir, err);
-  if (r < 0)
-    goto fail;
+  const char *plugin_dir = eph_config_values(&ctx->config)->plugin_dir;
   ctx->plugin_dir = eph_xstrdup(opt->plugin_dir     ? opt->plugin_dir
                                 : getenv("EPHEMERAL_PLUGIN_DIR") ? getenv("EPHEMERAL_PLUGIN_DIR")
                                 : plugin_dir        ? plugin_dir
@@ -222,9 +145,7 @@ eph_ctx_check_selected(eph_ctx_t *ctx, eph_error_t *err)
     cleanup_free char *where = core_key_where(ctx, "backend");
     return eph_error_set(err, ENOENT, "%sbackend: %s", where, e.message);
   }
-  const char *model_plugin = NULL;
-  if (eph_cfg_string(ctx->config.core, "model_plugin", "model-openai", &model_plugin, err) < 0)
-    return -EINVAL;
+  const char *model_plugin = eph_config_values(&ctx->config)->model_plugin;
   const eph_plugin_slot_t *m = eph_plugins_find(&ctx->plugins, model_plugin);
   if (!m || m->desc->kind != EPH_KIND_MODEL) {
     cleanup_free char *where = core_key_where(ctx, "model_plugin");

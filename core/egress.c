@@ -70,31 +70,22 @@ int
 eph_egress_load_config(const eph_config_t *config, const eph_host_t *host,
                        eph_egress_options_t *opt, eph_net_policy_t *policy, eph_error_t *err)
 {
-  const config_setting_t *g =
-      config->core ? config_setting_get_member(config->core, "egress") : NULL;
-  int64_t port, maxc;
-  int r;
+  /* Checked against their rows' ranges by eph_config_load (core/conf_core.h). */
+  const eph_egress_conf_t *v = &eph_config_values(config)->egress;
   memset(opt, 0, sizeof *opt);
-  if ((r = eph_cfg_string(g, "pool", "10.213.0.0/16", &opt->pool, err)) < 0 ||
-      (r = eph_cfg_int(g, "port", 3128, &port, err)) < 0 ||
-      (r = eph_cfg_int(g, "max_connections", 32, &maxc, err)) < 0 ||
-      (r = eph_cfg_int(g, "max_bytes", 64LL << 20, &opt->max_bytes, err)) < 0 ||
-      (r = eph_cfg_int(g, "max_connection_ms", 300000, &opt->max_connection_ms, err)) < 0 ||
-      (r = eph_cfg_int(g, "idle_ms", 30000, &opt->idle_ms, err)) < 0 ||
-      (r = eph_cfg_int(g, "price_micros_per_request", 1000, &opt->price_micros, err)) < 0)
-    return r;
-  char where[256];
-  if (port < 1 || port > 65535 || maxc < 1 || maxc > 4096 || opt->max_bytes < 1 ||
-      opt->max_connection_ms < 1 || opt->idle_ms < 1 || opt->price_micros < 0)
-    return eph_error_set(err, EPH_E_CONFIG, "%s: egress: port 1..65535, max_connections "
-                         "1..4096, max_bytes, max_connection_ms and idle_ms positive, "
-                         "price_micros_per_request not negative",
-                         eph_cfg_where(g, where, sizeof where));
-  opt->port = (int)port;
-  opt->max_connections = (int)maxc;
+  opt->pool = v->pool;
+  opt->max_bytes = v->max_bytes;
+  opt->max_connection_ms = v->max_connection_ms;
+  opt->idle_ms = v->idle_ms;
+  opt->port = (int)v->port;
+  opt->max_connections = (int)v->max_connections;
+  opt->price_micros = v->price_micros_per_request;
   /* Where sandboxes may go is said here, in the core's own block, and nowhere else: the
    * core reads no plugin's configuration (a web tool's own keys govern only the requests
-   * it makes on the host). */
+   * it makes on the host). The policy's lists are read from the block itself (their
+   * rows only check their type). */
+  const config_setting_t *g =
+      config->core ? config_setting_get_member(config->core, "egress") : NULL;
   return eph_net_policy_load(policy, host, g, err);
 }
 

@@ -61,10 +61,8 @@ eph_health_check(eph_ctx_t *ctx, eph_store_t *store, const char *store_error, bo
   json_object_object_add(o, "backend", component(backend_ok ? NULL : err.message));
 
   err = (eph_error_t){0};
-  const char *model_plugin = NULL;
-  if (eph_cfg_string(ctx->config.core, "model_plugin", "model-openai", &model_plugin, &err) < 0) {
-    json_object_object_add(o, "model", component(err.message));
-  } else {
+  const char *model_plugin = eph_config_values(&ctx->config)->model_plugin;
+  {
     const eph_plugin_slot_t *m = eph_plugins_find(&ctx->plugins, model_plugin);
     model_ok = m && m->desc->kind == EPH_KIND_MODEL;
     cleanup_free char *why =

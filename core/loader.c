@@ -118,6 +118,7 @@ eph_plugin_load_file(eph_plugins_t *ps, const char *path, const config_setting_t
     return eph_error_set(err, ENOENT, "%s: cannot load: %s", path, dlerror());
 
   int r = 0;
+  eph_config_key_t *upgraded = NULL; /* a pre-1.2 plugin's key rows, today's layout */
   const eph_plugin_t *d = dlsym(handle, EPH_PLUGIN_SYMBOL);
   if (!d) {
     r = eph_error_set(err, ENOENT, "%s: no '%s' descriptor: not an ephemeral plugin", path,
@@ -164,7 +165,10 @@ eph_plugin_load_file(eph_plugins_t *ps, const char *path, const config_setting_t
                       path, d->name, dup->path);
     goto fail;
   }
-  r = eph_config_check_keys(config, d->config_keys, d->name, warnings, err);
+  /* Key rows grew in ABI 1.2 (ranges, nested keys): an older plugin's have another stride. */
+  upgraded = d->abi_minor < 2 ? eph_config_keys_upgrade_1_1(d->config_keys) : NULL;
+  const eph_config_key_t *keys = upgraded ? upgraded : d->config_keys;
+  r = eph_config_check_keys(config, keys, d->name, warnings, err);
   if (r < 0) {
     eph_error_wrap(err, "%s", path);
     goto fail;
@@ -183,11 +187,13 @@ eph_plugin_load_file(eph_plugins_t *ps, const char *path, const config_setting_t
 
   ps->slots = eph_xrealloc(ps->slots, (ps->n + 1) * sizeof *ps->slots);
   ps->slots[ps->n++] = (eph_plugin_slot_t){
-      .desc = d, .handle = handle, .state = state, .path = eph_xstrdup(path), .config = config};
+      .desc = d, .handle = handle, .state = state, .path = eph_xstrdup(path), .config = config,
+      .config_keys = keys, .keys_owned = upgraded};
   eph_debug("loaded %s %s %s from %s", eph_kind_name(d->kind), d->name, d->version, path);
   return 0;
 
 fail:
+  free(upgraded);
   release_handle(handle);
   return r < 0 ? r : -EIO;
 }
@@ -251,6 +257,7 @@ eph_plugins_unload(eph_plugins_t *ps)
     }
     release_handle(s->handle);
     free(s->path);
+    free(s->keys_owned);
   }
   free(ps->slots);
   memset(ps, 0, sizeof *ps);

@@ -19,6 +19,10 @@ typedef struct eph_plugin_slot {
   void *state;                    /* what init() returned */
   char *path;                     /* the file it was loaded from; owned */
   const config_setting_t *config; /* its block (may be NULL); owned by eph_config_t */
+  /* Its key rows: desc->config_keys, or their upgrade from a plugin built against ABI
+   * 1.0/1.1, whose rows are shorter (then owned: keys_owned). */
+  const eph_config_key_t *config_keys;
+  eph_config_key_t *keys_owned;
 } eph_plugin_slot_t;
 
 typedef struct eph_plugins {

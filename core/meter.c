@@ -14,31 +14,21 @@
 int
 eph_meter_prices(eph_run_t *run, eph_error_t *err)
 {
-  const config_setting_t *core = run->ctx->config.core;
-  config_setting_t *pricing = core ? config_setting_get_member(core, "pricing") : NULL;
-  int r = eph_cfg_int(pricing, "compute_micros_per_second", 240, &run->compute_price_s, err);
-  if (r < 0)
-    return r;
-  /* Embedded default: the product page's model at the example's prices. */
-  run->in_price_mtok = run->cache_read_price_mtok = run->cache_write_price_mtok = 50000;
-  run->out_price_mtok = 280000;
-  config_setting_t *models = pricing ? config_setting_get_member(pricing, "models") : NULL;
-  if (models) {
+  const eph_pricing_conf_t *p = &eph_config_values(&run->ctx->config)->pricing;
+  run->compute_price_s = p->compute_micros_per_second;
+  run->in_price_mtok = run->cache_read_price_mtok = run->cache_write_price_mtok =
+      EPH_PRICE_DEFAULT_INPUT_MTOK;
+  run->out_price_mtok = EPH_PRICE_DEFAULT_OUTPUT_MTOK;
+  if (p->models) {
     bool found = false;
-    for (int i = 0; i < config_setting_length(models); i++) {
-      config_setting_t *m = config_setting_get_elem(models, (unsigned)i);
-      const char *name = NULL;
-      if ((r = eph_cfg_string(m, "name", NULL, &name, err)) < 0)
-        return r;
-      if (!name || strcmp(name, run->req.model) != 0)
+    for (size_t i = 0; i < p->n_models; i++) {
+      const eph_price_model_t *m = &p->models[i];
+      if (!m->name || strcmp(m->name, run->req.model) != 0)
         continue;
-      if ((r = eph_cfg_int(m, "input_micros_per_mtok", 0, &run->in_price_mtok, err)) < 0 ||
-          (r = eph_cfg_int(m, "output_micros_per_mtok", 0, &run->out_price_mtok, err)) < 0 ||
-          (r = eph_cfg_int(m, "cached_input_micros_per_mtok", run->in_price_mtok,
-                           &run->cache_read_price_mtok, err)) < 0 ||
-          (r = eph_cfg_int(m, "cache_write_micros_per_mtok", run->in_price_mtok,
-                           &run->cache_write_price_mtok, err)) < 0)
-        return r;
+      run->in_price_mtok = m->input_micros_per_mtok;
+      run->out_price_mtok = m->output_micros_per_mtok;
+      run->cache_read_price_mtok = m->cached_input_micros_per_mtok;
+      run->cache_write_price_mtok = m->cache_write_micros_per_mtok;
       found = true;
     }
     if (!found && strncmp(run->model_call_name, "replay:", 7) != 0)

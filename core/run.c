@@ -156,13 +156,10 @@ eph_run_new(eph_ctx_t *ctx, eph_request_t *req, const eph_run_options_t *opt,
     eph_random_hex(run->id + 4, 16);
   }
   int r;
-  const config_setting_t *core = ctx->config.core;
-  if ((r = eph_cfg_int(core, "max_steps", 24, &run->max_steps, err)) < 0 ||
-      (r = eph_cfg_int(core, "max_output_tokens", 4096, &run->max_output_tokens, err)) < 0 ||
-      (r = eph_cfg_int(core, "compute_meter_ms", 2000, &run->meter_ms, err)) < 0)
-    goto fail;
-  if (run->meter_ms < 10)
-    run->meter_ms = 10;
+  const eph_core_conf_t *conf = eph_config_values(&ctx->config);
+  run->max_steps = conf->max_steps;
+  run->max_output_tokens = conf->max_output_tokens;
+  run->meter_ms = conf->compute_meter_ms; /* at least 10: its row's range */
 
   run->ledger = eph_plugins_first(&ctx->plugins, EPH_KIND_LEDGER);
   if (!run->ledger) {
@@ -181,8 +178,8 @@ eph_run_new(eph_ctx_t *ctx, eph_request_t *req, const eph_run_options_t *opt,
   const char *model_plugin = NULL;
   if (strncmp(run->model_call_name, "replay:", 7) == 0)
     model_plugin = "model-replay";
-  else if ((r = eph_cfg_string(core, "model_plugin", "model-openai", &model_plugin, err)) < 0)
-    goto fail;
+  else
+    model_plugin = conf->model_plugin;
   /* Routing by the model's provider prefix ("openai/", "anthropic/", an operator's
    * "local/"): the model plugin serving the name with the most specific prefix takes the
    * run. An offline daemon (model-replay) replays every run; plugins without serves()

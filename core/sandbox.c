@@ -256,10 +256,8 @@ eph_sbx_destroy(eph_sbx_t *s, eph_sandbox_report_t *report, eph_error_t *err)
 const eph_plugin_slot_t *
 eph_ctx_backend(eph_ctx_t *ctx, const char *name, eph_error_t *err)
 {
-  if (!name) {
-    if (eph_cfg_string(ctx->config.core, "backend", "backend-jail", &name, err) < 0)
-      return NULL;
-  }
+  if (!name)
+    name = eph_config_values(&ctx->config)->backend;
   cleanup_free char *full =
       strncmp(name, "backend-", 8) == 0 ? eph_xstrdup(name) : eph_xasprintf("backend-%s", name);
   const eph_plugin_slot_t *s = eph_plugins_find(&ctx->plugins, full);

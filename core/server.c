@@ -1,8 +1,9 @@
-/* ephemerald's HTTP front: options, the listening socket, libmicrohttpd set-up, routing,
- * authentication, metrics, the OpenAPI document and the
- * playground's static files. Answers (JSON, errors, secure headers) are built in
- * server_http.c, runs live in server_runs.c, SSE in server_sse.c, health in server_health.c;
- * this unit routes to them and none of them calls back into it. */
+/* ephemerald's HTTP front: the listening socket, libmicrohttpd set-up, routing,
+ * authentication and connection limits. Options from ephemeral.conf are read in
+ * server_config.c; answers (JSON, errors, secure headers) are built in server_http.c; runs
+ * live in server_runs.c, SSE in server_sse.c, health in server_health.c, metrics, the
+ * OpenAPI document and the playground in server_pages.c; this unit routes to them and none
+ * of them calls back into it. */
 #include <config.h>
 
 #include "server_int.h"
@@ -24,7 +25,6 @@
 #include "util.h"
 #include "webhook.h"
 
-#define STATIC_MAX_BYTES (4u << 20)
 #define GUARD_PERIOD_MS 250
 
 typedef MHD_RESULT (*handler_fn)(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req);
@@ -37,19 +37,15 @@ struct route {
   handler_fn fn;
 };
 
-static MHD_RESULT h_playground(eph_server_t *, struct MHD_Connection *, conn_req_t *);
-static MHD_RESULT h_static(eph_server_t *, struct MHD_Connection *, conn_req_t *);
-static MHD_RESULT h_metrics(eph_server_t *, struct MHD_Connection *, conn_req_t *);
-static MHD_RESULT h_openapi(eph_server_t *, struct MHD_Connection *, conn_req_t *);
 
 /* Every route the daemon serves; core/openapi.json documents exactly these (checked by
  * tests/daemon.test through `ephemerald --routes`). */
 static const route_t routes[] = {
-    {"GET", "/", false, false, h_playground},
-    {"GET", "/playground/{file}", false, false, h_static},
+    {"GET", "/", false, false, eph_srv_playground},
+    {"GET", "/playground/{file}", false, false, eph_srv_static},
     {"GET", "/v1/health", false, false, eph_srv_health},
-    {"GET", "/metrics", false, false, h_metrics},
-    {"GET", "/v1/openapi.json", false, false, h_openapi},
+    {"GET", "/metrics", false, false, eph_srv_metrics},
+    {"GET", "/v1/openapi.json", false, false, eph_srv_openapi},
     {"POST", "/v1/runs", true, true, eph_srv_runs_create},
     {"GET", "/v1/runs", true, false, eph_srv_runs_list},
     {"GET", "/v1/runs/{id}", true, false, eph_srv_runs_get},
@@ -76,151 +72,6 @@ eph_server_print_routes(FILE *out)
 {
   for (size_t i = 0; i < N_ROUTES; i++)
     fprintf(out, "%s %s\n", routes[i].method, routes[i].path);
-}
-
-/* ------------------------------------------------------------------ options */
-
-static int
-server_int(const config_setting_t *group, const char *key, int64_t def, int64_t min,
-           int64_t max, int64_t *out, eph_error_t *err)
-{
-  int r = eph_cfg_int(group, key, def, out, err);
-  if (r < 0)
-    return r;
-  if (*out < min || *out > max) {
-    char where[512];
-    return eph_error_set(err, EPH_E_CONFIG, "%s: server.%s = %" PRId64 ": expected %" PRId64
-                         "..%" PRId64, eph_cfg_where(group ? config_setting_get_member(group, key)
-                                                           : NULL, where, sizeof where),
-                         key, *out, min, max);
-  }
-  return 0;
-}
-
-/* The keys of the `server` group (ephemeral.conf); the same text as core/conf.c's summary. */
-static const eph_config_key_t server_keys[] = {
-    {"listen", EPH_CFG_STRING, "\"127.0.0.1:8080\"", NULL,
-     "Address to listen on: \"ADDR:PORT\" or \"[V6ADDR]:PORT\"; port 0 picks a free port."},
-    {"max_concurrent_runs", EPH_CFG_INT, "4", NULL, "Runs executing at once (run workers)."},
-    {"max_queued_runs", EPH_CFG_INT, "64", NULL,
-     "Runs admitted beyond those executing; POST /v1/runs answers 429 beyond."},
-    {"max_body_bytes", EPH_CFG_INT, "25165824", "bytes", "Request body limit; larger is 413."},
-    {"drain_grace_seconds", EPH_CFG_INT, "30", "seconds",
-     "On SIGTERM, how long running runs may go on before they are cancelled."},
-    {"idempotency_hours", EPH_CFG_INT, "24", "hours",
-     "How long an Idempotency-Key is remembered per organisation (at least 24)."},
-    {"max_inflight_body_bytes", EPH_CFG_INT, "100663296", "bytes",
-     "Request bodies being received at once, all clients together (a declared Content-Length "
-     "counts in full); beyond, 503 with Retry-After."},
-    {"max_connections", EPH_CFG_INT, "4096", NULL,
-     "HTTP connections open at once (bounded by the open-file limit); more are closed."},
-    {"max_connections_per_ip", EPH_CFG_INT, "64", NULL,
-     "HTTP connections open at once from one client address; more are closed at once."},
-    {"header_timeout_seconds", EPH_CFG_INT, "10", "seconds",
-     "A connection must send a complete request head within this (from connecting, or from "
-     "its previous answer); else it is closed."},
-    {"body_timeout_seconds", EPH_CFG_INT, "60", "seconds",
-     "A request body must be complete within this after its head; else the connection is "
-     "closed."},
-    {"idle_timeout_seconds", EPH_CFG_INT, "60", "seconds",
-     "A connection without any traffic for this long is closed (SSE streams send a keep-alive "
-     "every 15 s)."},
-    {0},
-};
-
-int
-eph_server_options_from_config(eph_ctx_t *ctx, eph_server_options_t *opt, eph_error_t *err)
-{
-  memset(opt, 0, sizeof *opt);
-  const config_setting_t *core = ctx->config.core;
-  const config_setting_t *g = core ? config_setting_get_member(core, "server") : NULL;
-  const char *listen = NULL;
-  int64_t conc, queued, body, grace, idem, inflight, conns, per_ip, head_s, body_s, idle_s;
-  int r;
-  if (g && (r = eph_config_check_keys(g, server_keys, "server", &ctx->config.warnings, err)) < 0)
-    return r;
-  if ((r = eph_cfg_string(g, "listen", "127.0.0.1:8080", &listen, err)) < 0 ||
-      (r = server_int(g, "max_concurrent_runs", 4, 1, 1024, &conc, err)) < 0 ||
-      (r = server_int(g, "max_queued_runs", 64, 0, 100000, &queued, err)) < 0 ||
-      (r = server_int(g, "max_body_bytes", 24 << 20, 1024, (int64_t)1 << 30, &body, err)) < 0 ||
-      (r = server_int(g, "drain_grace_seconds", 30, 0, 86400, &grace, err)) < 0 ||
-      (r = server_int(g, "idempotency_hours", 24, 24, 24 * 365, &idem, err)) < 0 ||
-      (r = server_int(g, "max_inflight_body_bytes", 96 << 20, 1024, (int64_t)1 << 40, &inflight,
-                      err)) < 0 ||
-      (r = server_int(g, "max_connections", 4096, 16, 1000000, &conns, err)) < 0 ||
-      (r = server_int(g, "max_connections_per_ip", 64, 1, 1000000, &per_ip, err)) < 0 ||
-      (r = server_int(g, "header_timeout_seconds", 10, 1, 3600, &head_s, err)) < 0 ||
-      (r = server_int(g, "body_timeout_seconds", 60, 1, 86400, &body_s, err)) < 0 ||
-      (r = server_int(g, "idle_timeout_seconds", 60, 1, 86400, &idle_s, err)) < 0)
-    return r;
-  if (inflight < body) {
-    char where[512];
-    return eph_error_set(err, EPH_E_CONFIG,
-                         "%s: server.max_inflight_body_bytes = %" PRId64
-                         ": must be at least server.max_body_bytes (%" PRId64 ")",
-                         eph_cfg_where(g ? config_setting_get_member(g, "max_inflight_body_bytes")
-                                         : NULL, where, sizeof where),
-                         inflight, body);
-  }
-  snprintf(opt->listen, sizeof opt->listen, "%s", listen);
-  opt->max_concurrent_runs = (int)conc;
-  opt->max_queued_runs = (int)queued;
-  opt->max_body_bytes = (size_t)body;
-  opt->drain_grace_seconds = (int)grace;
-  opt->idempotency_hours = (int)idem;
-  opt->live_grace_ms = 5000;
-  opt->http_threads = 4;
-  opt->max_inflight_body_bytes = (size_t)inflight;
-  opt->max_connections = (int)conns;
-  opt->max_connections_per_ip = (int)per_ip;
-  opt->header_timeout_seconds = (int)head_s;
-  opt->body_timeout_seconds = (int)body_s;
-  opt->idle_timeout_seconds = (int)idle_s;
-  return 0;
-}
-
-int
-eph_server_parse_listen(const char *text, struct sockaddr_storage *ss, unsigned *len,
-                        eph_error_t *err)
-{
-  memset(ss, 0, sizeof *ss);
-  char host[256];
-  const char *port_text;
-  if (text[0] == '[') {
-    const char *close = strchr(text, ']');
-    if (!close || close[1] != ':' || (size_t)(close - text - 1) >= sizeof host)
-      return eph_error_set(err, EINVAL, "listen '%s': expected [IPV6]:PORT", text);
-    memcpy(host, text + 1, (size_t)(close - text - 1));
-    host[close - text - 1] = '\0';
-    port_text = close + 2;
-  } else {
-    const char *colon = strrchr(text, ':');
-    if (!colon || (size_t)(colon - text) >= sizeof host || strchr(text, ':') != colon)
-      return eph_error_set(err, EINVAL, "listen '%s': expected ADDR:PORT or [IPV6]:PORT", text);
-    memcpy(host, text, (size_t)(colon - text));
-    host[colon - text] = '\0';
-    port_text = colon + 1;
-  }
-  char *end = NULL;
-  errno = 0;
-  long port = strtol(port_text, &end, 10);
-  if (!*port_text || errno || *end || port < 0 || port > 65535)
-    return eph_error_set(err, EINVAL, "listen '%s': port must be 0..65535", text);
-  struct sockaddr_in *in4 = (struct sockaddr_in *)ss;
-  struct sockaddr_in6 *in6 = (struct sockaddr_in6 *)ss;
-  if (inet_pton(AF_INET, host, &in4->sin_addr) == 1) {
-    in4->sin_family = AF_INET;
-    in4->sin_port = htons((uint16_t)port);
-    *len = sizeof *in4;
-  } else if (inet_pton(AF_INET6, host, &in6->sin6_addr) == 1) {
-    in6->sin6_family = AF_INET6;
-    in6->sin6_port = htons((uint16_t)port);
-    *len = sizeof *in6;
-  } else {
-    return eph_error_set(err, EINVAL, "listen '%s': '%s' is not a numeric IPv4 or IPv6 address",
-                         text, host);
-  }
-  return 0;
 }
 
 static int
@@ -263,152 +114,6 @@ const char *
 eph_server_url(const eph_server_t *srv)
 {
   return srv->url;
-}
-
-/* ------------------------------------------------------------------ small handlers */
-
-static MHD_RESULT
-h_metrics(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req)
-{
-  (void)req;
-  char *text = NULL;
-  size_t len = 0;
-  FILE *f = open_memstream(&text, &len);
-  pthread_mutex_lock(&srv->lock);
-  fprintf(f, "# HELP ephemeral_runs_created_total Runs admitted since the daemon started.\n"
-             "# TYPE ephemeral_runs_created_total counter\n"
-             "ephemeral_runs_created_total %" PRIu64 "\n",
-          srv->runs_created);
-  fprintf(f, "# HELP ephemeral_runs_ended_total Runs that reached an end state, by state.\n"
-             "# TYPE ephemeral_runs_ended_total counter\n");
-  for (int s = EPH_RUN_SUCCEEDED; s <= EPH_RUN_CANCELLED; s++)
-    fprintf(f, "ephemeral_runs_ended_total{status=\"%s\"} %" PRIu64 "\n",
-            eph_run_status_name((eph_run_status_t)s), srv->runs_ended[s]);
-  fprintf(f,
-          "# HELP ephemeral_runs_queued Runs admitted and waiting for a worker.\n"
-          "# TYPE ephemeral_runs_queued gauge\n"
-          "ephemeral_runs_queued %d\n"
-          "# HELP ephemeral_runs_running Runs executing now.\n"
-          "# TYPE ephemeral_runs_running gauge\n"
-          "ephemeral_runs_running %d\n"
-          "# HELP ephemeral_sandboxes_alive Sandboxes alive (one per running run).\n"
-          "# TYPE ephemeral_sandboxes_alive gauge\n"
-          "ephemeral_sandboxes_alive %d\n"
-          "# HELP ephemeral_runs_in_memory Runs held in memory (live or settled moments ago).\n"
-          "# TYPE ephemeral_runs_in_memory gauge\n"
-          "ephemeral_runs_in_memory %d\n",
-          srv->queued, srv->running, srv->running, srv->live_count);
-  fprintf(f,
-          "# HELP ephemeral_billed_micros_total Micro-dollars billed by settled runs, by "
-          "category.\n"
-          "# TYPE ephemeral_billed_micros_total counter\n"
-          "ephemeral_billed_micros_total{category=\"model\"} %" PRId64 "\n"
-          "ephemeral_billed_micros_total{category=\"web\"} %" PRId64 "\n"
-          "ephemeral_billed_micros_total{category=\"compute\"} %" PRId64 "\n",
-          srv->billed_model_micros, srv->billed_web_micros, srv->billed_compute_micros);
-  fprintf(f,
-          "# HELP ephemeral_idempotent_replays_total POSTs answered with an earlier run.\n"
-          "# TYPE ephemeral_idempotent_replays_total counter\n"
-          "ephemeral_idempotent_replays_total %" PRIu64 "\n"
-          "# HELP ephemeral_queue_full_total POSTs refused with 429 (queue full).\n"
-          "# TYPE ephemeral_queue_full_total counter\n"
-          "ephemeral_queue_full_total %" PRIu64 "\n",
-          srv->idempotent_replays, srv->queue_full_refusals);
-  pthread_mutex_lock(&srv->conns_lock);
-  fprintf(f,
-          "# HELP ephemeral_http_deadline_closes_total Connections closed for a request head or "
-          "body later than its deadline.\n"
-          "# TYPE ephemeral_http_deadline_closes_total counter\n"
-          "ephemeral_http_deadline_closes_total %" PRIu64 "\n"
-          "# HELP ephemeral_http_inflight_refusals_total Requests refused with 503: too many "
-          "body bytes in flight.\n"
-          "# TYPE ephemeral_http_inflight_refusals_total counter\n"
-          "ephemeral_http_inflight_refusals_total %" PRIu64 "\n"
-          "# HELP ephemeral_http_inflight_body_bytes Request body bytes booked now.\n"
-          "# TYPE ephemeral_http_inflight_body_bytes gauge\n"
-          "ephemeral_http_inflight_body_bytes %zu\n"
-          "# HELP ephemeral_http_connections_refused_total Connections closed at accept: over "
-          "max_connections or max_connections_per_ip.\n"
-          "# TYPE ephemeral_http_connections_refused_total counter\n"
-          "ephemeral_http_connections_refused_total %" PRIu64 "\n",
-          srv->deadline_closes, srv->inflight_refusals, srv->inflight_body_bytes,
-          srv->connections_refused);
-  pthread_mutex_unlock(&srv->conns_lock);
-  fprintf(f, "# HELP ephemeral_http_responses_total HTTP responses by status class.\n"
-             "# TYPE ephemeral_http_responses_total counter\n");
-  for (int k = 1; k <= 5; k++)
-    fprintf(f, "ephemeral_http_responses_total{code=\"%dxx\"} %" PRIu64 "\n", k,
-            srv->http_responses[k]);
-  pthread_mutex_unlock(&srv->lock);
-  fclose(f);
-  return eph_srv_send(c, srv, MHD_HTTP_OK, "text/plain; version=0.0.4; charset=utf-8", text, len,
-                     NULL, NULL);
-}
-
-/* Files shipped in the data directory: installed under <pkgdatadir>, in the source tree
- * under core/ (the top-level layout is fixed). */
-static char *
-data_path(eph_server_t *srv, const char *rel)
-{
-  if (srv->ctx->paths.build_tree && srv->ctx->paths.src_dir)
-    return eph_xasprintf("%s/core/%s", srv->ctx->paths.src_dir, rel);
-  return eph_xasprintf("%s/%s", srv->ctx->paths.data_dir, rel);
-}
-
-static MHD_RESULT
-send_file(eph_server_t *srv, struct MHD_Connection *c, const char *rel, const char *type)
-{
-  cleanup_free char *path = data_path(srv, rel);
-  char *data = NULL;
-  size_t len = 0;
-  eph_error_t err = {0};
-  if (eph_read_file(path, STATIC_MAX_BYTES, &data, &len, &err) < 0) {
-    eph_warn("%s", err.message);
-    return eph_srv_error(c, srv, MHD_HTTP_NOT_FOUND, "not_found", NULL, "%s is not installed",
-                         rel);
-  }
-  return eph_srv_send(c, srv, MHD_HTTP_OK, type, data, len, NULL, NULL);
-}
-
-static MHD_RESULT
-h_openapi(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req)
-{
-  (void)req;
-  return send_file(srv, c, "openapi.json", "application/json");
-}
-
-static MHD_RESULT
-h_playground(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req)
-{
-  (void)req;
-  return send_file(srv, c, "playground/index.html", "text/html; charset=utf-8");
-}
-
-static MHD_RESULT
-h_static(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req)
-{
-  const char *name = req->param;
-  /* Only plain file names: no dot-files, no path of any kind. */
-  if (!name[0] || name[0] == '.' ||
-      strspn(name, "abcdefghijklmnopqrstuvwxyz0123456789-_.") != strlen(name))
-    return eph_srv_error(c, srv, MHD_HTTP_NOT_FOUND, "not_found", NULL, "no such file");
-  const char *dot = strrchr(name, '.');
-  const char *type = !dot                     ? "application/octet-stream"
-                     : strcmp(dot, ".js") == 0  ? "text/javascript; charset=utf-8"
-                     : strcmp(dot, ".css") == 0 ? "text/css; charset=utf-8"
-                     : strcmp(dot, ".html") == 0 ? "text/html; charset=utf-8"
-                     : strcmp(dot, ".json") == 0 ? "application/json"
-                     : strcmp(dot, ".svg") == 0  ? "image/svg+xml"
-                                                 : "application/octet-stream";
-  /* The page imports the TypeScript SDK itself (one ESM file, no dependencies): in the
-   * source tree it is read where it is kept (data_path adds core/), installed it sits
-   * under playground/sdk/. */
-  bool sdk = strcmp(name, "ephemeral.js") == 0;
-  cleanup_free char *rel = !sdk ? eph_xasprintf("playground/%s", name)
-                           : srv->ctx->paths.build_tree && srv->ctx->paths.src_dir
-                               ? eph_xstrdup("../sdk/typescript/src/index.js")
-                               : eph_xstrdup("playground/sdk/index.js");
-  return send_file(srv, c, rel, type);
 }
 
 /* ------------------------------------------------------------------ routing */
@@ -904,23 +609,14 @@ eph_server_start(eph_ctx_t *ctx, const eph_server_options_t *opt, eph_server_t *
   pthread_condattr_destroy(&ca);
 
   /* Request limits: the same operator maxima as the CLI's. */
-  int64_t files_max = 0;
-  const config_setting_t *core = ctx->config.core;
+  const eph_core_conf_t *conf = eph_config_values(&ctx->config);
   int r;
-  if ((r = eph_cfg_int(core, "max_timeout_seconds", 900, &srv->limits.max_timeout_seconds,
-                       err)) < 0 ||
-      (r = eph_cfg_int(core, "max_cost_micros", 10000000, &srv->limits.max_cost_micros, err)) <
-          0 ||
-      (r = eph_cfg_int(core, "max_inline_files_bytes", 16 * 1024 * 1024, &files_max, err)) < 0 ||
-      (r = eph_cfg_string(core, "default_model", "openai/gpt-6-luna", &srv->limits.default_model,
-                          err)) < 0)
-    goto fail;
-  srv->limits.max_files_total_bytes = (size_t)files_max;
+  srv->limits.max_timeout_seconds = conf->max_timeout_seconds;
+  srv->limits.max_cost_micros = conf->max_cost_micros;
+  srv->limits.default_model = conf->default_model;
+  srv->limits.max_files_total_bytes = (size_t)conf->max_inline_files_bytes;
   srv->limits.plugins = &ctx->plugins;
-  const char *model_plugin = NULL;
-  if ((r = eph_cfg_string(core, "model_plugin", "model-openai", &model_plugin, err)) < 0)
-    goto fail;
-  srv->replay_models = strcmp(model_plugin, "model-replay") == 0;
+  srv->replay_models = strcmp(conf->model_plugin, "model-replay") == 0;
 
   eph_store_options_t so = {.idempotency_hours = opt->idempotency_hours};
   if ((r = eph_store_open_ctx(ctx, &so, true, &srv->store, err)) < 0)

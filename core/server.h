@@ -44,8 +44,9 @@ typedef struct eph_server_options {
                                      more: 503 with Retry-After */
 } eph_server_options_t;
 
-/* Fills opt from the config's `server` group (defaults for missing keys). Returns 0 or
- * -EPH_E_CONFIG with "file:line: key ..." for a wrong type or an out-of-range value. */
+/* Fills opt from the config's `server` group, already checked and parsed by
+ * eph_config_load (rows: core/conf_core.h; a wrong type or an out-of-range value failed
+ * there with file:line). Returns 0. */
 int eph_server_options_from_config(eph_ctx_t *ctx, eph_server_options_t *opt, eph_error_t *err);
 
 /* Opens the store, binds the listening socket, starts the run workers and the HTTP threads.

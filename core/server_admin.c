@@ -45,9 +45,8 @@ audit(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req, const char *
 {
   char addr[64];
   client_address(c, addr, sizeof addr);
-  int64_t days = 30;
+  int64_t days = eph_config_values(&srv->ctx->config)->retention_days;
   eph_error_t err = {0};
-  eph_cfg_int(srv->ctx->config.core, "retention_days", 30, &days, &err);
   if (eph_admin_audit_add(srv->store, req->key_id ? req->key_id : "?", req->org ? req->org : "?",
                           action, target_org, target,
                           detail ? json_object_to_json_string_ext(detail, JSON_C_TO_STRING_PLAIN)

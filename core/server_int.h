@@ -235,4 +235,10 @@ MHD_RESULT eph_srv_admin_audit(eph_server_t *srv, struct MHD_Connection *c, conn
 /* server_sse.c */
 MHD_RESULT eph_srv_runs_events(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req);
 
+/* server_pages.c */
+MHD_RESULT eph_srv_metrics(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req);
+MHD_RESULT eph_srv_openapi(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req);
+MHD_RESULT eph_srv_playground(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req);
+MHD_RESULT eph_srv_static(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req);
+
 #endif

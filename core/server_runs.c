@@ -296,9 +296,8 @@ ticker_main(void *arg)
     if (cancels)
       json_object_put(cancels);
     if (purge) {
-      int64_t days = 30;
+      int64_t days = eph_config_values(&srv->ctx->config)->retention_days;
       eph_error_t err = {0};
-      eph_cfg_int(srv->ctx->config.core, "retention_days", 30, &days, &err);
       int n = eph_store_purge(srv->store, days > 0 ? (int)days : 30, &err);
       if (n < 0)
         eph_warn("purging history: %s", err.message);

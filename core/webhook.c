@@ -190,22 +190,12 @@ eph_webhooks_start(eph_ctx_t *ctx, eph_store_t *store, eph_webhooks_t **out, eph
 {
   const config_setting_t *g =
       ctx->config.core ? config_setting_get_member(ctx->config.core, "webhooks") : NULL;
-  int64_t hours, base_ms, timeout_ms, retention_days, max_timeout_s;
+  /* Checked against their rows' ranges by eph_config_load (core/conf_core.h). */
+  const eph_webhooks_conf_t *v = &eph_config_values(&ctx->config)->webhooks;
+  int64_t hours = v->retry_hours, base_ms = v->retry_base_ms, timeout_ms = v->timeout_ms;
+  int64_t retention_days = eph_config_values(&ctx->config)->retention_days;
+  int64_t max_timeout_s = eph_config_values(&ctx->config)->max_timeout_seconds;
   int r;
-  if ((r = eph_cfg_int(g, "retry_hours", 24, &hours, err)) < 0 ||
-      (r = eph_cfg_int(g, "retry_base_ms", 10000, &base_ms, err)) < 0 ||
-      (r = eph_cfg_int(g, "timeout_ms", 10000, &timeout_ms, err)) < 0 ||
-      (r = eph_cfg_int(ctx->config.core, "retention_days", 30, &retention_days, err)) < 0 ||
-      (r = eph_cfg_int(ctx->config.core, "max_timeout_seconds", 900, &max_timeout_s, err)) < 0)
-    return r;
-  if (hours < 1 || hours > 24 * 30 || base_ms < 100 || base_ms > 3600000 || timeout_ms < 100 ||
-      timeout_ms > 120000) {
-    char where[256];
-    return eph_error_set(err, EPH_E_CONFIG,
-                         "%s: webhooks: retry_hours 1..720, retry_base_ms 100..3600000, "
-                         "timeout_ms 100..120000",
-                         eph_cfg_where(g, where, sizeof where));
-  }
   eph_webhooks_t *wh = eph_xcalloc(1, sizeof *wh);
   if ((r = eph_net_policy_load(&wh->policy, &ctx->host, g, err)) < 0) {
     free(wh);

@@ -5,7 +5,9 @@
  *   (b) every key the shipped ephemeral.conf and conf.d/NN-NAME.conf files use is in the tables, with the
  *       right type, and every key nested in a group is named by that group's description;
  *   (c) the generated manual page (build tree docs/man/ephemeral.conf.5) carries every key of
- *       every table under its block's section.
+ *       every table under its block's section;
+ *   (d) every value the shipped ephemeral.conf sets is its row's default (the file says so);
+ *   (e) the page carries every nested key (GROUP.KEY) and every row's range.
  * The plugins are the real ones of the build tree (plugins/.libs/NAME.so), opened with dlopen. */
 #include <config.h>
 
@@ -330,6 +332,117 @@ manual_page_carries_every_key(void **state)
   assert_int_equal(bad, 0);
 }
 
+/* (d) The shipped ephemeral.conf says its values are the embedded defaults: each value it
+ * sets (nested groups included, list elements aside) equals its row's default, so the file
+ * and the table cannot drift apart. */
+static int
+values_are_defaults(const config_setting_t *g, const eph_config_key_t *keys, const char *prefix)
+{
+  int bad = 0;
+  for (int i = 0; i < config_setting_length(g); i++) {
+    const config_setting_t *s = config_setting_get_elem(g, (unsigned)i);
+    const eph_config_key_t *k = find_key(keys, config_setting_name(s));
+    if (!k)
+      continue; /* (b) reports it */
+    cleanup_free char *value = NULL;
+    switch (config_setting_type(s)) {
+    case CONFIG_TYPE_INT:
+    case CONFIG_TYPE_INT64:
+      value = eph_xasprintf("%lld", (long long)config_setting_get_int64(s));
+      break;
+    case CONFIG_TYPE_STRING:
+      value = eph_xasprintf("\"%s\"", config_setting_get_string(s));
+      break;
+    case CONFIG_TYPE_BOOL:
+      value = eph_xstrdup(config_setting_get_bool(s) ? "true" : "false");
+      break;
+    case CONFIG_TYPE_GROUP:
+      if (k->keys) {
+        cleanup_free char *sub = eph_xasprintf("%s%s.", prefix, k->name);
+        bad += values_are_defaults(s, k->keys, sub);
+      }
+      continue;
+    default:
+      continue;
+    }
+    if (k->default_text[0] != '(' && strcmp(value, k->default_text) != 0) {
+      print_error("%s:%u: %s%s = %s, but its row's default is %s\n",
+                  config_setting_source_file(s), config_setting_source_line(s), prefix, k->name,
+                  value, k->default_text);
+      bad++;
+    }
+  }
+  return bad;
+}
+
+static void
+shipped_ephemeral_conf_states_the_defaults(void **state)
+{
+  (void)state;
+  config_t cfg;
+  cleanup_free char *main_conf = eph_xasprintf("%s/ephemeral.conf", env_dir("EPH_SRCDIR"));
+  assert_int_equal(read_conf(&cfg, main_conf), 0);
+  int bad = values_are_defaults(config_root_setting(&cfg), eph_core_config_keys, "");
+  config_destroy(&cfg);
+  assert_int_equal(bad, 0);
+}
+
+/* (e) The page carries every nested key of the core's groups as GROUP.KEY and every range
+ * of every row, as the rows say it. */
+static int
+page_has(const char *page, const char *needle, const char *what)
+{
+  if (strstr(page, needle))
+    return 0;
+  print_error("docs/man/ephemeral.conf.5: no %s\n", what);
+  return 1;
+}
+
+static int
+page_rows(const char *page, const eph_config_key_t *keys, const char *prefix, int *ranges)
+{
+  int bad = 0;
+  for (const eph_config_key_t *k = keys; k && k->name; k++) {
+    cleanup_free char *name = eph_xasprintf("%s%s", prefix, k->name);
+    if (*prefix) {
+      cleanup_free char *tn = troff_name(name);
+      cleanup_free char *b = eph_xasprintf("\n.B %s\n", tn);
+      bad += page_has(page, b, name);
+    }
+    if (k->has_range) {
+      char range[128];
+      eph_config_range_text(k, range, sizeof range);
+      cleanup_free char *tr = troff_name(range);
+      cleanup_free char *want = eph_xasprintf("range %s)", tr);
+      bad += page_has(page, want, want);
+      (*ranges)++;
+    }
+    if (k->keys) {
+      cleanup_free char *sub = eph_xasprintf("%s.", name);
+      bad += page_rows(page, k->keys, sub, ranges);
+    }
+  }
+  return bad;
+}
+
+static void
+manual_page_shows_nested_keys_and_ranges(void **state)
+{
+  (void)state;
+  cleanup_free char *path = eph_xasprintf("%s/docs/man/ephemeral.conf.5", env_dir("EPH_BUILDDIR"));
+  char *page = NULL;
+  size_t len = 0;
+  eph_error_t err = {0};
+  if (eph_read_file(path, 1 << 22, &page, &len, &err) < 0)
+    fail_msg("%s", err.message);
+  int ranges = 0, bad = 0;
+  for (size_t i = 0; i < n_tables; i++)
+    bad += page_rows(page, tables[i].keys, "", &ranges);
+  free(page);
+  assert_true(ranges > 20);
+  assert_int_equal(bad, 0);
+}
+
 int
 main(void)
 {
@@ -337,6 +450,8 @@ main(void)
       cmocka_unit_test(every_key_is_documented),
       cmocka_unit_test(shipped_files_use_only_documented_keys),
       cmocka_unit_test(manual_page_carries_every_key),
+      cmocka_unit_test(shipped_ephemeral_conf_states_the_defaults),
+      cmocka_unit_test(manual_page_shows_nested_keys_and_ranges),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -2,8 +2,9 @@
 # gen-conf5.sh EPHEMERAL PLUGIN_DIR TEMPLATE VERSION [CONF5_KEYS] > ephemeral.conf.5
 #
 # Writes ephemeral.conf(5) from the key tables themselves: `ephemeral config keys` prints
-# every key of the core (eph_core_config_keys) and of every plugin's descriptor, the same
-# tables the loader checks conf files against. Every plugin in PLUGIN_DIR is enabled for the
+# every key of the core (eph_core_config_keys, rows in core/conf_core.h; nested keys as
+# GROUP.KEY) and of every plugin's descriptor, the same tables the loader checks conf files
+# against, with each key's type, default, unit and range (the range column carries the unit). Every plugin in PLUGIN_DIR is enabled for the
 # occasion, so a plugin the shipped conf.d leaves disabled is documented too. A plugin that
 # fails to load fails the generation (its keys would silently be missing). With CONF5_KEYS
 # (docs/man/conf5-keys) the plugins' tables are read from their descriptors without init(),
@@ -51,7 +52,8 @@ function section(b) {
     print ".TP"
     print ".B " esc(f[2])
     what = f[3] ", default " f[4]
-    if (f[5] != "") what = what ", unit: " f[5]
+    if (f[7] != "") what = what ", range " f[7]
+    else if (f[5] != "") what = what ", unit: " f[5]
     print "(" esc(what) ")"
     print esc(f[6])
   }

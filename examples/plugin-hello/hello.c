@@ -10,7 +10,8 @@ typedef struct hello {
 } hello_t;
 
 static const eph_config_key_t hello_keys[] = {
-    {"greeting", EPH_CFG_STRING, "\"Hello\"", NULL, "Word the tool greets with."},
+    {.name = "greeting", .type = EPH_CFG_STRING, .default_text = "\"Hello\"",
+     .doc = "Word the tool greets with."},
     {0},
 };
 

@@ -54,30 +54,43 @@
 static const eph_config_key_t jail_keys[] = {
   {"memory_mib", EPH_CFG_INT, "512", "MiB",
    "Default memory limit of a sandbox (cgroup memory limit; swap accounted, so swap cannot "
-   "hide it). Must be above scratch_mib: /tmp pages are charged to it."},
+   "hide it). Must be above scratch_mib: /tmp pages are charged to it.",
+   EPH_CFG_RANGE(16, 1048576)},
   {"max_memory_mib", EPH_CFG_INT, "4096", "MiB",
-   "Largest memory limit a request may ask for; a larger one is refused."},
+   "Largest memory limit a request may ask for; a larger one is refused.",
+   EPH_CFG_RANGE(16, 1048576)},
   {"pids", EPH_CFG_INT, "256", NULL,
-   "Default process and thread limit of a sandbox (cgroup pids.max), the guest included."},
-  {"max_pids", EPH_CFG_INT, "4096", NULL, "Largest process limit a request may ask for."},
+   "Default process and thread limit of a sandbox (cgroup pids.max), the guest included.",
+   EPH_CFG_RANGE(2, 4194304)},
+  {"max_pids", EPH_CFG_INT, "4096", NULL, "Largest process limit a request may ask for.",
+   EPH_CFG_RANGE(2, 4194304)},
   {"cpu_percent", EPH_CFG_INT, "100", "percent",
-   "Default CPU quota (CFS quota; 100 = one core)."},
+   "Default CPU quota (CFS quota; 100 = one core).",
+   EPH_CFG_RANGE(1, 100000)},
   {"max_cpu_percent", EPH_CFG_INT, "200", "percent",
-   "Largest CPU quota a request may ask for."},
+   "Largest CPU quota a request may ask for.",
+   EPH_CFG_RANGE(1, 100000)},
   {"nofile", EPH_CFG_INT, "1024", NULL,
-   "Default open files per process (RLIMIT_NOFILE given to the guest and its commands)."},
-  {"max_nofile", EPH_CFG_INT, "65536", NULL, "Largest RLIMIT_NOFILE a request may ask for."},
+   "Default open files per process (RLIMIT_NOFILE given to the guest and its commands).",
+   EPH_CFG_RANGE(16, 1048576)},
+  {"max_nofile", EPH_CFG_INT, "65536", NULL, "Largest RLIMIT_NOFILE a request may ask for.",
+   EPH_CFG_RANGE(16, 1048576)},
   {"scratch_mib", EPH_CFG_INT, "256", "MiB",
    "Default size of the writable /tmp tmpfs that holds scratch: when full, writes fail "
-   "with ENOSPC."},
+   "with ENOSPC.",
+   EPH_CFG_RANGE(1, 1048576)},
   {"max_scratch_mib", EPH_CFG_INT, "2048", "MiB",
-   "Largest /tmp size a request may ask for."},
-  {"shm_mib", EPH_CFG_INT, "16", "MiB", "Size of the /dev/shm tmpfs."},
+   "Largest /tmp size a request may ask for.",
+   EPH_CFG_RANGE(1, 1048576)},
+  {"shm_mib", EPH_CFG_INT, "16", "MiB", "Size of the /dev/shm tmpfs.",
+   EPH_CFG_RANGE(1, 65536)},
   {"uid_base", EPH_CFG_INT, "100000", NULL,
    "Host uid/gid of slot 0's root; slot k maps inside ids 0..65535 to "
-   "uid_base + k*65536. At least 65536 so no sandbox id is a host user."},
+   "uid_base + k*65536. At least 65536 so no sandbox id is a host user.",
+   EPH_CFG_RANGE(65536, 4294967295)},
   {"slots", EPH_CFG_INT, "1024", NULL,
-   "How many sandboxes may exist at once on the host (each holds one id range)."},
+   "How many sandboxes may exist at once on the host (each holds one id range).",
+   EPH_CFG_RANGE(1, 65536)},
   {"cgroup_root", EPH_CFG_STRING, "\"/sys/fs/cgroup\"", NULL,
    "Where the cgroup hierarchies are mounted; v2 is detected by cgroup.controllers there, "
    "else v1 controllers memory, pids and cpu are expected beneath."},
@@ -102,15 +115,11 @@ static const eph_config_key_t jail_keys[] = {
 };
 
 static int
-cfg_limit(const jail_t *j, const config_setting_t *c, const char *key, int64_t def, int64_t lo,
-          int64_t hi, int64_t *out, eph_error_t *err)
+cfg_limit(const jail_t *j, const config_setting_t *c, const char *key, int64_t def, int64_t *out,
+          eph_error_t *err)
 {
-  if (j->host->cfg_int(c, key, def, out, err) < 0)
-    return -err->code;
-  if (*out < lo || *out > hi)
-    return eph_error_set(err, EPH_E_CONFIG, "backend-jail: key '%s': %" PRId64
-                         " out of range [%" PRId64 ", %" PRId64 "]", key, *out, lo, hi);
-  return 0;
+  /* The range is the key row's (jail_keys): the host checks it, with file:line. */
+  return j->host->cfg_int(c, key, def, out, err) < 0 ? -err->code : 0;
 }
 
 /* Reads every key; checks each default against its maximum. */
@@ -122,18 +131,17 @@ read_config(jail_t *j, const config_setting_t *c, const char **cg_root, const ch
   int64_t v[10], base, slots;
   static const struct {
     const char *key, *max_key;
-    int64_t def, max_def, lo, hi;
+    int64_t def, max_def;
   } lim[5] = {
-    {"memory_mib", "max_memory_mib", 512, 4096, 16, 1 << 20},
-    {"pids", "max_pids", 256, 4096, 2, 1 << 22},
-    {"cpu_percent", "max_cpu_percent", 100, 200, 1, 100000},
-    {"nofile", "max_nofile", 1024, 65536, 16, 1 << 20}, /* 16: the guest's own floor */
-    {"scratch_mib", "max_scratch_mib", 256, 2048, 1, 1 << 20},
+    {"memory_mib", "max_memory_mib", 512, 4096},
+    {"pids", "max_pids", 256, 4096},
+    {"cpu_percent", "max_cpu_percent", 100, 200},
+    {"nofile", "max_nofile", 1024, 65536}, /* at least 16 (its row): the guest's own floor */
+    {"scratch_mib", "max_scratch_mib", 256, 2048},
   };
   for (int i = 0; i < 5; i++) {
-    if (cfg_limit(j, c, lim[i].key, lim[i].def, lim[i].lo, lim[i].hi, &v[2 * i], err) < 0 ||
-        cfg_limit(j, c, lim[i].max_key, lim[i].max_def, lim[i].lo, lim[i].hi, &v[2 * i + 1],
-                  err) < 0)
+    if (cfg_limit(j, c, lim[i].key, lim[i].def, &v[2 * i], err) < 0 ||
+        cfg_limit(j, c, lim[i].max_key, lim[i].max_def, &v[2 * i + 1], err) < 0)
       return -err->code;
     if (v[2 * i] > v[2 * i + 1])
       return eph_error_set(err, EPH_E_CONFIG, "backend-jail: key '%s' (%" PRId64 ") is above "
@@ -148,9 +156,9 @@ read_config(jail_t *j, const config_setting_t *c, const char **cg_root, const ch
                            (uint64_t)v[8] * MIB};
   j->max = (jail_limits_t){(uint64_t)v[1] * MIB, (uint32_t)v[3], (uint32_t)v[5], (uint32_t)v[7],
                            (uint64_t)v[9] * MIB};
-  if (cfg_limit(j, c, "shm_mib", 16, 1, 1 << 16, shm_mib, err) < 0 ||
-      cfg_limit(j, c, "uid_base", 100000, 65536, UINT32_MAX, &base, err) < 0 ||
-      cfg_limit(j, c, "slots", 1024, 1, 1 << 16, &slots, err) < 0)
+  if (cfg_limit(j, c, "shm_mib", 16, shm_mib, err) < 0 ||
+      cfg_limit(j, c, "uid_base", 100000, &base, err) < 0 ||
+      cfg_limit(j, c, "slots", 1024, &slots, err) < 0)
     return -err->code;
   if ((uint64_t)base + (uint64_t)slots * IDS_PER_SLOT > UINT32_MAX - 1ULL)
     return eph_error_set(err, EPH_E_CONFIG, "backend-jail: uid_base + slots*65536 passes the "

@@ -45,10 +45,11 @@ static const eph_config_key_t broker_keys[] = {
     {"max_response_bytes", EPH_CFG_INT, "1048576", "bytes",
      "Response body bytes kept, at most 1073741824. The broker reads a little further (about "
      "32 times the credential's length) so that a form of the credential the cut falls into "
-     "is scrubbed whole before the body is cut here."},
-    {"timeout_ms", EPH_CFG_INT, "30000", "milliseconds", "Time limit of one request."},
+     "is scrubbed whole before the body is cut here.", EPH_CFG_RANGE(1, 1073741824)},
+    {"timeout_ms", EPH_CFG_INT, "30000", "milliseconds", "Time limit of one request.",
+     EPH_CFG_RANGE(1, INT64_MAX)},
     {"price_micros_per_request", EPH_CFG_INT, "0", "micros",
-     "Charged to the run (category web) before each request."},
+     "Charged to the run (category web) before each request.", EPH_CFG_RANGE(0, INT64_MAX)},
     {0},
 };
 
@@ -583,13 +584,6 @@ broker_init(const eph_host_t *host, const config_setting_t *config, void **state
       (r = host->cfg_int(config, "timeout_ms", 30000, &b->timeout_ms, err)) < 0 ||
       (r = host->cfg_int(config, "price_micros_per_request", 0, &b->price_micros, err)) < 0)
     goto fail;
-  if (b->max_response_bytes <= 0 || b->max_response_bytes > 1073741824 || b->timeout_ms <= 0 ||
-      b->price_micros < 0) {
-    r = eph_error_set(err, EPH_E_CONFIG, "tool-connection: max_response_bytes must be 1 to "
-                                         "1073741824, timeout_ms positive, "
-                                         "price_micros_per_request not negative");
-    goto fail;
-  }
   config_setting_t *list = config ? config_setting_get_member(config, "connections") : NULL;
   int n = list ? config_setting_length(list) : 0;
   if (list && !config_setting_is_aggregate(list)) {

@@ -22,10 +22,12 @@ typedef struct files {
 
 static const eph_config_key_t file_keys[] = {
     {"max_read_bytes", EPH_CFG_INT, "1048576", "bytes",
-     "Bytes file_read returns at most (a longer file is truncated and says so)."},
+     "Bytes file_read returns at most (a longer file is truncated and says so).",
+     EPH_CFG_RANGE(1, INT64_MAX)},
     {"max_write_bytes", EPH_CFG_INT, "10485760", "bytes",
-     "Bytes file_write accepts at most (after base64 decoding)."},
-    {"max_list_entries", EPH_CFG_INT, "1000", NULL, "Entries file_list returns at most."},
+     "Bytes file_write accepts at most (after base64 decoding).", EPH_CFG_RANGE(1, INT64_MAX)},
+    {"max_list_entries", EPH_CFG_INT, "1000", NULL, "Entries file_list returns at most.",
+     EPH_CFG_RANGE(1, INT64_MAX)},
     {0},
 };
 
@@ -325,12 +327,6 @@ file_init(const eph_host_t *host, const config_setting_t *config, void **state, 
       (r = host->cfg_int(config, "max_list_entries", 1000, &f->max_list_entries, err)) < 0) {
     free(f);
     return r;
-  }
-  if (f->max_read_bytes <= 0 || f->max_write_bytes <= 0 || f->max_list_entries <= 0) {
-    free(f);
-    return eph_error_set(err, EPH_E_CONFIG,
-                         "tool-file: max_read_bytes, max_write_bytes and max_list_entries "
-                         "must be positive");
   }
   *state = f;
   return 0;

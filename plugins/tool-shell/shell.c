@@ -26,10 +26,10 @@ static const eph_config_key_t shell_keys[] = {
      "process group is killed when it passes."},
     {"max_timeout_seconds", EPH_CFG_INT, "600", "seconds",
      "Largest timeout_seconds a model may ask for; larger requests are lowered to it. The "
-     "run's own deadline still cuts every command short."},
+     "run's own deadline still cuts every command short.", EPH_CFG_RANGE(1, 86400)},
     {"output_cap_bytes", EPH_CFG_INT, "16384", "bytes",
      "Output returned to the model per stream: the first and last halves are kept and the "
-     "middle is replaced by a line \"[... N bytes dropped ...]\"."},
+     "middle is replaced by a line \"[... N bytes dropped ...]\".", EPH_CFG_RANGE(64, 16777216)},
     {0},
 };
 
@@ -63,14 +63,9 @@ shell_init(const eph_host_t *host, const config_setting_t *config, void **state,
       (r = host->cfg_int(config, "output_cap_bytes", DEFAULT_OUTPUT_CAP, &s.output_cap_bytes,
                          err)) < 0)
     return r;
-  if (s.max_timeout_s < 1 || s.max_timeout_s > 86400)
-    return eph_error_set(err, EPH_E_CONFIG, "tool-shell: max_timeout_seconds must be within 1..86400");
   if (s.default_timeout_s < 1 || s.default_timeout_s > s.max_timeout_s)
     return eph_error_set(err, EPH_E_CONFIG,
                          "tool-shell: default_timeout_seconds must be within 1..max_timeout_seconds");
-  if (s.output_cap_bytes < 64 || s.output_cap_bytes > 16 * 1024 * 1024)
-    return eph_error_set(err, EPH_E_CONFIG,
-                         "tool-shell: output_cap_bytes must be within 64..16777216");
   shell_state_t *p = malloc(sizeof *p);
   if (!p)
     return eph_error_set(err, ENOMEM, "tool-shell: out of memory");

@@ -50,21 +50,25 @@ static const eph_config_key_t web_keys[] = {
     {"methods", EPH_CFG_LIST, "[\"GET\", \"HEAD\"]", NULL,
      "HTTP methods web_fetch accepts (upper case)."},
     {"max_response_bytes", EPH_CFG_INT, "2097152", "bytes",
-     "Response body bytes read at most; the transfer stops there."},
+     "Response body bytes read at most; the transfer stops there.", EPH_CFG_RANGE(1, INT64_MAX)},
     {"max_text_bytes", EPH_CFG_INT, "65536", "bytes",
-     "Text bytes handed to the model at most (after HTML reduction)."},
+     "Text bytes handed to the model at most (after HTML reduction).",
+     EPH_CFG_RANGE(1, INT64_MAX)},
     {"timeout_ms", EPH_CFG_INT, "20000", "milliseconds",
      "Time limit of one web_fetch or web_search, redirects included (the run deadline also "
-     "applies)."},
-    {"max_redirects", EPH_CFG_INT, "5", NULL, "Redirects followed at most; each is re-checked."},
+     "applies).", EPH_CFG_RANGE(1, INT64_MAX)},
+    {"max_redirects", EPH_CFG_INT, "5", NULL, "Redirects followed at most; each is re-checked.",
+     EPH_CFG_RANGE(0, INT64_MAX)},
     {"price_micros_per_request", EPH_CFG_INT, "1000", "micros",
-     "Charged to the run (category web) before each HTTP request, redirects included."},
+     "Charged to the run (category web) before each HTTP request, redirects included.",
+     EPH_CFG_RANGE(0, INT64_MAX)},
     {"search_url", EPH_CFG_STRING, "\"\"", NULL,
      "Search API with SearXNG's JSON shape: GET <search_url>?q=...&format=json. Empty: "
      "web_search answers that no search API is configured."},
     {"search_allow_private_addresses", EPH_CFG_BOOL, "false", NULL,
      "Let search_url be on a private or loopback address (a SearXNG next to the host)."},
-    {"search_max_results", EPH_CFG_INT, "8", NULL, "Results web_search returns at most."},
+    {"search_max_results", EPH_CFG_INT, "8", NULL, "Results web_search returns at most.",
+     EPH_CFG_RANGE(1, INT64_MAX)},
     {0},
 };
 
@@ -545,13 +549,6 @@ web_init(const eph_host_t *host, const config_setting_t *config, void **state, e
       (r = host->cfg_bool(config, "search_allow_private_addresses", 0, &priv, err)) < 0 ||
       (r = host->cfg_int(config, "search_max_results", 8, &w->search_max_results, err)) < 0)
     goto fail;
-  if (w->max_response_bytes <= 0 || w->max_text_bytes <= 0 || w->timeout_ms <= 0 ||
-      w->max_redirects < 0 || w->price_micros < 0 || w->search_max_results <= 0) {
-    r = eph_error_set(err, EPH_E_CONFIG,
-                      "tool-web: sizes, timeout_ms and search_max_results must be positive, "
-                      "max_redirects and price_micros_per_request not negative");
-    goto fail;
-  }
   w->search_policy.allow_private = priv || w->policy.allow_private;
   w->search_policy.allow_loopback = priv || w->policy.allow_loopback;
   /* search_url is the operator's, not the model's: a SearXNG on the host itself is what

@@ -31,6 +31,7 @@
 
 #include <errno.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -157,7 +158,7 @@ typedef enum eph_config_type {
   EPH_CFG_INT = 2,    /* 64-bit integer */
   EPH_CFG_STRING = 3,
   EPH_CFG_LIST = 4,   /* list or array of strings */
-  EPH_CFG_GROUP = 5,  /* a nested group; its own keys are the plugin's to check */
+  EPH_CFG_GROUP = 5,  /* a nested group; its keys: see eph_config_key_t.keys */
 } eph_config_type_t;
 
 /* One documented configuration key. A plugin lists every key its block accepts in a table
@@ -170,7 +171,26 @@ typedef struct eph_config_key {
   const char *default_text; /* default as written in conf.d, e.g. "512" or "\"tcg\"" */
   const char *unit;         /* e.g. "MiB", "seconds", "micros", or NULL */
   const char *doc;          /* one or two sentences; required */
+  /* ABI 1.2 (rows grew before 1.2 was released; the loader reads a 1.0/1.1 plugin's shorter
+   * rows as they were). Optional: a row written with designated initializers needs no
+   * change (a positional row compiles, and warns under -Wextra's
+   * -Wmissing-field-initializers). */
+  /* EPH_CFG_INT: with has_range true the host refuses a value outside min..max (inclusive,
+   * in unit) with "file:line: key 'k': V is outside MIN..MAX UNIT (block.k)" (with max
+   * INT64_MAX: "is not positive", "is negative" or "is below MIN UNIT"), when the block is
+   * loaded (so `ephemeral config check` says it) and again in cfg_int. has_range false
+   * means unchecked: 0 is a legitimate bound, so the flag and not a zero range decides.
+   * Write EPH_CFG_RANGE(lo, hi) in the row. */
+  bool has_range;
+  int64_t min, max;
+  /* EPH_CFG_GROUP: the group's own keys; EPH_CFG_LIST: the keys of every element that is a
+   * group. Checked like the block's (unknown key: warning, file:line; wrong type or range:
+   * error, file:line). NULL: the plugin checks what is inside itself. */
+  const struct eph_config_key *keys;
 } eph_config_key_t;
+
+/* In a key row: `{"slots", EPH_CFG_INT, "1024", NULL, "...", EPH_CFG_RANGE(1, 65536)}`. */
+#define EPH_CFG_RANGE(lo, hi) .has_range = true, .min = (lo), .max = (hi)
 
 /* ---------------------------------------------------------------- host services */
 
@@ -259,7 +279,8 @@ typedef struct eph_host {
   void (*log)(eph_log_level_t level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
   /* Typed getters on the plugin's own config block (may be NULL: then *out = def).
-   * Return 0, or -EPH_E_CONFIG with a "file:line: key 'k': ..." message on a wrong type. */
+   * Return 0, or -EPH_E_CONFIG with a "file:line: key 'k': ..." message on a wrong type,
+   * or (cfg_int) a value outside its key row's EPH_CFG_RANGE. The default is not checked. */
   int (*cfg_int)(const config_setting_t *block, const char *key, int64_t def, int64_t *out,
                  eph_error_t *err);
   int (*cfg_bool)(const config_setting_t *block, const char *key, int def, int *out,
