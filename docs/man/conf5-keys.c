@@ -1,32 +1,18 @@
 /* conf5-keys PLUGIN.so...: prints the config key table of each plugin's descriptor as
- * `ephemeral config keys` does (block, key, type, default, unit, doc; tab-separated), read
+ * `ephemeral config keys` does (with the same function: block, key, type, default, unit,
+ * doc, range; tab-separated; nested keys as group.key), read
  * with dlopen() alone (lazy binding: functions the plugin takes from the core are never
  * called here): no init(). The manual page documents every plugin, including one that
  * cannot start on the build machine (ledger-postgres connects to its database at init).
  * Exits 1 naming the file when one is not a loadable plugin, so no block goes missing. */
 #include <dlfcn.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
-#include <ephemeral/plugin.h>
+#include "conf.h"
 
-static const char *
-type_word(eph_config_type_t t)
-{
-  switch (t) {
-  case EPH_CFG_BOOL:
-    return "bool";
-  case EPH_CFG_INT:
-    return "integer";
-  case EPH_CFG_STRING:
-    return "string";
-  case EPH_CFG_LIST:
-    return "list";
-  case EPH_CFG_GROUP:
-    return "group";
-  }
-  return "?";
-}
+#include <ephemeral/plugin.h>
 
 int
 main(int argc, char **argv)
@@ -39,10 +25,12 @@ main(int argc, char **argv)
               h ? "no descriptor or another ABI" : dlerror());
       return 1;
     }
-    for (const eph_config_key_t *k = d->config_keys; k && k->name; k++)
-      printf("%s\t%s\t%s\t%s\t%s\t%s\n", d->name, k->name, type_word(k->type),
-             k->default_text ? k->default_text : "", k->unit ? k->unit : "",
-             k->doc ? k->doc : "");
+    /* The rows as the loader reads them (an ABI 1.0/1.1 plugin's shorter layout upgraded),
+     * printed by the same function as `ephemeral config keys`. */
+    eph_config_key_t *upgraded =
+        d->abi_minor < 2 ? eph_config_keys_upgrade_1_1(d->config_keys) : NULL;
+    eph_config_keys_print(stdout, d->name, upgraded ? upgraded : d->config_keys, NULL);
+    free(upgraded);
     /* No dlclose: the strings printed are the plugin's; the process ends here anyway. */
   }
   return 0;
