@@ -54,6 +54,17 @@ int eph_plugins_load(eph_plugins_t *ps, eph_config_t *cfg, const char *plugin_di
 int eph_plugin_load_file(eph_plugins_t *ps, const char *path, const config_setting_t *config,
                          const eph_host_t *host, int *warnings, eph_error_t *err);
 
+/* Loads the one enabled block called `name` (a lazy context: `exec` loads its backend and
+ * nothing else) and, for a backend, runs its start-up sweep. Returns 0 (also when it is
+ * loaded already), -ENOENT when no enabled block has that name, or the refusal (err names
+ * the file). Earlier slot pointers of ps may move (the slot array grows). */
+int eph_plugins_load_one(eph_plugins_t *ps, eph_config_t *cfg, const char *plugin_dir,
+                         const eph_host_t *host, const char *name, eph_error_t *err);
+
+/* A backend's start-up sweep (reaps what a dead process left); logs what it did. No-op for
+ * other kinds and for a backend without one. */
+void eph_plugin_sweep(const eph_plugin_slot_t *s);
+
 /* fini() then dlclose() every plugin, last loaded first. */
 void eph_plugins_unload(eph_plugins_t *ps);
 
