@@ -702,9 +702,26 @@ jail_create(void *state, const eph_sandbox_spec_t *spec, eph_sandbox_t **out, in
              CLONE_NEWUTS | CLONE_PIDFD;
   ca.pidfd = (uint64_t)(uintptr_t)&sb->pidfd;
   ca.exit_signal = SIGCHLD;
+  /* cgroup v2: born in its group (CLONE_INTO_CGROUP), no migration afterwards. */
+  int cgfd = jail_cg_clone_fd(&j->cg, sb->run_id);
+  if (cgfd >= 0) {
+    ca.flags |= CLONE_INTO_CGROUP;
+    ca.cgroup = (uint64_t)cgfd;
+  }
   long pid = syscall(SYS_clone3, &ca, sizeof ca);
+  if (pid < 0 && cgfd >= 0 && (errno == EINVAL || errno == E2BIG || errno == EOPNOTSUPP)) {
+    /* A kernel before 5.7, or a group it refuses: the classic move below. */
+    ca.flags &= ~(uint64_t)CLONE_INTO_CGROUP;
+    ca.cgroup = 0;
+    close(cgfd);
+    cgfd = -1;
+    pid = syscall(SYS_clone3, &ca, sizeof ca);
+  }
   if (pid == 0)
     jail_child_main(&args); /* never returns */
+  bool born_in_group = cgfd >= 0;
+  if (cgfd >= 0)
+    close(cgfd);
   if (pid < 0) {
     r = eph_error_set(err, errno, "sandbox %s: clone3(new user, pid, mount, net, ipc, uts "
                       "namespaces): %s", sb->run_id, strerror(errno));
@@ -721,8 +738,7 @@ jail_create(void *state, const eph_sandbox_spec_t *spec, eph_sandbox_t **out, in
   uint64_t host_id = j->uid_base + (uint64_t)sb->slot * IDS_PER_SLOT;
   snprintf(map, sizeof map, "0 %" PRIu64 " %llu\n", host_id, IDS_PER_SLOT);
   if ((r = write_proc(sb->pid, "uid_map", map, err)) < 0 ||
-      (r = write_proc(sb->pid, "gid_map", map, err)) < 0 ||
-      (r = jail_cg_attach(&j->cg, sb->run_id, sb->pid, err)) < 0) {
+      (r = write_proc(sb->pid, "gid_map", map, err)) < 0) {
     goto fail;
   }
   if (spec->network &&
@@ -732,6 +748,15 @@ jail_create(void *state, const eph_sandbox_spec_t *spec, eph_sandbox_t **out, in
     goto fail;
   }
   if (send(go[1], "g", 1, MSG_NOSIGNAL) != 1) {
+    r = eph_error_set(err, errno, "sandbox %s: waking the child: %s", sb->run_id,
+                      strerror(errno));
+    goto fail;
+  }
+  /* The move into the groups overlaps the child's mounts (cgroup v1 makes it wait for an
+   * RCU grace period); the child goes no further than its mounts before the 'c'. */
+  if (!born_in_group && (r = jail_cg_attach(&j->cg, sb->run_id, sb->pid, err)) < 0)
+    goto fail;
+  if (send(go[1], "c", 1, MSG_NOSIGNAL) != 1) {
     r = eph_error_set(err, errno, "sandbox %s: waking the child: %s", sb->run_id,
                       strerror(errno));
     goto fail;
@@ -941,7 +966,30 @@ typedef struct sweep_ctx {
   bool found;
   char **reaped;    /* run ids reaped so far */
   size_t n_reaped;
+  char **live;      /* run ids of live owners at the sweep's start, sorted */
+  size_t n_live;
 } sweep_ctx_t;
+
+static int
+cmp_str(const void *a, const void *b)
+{
+  return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+static void
+collect_live(void *opaque, const char *file, const char *run_id, bool alive)
+{
+  sweep_ctx_t *s = opaque;
+  (void)file;
+  if (!alive || !run_id)
+    return;
+  char **l = realloc(s->live, (s->n_live + 1) * sizeof *l);
+  if (!l)
+    return;
+  s->live = l;
+  if ((s->live[s->n_live] = strdup(run_id)))
+    s->n_live++;
+}
 
 static void
 match_live(void *opaque, const char *file, const char *run_id, bool alive)
@@ -987,6 +1035,10 @@ static void
 reap_group(void *opaque, const char *run_id)
 {
   sweep_ctx_t *s = opaque;
+  /* Linear in live sandboxes: one scan of the records up front answers for every group
+   * whose owner was alive then; only the others (dead, or created since) are re-read. */
+  if (s->n_live && bsearch(&run_id, s->live, s->n_live, sizeof *s->live, cmp_str))
+    return;
   if (already_reaped(s, run_id) || live_owner(s->j, run_id))
     return;
   /* The record is one witness; the process tree is another, so a lost or unreadable record
@@ -1028,6 +1080,9 @@ jail_sweep(void *state, eph_error_t *err)
   sweep_ctx_t s = {.j = j};
   if (faccessat(j->run_dir_fd, ".", F_OK, 0) < 0)
     return eph_error_set(err, errno, "sweep: %s: %s", j->run_dir, strerror(errno));
+  scan_records(j, collect_live, &s);
+  if (s.n_live)
+    qsort(s.live, s.n_live, sizeof *s.live, cmp_str);
   /* Groups first, then records: a record outlives its group, never the reverse. */
   jail_cg_list(&j->cg, reap_group, &s);
   scan_records(j, drop_dead_record, &s);
@@ -1035,6 +1090,9 @@ jail_sweep(void *state, eph_error_t *err)
   for (size_t i = 0; i < s.n_reaped; i++)
     free(s.reaped[i]);
   free(s.reaped);
+  for (size_t i = 0; i < s.n_live; i++)
+    free(s.live[i]);
+  free(s.live);
   return n;
 }
 
