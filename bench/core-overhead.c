@@ -122,7 +122,11 @@ main(int argc, char **argv)
     }
     ns[i] = now_ns() - t0;
   }
+  int64_t charge_total_ns = 0;
+  for (int i = 0; i < n; i++)
+    charge_total_ns += ns[i];
   report("ledger charge", ns, n, &ledger);
+  printf("%-22s %10.0f /s\n", "ledger charges", charge_total_ns ? n * 1e9 / (double)charge_total_ns : 0);
 
   /* event store */
   cleanup_free char *path = eph_xasprintf("%s/ephemeral.sqlite", dir);
