@@ -164,9 +164,10 @@ eph_ctx_open(eph_ctx_t *ctx, const eph_ctx_options_t *opt, eph_error_t *err)
 
   eph_host_init(&ctx->host, ctx);
 
-  ctx->lazy_plugins = opt->load_plugins && opt->lazy_plugins;
+  ctx->lazy_plugins = opt->load_plugins && (opt->lazy_plugins || opt->lazy_backends);
   if (opt->load_plugins && !opt->lazy_plugins) {
-    r = eph_plugins_load(&ctx->plugins, &ctx->config, ctx->plugin_dir, &ctx->host, err);
+    r = eph_plugins_load_except(&ctx->plugins, &ctx->config, ctx->plugin_dir, &ctx->host,
+                                opt->lazy_backends ? (int)EPH_KIND_BACKEND : -1, err);
     if (r < 0)
       goto fail;
     for (size_t i = 0; i < ctx->plugins.n; i++)

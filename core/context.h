@@ -20,6 +20,8 @@ typedef struct eph_ctx_options {
   bool lazy_plugins;       /* with load_plugins: load none now; eph_ctx_backend() loads the
                             * one backend asked for (exec: no model, no ledger, no tool, and
                             * no recovery of dead runs, which needs the ledger) */
+  bool lazy_backends;      /* with load_plugins: load all but the backends now (and recover
+                            * dead runs); eph_ctx_backend() loads the one asked for (run) */
 } eph_ctx_options_t;
 
 typedef struct eph_ctx {

@@ -181,7 +181,10 @@ eph_plugin_load_file(eph_plugins_t *ps, const char *path, const config_setting_t
     goto fail;
   }
 
-  ps->slots = eph_xrealloc(ps->slots, (ps->n + 1) * sizeof *ps->slots);
+  if (ps->n == ps->cap) {
+    ps->cap = ps->cap ? ps->cap * 2 : 4;
+    ps->slots = eph_xrealloc(ps->slots, ps->cap * sizeof *ps->slots);
+  }
   ps->slots[ps->n++] = (eph_plugin_slot_t){
       .desc = d, .handle = handle, .state = state, .path = eph_xstrdup(path), .config = config};
   eph_debug("loaded %s %s %s from %s", eph_kind_name(d->kind), d->name, d->version, path);
@@ -228,11 +231,42 @@ load_block(eph_plugins_t *ps, eph_config_t *cfg, const eph_config_block_t *b,
   return 0;
 }
 
+/* Room for every enabled block: a later lazy load never moves the slots handed out. */
+static void
+reserve_slots(eph_plugins_t *ps, const eph_config_t *cfg)
+{
+  size_t want = 0;
+  for (size_t i = 0; i < cfg->n_blocks; i++)
+    want += cfg->blocks[i].enabled;
+  if (want < ps->n)
+    want = ps->n;
+  if (want > ps->cap) {
+    ps->slots = eph_xrealloc(ps->slots, want * sizeof *ps->slots);
+    ps->cap = want;
+  }
+}
+
+/* True when block b is deferred: a backend block (by its name) when defer is
+ * EPH_KIND_BACKEND. */
+static bool
+deferred(const eph_config_block_t *b, int defer)
+{
+  return defer == (int)EPH_KIND_BACKEND && strncmp(b->name, "backend-", 8) == 0;
+}
+
 int
 eph_plugins_load(eph_plugins_t *ps, eph_config_t *cfg, const char *plugin_dir,
                  const eph_host_t *host, eph_error_t *err)
 {
+  return eph_plugins_load_except(ps, cfg, plugin_dir, host, -1, err);
+}
+
+int
+eph_plugins_load_except(eph_plugins_t *ps, eph_config_t *cfg, const char *plugin_dir,
+                        const eph_host_t *host, int defer, eph_error_t *err)
+{
   memset(ps, 0, sizeof *ps);
+  reserve_slots(ps, cfg);
   /* A missing plugin directory is one error naming it, not one "cannot load" per plugin
    * followed by a daemon that serves without them. Only blocks naming a relative file
    * use it. */
@@ -247,7 +281,7 @@ eph_plugins_load(eph_plugins_t *ps, eph_config_t *cfg, const char *plugin_dir,
   }
   for (size_t i = 0; i < cfg->n_blocks; i++) {
     const eph_config_block_t *b = &cfg->blocks[i];
-    if (!b->enabled)
+    if (!b->enabled || deferred(b, defer))
       continue;
     eph_error_t e = {0};
     if (load_block(ps, cfg, b, plugin_dir, host, &e) < 0) {
@@ -264,6 +298,7 @@ eph_plugins_load_one(eph_plugins_t *ps, eph_config_t *cfg, const char *plugin_di
 {
   if (eph_plugins_find(ps, name))
     return 0;
+  reserve_slots(ps, cfg);
   for (size_t i = 0; i < cfg->n_blocks; i++) {
     const eph_config_block_t *b = &cfg->blocks[i];
     if (!b->enabled || strcmp(b->name, name) != 0)
