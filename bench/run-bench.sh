@@ -38,7 +38,10 @@ tmp=$(mktemp -d /tmp/eph-bench.XXXXXX)
 bare_pid=
 trap 'daemon_stop >/dev/null 2>&1; [ -n "$bare_pid" ] && kill "$bare_pid" 2>/dev/null; rm -rf "$tmp"' EXIT
 export EPHEMERAL_STATE_DIR=$tmp/state
-BWRAP=(bwrap --unshare-all --die-with-parent --ro-bind / / --tmpfs /tmp --chdir /tmp)
+# The peer of a sandbox that runs commands: /dev and /proc of its own (a command writing to
+# /dev/null must work) and the PATH the guest gives a worker.
+BWRAP=(bwrap --unshare-all --die-with-parent --ro-bind / / --dev /dev --proc /proc --tmpfs /tmp
+  --chdir /tmp --setenv PATH /usr/local/bin:/usr/bin:/bin)
 
 ms() { date +%s%N; }
 # stats FILE: "median (min-max)" of the numbers in FILE, one per line.
