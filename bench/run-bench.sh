@@ -123,22 +123,27 @@ for line in open(sys.argv[1]):
     for c in m.get("tool_calls") or []:
         print(json.loads(c["function"]["arguments"])["command"])' "$ex/transcript.jsonl")
 printf '%s\n' "$cmds" >"$tmp/cmds"
+CROUNDS=$(( (ROUNDS + 4) / 5 ))
 for n in 1 4 16; do
-  a=$(ms)
-  for i in $(seq $n); do
-    "$EPHEMERAL" run --quiet --replay "$ex/transcript.jsonl" "$ex/request.json" >/dev/null 2>&1 &
+  : >"$tmp/c1.$n"; : >"$tmp/c2.$n"
+  for k in $(seq "$CROUNDS"); do
+    a=$(ms)
+    for i in $(seq $n); do
+      "$EPHEMERAL" run --quiet --replay "$ex/transcript.jsonl" "$ex/request.json" >/dev/null 2>&1 &
+    done
+    wait
+    b=$(ms)
+    for i in $(seq $n); do
+      "${BWRAP[@]}" --ro-bind "$tmp/cmds" /tmp/cmds sh -c 'while IFS= read -r c; do sh -c "$c" >/dev/null 2>&1; done </tmp/cmds' &
+    done
+    wait
+    c=$(ms)
+    awk "BEGIN{printf \"%.1f\\n\", $n / (($b - $a) / 1e9)}" >>"$tmp/c1.$n"
+    awk "BEGIN{printf \"%.1f\\n\", $n / (($c - $b) / 1e9)}" >>"$tmp/c2.$n"
   done
-  wait
-  b=$(ms)
-  for i in $(seq $n); do
-    "${BWRAP[@]}" --ro-bind "$tmp/cmds" /tmp/cmds sh -c 'while IFS= read -r c; do sh -c "$c" >/dev/null 2>&1; done </tmp/cmds' &
-  done
-  wait
-  c=$(ms)
-  r1=$(awk "BEGIN{printf \"%.1f\", $n / (($b - $a) / 1e9)}")
-  r2=$(awk "BEGIN{printf \"%.1f\", $n / (($c - $b) / 1e9)}")
-  row "concurrent runs of the example, N=$n, runs/s" "$r1" "bwrap doing the same commands, runs/s" "$r2" \
-    "$(ratio "$r1" "$r2") bwrap"
+  row "concurrent runs of the example, N=$n, runs/s" "$(stats "$tmp/c1.$n")" \
+    "bwrap doing the same commands, runs/s" "$(stats "$tmp/c2.$n")" \
+    "$(ratio "$(med "$tmp/c1.$n")" "$(med "$tmp/c2.$n")") bwrap"
 done
 
 echo "== 4. core overhead per tool call, ledger charges/s"
