@@ -78,9 +78,9 @@ main(int argc, char **argv)
     perror("listen");
     return 1;
   }
-  struct MHD_Daemon *d = MHD_start_daemon(
-      MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL, 0, NULL, NULL, on_request, NULL,
-      MHD_OPTION_LISTEN_SOCKET, fd, MHD_OPTION_THREAD_POOL_SIZE, threads, MHD_OPTION_END);
+  struct MHD_Daemon *d = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL, 0, NULL,
+                                          NULL, on_request, NULL, MHD_OPTION_LISTEN_SOCKET, fd,
+                                          MHD_OPTION_THREAD_POOL_SIZE, threads, MHD_OPTION_END);
   if (!d) {
     fprintf(stderr, "bare-mhd: MHD_start_daemon failed\n");
     return 1;

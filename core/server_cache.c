@@ -74,8 +74,7 @@ ended_for_good(json_object *o)
 }
 
 int
-eph_srv_ended_json(eph_server_t *srv, const char *id, const char *org, char **json,
-                   size_t *bytes)
+eph_srv_ended_json(eph_server_t *srv, const char *id, const char *org, char **json, size_t *bytes)
 {
   size_t k = slot_of(id);
   pthread_mutex_lock(&cache_lock);
@@ -104,16 +103,19 @@ eph_srv_ended_json(eph_server_t *srv, const char *id, const char *org, char **js
   if (!o || !ended_for_good(o))
     return 1;
   /* The bytes json_h() sends. */
-  char *text = eph_xasprintf(
-      "%s\n", json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN |
-                                                    JSON_C_TO_STRING_NOSLASHESCAPE));
+  char *text =
+      eph_xasprintf("%s\n", json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN |
+                                                                  JSON_C_TO_STRING_NOSLASHESCAPE));
   size_t n = strlen(text);
   pthread_mutex_lock(&cache_lock);
   if (gen == generation) {
     e = &cache[k];
     entry_free(e);
-    *e = (cached_t){.srv = srv, .id = eph_xstrdup(id), .org = eph_xstrdup(org),
-                    .json = eph_xmalloc(n), .bytes = n};
+    *e = (cached_t){.srv = srv,
+                    .id = eph_xstrdup(id),
+                    .org = eph_xstrdup(org),
+                    .json = eph_xmalloc(n),
+                    .bytes = n};
     memcpy(e->json, text, n);
   }
   pthread_mutex_unlock(&cache_lock);
