@@ -166,8 +166,6 @@ static const char schema_v2[] =
 #define CHARGE_SYNC_US 1000000
 
 enum {
-  ST_SYNC_FULL,
-  ST_SYNC_NORMAL,
   ST_BEGIN,
   ST_COMMIT,
   ST_ROLLBACK,
@@ -181,8 +179,6 @@ enum {
 };
 
 static const char *const statement_sql[ST_COUNT] = {
-  [ST_SYNC_FULL] = "PRAGMA synchronous = FULL",
-  [ST_SYNC_NORMAL] = "PRAGMA synchronous = NORMAL",
   [ST_BEGIN] = "BEGIN IMMEDIATE",
   [ST_COMMIT] = "COMMIT",
   [ST_ROLLBACK] = "ROLLBACK",
@@ -305,9 +301,12 @@ tx_begin_as(ledger_t *l, bool group, eph_error_t *err)
   if (l->full) {
     bool sync = !group || mono_us() - l->last_sync_us >= CHARGE_SYNC_US;
     if (sync != l->synced_now) {
-      int r = step_done(l, sync ? ST_SYNC_FULL : ST_SYNC_NORMAL, "PRAGMA synchronous", err);
-      if (r < 0)
-        return r;
+      /* Not a prepared statement: PRAGMA synchronous takes effect when it is compiled, so
+       * a prepared one would set the level once, at prepare time, and never again. */
+      const char *sql = sync ? "PRAGMA synchronous = FULL" : "PRAGMA synchronous = NORMAL";
+      int rc = sqlite3_exec(l->db, sql, NULL, NULL, NULL);
+      if (rc != SQLITE_OK)
+        return db_error(l, rc, "PRAGMA synchronous", err);
       l->synced_now = sync;
     }
   }
