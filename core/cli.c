@@ -17,7 +17,8 @@ const eph_cli_command_t eph_cli_commands[] = {
      "  keys    print every documented key: block, name, type, default, unit, description\n",
      true, 1, eph_cmd_config},
     {"exec", "exec [--backend NAME] [--timeout S] [--memory MIB] -- CMD [ARG...]",
-     "run one command in a fresh sandbox; exit with its status", NULL, true, 1, eph_cmd_exec},
+     "run one command in a fresh sandbox; exit with its status", NULL, EPH_CLI_LAZY, 1,
+     eph_cmd_exec},
     {"run", "run [--json] [--quiet] [--backend NAME] [--replay FILE] [--record FILE] REQUEST.json",
      "run a request end to end and print its timeline",
      "  --json            print the final run object instead of the timeline\n"
@@ -28,7 +29,7 @@ const eph_cli_command_t eph_cli_commands[] = {
      "  --org ORG         organisation billed (default: config `cli_org`)\n"
      "Exit status: 0 succeeded, 1 failed, 2 invalid request, 3 timed_out,\n"
      "4 budget_exhausted (or insufficient balance), 5 cancelled.\n",
-     true, 1, eph_cmd_run},
+     EPH_CLI_LAZY_BACKENDS, 1, eph_cmd_run},
     {"runs", "runs list [--org ORG] [--limit N] | show ID | replay ID [--speed N]",
      "list past runs, show one as JSON, or replay its timeline at its original pace", NULL,
      false, 1, eph_cmd_runs},

@@ -7,12 +7,17 @@
 
 #include "context.h"
 
+/* load_plugins of a command that loads only the backend it uses (eph_ctx_options_t), and
+ * of one that loads everything but the backends it does not use. */
+#define EPH_CLI_LAZY 2
+#define EPH_CLI_LAZY_BACKENDS 3
+
 typedef struct eph_cli_command {
   const char *name;
   const char *usage;   /* "plugins", "exec [--backend NAME] -- CMD [ARG...]" */
   const char *summary; /* one line */
   const char *help;    /* more lines for `ephemeral CMD --help`, or NULL */
-  bool load_plugins;
+  int load_plugins; /* false: none; true: all enabled; EPH_CLI_LAZY*: see above */
   int config_error_status; /* exit status when the context cannot be opened */
   int (*fn)(eph_ctx_t *ctx, int argc, char **argv);
 } eph_cli_command_t;

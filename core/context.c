@@ -87,24 +87,14 @@ eph_ctx_open(eph_ctx_t *ctx, const eph_ctx_options_t *opt, eph_error_t *err)
 
   eph_host_init(&ctx->host, ctx);
 
-  if (opt->load_plugins) {
-    r = eph_plugins_load(&ctx->plugins, &ctx->config, ctx->plugin_dir, &ctx->host, err);
+  ctx->lazy_plugins = opt->load_plugins && (opt->lazy_plugins || opt->lazy_backends);
+  if (opt->load_plugins && !opt->lazy_plugins) {
+    r = eph_plugins_load_except(&ctx->plugins, &ctx->config, ctx->plugin_dir, &ctx->host,
+                                opt->lazy_backends ? (int)EPH_KIND_BACKEND : -1, err);
     if (r < 0)
       goto fail;
-    for (size_t i = 0; i < ctx->plugins.n; i++) {
-      const eph_plugin_slot_t *s = &ctx->plugins.slots[i];
-      if (s->desc->kind != EPH_KIND_BACKEND)
-        continue;
-      const eph_backend_ops_t *ops = s->desc->ops;
-      if (!EPH_OPS_HAS(ops, eph_backend_ops_t, sweep))
-        continue;
-      eph_error_t e = {0};
-      int n = EPH_WITH_PLUGIN(s, ops->sweep(s->state, &e));
-      if (n < 0)
-        eph_warn("%s: start-up sweep failed: %s", s->desc->name, e.message);
-      else if (n > 0)
-        eph_info("%s: reaped %d sandbox(es) left behind by a dead process", s->desc->name, n);
-    }
+    for (size_t i = 0; i < ctx->plugins.n; i++)
+      eph_plugin_sweep(&ctx->plugins.slots[i]);
     /* Reservations and records left by a process that died (kill -9) or by a run whose
      * storage failed: see eph_runstore_recover. */
     eph_runstore_recover(ctx, NULL, false, NULL);

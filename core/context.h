@@ -17,6 +17,11 @@ typedef struct eph_ctx_options {
   const char *state_dir;   /* --state-dir override (else config, env, default) */
   bool daemon;             /* daemon defaults (state in /var/lib/ephemeral) */
   bool load_plugins;       /* false for commands that need only the config */
+  bool lazy_plugins;       /* with load_plugins: load none now; eph_ctx_backend() loads the
+                            * one backend asked for (exec: no model, no ledger, no tool, and
+                            * no recovery of dead runs, which needs the ledger) */
+  bool lazy_backends;      /* with load_plugins: load all but the backends now (and recover
+                            * dead runs); eph_ctx_backend() loads the one asked for (run) */
 } eph_ctx_options_t;
 
 typedef struct eph_ctx {
@@ -27,6 +32,7 @@ typedef struct eph_ctx {
   char *state_dir;  /* absolute, created 0700; owned */
   char *plugin_dir; /* owned */
   bool daemon;
+  bool lazy_plugins; /* see eph_ctx_options_t */
 } eph_ctx_t;
 
 /* Resolves paths, loads the config, creates the state directory, builds the host table and
@@ -42,6 +48,8 @@ int eph_ctx_check_selected(eph_ctx_t *ctx, eph_error_t *err);
 
 /* Finds a backend by short or full name ("jail" or "backend-jail"); NULL = the configured
  * default backend (core key `backend`). Returns NULL with err set when it is not loaded.
+ * In a lazy context it is loaded (and swept) on first use; a later load may move the slot
+ * array, so a lazy context's caller asks for one backend only.
  * Defined in sandbox.c (no unit below context.c may call into context.c). */
 const eph_plugin_slot_t *eph_ctx_backend(eph_ctx_t *ctx, const char *name, eph_error_t *err);
 

@@ -185,7 +185,10 @@ eph_plugin_load_file(eph_plugins_t *ps, const char *path, const config_setting_t
     goto fail;
   }
 
-  ps->slots = eph_xrealloc(ps->slots, (ps->n + 1) * sizeof *ps->slots);
+  if (ps->n == ps->cap) {
+    ps->cap = ps->cap ? ps->cap * 2 : 4;
+    ps->slots = eph_xrealloc(ps->slots, ps->cap * sizeof *ps->slots);
+  }
   ps->slots[ps->n++] = (eph_plugin_slot_t){
       .desc = d, .handle = handle, .state = state, .path = eph_xstrdup(path), .config = config,
       .config_keys = keys, .keys_owned = upgraded};
@@ -198,11 +201,78 @@ fail:
   return r < 0 ? r : -EIO;
 }
 
+/* 0 when plugin_dir is a directory, else the error naming it and block b (which needs it). */
+static int
+check_plugin_dir(const char *plugin_dir, const eph_config_block_t *b, eph_error_t *err)
+{
+  struct stat st;
+  int e = !plugin_dir                 ? ENOENT
+          : stat(plugin_dir, &st) < 0 ? errno
+          : !S_ISDIR(st.st_mode)      ? ENOTDIR
+                                      : 0;
+  if (!e)
+    return 0;
+  return eph_error_set(err, e,
+                       "plugin directory %s: %s (needed by '%s', enabled at %s); set "
+                       "plugin_dir in ephemeral.conf, --plugin-dir or "
+                       "EPHEMERAL_PLUGIN_DIR to where the plugins are installed",
+                       plugin_dir ? plugin_dir : "(none)",
+                       e == ENOTDIR ? "not a directory" : strerror(e), b->name, b->where);
+}
+
+/* Loads block b; on success warns when the plugin calls itself something else. */
+static int
+load_block(eph_plugins_t *ps, eph_config_t *cfg, const eph_config_block_t *b,
+           const char *plugin_dir, const eph_host_t *host, eph_error_t *err)
+{
+  cleanup_free char *path = b->file[0] == '/' ? eph_xstrdup(b->file)
+                                              : eph_xasprintf("%s/%s", plugin_dir, b->file);
+  int r = eph_plugin_load_file(ps, path, b->setting, host, &cfg->warnings, err);
+  if (r < 0)
+    return r;
+  const eph_plugin_slot_t *s = &ps->slots[ps->n - 1];
+  if (strcmp(s->desc->name, b->name) != 0)
+    eph_warn("%s: block '%s' loaded a plugin that calls itself '%s'", b->where, b->name,
+             s->desc->name);
+  return 0;
+}
+
+/* Room for every enabled block: a later lazy load never moves the slots handed out. */
+static void
+reserve_slots(eph_plugins_t *ps, const eph_config_t *cfg)
+{
+  size_t want = 0;
+  for (size_t i = 0; i < cfg->n_blocks; i++)
+    want += cfg->blocks[i].enabled;
+  if (want < ps->n)
+    want = ps->n;
+  if (want > ps->cap) {
+    ps->slots = eph_xrealloc(ps->slots, want * sizeof *ps->slots);
+    ps->cap = want;
+  }
+}
+
+/* True when block b is deferred: a backend block (by its name) when defer is
+ * EPH_KIND_BACKEND. */
+static bool
+deferred(const eph_config_block_t *b, int defer)
+{
+  return defer == (int)EPH_KIND_BACKEND && strncmp(b->name, "backend-", 8) == 0;
+}
+
 int
 eph_plugins_load(eph_plugins_t *ps, eph_config_t *cfg, const char *plugin_dir,
                  const eph_host_t *host, eph_error_t *err)
 {
+  return eph_plugins_load_except(ps, cfg, plugin_dir, host, -1, err);
+}
+
+int
+eph_plugins_load_except(eph_plugins_t *ps, eph_config_t *cfg, const char *plugin_dir,
+                        const eph_host_t *host, int defer, eph_error_t *err)
+{
   memset(ps, 0, sizeof *ps);
+  reserve_slots(ps, cfg);
   /* A missing plugin directory is one error naming it, not one "cannot load" per plugin
    * followed by a daemon that serves without them. Only blocks naming a relative file
    * use it. */
@@ -210,39 +280,62 @@ eph_plugins_load(eph_plugins_t *ps, eph_config_t *cfg, const char *plugin_dir,
     const eph_config_block_t *b = &cfg->blocks[i];
     if (!b->enabled || b->file[0] == '/')
       continue;
-    struct stat st;
-    int e = !plugin_dir                 ? ENOENT
-            : stat(plugin_dir, &st) < 0 ? errno
-            : !S_ISDIR(st.st_mode)      ? ENOTDIR
-                                        : 0;
-    if (e) {
-      return eph_error_set(err, e,
-                           "plugin directory %s: %s (needed by '%s', enabled at %s); set "
-                           "plugin_dir in ephemeral.conf, --plugin-dir or "
-                           "EPHEMERAL_PLUGIN_DIR to where the plugins are installed",
-                           plugin_dir ? plugin_dir : "(none)",
-                           e == ENOTDIR ? "not a directory" : strerror(e), b->name, b->where);
-    }
+    int r = check_plugin_dir(plugin_dir, b, err);
+    if (r < 0)
+      return r;
     break;
   }
   for (size_t i = 0; i < cfg->n_blocks; i++) {
     const eph_config_block_t *b = &cfg->blocks[i];
-    if (!b->enabled)
+    if (!b->enabled || deferred(b, defer))
       continue;
-    cleanup_free char *path = b->file[0] == '/' ? eph_xstrdup(b->file)
-                                                : eph_xasprintf("%s/%s", plugin_dir, b->file);
     eph_error_t e = {0};
-    if (eph_plugin_load_file(ps, path, b->setting, host, &cfg->warnings, &e) < 0) {
+    if (load_block(ps, cfg, b, plugin_dir, host, &e) < 0) {
       eph_error("%s (enabled at %s)", e.message, b->where);
       ps->refused++;
-      continue;
     }
-    const eph_plugin_slot_t *s = &ps->slots[ps->n - 1];
-    if (strcmp(s->desc->name, b->name) != 0)
-      eph_warn("%s: block '%s' loaded a plugin that calls itself '%s'", b->where, b->name,
-               s->desc->name);
   }
   return 0;
+}
+
+int
+eph_plugins_load_one(eph_plugins_t *ps, eph_config_t *cfg, const char *plugin_dir,
+                     const eph_host_t *host, const char *name, eph_error_t *err)
+{
+  if (eph_plugins_find(ps, name))
+    return 0;
+  reserve_slots(ps, cfg);
+  for (size_t i = 0; i < cfg->n_blocks; i++) {
+    const eph_config_block_t *b = &cfg->blocks[i];
+    if (!b->enabled || strcmp(b->name, name) != 0)
+      continue;
+    int r = b->file[0] == '/' ? 0 : check_plugin_dir(plugin_dir, b, err);
+    if (r < 0)
+      return r;
+    if ((r = load_block(ps, cfg, b, plugin_dir, host, err)) < 0) {
+      ps->refused++;
+      return eph_error_wrap(err, "enabled at %s", b->where);
+    }
+    eph_plugin_sweep(&ps->slots[ps->n - 1]);
+    return 0;
+  }
+  return eph_error_set(err, ENOENT, "no enabled plugin block '%s'", name);
+}
+
+void
+eph_plugin_sweep(const eph_plugin_slot_t *s)
+{
+  if (s->desc->kind != EPH_KIND_BACKEND)
+    return;
+  const eph_backend_ops_t *ops = s->desc->ops;
+  if (!EPH_OPS_HAS(ops, eph_backend_ops_t, sweep))
+    return;
+  eph_error_t e = {0};
+  int n = EPH_WITH_PLUGIN(s, ops->sweep(s->state, &e));
+  if (n < 0)
+    eph_warn("%s: start-up sweep failed: %s", s->desc->name, e.message);
+  else if (n > 0)
+    eph_info("%s: reaped %d sandbox(es) left behind by a dead process", s->desc->name, n);
 }
 
 void

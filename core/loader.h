@@ -26,8 +26,9 @@ typedef struct eph_plugin_slot {
 } eph_plugin_slot_t;
 
 typedef struct eph_plugins {
-  eph_plugin_slot_t *slots;
-  size_t n;
+  eph_plugin_slot_t *slots; /* room for every enabled block is reserved at the first load,
+                             * so a slot loaded later (lazily) never moves the others */
+  size_t n, cap;
   int refused; /* how many enabled plugins were refused */
 } eph_plugins_t;
 
@@ -53,10 +54,27 @@ typedef struct eph_plugins {
 int eph_plugins_load(eph_plugins_t *ps, eph_config_t *cfg, const char *plugin_dir,
                      const eph_host_t *host, eph_error_t *err);
 
+/* eph_plugins_load, except the blocks of plugins of kind `defer` (their file is not opened:
+ * a block's kind is known once loaded, so deferred blocks are recognised by name, `backend-`
+ * for EPH_KIND_BACKEND). They load later with eph_plugins_load_one. defer < 0: none. */
+int eph_plugins_load_except(eph_plugins_t *ps, eph_config_t *cfg, const char *plugin_dir,
+                            const eph_host_t *host, int defer, eph_error_t *err);
+
 /* Loads one plugin file (used by eph_plugins_load and the tests). On success appends it to
  * ps; on failure nothing of it stays loaded and err names path. */
 int eph_plugin_load_file(eph_plugins_t *ps, const char *path, const config_setting_t *config,
                          const eph_host_t *host, int *warnings, eph_error_t *err);
+
+/* Loads the one enabled block called `name` (a lazy context: `exec` loads its backend and
+ * nothing else) and, for a backend, runs its start-up sweep. Returns 0 (also when it is
+ * loaded already), -ENOENT when no enabled block has that name, or the refusal (err names
+ * the file). Earlier slot pointers stay valid (room was reserved for every enabled block). */
+int eph_plugins_load_one(eph_plugins_t *ps, eph_config_t *cfg, const char *plugin_dir,
+                         const eph_host_t *host, const char *name, eph_error_t *err);
+
+/* A backend's start-up sweep (reaps what a dead process left); logs what it did. No-op for
+ * other kinds and for a backend without one. */
+void eph_plugin_sweep(const eph_plugin_slot_t *s);
 
 /* fini() then dlclose() every plugin, last loaded first. */
 void eph_plugins_unload(eph_plugins_t *ps);

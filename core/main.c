@@ -104,7 +104,9 @@ main(int argc, char **argv)
   for (const eph_cli_command_t *cmd = eph_cli_commands; cmd->name; cmd++) {
     if (strcmp(cmd->name, name) != 0)
       continue;
-    opt.load_plugins = cmd->load_plugins;
+    opt.load_plugins = cmd->load_plugins != 0;
+    opt.lazy_plugins = cmd->load_plugins == EPH_CLI_LAZY;
+    opt.lazy_backends = cmd->load_plugins == EPH_CLI_LAZY_BACKENDS;
     /* Subcommand-local help works without touching the state directory. */
     for (int i = optind + 1; i < argc && strcmp(argv[i], "--") != 0; i++)
       if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {

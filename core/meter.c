@@ -158,10 +158,35 @@ meter_tick(eph_run_t *run, int64_t now)
   }
 }
 
+/* The absolute CLOCK_MONOTONIC time `ms` milliseconds after `from`. */
+static struct timespec
+ts_after(struct timespec from, int64_t ms)
+{
+  from.tv_sec += ms / 1000;
+  from.tv_nsec += (ms % 1000) * 1000000;
+  if (from.tv_nsec >= 1000000000) {
+    from.tv_sec++;
+    from.tv_nsec -= 1000000000;
+  }
+  return from;
+}
+
+static int64_t
+ms_until(const struct timespec *when, const struct timespec *now)
+{
+  return (int64_t)(when->tv_sec - now->tv_sec) * 1000 + (when->tv_nsec - now->tv_nsec) / 1000000;
+}
+
+/* Ticks once per meter_ms, or earlier when the reservation left would run out before then
+ * (so the sandbox stops at the cap). run->cond is also broadcast on every timeline event:
+ * such a wake-up only re-plans the wait (a model charge may have brought the cap closer); it
+ * never charges. A 100-call run used to commit a compute charge per event. */
 static void *
 meter_main(void *arg)
 {
   eph_run_t *run = arg;
+  struct timespec last;
+  clock_gettime(CLOCK_MONOTONIC, &last);
   pthread_mutex_lock(&run->lock);
   while (!run->meter_stop) {
     int64_t left = run->reserved - run->billed;
@@ -171,17 +196,13 @@ meter_main(void *arg)
       if (until_cap < wait_ms)
         wait_ms = until_cap > 5 ? until_cap : 5;
     }
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    ts.tv_sec += wait_ms / 1000;
-    ts.tv_nsec += (wait_ms % 1000) * 1000000;
-    if (ts.tv_nsec >= 1000000000) {
-      ts.tv_sec++;
-      ts.tv_nsec -= 1000000000;
+    struct timespec due = ts_after(last, wait_ms), now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    if (ms_until(&due, &now) > 0) {
+      pthread_cond_timedwait(&run->cond, &run->lock, &due);
+      continue; /* woken by an event, or due: the loop re-plans and ticks when due */
     }
-    pthread_cond_timedwait(&run->cond, &run->lock, &ts);
-    if (run->meter_stop)
-      break;
+    last = now;
     pthread_mutex_unlock(&run->lock);
     meter_tick(run, eph_now_ms());
     pthread_mutex_lock(&run->lock);

@@ -260,6 +260,15 @@ eph_ctx_backend(eph_ctx_t *ctx, const char *name, eph_error_t *err)
     name = eph_config_values(&ctx->config)->backend;
   cleanup_free char *full =
       strncmp(name, "backend-", 8) == 0 ? eph_xstrdup(name) : eph_xasprintf("backend-%s", name);
+  if (ctx->lazy_plugins && !eph_plugins_find(&ctx->plugins, full)) {
+    eph_error_t e = {0};
+    int r = eph_plugins_load_one(&ctx->plugins, &ctx->config, ctx->plugin_dir, &ctx->host,
+                                 full, &e);
+    if (r < 0 && r != -ENOENT) {
+      eph_error_set(err, -r, "backend '%s': %s", name, e.message);
+      return NULL;
+    }
+  }
   const eph_plugin_slot_t *s = eph_plugins_find(&ctx->plugins, full);
   if (!s || s->desc->kind != EPH_KIND_BACKEND) {
     eph_error_set(err, ENOENT, "backend '%s' is not loaded (enable %s in conf.d)", name, full);

@@ -17,6 +17,7 @@
 
 #include "log.h"
 #include "runstore.h"
+#include "server_cache.h"
 #include "util.h"
 #include "webhook.h"
 
@@ -299,6 +300,7 @@ ticker_main(void *arg)
       int64_t days = eph_config_values(&srv->ctx->config)->retention_days;
       eph_error_t err = {0};
       int n = eph_store_purge(srv->store, days > 0 ? (int)days : 30, &err);
+      eph_srv_cache_clear(srv);
       if (n < 0)
         eph_warn("purging history: %s", err.message);
       else if (n > 0)
@@ -342,6 +344,7 @@ eph_srv_runs_stop(eph_server_t *srv)
     pthread_join(srv->ticker, NULL);
   srv->ticker_started = false;
   eph_srv_health_stop(srv);
+  eph_srv_cache_clear(srv);
   /* Every wait and stream ends now (they see `stopping`); the table lets go of its runs. */
   live_t *dead = NULL;
   pthread_mutex_lock(&srv->lock);
@@ -868,6 +871,10 @@ refused:
 MHD_RESULT
 eph_srv_runs_get(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req)
 {
+  char *text = NULL;
+  size_t bytes = 0;
+  if (eph_srv_ended_json(srv, req->param, req->org, &text, &bytes) == 0)
+    return eph_srv_send(c, srv, MHD_HTTP_OK, "application/json", text, bytes, NULL, NULL);
   eph_error_t err = {0};
   json_object *o = eph_srv_run_object(srv, req->param, req->org, true, &err);
   if (!o)

@@ -337,6 +337,14 @@ jail_cg_attach(jail_cgroups_t *cg, const char *name, pid_t pid, eph_error_t *err
 }
 
 int
+jail_cg_clone_fd(jail_cgroups_t *cg, const char *name)
+{
+  if (!cg->v2)
+    return -1;
+  return openat(cg->parent_fd[0], name, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+}
+
+int
 jail_cg_counters(jail_cgroups_t *cg, const char *name, jail_counters_t *out, eph_error_t *err)
 {
   char buf[2048];

@@ -599,9 +599,26 @@ jail_create(void *state, const eph_sandbox_spec_t *spec, eph_sandbox_t **out, in
              CLONE_NEWUTS | CLONE_PIDFD;
   ca.pidfd = (uint64_t)(uintptr_t)&sb->pidfd;
   ca.exit_signal = SIGCHLD;
+  /* cgroup v2: born in its group (CLONE_INTO_CGROUP), no migration afterwards. */
+  int cgfd = jail_cg_clone_fd(&j->cg, sb->run_id);
+  if (cgfd >= 0) {
+    ca.flags |= CLONE_INTO_CGROUP;
+    ca.cgroup = (uint64_t)cgfd;
+  }
   long pid = syscall(SYS_clone3, &ca, sizeof ca);
+  if (pid < 0 && cgfd >= 0 && (errno == EINVAL || errno == E2BIG || errno == EOPNOTSUPP)) {
+    /* A kernel before 5.7, or a group it refuses: the classic move below. */
+    ca.flags &= ~(uint64_t)CLONE_INTO_CGROUP;
+    ca.cgroup = 0;
+    close(cgfd);
+    cgfd = -1;
+    pid = syscall(SYS_clone3, &ca, sizeof ca);
+  }
   if (pid == 0)
     jail_child_main(&args); /* never returns */
+  bool born_in_group = cgfd >= 0;
+  if (cgfd >= 0)
+    close(cgfd);
   if (pid < 0) {
     r = eph_error_set(err, errno, "sandbox %s: clone3(new user, pid, mount, net, ipc, uts "
                       "namespaces): %s", sb->run_id, strerror(errno));
@@ -618,8 +635,7 @@ jail_create(void *state, const eph_sandbox_spec_t *spec, eph_sandbox_t **out, in
   uint64_t host_id = j->uid_base + (uint64_t)sb->slot * IDS_PER_SLOT;
   snprintf(map, sizeof map, "0 %" PRIu64 " %llu\n", host_id, IDS_PER_SLOT);
   if ((r = write_proc(sb->pid, "uid_map", map, err)) < 0 ||
-      (r = write_proc(sb->pid, "gid_map", map, err)) < 0 ||
-      (r = jail_cg_attach(&j->cg, sb->run_id, sb->pid, err)) < 0) {
+      (r = write_proc(sb->pid, "gid_map", map, err)) < 0) {
     goto fail;
   }
   if (spec->network &&
@@ -629,6 +645,15 @@ jail_create(void *state, const eph_sandbox_spec_t *spec, eph_sandbox_t **out, in
     goto fail;
   }
   if (send(go[1], "g", 1, MSG_NOSIGNAL) != 1) {
+    r = eph_error_set(err, errno, "sandbox %s: waking the child: %s", sb->run_id,
+                      strerror(errno));
+    goto fail;
+  }
+  /* The move into the groups overlaps the child's mounts (cgroup v1 makes it wait for an
+   * RCU grace period); the child goes no further than its mounts before the 'c'. */
+  if (!born_in_group && (r = jail_cg_attach(&j->cg, sb->run_id, sb->pid, err)) < 0)
+    goto fail;
+  if (send(go[1], "c", 1, MSG_NOSIGNAL) != 1) {
     r = eph_error_set(err, errno, "sandbox %s: waking the child: %s", sb->run_id,
                       strerror(errno));
     goto fail;

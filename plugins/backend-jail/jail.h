@@ -84,6 +84,11 @@ void jail_cg_fini(jail_cgroups_t *cg);
 /* Creates the run's group(s) and writes the limits. On failure removes what it made. */
 int jail_cg_create(jail_cgroups_t *cg, const char *name, const jail_limits_t *lim,
                    eph_error_t *err);
+/* cgroup v2: an fd of the run's group for clone3's CLONE_INTO_CGROUP (the child starts in
+ * it: no migration, which on a busy host waits for the cgroup_threadgroup_rwsem writer's RCU
+ * grace period); the caller closes it. -1 on v1 (one group per controller, and v1 groups
+ * cannot be a clone target) or on error. */
+int jail_cg_clone_fd(jail_cgroups_t *cg, const char *name);
 /* Moves pid into the run's group(s). */
 int jail_cg_attach(jail_cgroups_t *cg, const char *name, pid_t pid, eph_error_t *err);
 /* Reads the counters (missing files read as 0). */

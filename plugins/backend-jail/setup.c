@@ -10,12 +10,11 @@
  * reads "mount proc on /proc: Operation not permitted".
  *
  * The steps, as bubblewrap orders them:
- *   1. wait for the parent: uid/gid maps written, cgroups joined
+ *   1. wait for the parent: uid/gid maps written (its cgroups are joined meanwhile, see 9)
  *   2. become root of the user namespace (setresgid/setgroups/setresuid): from here the
  *      host sees the sandbox's uids as the unprivileged slot range, never host root
  *   3. PR_SET_PDEATHSIG(SIGKILL), then check the parent is still there
- *   4. unshare(CLONE_NEWCGROUP): the cgroup namespace is rooted at the sandbox's own group;
- *      unshare(CLONE_NEWTIME) with offsets: the guest's children see clocks that start at
+ *   4. unshare(CLONE_NEWTIME) with offsets: the guest's children see clocks that start at
  *      zero (new_clocks)
  *   5. make every mount private: nothing propagates back to the host
  *   6. mount the root tmpfs; build /usr (the usr_binds list), /bin.., /etc, /dev from the
@@ -24,7 +23,10 @@
  *      inotify and fanotify: user_limits), /dev/pts (new instance, max= ptys), /dev/shm
  *      and /tmp tmpfs (size = scratch limit: a full disk is ENOSPC, not an OOM kill)
  *   8. loopback up (netlink), hostname
- *   9. pivot_root into the new root, detach the old root, remount / read-only
+ *   9. wait until the parent has put us in our cgroups (on cgroup v1 a move waits ~25 ms for
+ *      an RCU grace period: steps 2-8 run meanwhile), then unshare(CLONE_NEWCGROUP): the
+ *      cgroup namespace is rooted at the sandbox's own group; pivot_root into the new root,
+ *      detach the old root, remount / read-only
  *  10. RLIMIT_NOFILE, no_new_privs, close every other fd
  *  11. exec ephemeral-guest --fd 3 --nofile N as PID 1 (from an fd opened on the host)
  * Capabilities are dropped and seccomp applied by the guest for each worker command.
@@ -653,10 +655,10 @@ jail_child_main(const jail_child_args_t *args)
   local.exe_fd = 5;
   local.guest_fd = JAIL_GUEST_FD;
 
-  /* 1. The parent writes our uid/gid maps and puts us in the cgroups, then says go. */
+  /* 1. The parent writes our uid/gid maps, then says go. */
   errno = 0;
   if (read(a->go_fd, &go, 1) != 1)
-    die(a, "waiting for the parent (maps, cgroups)", NULL);
+    die(a, "waiting for the parent (uid/gid maps)", NULL);
 
   /* 2. Become uid/gid 0 of the user namespace: until now our kernel uid was the host's.
    * Raw system calls: glibc's wrappers broadcast the change to every thread of the
@@ -679,9 +681,7 @@ jail_child_main(const jail_child_args_t *args)
     die(a, "the parent died during set-up", NULL);
   }
 
-  /* 4. A cgroup namespace rooted at the sandbox's own group (we are in it now). */
-  if (unshare(CLONE_NEWCGROUP) < 0)
-    die(a, "unshare(CLONE_NEWCGROUP)", NULL);
+  /* 4. Clocks of our own. (The cgroup namespace comes at 9, once we are in our groups.) */
   new_clocks(a);
 
   /* 5. Nothing we mount propagates to the host. */
@@ -717,6 +717,13 @@ jail_child_main(const jail_child_args_t *args)
 
   /* 9. Switch roots: pivot_root(".", ".") stacks the old root under the new one, and the
    * detach then removes every host mount from this namespace. */
+  /* 9. The parent says 'c' once we are in our cgroups; nothing of the guest runs before.
+   * Then a cgroup namespace rooted at the sandbox's own group. */
+  errno = 0;
+  if (read(a->go_fd, &go, 1) != 1)
+    die(a, "waiting for the parent (cgroups)", NULL);
+  if (unshare(CLONE_NEWCGROUP) < 0)
+    die(a, "unshare(CLONE_NEWCGROUP)", NULL);
   if (chdir(p->newroot) < 0)
     die(a, "chdir", p->newroot);
   if (syscall(SYS_pivot_root, ".", ".") < 0)

@@ -153,7 +153,30 @@ typedef struct sweep_ctx {
   bool found;
   char **reaped;    /* run ids reaped so far */
   size_t n_reaped;
+  char **live;      /* run ids of live owners at the sweep's start, sorted */
+  size_t n_live;
 } sweep_ctx_t;
+
+static int
+cmp_str(const void *a, const void *b)
+{
+  return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+static void
+collect_live(void *opaque, const char *file, const char *run_id, bool alive)
+{
+  sweep_ctx_t *s = opaque;
+  (void)file;
+  if (!alive || !run_id)
+    return;
+  char **l = realloc(s->live, (s->n_live + 1) * sizeof *l);
+  if (!l)
+    return;
+  s->live = l;
+  if ((s->live[s->n_live] = strdup(run_id)))
+    s->n_live++;
+}
 
 static void
 match_live(void *opaque, const char *file, const char *run_id, bool alive)
@@ -199,6 +222,10 @@ static void
 reap_group(void *opaque, const char *run_id)
 {
   sweep_ctx_t *s = opaque;
+  /* Linear in live sandboxes: one scan of the records up front answers for every group
+   * whose owner was alive then; only the others (dead, or created since) are re-read. */
+  if (s->n_live && bsearch(&run_id, s->live, s->n_live, sizeof *s->live, cmp_str))
+    return;
   if (already_reaped(s, run_id) || live_owner(s->j, run_id))
     return;
   /* The record is one witness; the process tree is another, so a lost or unreadable record
@@ -240,6 +267,9 @@ jail_sweep(void *state, eph_error_t *err)
   sweep_ctx_t s = {.j = j};
   if (faccessat(j->run_dir_fd, ".", F_OK, 0) < 0)
     return eph_error_set(err, errno, "sweep: %s: %s", j->run_dir, strerror(errno));
+  scan_records(j, collect_live, &s);
+  if (s.n_live)
+    qsort(s.live, s.n_live, sizeof *s.live, cmp_str);
   /* Groups first, then records: a record outlives its group, never the reverse. */
   jail_cg_list(&j->cg, reap_group, &s);
   scan_records(j, drop_dead_record, &s);
@@ -247,5 +277,8 @@ jail_sweep(void *state, eph_error_t *err)
   for (size_t i = 0; i < s.n_reaped; i++)
     free(s.reaped[i]);
   free(s.reaped);
+  for (size_t i = 0; i < s.n_live; i++)
+    free(s.live[i]);
+  free(s.live);
   return n;
 }

@@ -1,0 +1,215 @@
+#!/bin/bash
+# bench/run-bench.sh (`make bench`): every figure of issue 17 side by side with its peer, in
+# one run, interleaved (A, B, A, B...), as median and min-max; plus callgrind instruction
+# counts of the start-up path. Writes a Markdown table to $EPH_BUILDDIR/bench/results.md and
+# prints it. Figures only: nothing here passes or fails on speed.
+#
+#   1. `ephemeral exec -- true` (whole command)  vs  bwrap --unshare-all --die-with-parent
+#      --ro-bind / / true; and callgrind instructions of each (ours up to the sandbox's
+#      clone3, which valgrind does not implement; bwrap's parent process)
+#   2. a run's cost per shell call (a replayed run of 100 `true` calls minus one of 1 call,
+#      per call)  vs  the same calls (`sh -c true`) in a loop inside one bwrap sandbox
+#   3. concurrent runs of the example (examples/sandbox-proof, replayed), N = 1, 4, 16:
+#      runs/s  vs  N bwrap sandboxes running the example's four commands
+#   4. core overhead per tool call and ledger charges/s (bench/core-overhead)
+#   5. GET /v1/runs/{id} of an ended run  vs  bench/bare-mhd serving the same bytes (and
+#      GET /v1/health), req/s over keep-alive connections (bench/http-bench)
+#   6. bench/qemu-bench and bench/ledger-bench (other helpers' benches), when built
+#
+# Usage: bench/run-bench.sh   as root, from the build tree (EPH_BUILDDIR, EPH_SRCDIR override).
+# BENCH_TOOLS: where bare-mhd, http-bench and ledger-bench are (default: EPH_BUILDDIR/bench),
+# so an older build tree can be measured with this tree's tools. BENCH_QUICK=1 halves the
+# rounds; BENCH_NO_QEMU=1 skips bench/qemu-bench.
+set -u
+top=$(cd "$(dirname "$0")/.." && pwd)
+EPH_BUILDDIR=${EPH_BUILDDIR:-$(pwd)}
+EPH_SRCDIR=${EPH_SRCDIR:-$top}
+TOOLS=${BENCH_TOOLS:-$EPH_BUILDDIR/bench}
+EPHEMERAL=$EPH_BUILDDIR/ephemeral
+OUT=${BENCH_OUT:-$EPH_BUILDDIR/bench/results.md}
+ROUNDS=${BENCH_ROUNDS:-15}
+[ "${BENCH_QUICK:-}" = 1 ] && ROUNDS=7
+[ "$(id -u)" = 0 ] || { echo "bench: needs root (sandboxes)"; exit 1; }
+[ -x "$EPHEMERAL" ] || { echo "bench: no $EPHEMERAL: run from the build tree or set EPH_BUILDDIR"; exit 1; }
+command -v bwrap >/dev/null || { echo "bench: needs bwrap (apt-get install bubblewrap)"; exit 1; }
+tmp=$(mktemp -d /tmp/eph-bench.XXXXXX)
+. "$EPH_SRCDIR/tests/tap.sh" >/dev/null
+. "$EPH_SRCDIR/tests/daemon-lib.sh"
+bare_pid=
+trap 'daemon_stop >/dev/null 2>&1; [ -n "$bare_pid" ] && kill "$bare_pid" 2>/dev/null; rm -rf "$tmp"' EXIT
+export EPHEMERAL_STATE_DIR=$tmp/state
+# The peer of a sandbox that runs commands: /dev and /proc of its own (a command writing to
+# /dev/null must work) and the PATH the guest gives a worker.
+BWRAP=(bwrap --unshare-all --die-with-parent --ro-bind / / --dev /dev --proc /proc --tmpfs /tmp
+  --chdir /tmp --setenv PATH /usr/local/bin:/usr/bin:/bin)
+
+ms() { date +%s%N; }
+# stats FILE: "median (min-max)" of the numbers in FILE, one per line.
+stats() {
+  python3 -c 'import sys, statistics as s
+v = [float(x) for x in open(sys.argv[1]) if x.strip()]
+print("%.1f (%.1f-%.1f)" % (s.median(v), min(v), max(v)) if v else "n/a")' "$1"
+}
+med() { python3 -c 'import sys, statistics as s; v=[float(x) for x in open(sys.argv[1]) if x.strip()]; print(s.median(v) if v else 0)' "$1"; }
+ratio() { python3 -c 'import sys; a, b = float(sys.argv[1]), float(sys.argv[2]); print("%.2fx" % (a / b) if b else "n/a")' "$1" "$2"; }
+rows=()
+row() { rows+=("| $1 | $2 | $3 | $4 | $5 |"); echo "  $1: $2 | $3: $4 | $5"; }
+
+# transcript N FILE: a replay transcript of N shell calls of `true` (10 per model answer).
+transcript() {
+  python3 - "$1" "$2" <<'PY'
+import json, sys
+n, out = int(sys.argv[1]), sys.argv[2]
+with open(out, "w") as f:
+    k = 0
+    while k < n:
+        calls = []
+        for _ in range(min(10, n - k)):
+            calls.append({"id": "call_%d" % k, "type": "function",
+                          "function": {"name": "shell", "arguments": json.dumps({"command": "true"})}})
+            k += 1
+        f.write(json.dumps({"object": "chat.completion", "model": "gpt-6-luna",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": None,
+                "tool_calls": calls}, "finish_reason": "tool_calls"}],
+            "usage": {"prompt_tokens": 100, "completion_tokens": 10, "total_tokens": 110}}) + "\n")
+    f.write(json.dumps({"object": "chat.completion", "model": "gpt-6-luna",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "done"},
+            "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 100, "completion_tokens": 10, "total_tokens": 110}}) + "\n")
+PY
+}
+echo '{"prompt": "calls", "shell": true, "timeout_seconds": 120, "max_cost_micros": 400000}' >"$tmp/req.json"
+"$EPHEMERAL" orgs credit cli 1000000000 >/dev/null 2>&1
+
+echo "== 1. exec -- true vs bwrap ($ROUNDS interleaved pairs)"
+for i in $(seq "$ROUNDS"); do
+  a=$(ms); "$EPHEMERAL" exec -- true >/dev/null 2>"$tmp/exec.err" || { cat "$tmp/exec.err"; exit 1; }; b=$(ms)
+  bwrap --unshare-all --die-with-parent --ro-bind / / true; c=$(ms)
+  echo $(( (b - a) / 1000 )) | awk '{print $1/1000}' >>"$tmp/exec"
+  echo $(( (c - b) / 1000 )) | awk '{print $1/1000}' >>"$tmp/bwrap"
+done
+row '`ephemeral exec -- true`, ms' "$(stats "$tmp/exec")" 'bwrap `true`, ms' "$(stats "$tmp/bwrap")" \
+  "$(ratio "$(med "$tmp/exec")" "$(med "$tmp/bwrap")") bwrap"
+if command -v valgrind >/dev/null; then
+  ci=$(valgrind --tool=callgrind --callgrind-out-file=/dev/null "$EPHEMERAL" exec -- true 2>&1 |
+       sed -n 's/.*Collected : \([0-9]*\).*/\1/p' | head -1)
+  cb=$(cd "$tmp" && valgrind --tool=callgrind --callgrind-out-file=/dev/null \
+       bwrap --unshare-all --die-with-parent --ro-bind / / true 2>&1 |
+       sed -n 's/.*Collected : \([0-9]*\).*/\1/p' | head -1)
+  row 'start-up instructions to the sandbox clone (callgrind), M' "$(awk "BEGIN{printf \"%.2f\", ${ci:-0}/1e6}")" \
+    'bwrap parent, M' "$(awk "BEGIN{printf \"%.2f\", ${cb:-0}/1e6}")" "$(ratio "${ci:-0}" "${cb:-1}")"
+fi
+
+echo "== 2. a run's cost per shell call vs a loop in one bwrap"
+transcript 100 "$tmp/t100.jsonl"
+transcript 1 "$tmp/t1.jsonl"
+for i in $(seq $(( (ROUNDS + 4) / 5 ))); do
+  a=$(ms); "$EPHEMERAL" run --quiet --replay "$tmp/t100.jsonl" "$tmp/req.json" >/dev/null 2>"$tmp/run.err" ||
+    { tail -5 "$tmp/run.err"; exit 1; }; b=$(ms)
+  "$EPHEMERAL" run --quiet --replay "$tmp/t1.jsonl" "$tmp/req.json" >/dev/null 2>&1; c=$(ms)
+  echo "$(( (b - a) - (c - b) ))" | awk '{print $1/99/1e6}' >>"$tmp/percall"
+  a=$(ms); "${BWRAP[@]}" sh -c 'i=0; while [ $i -lt 100 ]; do sh -c true; i=$((i+1)); done'; b=$(ms)
+  "${BWRAP[@]}" sh -c 'sh -c true'; c=$(ms)
+  echo "$(( (b - a) - (c - b) ))" | awk '{print $1/99/1e6}' >>"$tmp/bwcall"
+done
+row "a run's cost per shell call, ms" "$(stats "$tmp/percall")" 'bwrap loop per `sh -c true`, ms' \
+  "$(stats "$tmp/bwcall")" "$(ratio "$(med "$tmp/percall")" "$(med "$tmp/bwcall")") bwrap"
+
+echo "== 3. concurrent runs of the example"
+ex=$EPH_SRCDIR/examples/sandbox-proof
+cmds=$(python3 -c 'import json, sys
+for line in open(sys.argv[1]):
+    m = json.loads(line)["choices"][0]["message"]
+    for c in m.get("tool_calls") or []:
+        print(json.loads(c["function"]["arguments"])["command"])' "$ex/transcript.jsonl")
+printf '%s\n' "$cmds" >"$tmp/cmds"
+CROUNDS=$(( (ROUNDS + 4) / 5 ))
+for n in 1 4 16; do
+  : >"$tmp/c1.$n"; : >"$tmp/c2.$n"
+  for k in $(seq "$CROUNDS"); do
+    a=$(ms)
+    for i in $(seq $n); do
+      "$EPHEMERAL" run --quiet --replay "$ex/transcript.jsonl" "$ex/request.json" >/dev/null 2>&1 &
+    done
+    wait
+    b=$(ms)
+    for i in $(seq $n); do
+      "${BWRAP[@]}" --ro-bind "$tmp/cmds" /tmp/cmds sh -c 'while IFS= read -r c; do sh -c "$c" >/dev/null 2>&1; done </tmp/cmds' &
+    done
+    wait
+    c=$(ms)
+    awk "BEGIN{printf \"%.1f\\n\", $n / (($b - $a) / 1e9)}" >>"$tmp/c1.$n"
+    awk "BEGIN{printf \"%.1f\\n\", $n / (($c - $b) / 1e9)}" >>"$tmp/c2.$n"
+  done
+  row "concurrent runs of the example, N=$n, runs/s" "$(stats "$tmp/c1.$n")" \
+    "bwrap doing the same commands, runs/s" "$(stats "$tmp/c2.$n")" \
+    "$(ratio "$(med "$tmp/c1.$n")" "$(med "$tmp/c2.$n")") bwrap"
+done
+
+echo "== 4. core overhead per tool call, ledger charges/s"
+CORE_OVERHEAD=${BENCH_CORE_OVERHEAD:-$EPH_BUILDDIR/bench/core-overhead}
+if [ -x "$CORE_OVERHEAD" ]; then
+  (cd "$EPH_BUILDDIR" && EPHEMERAL_CONFIG=$EPH_CONF "$CORE_OVERHEAD" 300) >"$tmp/core" 2>&1
+  sed 's/^/  /' "$tmp/core"
+  core=$(sed -n 's/.*p50): \([0-9.]*\) us = .*/\1/p' "$tmp/core")
+  bare=$(sed -n 's/^bare guest exec *p50 *\([0-9.]*\) us.*/\1/p' "$tmp/core")
+  lp50=$(sed -n 's/^ledger charge *p50 *\([0-9.]*\) us.*/\1/p' "$tmp/core")
+  lps=$(sed -n 's/^ledger charges *\([0-9]*\) \/s.*/\1/p' "$tmp/core")
+  [ -z "$lps" ] && [ -n "$lp50" ] && lps=$(awk "BEGIN{printf \"%.0f\", 1e6 / $lp50}")
+  row "core overhead per tool call (gate + ledger + event), p50 us" "${core:-n/a}" \
+    "bare guest exec, p50 us" "${bare:-n/a}" "ledger charge p50 ${lp50:-n/a} us"
+  row "ledger charges/s" "${lps:-n/a}" "goal" "5000" "$(ratio "${lps:-0}" 5000) goal"
+fi
+
+echo "== 5. GET /v1/runs/{id} vs a bare libmicrohttpd server"
+if [ -x "$TOOLS/http-bench" ] && [ -x "$TOOLS/bare-mhd" ]; then
+  daemon_config "$tmp/d"
+  KEY=$(new_key bench bench)
+  eph orgs credit bench 1000000 >/dev/null
+  sed 's|^{|{"model": "replay:'"$ex"'/transcript.jsonl", |' "$ex/request.json" >"$tmp/req-d.json"
+  rid=$(eph run --json --org bench "$tmp/req-d.json" 2>/dev/null |
+        python3 -c 'import json,sys; print(json.load(sys.stdin)["id"])')
+  daemon_start >/dev/null
+  curl -sS -o "$tmp/body.json" "$URL/v1/runs/$rid" -H "Authorization: Bearer $KEY"
+  coproc BARE { "$TOOLS/bare-mhd" "$tmp/body.json"; }
+  bare_pid=$BARE_PID
+  read -r line <&"${BARE[0]}"
+  BURL=${line#listening on }
+  secs=${BENCH_HTTP_SECONDS:-3}
+  for i in 1 2 3; do
+    "$TOOLS/http-bench" "$URL/v1/runs/$rid" "$secs" 4 "Authorization: Bearer $KEY" | cut -d' ' -f1 >>"$tmp/get"
+    "$TOOLS/http-bench" "$BURL/" "$secs" 4 | cut -d' ' -f1 >>"$tmp/bare"
+    "$TOOLS/http-bench" "$URL/v1/health" "$secs" 4 | cut -d' ' -f1 >>"$tmp/health"
+  done
+  row 'GET /v1/runs/{id} (ended run), req/s' "$(stats "$tmp/get")" 'bare libmicrohttpd, same bytes, req/s' \
+    "$(stats "$tmp/bare")" "$(ratio "$(med "$tmp/get")" "$(med "$tmp/bare")") bare"
+  row 'GET /v1/health, req/s' "$(stats "$tmp/health")" 'bare libmicrohttpd, req/s' \
+    "$(stats "$tmp/bare")" "$(ratio "$(med "$tmp/health")" "$(med "$tmp/bare")") bare"
+  eval "exec ${BARE[1]}>&-"
+  wait "$bare_pid" 2>/dev/null
+  bare_pid=
+  daemon_stop >/dev/null 2>&1
+fi
+
+echo "== 6. other benches"
+others=""
+if [ -x "$EPH_SRCDIR/bench/qemu-bench" ] && [ -z "${BENCH_NO_QEMU:-}" ]; then
+  others="$others"$'\n'"### bench/qemu-bench"$'\n```\n'"$(timeout 150 sh "$EPH_SRCDIR/bench/qemu-bench" "${BENCH_QEMU_N:-3}" 2>&1 | tail -20)"$'\n```'
+fi
+if [ -x "$TOOLS/ledger-bench" ]; then
+  others="$others"$'\n'"### bench/ledger-bench"$'\n```\n'"$(timeout 120 "$TOOLS/ledger-bench" 2>&1 | tail -20)"$'\n```'
+fi
+
+mkdir -p "$(dirname "$OUT")"
+{
+  echo "# ephemeral benchmarks ($(date -u +%Y-%m-%dT%H:%MZ), $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg))"
+  echo
+  echo "Median (min-max) of interleaved rounds; peer measured in the same run."
+  echo
+  echo "| figure | ephemeral | peer | peer figure | ratio |"
+  echo "|---|---|---|---|---|"
+  printf '%s\n' "${rows[@]}"
+  [ -n "$others" ] && printf '%s\n' "$others"
+} >"$OUT"
+echo
+cat "$OUT"
