@@ -74,7 +74,8 @@ ended_for_good(json_object *o)
 }
 
 int
-eph_srv_ended_json(eph_server_t *srv, const char *id, const char *org, char **json, size_t *bytes)
+eph_srv_ended_json(eph_server_t *srv, const char *id, const char *org,
+                   eph_srv_render_fn render, char **json, size_t *bytes)
 {
   size_t k = slot_of(id);
   pthread_mutex_lock(&cache_lock);
@@ -93,13 +94,7 @@ eph_srv_ended_json(eph_server_t *srv, const char *id, const char *org, char **js
   unsigned long gen = generation;
   pthread_mutex_unlock(&cache_lock);
 
-  live_t *l = eph_srv_live_get(srv, id);
-  if (l) {
-    eph_srv_live_put(l);
-    return 1;
-  }
-  eph_error_t err = {0};
-  cleanup_json json_object *o = eph_srv_run_object(srv, id, org, true, &err);
+  cleanup_json json_object *o = render(srv, id, org);
   if (!o || !ended_for_good(o))
     return 1;
   /* The bytes json_h() sends. */

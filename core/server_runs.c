@@ -440,6 +440,20 @@ eph_srv_run_object(eph_server_t *srv, const char *id, const char *org, bool even
   return eph_srv_run_shape(row, evs);
 }
 
+/* The cache's renderer (server_cache.c): a run no longer in memory, rendered as the
+ * uncached path renders it; NULL while it is live (never cached) or unreadable. */
+static json_object *
+render_stored(eph_server_t *srv, const char *id, const char *org)
+{
+  live_t *l = eph_srv_live_get(srv, id);
+  if (l) {
+    eph_srv_live_put(l);
+    return NULL;
+  }
+  eph_error_t err = {0};
+  return eph_srv_run_object(srv, id, org, true, &err);
+}
+
 /* ------------------------------------------------------------------ handlers */
 
 static MHD_RESULT
@@ -873,7 +887,7 @@ eph_srv_runs_get(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req)
 {
   char *text = NULL;
   size_t bytes = 0;
-  if (eph_srv_ended_json(srv, req->param, req->org, &text, &bytes) == 0)
+  if (eph_srv_ended_json(srv, req->param, req->org, render_stored, &text, &bytes) == 0)
     return eph_srv_send(c, srv, MHD_HTTP_OK, "application/json", text, bytes, NULL, NULL);
   eph_error_t err = {0};
   json_object *o = eph_srv_run_object(srv, req->param, req->org, true, &err);
