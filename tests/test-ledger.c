@@ -805,6 +805,21 @@ test_pg_config_and_unreachable(void **st)
                       false, &err) < 0);
   assert_non_null(strstr(err.message, "'require'"));
   config_destroy(&f->cfg);
+  /* A name that only starts like a loopback address is a name (red3: a prefix test took
+   * it for 127/8 and let it connect without TLS). */
+  const char *const not_loopback[] = {"postgresql://ledger@127.db.example.invalid/ledger",
+                                      "host=127.0.0.1.example.invalid dbname=ledger",
+                                      "host=/tmp hostaddr=127.0.0.1,10.0.0.9 dbname=ledger"};
+  for (size_t i = 0; i < sizeof not_loopback / sizeof *not_loopback; i++) {
+    char b[256];
+    snprintf(b, sizeof b, "database = \"%s\"; connect_timeout_s = 1;", not_loopback[i]);
+    err = (eph_error_t){0};
+    assert_true(load_as(f, b, false, &err) < 0);
+    print_message("# %s\n", err.message);
+    assert_int_equal(err.code, EPH_E_CONFIG);
+    assert_non_null(strstr(err.message, "is not local"));
+    config_destroy(&f->cfg);
+  }
 
   err = (eph_error_t){0};
   assert_true(load(f, "connections = 0;", &err) < 0);

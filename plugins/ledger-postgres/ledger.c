@@ -45,6 +45,7 @@
 #define _GNU_SOURCE
 #endif
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <limits.h>
@@ -450,8 +451,17 @@ host_is_local(const char *h, size_t n)
 {
   if (n == 0 || h[0] == '/' || h[0] == '@') /* none: libpq's Unix socket; a socket dir */
     return true;
-  return (n == 9 && strncmp(h, "localhost", 9) == 0) || (n == 3 && strncmp(h, "::1", 3) == 0) ||
-         (n >= 4 && strncmp(h, "127.", 4) == 0);
+  if ((n == 9 && strncmp(h, "localhost", 9) == 0) || (n == 3 && strncmp(h, "::1", 3) == 0))
+    return true;
+  /* 127/8 as an address only: "127.db.example.com" is a name anyone's DNS can point
+   * anywhere (a prefix test let it skip TLS). */
+  char a[INET_ADDRSTRLEN];
+  struct in_addr in;
+  if (n >= sizeof a)
+    return false;
+  memcpy(a, h, n);
+  a[n] = '\0';
+  return inet_pton(AF_INET, a, &in) == 1 && (ntohl(in.s_addr) >> 24) == 127;
 }
 
 /* With require_tls: every host the conninfo (or PGHOST/PGHOSTADDR) names is local, or the
