@@ -543,11 +543,15 @@ static int
 prepare_all(tx_t *tx, bool statements_too, eph_error_t *err)
 {
   PGconn *pg = tx->c->pg;
-  char setup[160];
-  /* UTC and a fixed statement timeout: the session is ours alone. */
+  char setup[256];
+  /* UTC and a fixed statement timeout: the session is ours alone. search_path is
+   * pg_catalog only (before the statements are prepared: names resolve then): every table
+   * is schema-qualified, and an `options=-c search_path=...` in `database` or a role's
+   * default must not put another user's schema before pg_catalog, whose `=` would then run
+   * as this role in every WHERE (red3: it forged a credit). */
   snprintf(setup, sizeof setup,
-           "DEALLOCATE ALL; SET statement_timeout = %" PRId64 "; SET TIME ZONE 'UTC';"
-           " SET client_encoding = 'UTF8'",
+           "DEALLOCATE ALL; SET search_path = pg_catalog; SET statement_timeout = %" PRId64
+           "; SET TIME ZONE 'UTC'; SET client_encoding = 'UTF8'",
            tx->l->statement_timeout_ms);
   PGresult *res = PQexec(pg, setup);
   if (PQresultStatus(res) != PGRES_COMMAND_OK) {
