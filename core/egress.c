@@ -81,9 +81,8 @@ narrower_than_default(const char *key, const config_setting_t *s)
   for (int i = 0; i < config_setting_length(s); i++) {
     const config_setting_t *e = config_setting_get_elem(s, (unsigned)i);
     int type = config_setting_type(e);
-    long long v = type == CONFIG_TYPE_INT || type == CONFIG_TYPE_INT64
-                      ? config_setting_get_int64(e)
-                      : -1;
+    long long v =
+        type == CONFIG_TYPE_INT || type == CONFIG_TYPE_INT64 ? config_setting_get_int64(e) : -1;
     has80 |= v == 80;
     has443 |= v == 443;
   }
@@ -105,8 +104,7 @@ eph_egress_check_config(const eph_config_t *config, eph_error_t *err)
     const eph_config_block_t *b = &config->blocks[i];
     for (size_t k = 0; k < sizeof keys / sizeof *keys; k++) {
       const config_setting_t *s = config_setting_get_member(b->setting, keys[k]);
-      if (!s || (g && config_setting_get_member(g, keys[k])) ||
-          !narrower_than_default(keys[k], s))
+      if (!s || (g && config_setting_get_member(g, keys[k])) || !narrower_than_default(keys[k], s))
         continue;
       char where[PATH_MAX + 32];
       return eph_error_set(err, EPH_E_CONFIG,

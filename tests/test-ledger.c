@@ -1262,8 +1262,7 @@ main(void)
     cmocka_unit_test_setup_teardown(test_pg_runtime_role_cannot_bypass_journal, setup,
                                     teardown),
     cmocka_unit_test_setup_teardown(test_pg_stuck_lock_times_out, setup, teardown),
-    cmocka_unit_test_setup_teardown(test_pg_search_path_cannot_hijack_operators, setup,
-                                    teardown),
+    cmocka_unit_test_setup_teardown(test_pg_search_path_cannot_hijack_operators, setup, teardown),
 #else
     cmocka_unit_test_setup_teardown(test_config_keys, setup, teardown),
     cmocka_unit_test_setup_teardown(test_damaged_file_refused, setup, teardown),
