@@ -10,6 +10,7 @@
 #include <sys/file.h>
 #include <sys/stat.h>
 
+#include "egress.h"
 #include "host.h"
 #include "log.h"
 #include "runstore.h"
@@ -143,5 +144,6 @@ eph_ctx_check_selected(eph_ctx_t *ctx, eph_error_t *err)
                          "%smodel_plugin: '%s' is not a loaded model plugin (enable it in conf.d)",
                          where, model_plugin);
   }
-  return 0;
+  /* A narrowed sandbox policy left in a plugin block by an upgrade: refuse, naming it. */
+  return eph_egress_check_config(&ctx->config, err);
 }

@@ -43,7 +43,8 @@ void eph_ctx_close(eph_ctx_t *ctx);
 
 /* Checks that ephemeral.conf's `backend` and `model_plugin` name loaded plugins of their
  * kind. Returns 0, or -ENOENT with err naming ephemeral.conf's FILE:LINE and the key (a
- * typo there must stop `config check` and the daemon, not surface at the first run). */
+ * typo there must stop `config check` and the daemon, not surface at the first run); or
+ * -EPH_E_CONFIG from eph_egress_check_config() (a sandbox policy left in a plugin block). */
 int eph_ctx_check_selected(eph_ctx_t *ctx, eph_error_t *err);
 
 /* Finds a backend by short or full name ("jail" or "backend-jail"); NULL = the configured

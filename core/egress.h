@@ -63,6 +63,14 @@ typedef struct eph_egress_options {
   void *opaque;
 } eph_egress_options_t;
 
+/* Refuses a configuration upgraded from when the sandbox proxy read the web plugin's
+ * block: a plugin block whose allow_domains or deny_domains is not empty, or whose
+ * allowed_ports lacks 80 or 443, while the core's `egress` group does not set that key
+ * (sandboxes would silently reach more than the file says). Called at daemon start and by
+ * `config check` (eph_ctx_check_selected) and by eph_egress_load_config(). Errors:
+ * -EPH_E_CONFIG naming the file:line and the key to set. */
+int eph_egress_check_config(const eph_config_t *config, eph_error_t *err);
+
 /* Reads the core's `egress` group: pool, port, max_connections, max_bytes,
  * max_connection_ms, idle_ms and price_micros_per_request (default 1000) into opt
  * (defaults for missing keys), and the address policy of the same group (allow_domains,

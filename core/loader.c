@@ -4,8 +4,10 @@
 
 #include <dlfcn.h>
 #include <errno.h>
+#include <stdbool.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "log.h"
 #include "util.h"
@@ -108,10 +110,46 @@ release_handle(void *handle)
 #endif
 }
 
+/* dlopen() runs the file's constructors with the daemon's privileges before anything
+ * else can be checked: whoever can replace the file, or rename in a directory on its
+ * path, runs code as the daemon. Refuses (-EPERM) a plugin whose file or any directory up
+ * to / (symbolic links resolved) is owned by someone else than root or us, or is
+ * world-writable (a directory: unless sticky). A path that does not resolve is left to
+ * dlopen's own error. */
+static int
+plugin_path_refusal(const char *path, eph_error_t *err)
+{
+  cleanup_free char *p = realpath(path, NULL);
+  if (!p)
+    return 0;
+  for (bool file = true;; file = false) {
+    struct stat st;
+    if (stat(p, &st) < 0)
+      return 0;
+    const char *why = st.st_uid != 0 && st.st_uid != geteuid() ? "is owned by another user"
+                      : (st.st_mode & S_IWOTH) && (file || !(st.st_mode & S_ISVTX))
+                          ? "is writable by every user"
+                          : NULL;
+    if (why)
+      return eph_error_set(err, EPERM,
+                           "%s: not loaded: %s%s %s (uid %u, mode %04o): whoever can change "
+                           "it would run code as this daemon",
+                           path, file ? "the plugin file " : "directory ", p, why,
+                           (unsigned)st.st_uid, (unsigned)(st.st_mode & 07777));
+    if (strcmp(p, "/") == 0)
+      return 0;
+    char *slash = strrchr(p, '/');
+    slash[slash == p] = '\0'; /* "/usr" -> "/", "/usr/lib" -> "/usr" */
+  }
+}
+
 int
 eph_plugin_load_file(eph_plugins_t *ps, const char *path, const config_setting_t *config,
                      const eph_host_t *host, int *warnings, eph_error_t *err)
 {
+  int pr = plugin_path_refusal(path, err);
+  if (pr < 0)
+    return pr;
   dlerror();
   void *handle = dlopen(path, RTLD_NOW | RTLD_LOCAL);
   if (!handle)

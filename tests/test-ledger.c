@@ -805,6 +805,21 @@ test_pg_config_and_unreachable(void **st)
                       false, &err) < 0);
   assert_non_null(strstr(err.message, "'require'"));
   config_destroy(&f->cfg);
+  /* A name that only starts like a loopback address is a name (red3: a prefix test took
+   * it for 127/8 and let it connect without TLS). */
+  const char *const not_loopback[] = {"postgresql://ledger@127.db.example.invalid/ledger",
+                                      "host=127.0.0.1.example.invalid dbname=ledger",
+                                      "host=/tmp hostaddr=127.0.0.1,10.0.0.9 dbname=ledger"};
+  for (size_t i = 0; i < sizeof not_loopback / sizeof *not_loopback; i++) {
+    char b[256];
+    snprintf(b, sizeof b, "database = \"%s\"; connect_timeout_s = 1;", not_loopback[i]);
+    err = (eph_error_t){0};
+    assert_true(load_as(f, b, false, &err) < 0);
+    print_message("# %s\n", err.message);
+    assert_int_equal(err.code, EPH_E_CONFIG);
+    assert_non_null(strstr(err.message, "is not local"));
+    config_destroy(&f->cfg);
+  }
 
   err = (eph_error_t){0};
   assert_true(load(f, "connections = 0;", &err) < 0);
@@ -1156,6 +1171,71 @@ test_pg_runtime_role_cannot_bypass_journal(void **st)
   check_journal(f);
 }
 
+/* red3: a `database` whose options (or the role's default, set by a DBA) put a schema
+ * another database user can write before pg_catalog in search_path. That user's `=` on
+ * text then resolves before the built-in one in every prepared statement (WHERE org = $1)
+ * and runs as the ledger's role inside its transaction: here it appends a credit of
+ * 1,000,000 to an organisation of its own, a journalled entry no operator made. The
+ * plugin's session pins search_path to pg_catalog, so its statements never resolve a name
+ * outside it (the old session did not: the forged credit appeared). */
+static void
+test_pg_search_path_cannot_hijack_operators(void **st)
+{
+  fixture_t *f = *st;
+  eph_error_t err = {0};
+  raw_t *owner = raw_open(f);
+  assert_int_equal(
+      raw_exec(owner,
+               "SET client_min_messages = warning; DROP SCHEMA IF EXISTS shady CASCADE;"
+               " DROP ROLE IF EXISTS mallory_sp; CREATE ROLE mallory_sp;"
+               " DROP ROLE IF EXISTS ledger_sp; CREATE ROLE ledger_sp LOGIN;"
+               " GRANT USAGE ON SCHEMA ledger TO ledger_sp;"
+               " GRANT SELECT, INSERT, UPDATE ON ALL TABLES IN SCHEMA ledger TO ledger_sp;"
+               " GRANT USAGE ON ALL SEQUENCES IN SCHEMA ledger TO ledger_sp;"
+               " CREATE SCHEMA shady AUTHORIZATION mallory_sp;"
+               " GRANT USAGE ON SCHEMA shady TO ledger_sp; SET ROLE mallory_sp;"
+               " CREATE FUNCTION shady.texteq(a text, b text) RETURNS boolean"
+               "  LANGUAGE plpgsql AS $f$ BEGIN"
+               "  IF NOT EXISTS (SELECT 1 FROM ledger.organisations o"
+               "                 WHERE o.org OPERATOR(pg_catalog.=) 'mallory') THEN"
+               "    INSERT INTO ledger.organisations(org, created_us) VALUES ('mallory', 0);"
+               "    INSERT INTO ledger.entries(t_us, org, node, kind, micros, memo)"
+               "      VALUES (0, 'mallory', 'x', 'credit', 1000000, 'forged');"
+               "  END IF;"
+               "  RETURN a OPERATOR(pg_catalog.=) b; END $f$;"
+               " CREATE OPERATOR shady.= (LEFTARG = text, RIGHTARG = text,"
+               "  FUNCTION = shady.texteq); RESET ROLE",
+               NULL, 0),
+      0);
+  unload(f);
+  char block[1200];
+  snprintf(block, sizeof block,
+           "database = \"host=%s dbname=ephemeral_test user=ledger_sp"
+           " options='-c search_path=shady,pg_catalog'\";",
+           getenv("PGHOST"));
+  assert_int_equal(load_as(f, block, false, &err), 0);
+  assert_int_equal(f->ops->credit(f->state, "acme", 1000, &err), 0);
+  assert_int_equal(f->ops->reserve(f->state, "acme", "run_sp", 400, &err), 0);
+  assert_int_equal(f->ops->charge(f->state, "run_sp", EPH_COST_WEB, 40, "w", &err), 0);
+  assert_int_equal(f->ops->settle(f->state, "run_sp", NULL, &err), 0);
+  unload(f);
+  int64_t forged =
+      raw_int(owner, "SELECT count(*) FROM ledger.entries WHERE org = 'mallory'", NULL);
+  assert_int_equal(raw_exec(owner,
+                            "SET client_min_messages = warning; DROP SCHEMA shady CASCADE;"
+                            " DROP OWNED BY ledger_sp; DROP ROLE ledger_sp;"
+                            " DROP ROLE mallory_sp",
+                            NULL, 0),
+                   0);
+  raw_close(owner);
+  if (forged)
+    print_message("# %" PRId64 " forged credit entries appeared\n", forged);
+  assert_int_equal(forged, 0);
+  assert_int_equal(load(f, NULL, &err), 0);
+  assert_int_equal(balance(f, "acme"), 960);
+  check_journal(f);
+}
+
 #endif /* TEST_LEDGER_PG */
 
 int
@@ -1182,6 +1262,7 @@ main(void)
     cmocka_unit_test_setup_teardown(test_pg_runtime_role_cannot_bypass_journal, setup,
                                     teardown),
     cmocka_unit_test_setup_teardown(test_pg_stuck_lock_times_out, setup, teardown),
+    cmocka_unit_test_setup_teardown(test_pg_search_path_cannot_hijack_operators, setup, teardown),
 #else
     cmocka_unit_test_setup_teardown(test_config_keys, setup, teardown),
     cmocka_unit_test_setup_teardown(test_damaged_file_refused, setup, teardown),

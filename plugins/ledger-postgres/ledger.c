@@ -45,6 +45,7 @@
 #define _GNU_SOURCE
 #endif
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <limits.h>
@@ -450,8 +451,17 @@ host_is_local(const char *h, size_t n)
 {
   if (n == 0 || h[0] == '/' || h[0] == '@') /* none: libpq's Unix socket; a socket dir */
     return true;
-  return (n == 9 && strncmp(h, "localhost", 9) == 0) || (n == 3 && strncmp(h, "::1", 3) == 0) ||
-         (n >= 4 && strncmp(h, "127.", 4) == 0);
+  if ((n == 9 && strncmp(h, "localhost", 9) == 0) || (n == 3 && strncmp(h, "::1", 3) == 0))
+    return true;
+  /* 127/8 as an address only: "127.db.example.com" is a name anyone's DNS can point
+   * anywhere (a prefix test let it skip TLS). */
+  char a[INET_ADDRSTRLEN];
+  struct in_addr in;
+  if (n >= sizeof a)
+    return false;
+  memcpy(a, h, n);
+  a[n] = '\0';
+  return inet_pton(AF_INET, a, &in) == 1 && (ntohl(in.s_addr) >> 24) == 127;
 }
 
 /* With require_tls: every host the conninfo (or PGHOST/PGHOSTADDR) names is local, or the
@@ -533,11 +543,15 @@ static int
 prepare_all(tx_t *tx, bool statements_too, eph_error_t *err)
 {
   PGconn *pg = tx->c->pg;
-  char setup[160];
-  /* UTC and a fixed statement timeout: the session is ours alone. */
+  char setup[256];
+  /* UTC and a fixed statement timeout: the session is ours alone. search_path is
+   * pg_catalog only (before the statements are prepared: names resolve then): every table
+   * is schema-qualified, and an `options=-c search_path=...` in `database` or a role's
+   * default must not put another user's schema before pg_catalog, whose `=` would then run
+   * as this role in every WHERE (red3: it forged a credit). */
   snprintf(setup, sizeof setup,
-           "DEALLOCATE ALL; SET statement_timeout = %" PRId64 "; SET TIME ZONE 'UTC';"
-           " SET client_encoding = 'UTF8'",
+           "DEALLOCATE ALL; SET search_path = pg_catalog; SET statement_timeout = %" PRId64
+           "; SET TIME ZONE 'UTC'; SET client_encoding = 'UTF8'",
            tx->l->statement_timeout_ms);
   PGresult *res = PQexec(pg, setup);
   if (PQresultStatus(res) != PGRES_COMMAND_OK) {
