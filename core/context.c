@@ -147,3 +147,29 @@ eph_ctx_check_selected(eph_ctx_t *ctx, eph_error_t *err)
   /* A narrowed sandbox policy left in a plugin block by an upgrade: refuse, naming it. */
   return eph_egress_check_config(&ctx->config, err);
 }
+
+bool
+eph_ctx_common_option(int c, const char *arg, eph_ctx_options_t *opt, int *verbose)
+{
+  switch (c) {
+  case 'c':
+    opt->config_file = arg;
+    return true;
+  case 'P':
+    opt->plugin_dir = arg;
+    return true;
+  case 'S':
+    opt->state_dir = arg;
+    return true;
+  case 'D':
+    setenv("EPHEMERAL_DATABASE", arg, 1);
+    return true;
+  case 'v':
+    (*verbose)++;
+    return true;
+  case 'q':
+    *verbose = -1;
+    return true;
+  }
+  return false;
+}

@@ -39,6 +39,12 @@ typedef struct eph_ctx {
  * (if asked) loads the plugins and runs each backend's start-up sweep. On failure ctx is
  * released. Plugin refusals are logged and counted in ctx->plugins.refused, not fatal. */
 int eph_ctx_open(eph_ctx_t *ctx, const eph_ctx_options_t *opt, eph_error_t *err);
+
+/* The options the CLI and the daemon share, as getopt_long returned them: -c/--config,
+ * --plugin-dir ('P'), --state-dir ('S'), --database ('D': sets EPHEMERAL_DATABASE, read
+ * where the store is opened, core/cluster.c), -v (more verbose) and -q (errors only, as
+ * *verbose = -1). Returns true when c was one of them (applied to opt, *verbose). */
+bool eph_ctx_common_option(int c, const char *arg, eph_ctx_options_t *opt, int *verbose);
 void eph_ctx_close(eph_ctx_t *ctx);
 
 /* Checks that ephemeral.conf's `backend` and `model_plugin` name loaded plugins of their

@@ -88,24 +88,6 @@ main(int argc, char **argv)
     case 'l':
       listen = optarg;
       break;
-    case 'c':
-      copt.config_file = optarg;
-      break;
-    case 'P':
-      copt.plugin_dir = optarg;
-      break;
-    case 'S':
-      copt.state_dir = optarg;
-      break;
-    case 'D': /* read where the store is opened (core/cluster.c) */
-      setenv("EPHEMERAL_DATABASE", optarg, 1);
-      break;
-    case 'v':
-      verbose++;
-      break;
-    case 'q':
-      verbose = -1;
-      break;
     case 'R':
       eph_server_print_routes(stdout);
       return 0;
@@ -116,6 +98,8 @@ main(int argc, char **argv)
       printf("ephemerald %s (plugin ABI %d.%d)\n", PACKAGE_VERSION, EPH_ABI_MAJOR, EPH_ABI_MINOR);
       return 0;
     default:
+      if (eph_ctx_common_option(c, optarg, &copt, &verbose))
+        break;
       usage(stderr);
       return 2;
     }

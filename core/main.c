@@ -62,24 +62,6 @@ main(int argc, char **argv)
   signal(SIGPIPE, SIG_IGN);
   while ((c = getopt_long(argc, argv, "+c:vqhV", options, NULL)) != -1) {
     switch (c) {
-    case 'c':
-      opt.config_file = optarg;
-      break;
-    case 'P':
-      opt.plugin_dir = optarg;
-      break;
-    case 'S':
-      opt.state_dir = optarg;
-      break;
-    case 'D': /* read where the store is opened (core/cluster.c) */
-      setenv("EPHEMERAL_DATABASE", optarg, 1);
-      break;
-    case 'v':
-      verbose++;
-      break;
-    case 'q':
-      verbose = -1;
-      break;
     case 'h':
       usage(stdout);
       return 0;
@@ -87,6 +69,8 @@ main(int argc, char **argv)
       printf("ephemeral %s (plugin ABI %d.%d)\n", PACKAGE_VERSION, EPH_ABI_MAJOR, EPH_ABI_MINOR);
       return 0;
     default:
+      if (eph_ctx_common_option(c, optarg, &opt, &verbose))
+        break;
       usage(stderr);
       return 2;
     }
