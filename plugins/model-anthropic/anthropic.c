@@ -19,6 +19,7 @@
 #include "config.h" /* autoconf: _GNU_SOURCE, PACKAGE_VERSION */
 
 #include <errno.h>
+#include <inttypes.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -332,6 +333,13 @@ anthropic_complete(void *state, const eph_model_request_t *req, eph_model_respon
     if (r == 0 && !resp->message)
       r = eph_error_set(err, EPH_E_PROTOCOL, "%s: a continued turn could not be joined", s->url);
   }
+  if (r == 0 && strcmp(resp->finish_reason, "pause_turn") == 0)
+    /* The answer stays marked pause_turn: the core ends the run (reason pause_limit)
+     * instead of taking an unfinished turn for a final answer. */
+    eph_mhttp_log(s->host, NULL, EPH_LOG_WARN,
+                  "model-anthropic: the turn is still paused after %" PRId64
+                  " continuations (max_continuations)",
+                  s->max_continuations);
   if (extra)
     json_object_put(extra);
   curl_slist_free_all(headers);
