@@ -172,6 +172,19 @@ anthropic_serves(void *state, const char *model)
   return model && strncmp(model, s->prefix, n) == 0 ? 1 + (int)n : 0;
 }
 
+/* Ready when the key is there (every Anthropic call needs one). */
+static int
+anthropic_ready(void *state, const char *model, eph_error_t *err)
+{
+  anthropic_t *s = state;
+  if (model && !anthropic_serves(s, model))
+    return eph_error_set(err, EINVAL, "model '%s' does not start with \"%s\"", model,
+                         s->prefix);
+  if (s->no_key_reason)
+    return eph_error_set(err, EPH_E_CONFIG, "%s", s->no_key_reason);
+  return 0;
+}
+
 typedef struct call_ctx {
   anthropic_t *s;
   eph_model_response_t *resp;
@@ -350,6 +363,7 @@ static const eph_model_ops_t anthropic_ops = {
   .struct_size = sizeof(eph_model_ops_t),
   .complete = anthropic_complete,
   .serves = anthropic_serves,
+  .ready = anthropic_ready,
 };
 
 EPH_PLUGIN_EXPORT = {
