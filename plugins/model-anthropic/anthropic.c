@@ -178,8 +178,7 @@ anthropic_ready(void *state, const char *model, eph_error_t *err)
 {
   anthropic_t *s = state;
   if (model && !anthropic_serves(s, model))
-    return eph_error_set(err, EINVAL, "model '%s' does not start with \"%s\"", model,
-                         s->prefix);
+    return eph_error_set(err, EINVAL, "model '%s' does not start with \"%s\"", model, s->prefix);
   if (s->no_key_reason)
     return eph_error_set(err, EPH_E_CONFIG, "%s", s->no_key_reason);
   return 0;
