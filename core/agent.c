@@ -256,6 +256,9 @@ eph_agent_loop(eph_run_t *run)
       eph_model_response_clear(&resp);
       bool refused = strcmp(resp.finish_reason, "content_filter") == 0;
       bool truncated = strcmp(resp.finish_reason, "length") == 0;
+      /* A model plugin continues a paused turn itself (model-anthropic, up to its
+       * max_continuations); a pause that still reaches the core is an unfinished turn. */
+      bool paused = strcmp(resp.finish_reason, "pause_turn") == 0;
       if (atomic_load(&run->storage_failed))
         eph_run_set_end_storage(run);
       else if (atomic_load(&run->budget_exhausted))
@@ -266,6 +269,10 @@ eph_agent_loop(eph_run_t *run)
       else if (truncated) /* the text stopped at the output limit: not a whole answer */
         eph_run_set_end(run, EPH_RUN_FAILED, "max_tokens",
                         "the model's answer was cut off at its output token limit");
+      else if (paused)
+        eph_run_set_end(run, EPH_RUN_FAILED, "pause_limit",
+                        "the model paused its turn (stop reason pause_turn) more often than the "
+                        "model plugin continues one (model-anthropic: max_continuations)");
       else
         eph_run_set_end(run, EPH_RUN_SUCCEEDED, "final_answer", NULL);
       eph_model_response_clear(&resp);

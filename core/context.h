@@ -60,6 +60,13 @@ int eph_ctx_check_selected(eph_ctx_t *ctx, eph_error_t *err);
  * Defined in sandbox.c (no unit below context.c may call into context.c). */
 const eph_plugin_slot_t *eph_ctx_backend(eph_ctx_t *ctx, const char *name, eph_error_t *err);
 
+/* The model plugin that serves model (a request's full name, "openai/gpt-6-luna"): a
+ * "replay:" name goes to model-replay, else the plugin whose serves() matches the most
+ * specific prefix, else core key `model_plugin`. Returns NULL with err set: EINVAL naming
+ * field 'model' when model_plugin declines the name and no plugin serves it, ENOENT when
+ * the plugin is not loaded. Defined in models.c. */
+const eph_plugin_slot_t *eph_ctx_model(eph_ctx_t *ctx, const char *model, eph_error_t *err);
+
 /* CLI subcommands: argv[0] is the subcommand name; return the process exit code. */
 int eph_cmd_exec(eph_ctx_t *ctx, int argc, char **argv);
 

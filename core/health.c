@@ -4,6 +4,7 @@
 
 #include <string.h>
 
+#include "loader.h"
 #include "log.h"
 #include "util.h"
 
@@ -60,17 +61,22 @@ eph_health_check(eph_ctx_t *ctx, eph_store_t *store, const char *store_error, bo
   backend_ok = eph_ctx_backend(ctx, NULL, &err) != NULL;
   json_object_object_add(o, "backend", component(backend_ok ? NULL : err.message));
 
+  /* The plugin a run of the default model goes to, and whether it could make the call
+   * now: a hosted provider without its key fails every run at the first model call. */
   err = (eph_error_t){0};
-  const char *model_plugin = eph_config_values(&ctx->config)->model_plugin;
-  {
-    const eph_plugin_slot_t *m = eph_plugins_find(&ctx->plugins, model_plugin);
-    model_ok = m && m->desc->kind == EPH_KIND_MODEL;
-    cleanup_free char *why =
-        model_ok
-            ? NULL
-            : eph_xasprintf("model plugin '%s' (config model_plugin) is not loaded", model_plugin);
-    json_object_object_add(o, "model", component(why));
-  }
+  const char *model = NULL;
+  const eph_plugin_slot_t *m = NULL;
+  if ((model = eph_config_values(&ctx->config)->default_model))
+    if (!(m = eph_ctx_model(ctx, model, &err)))
+      eph_error_wrap(&err, "default_model '%s'", model);
+  int r = m ? 0 : -1;
+  const eph_model_ops_t *mo = m ? m->desc->ops : NULL;
+  if (m && EPH_OPS_HAS(mo, eph_model_ops_t, ready))
+    r = EPH_WITH_PLUGIN(m, mo->ready(m->state, model, &err));
+  if (r < 0 && !*err.message)
+    eph_error_set(&err, EIO, "%s: not ready (no reason given)", m ? m->desc->name : "model");
+  model_ok = r >= 0;
+  json_object_object_add(o, "model", component(model_ok ? NULL : err.message));
   if (healthy)
     *healthy = store_ok && ledger_ok && backend_ok && model_ok;
   if (storage_ok)

@@ -175,47 +175,8 @@ eph_run_new(eph_ctx_t *ctx, eph_request_t *req, const eph_run_options_t *opt,
   run->backend_name = eph_xstrdup(run->backend->desc->name);
   run->model_call_name =
       eph_xstrdup(opt->model_override ? opt->model_override : run->req.model);
-  const char *model_plugin = NULL;
-  if (strncmp(run->model_call_name, "replay:", 7) == 0)
-    model_plugin = "model-replay";
-  else
-    model_plugin = conf->model_plugin;
-  /* Routing by the model's provider prefix ("openai/", "anthropic/", an operator's
-   * "local/"): the model plugin serving the name with the most specific prefix takes the
-   * run. An offline daemon (model-replay) replays every run; plugins without serves()
-   * leave the choice to model_plugin. A name nobody serves is the client's error, refused
-   * here, before anything is reserved. */
-  if (strcmp(model_plugin, "model-replay") != 0) {
-    bool default_declined = false;
-    const eph_plugin_slot_t *routed = NULL;
-    int best = 0;
-    for (size_t i = 0; i < ctx->plugins.n; i++) {
-      const eph_plugin_slot_t *s = &ctx->plugins.slots[i];
-      const eph_model_ops_t *mo = s->desc->ops;
-      if (s->desc->kind != EPH_KIND_MODEL || !EPH_OPS_HAS(mo, eph_model_ops_t, serves))
-        continue;
-      int score = EPH_WITH_PLUGIN(s, mo->serves(s->state, run->model_call_name));
-      if (score > best) {
-        best = score;
-        routed = s;
-      } else if (score <= 0 && strcmp(s->desc->name, model_plugin) == 0) {
-        default_declined = true;
-      }
-    }
-    if (routed) {
-      model_plugin = routed->desc->name;
-    } else if (default_declined) {
-      r = eph_error_set(err, EINVAL,
-                        "field 'model': no loaded model provider serves '%s' (its prefix, such "
-                        "as \"openai/\" or \"anthropic/\", names the provider)",
-                        run->model_call_name);
-      goto fail;
-    }
-  }
-  run->model = eph_plugins_find(&ctx->plugins, model_plugin);
-  if (!run->model || run->model->desc->kind != EPH_KIND_MODEL) {
-    r = eph_error_set(err, ENOENT, "model plugin '%s' is not loaded (enable it in conf.d)",
-                      model_plugin);
+  if (!(run->model = eph_ctx_model(ctx, run->model_call_name, err))) {
+    r = -err->code;
     goto fail;
   }
   if ((r = eph_meter_prices(run, err)) < 0)

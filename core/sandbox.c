@@ -117,8 +117,10 @@ eph_sbx_create(const eph_plugin_slot_t *backend, const eph_sandbox_spec_t *spec,
   r = eph_guest_open(fd, deadline, &s->guest, err); /* owns fd from here */
   if (r < 0)
     goto fail;
-  eph_info("%s: %s ready in %" PRId64 " ms (guest kernel %s, scratch %s)", backend->desc->name,
-           ops->noun ? ops->noun : "sandbox", eph_now_ms() - s->created_ms,
+  /* The release is what uname() answers inside: a microVM's own kernel, but the host's
+   * for the jail (it shares the host kernel), so the line names neither. */
+  eph_info("%s: %s ready in %" PRId64 " ms (kernel %s as seen inside, scratch %s)",
+           backend->desc->name, ops->noun ? ops->noun : "sandbox", eph_now_ms() - s->created_ms,
            eph_guest_kernel(s->guest), eph_guest_scratch(s->guest));
   *out = s;
   return 0;

@@ -467,6 +467,33 @@ test_serves_its_prefix_only(void **state)
   fake_stop(&f);
 }
 
+/* ready(): whether a call could be made now, decided without the network (the health
+ * check calls it every second). With the key: ready; without: not, naming the variable. */
+static void
+test_ready_needs_the_key(void **state)
+{
+  fake_t f;
+  loaded_t l, nokey;
+  const char *steps[] = {NULL};
+  fake_start(&f, KEY, steps);
+  model_load(PLUGIN, KEY_ENV, &l, &f, NULL);
+  unsetenv("EPH_TEST_ANTHROPIC_NO_KEY");
+  model_load(PLUGIN, "EPH_TEST_ANTHROPIC_NO_KEY", &nokey, &f, NULL);
+  assert_true(EPH_OPS_HAS(l.ops, eph_model_ops_t, ready));
+  eph_error_t err = {0};
+  assert_int_equal(l.ops->ready(l.slot->state, MODEL, &err), 0);
+  assert_true(nokey.ops->ready(nokey.slot->state, MODEL, &err) < 0);
+  assert_non_null(strstr(err.message, "model-anthropic: no API key"));
+  assert_non_null(strstr(err.message, "EPH_TEST_ANTHROPIC_NO_KEY"));
+  err = (eph_error_t){0};
+  assert_true(l.ops->ready(l.slot->state, "openai/gpt-6-luna", &err) < 0); /* not its model */
+  cleanup_json json_object *reqs = fake_requests(&f);
+  assert_int_equal(json_object_array_length(reqs), 0);
+  plugin_unload(&nokey);
+  plugin_unload(&l);
+  fake_stop(&f);
+}
+
 int
 main(void)
 {
@@ -484,6 +511,7 @@ main(void)
       cmocka_unit_test(test_pause_turn_is_continued),
       cmocka_unit_test(test_key_kept_out),
       cmocka_unit_test(test_serves_its_prefix_only),
+      cmocka_unit_test(test_ready_needs_the_key),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

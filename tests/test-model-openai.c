@@ -378,6 +378,33 @@ test_plain_http_to_remote_host_refused(void **state)
   plugin_unload(&l);
 }
 
+/* ready(): per provider, without the network. The block's own provider has no key here;
+ * a local provider that needs none is ready all the same. */
+static void
+test_ready_per_provider(void **state)
+{
+  fake_t f;
+  loaded_t l, nokey;
+  const char *steps[] = {NULL};
+  fake_start(&f, KEY, steps);
+  model_load(PLUGIN, KEY_ENV, &l, &f, NULL);
+  unsetenv("EPH_TEST_OPENAI_NO_KEY");
+  model_load(PLUGIN, "EPH_TEST_OPENAI_NO_KEY", &nokey, &f,
+             "providers = ( { prefix = \"local/\"; base_url = \"http://127.0.0.1:1/v1\"; } );");
+  assert_true(EPH_OPS_HAS(l.ops, eph_model_ops_t, ready));
+  eph_error_t err = {0};
+  assert_int_equal(l.ops->ready(l.slot->state, MODEL, &err), 0);
+  assert_int_equal(nokey.ops->ready(nokey.slot->state, "local/qwen3", &err), 0);
+  assert_true(nokey.ops->ready(nokey.slot->state, MODEL, &err) < 0);
+  assert_non_null(strstr(err.message, "model-openai: no API key"));
+  assert_non_null(strstr(err.message, "EPH_TEST_OPENAI_NO_KEY"));
+  cleanup_json json_object *reqs = fake_requests(&f);
+  assert_int_equal(json_object_array_length(reqs), 0);
+  plugin_unload(&nokey);
+  plugin_unload(&l);
+  fake_stop(&f);
+}
+
 int
 main(void)
 {
@@ -397,6 +424,7 @@ main(void)
       cmocka_unit_test(test_missing_key_fails_before_sending),
       cmocka_unit_test(test_key_never_in_logs_or_errors),
       cmocka_unit_test(test_plain_http_to_remote_host_refused),
+      cmocka_unit_test(test_ready_per_provider),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -19,6 +19,7 @@
 #include "config.h" /* autoconf: _GNU_SOURCE, PACKAGE_VERSION */
 
 #include <errno.h>
+#include <inttypes.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -169,6 +170,18 @@ anthropic_serves(void *state, const char *model)
   anthropic_t *s = state;
   size_t n = strlen(s->prefix);
   return model && strncmp(model, s->prefix, n) == 0 ? 1 + (int)n : 0;
+}
+
+/* Ready when the key is there (every Anthropic call needs one). */
+static int
+anthropic_ready(void *state, const char *model, eph_error_t *err)
+{
+  anthropic_t *s = state;
+  if (model && !anthropic_serves(s, model))
+    return eph_error_set(err, EINVAL, "model '%s' does not start with \"%s\"", model, s->prefix);
+  if (s->no_key_reason)
+    return eph_error_set(err, EPH_E_CONFIG, "%s", s->no_key_reason);
+  return 0;
 }
 
 typedef struct call_ctx {
@@ -332,6 +345,13 @@ anthropic_complete(void *state, const eph_model_request_t *req, eph_model_respon
     if (r == 0 && !resp->message)
       r = eph_error_set(err, EPH_E_PROTOCOL, "%s: a continued turn could not be joined", s->url);
   }
+  if (r == 0 && strcmp(resp->finish_reason, "pause_turn") == 0)
+    /* The answer stays marked pause_turn: the core ends the run (reason pause_limit)
+     * instead of taking an unfinished turn for a final answer. */
+    eph_mhttp_log(s->host, NULL, EPH_LOG_WARN,
+                  "model-anthropic: the turn is still paused after %" PRId64
+                  " continuations (max_continuations)",
+                  s->max_continuations);
   if (extra)
     json_object_put(extra);
   curl_slist_free_all(headers);
@@ -342,6 +362,7 @@ static const eph_model_ops_t anthropic_ops = {
   .struct_size = sizeof(eph_model_ops_t),
   .complete = anthropic_complete,
   .serves = anthropic_serves,
+  .ready = anthropic_ready,
 };
 
 EPH_PLUGIN_EXPORT = {

@@ -270,6 +270,20 @@ openai_serves(void *state, const char *model)
   return p ? 1 + (int)strlen(p->prefix) : 0;
 }
 
+/* Ready when the provider serving model has its key (or needs none). */
+static int
+openai_ready(void *state, const char *model, eph_error_t *err)
+{
+  const openai_t *s = state;
+  const provider_t *p = model ? route(s, model) : &s->providers[0];
+  if (!p)
+    return eph_error_set(err, EINVAL, "model '%s': no provider of model-openai has its prefix",
+                         model);
+  if (p->no_key_reason)
+    return eph_error_set(err, EPH_E_CONFIG, "%s", p->no_key_reason);
+  return 0;
+}
+
 /* ---------------------------------------------------------------- one call */
 
 static char *
@@ -428,6 +442,7 @@ static const eph_model_ops_t openai_ops = {
   .struct_size = sizeof(eph_model_ops_t),
   .complete = openai_complete,
   .serves = openai_serves,
+  .ready = openai_ready,
 };
 
 EPH_PLUGIN_EXPORT = {

@@ -96,16 +96,10 @@ blank(const char *s, size_t n)
   return true;
 }
 
+/* Opens the transcript at path for reading: a file descriptor, or negative with err set. */
 static int
-transcript_load(transcript_t *t, const char *path, eph_error_t *err)
+transcript_open(const char *path, eph_error_t *err)
 {
-  char *line = NULL;
-  size_t cap = 0, no = 0, total = 0;
-  ssize_t len;
-  int r = 0;
-
-  t->path = path;
-  t->n = 0;
   /* The path may come from a request ("replay:PATH"): a FIFO would block this model call
    * (and the run, and a daemon's drain) in open() where no deadline reaches it, and a
    * device such as /dev/zero is one endless line that getline() grows without bound.
@@ -125,6 +119,22 @@ transcript_load(transcript_t *t, const char *path, eph_error_t *err)
     return eph_error_set(err, EFBIG, "transcript %s: larger than %u MiB", path,
                          TRANSCRIPT_MAX_BYTES >> 20);
   }
+  return fd;
+}
+
+static int
+transcript_load(transcript_t *t, const char *path, eph_error_t *err)
+{
+  char *line = NULL;
+  size_t cap = 0, no = 0, total = 0;
+  ssize_t len;
+  int r = 0;
+
+  t->path = path;
+  t->n = 0;
+  int fd = transcript_open(path, err);
+  if (fd < 0)
+    return fd;
   FILE *f = fdopen(fd, "r");
   if (!f) {
     r = eph_error_set(err, errno, "transcript %s: %s", path, strerror(errno));
@@ -590,6 +600,26 @@ replay_complete(void *state, const eph_model_request_t *req, eph_model_response_
   return r;
 }
 
+/* Ready when the transcript a run of model would replay opens (exists, readable, a regular
+ * file within the size cap). Not parsed: the health check calls this every second. */
+static int
+replay_ready(void *state, const char *model, eph_error_t *err)
+{
+  replay_t *s = state;
+  const char *path = s->transcript;
+  if (model && strncmp(model, MODEL_PREFIX, strlen(MODEL_PREFIX)) == 0)
+    path = model + strlen(MODEL_PREFIX);
+  if (!path || !*path)
+    return eph_error_set(err, EPH_E_CONFIG,
+                         "no transcript to replay: set `transcript` in the model-replay block "
+                         "or use the model \"replay:PATH\"");
+  int fd = transcript_open(path, err);
+  if (fd < 0)
+    return fd;
+  close(fd);
+  return 0;
+}
+
 static void
 replay_fini(void *state)
 {
@@ -645,6 +675,7 @@ replay_init(const eph_host_t *host, const config_setting_t *config, void **state
 static const eph_model_ops_t replay_ops = {
   .struct_size = sizeof(eph_model_ops_t),
   .complete = replay_complete,
+  .ready = replay_ready,
 };
 
 EPH_PLUGIN_EXPORT = {

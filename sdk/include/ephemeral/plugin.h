@@ -583,6 +583,15 @@ typedef struct eph_model_ops {
    * loaded on a tie) and refuses the request (400 naming `model`) when none serves it. A
    * plugin without it gets the core's model_plugin. */
   int (*serves)(void *state, const char *model);
+  /* ABI 1.2 addition, appended (check struct_size; the minor stays 2 because 1.2 is not yet
+   * released), may be NULL (then taken as ready): whether a call for model (the full name,
+   * "openai/gpt-6-luna"; the health check passes the core's default_model) could be made
+   * now without talking to the provider: its API key is there, its transcript readable.
+   * Returns 0, or negative with err saying what the operator must do ("model-openai: no
+   * API key: environment variable OPENAI_API_KEY is not set and api_key_file is empty").
+   * `ephemeral doctor` and GET /v1/health report the model component degraded with that
+   * reason. Cheap and non-blocking: no network. */
+  int (*ready)(void *state, const char *model, eph_error_t *err);
 } eph_model_ops_t;
 
 /* ---------------------------------------------------------------- ledger */

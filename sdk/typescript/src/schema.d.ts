@@ -511,7 +511,7 @@ export interface components {
             /** @constant */
             object: "run";
             status: components["schemas"]["RunStatus"];
-            /** @description why it ended (once ended): final_answer, timeout, budget_exhausted, cancelled, model_error, host_error, step_limit, transcript_diverged, refusal (the model refused: Anthropic stop_reason refusal, OpenAI content_filter), max_tokens (the answer was cut off at the output token limit), ... */
+            /** @description why it ended (once ended): final_answer, timeout, budget_exhausted, cancelled, model_error, host_error, step_limit, transcript_diverged, refusal (the model refused: Anthropic stop_reason refusal, OpenAI content_filter), max_tokens (the answer was cut off at the output token limit), pause_limit (the model still paused its turn, stop_reason pause_turn, after the model plugin's continuations: model-anthropic max_continuations), ... */
             reason?: string;
             error?: string;
             /** Format: date-time */
