@@ -137,9 +137,10 @@ org_get(tx_t *tx, const char *org, bool lock, int64_t *credited, int64_t *balanc
 }
 
 static int
-entry_add(tx_t *tx, const char *org, const char *run_id, const char *kind,
+entry_add(void *ctx, const char *org, const char *run_id, const char *kind,
           const char *category, int64_t micros, const char *memo, eph_error_t *err)
 {
+  tx_t *tx = ctx; /* void *: it is the store's entry_add (eph_ledger_store_t) */
   char t[24], m[24], memo_buf[EPH_LEDGER_MAX_MEMO_BYTES + 1];
   snprintf(t, sizeof t, "%" PRId64, eph_ledger_wall_us());
   snprintf(m, sizeof m, "%" PRId64, micros);
@@ -270,28 +271,21 @@ ledger_charge(void *state, const char *run_id, eph_cost_t category, int64_t micr
   return run_tx(state, LOCK_RUN, run_id, charge_body, &a, err);
 }
 
+static int
+store_reservation_get(void *tx, const char *run_id, eph_ledger_reservation_t *out,
+                      eph_error_t *err)
+{
+  return reservation_get(tx, run_id, true, out, err); /* locked: the settle writes it */
+}
+
+static const eph_ledger_store_t store = {store_reservation_get, entry_add};
+
 /* Settles inside an open transaction. Returns 1 when it settled now, 0 when it already was
  * settled, negative on error. */
 static int
 settle_locked(tx_t *tx, const char *run_id, eph_ledger_totals_t *totals, eph_error_t *err)
 {
-  eph_ledger_reservation_t res;
-  int r = reservation_get(tx, run_id, true, &res, err);
-  if (r < 0)
-    return r;
-  if (r == 0)
-    return eph_ledger_err_no_reservation("settle", run_id, err);
-  if (!res.t.settled) {
-    int64_t released = res.t.reserved_micros - res.t.billed_micros;
-    if ((r = entry_add(tx, res.org, run_id, "settle", NULL, released, NULL, err)) < 0)
-      return r;
-    res.t.released_micros = released;
-    res.t.settled = 1;
-    r = 1;
-  }
-  if (totals)
-    *totals = res.t;
-  return r;
+  return eph_ledger_settle_in(&store, tx, run_id, totals, err);
 }
 
 static int

@@ -354,9 +354,10 @@ org_get(ledger_t *l, const char *org, int64_t *credited, int64_t *balance, eph_e
 }
 
 static int
-entry_add(ledger_t *l, const char *org, const char *run_id, const char *kind,
+entry_add(void *ctx, const char *org, const char *run_id, const char *kind,
           const char *category, int64_t micros, const char *memo, eph_error_t *err)
 {
+  ledger_t *l = ctx; /* void *: it is the store's entry_add (eph_ledger_store_t) */
   sqlite3_stmt *s = l->st[ST_ENTRY_ADD];
   sqlite3_bind_int64(s, 1, eph_ledger_wall_us());
   sqlite3_bind_text(s, 2, org, -1, SQLITE_STATIC);
@@ -466,28 +467,21 @@ ledger_charge(void *state, const char *run_id, eph_cost_t category, int64_t micr
   return tx_end(l, r < 0 ? r : 0, err);
 }
 
+static int
+store_reservation_get(void *l, const char *run_id, eph_ledger_reservation_t *out,
+                      eph_error_t *err)
+{
+  return reservation_get(l, run_id, out, err);
+}
+
+static const eph_ledger_store_t store = {store_reservation_get, entry_add};
+
 /* Settles inside an open transaction. Returns 1 when it settled now, 0 when it already
  * was settled, negative on error. */
 static int
 settle_locked(ledger_t *l, const char *run_id, eph_ledger_totals_t *totals, eph_error_t *err)
 {
-  eph_ledger_reservation_t res;
-  int r = reservation_get(l, run_id, &res, err);
-  if (r < 0)
-    return r;
-  if (r == 0)
-    return eph_ledger_err_no_reservation("settle", run_id, err);
-  if (!res.t.settled) {
-    int64_t released = res.t.reserved_micros - res.t.billed_micros;
-    if ((r = entry_add(l, res.org, run_id, "settle", NULL, released, NULL, err)) < 0)
-      return r;
-    res.t.released_micros = released;
-    res.t.settled = 1;
-    r = 1;
-  }
-  if (totals)
-    *totals = res.t;
-  return r;
+  return eph_ledger_settle_in(&store, l, run_id, totals, err);
 }
 
 static int

@@ -172,3 +172,26 @@ eph_ledger_err_no_reservation(const char *op, const char *run_id, eph_error_t *e
 {
   return eph_error_set(err, ENOENT, "%s: run %s has no reservation", op, run_id);
 }
+
+int
+eph_ledger_settle_in(const eph_ledger_store_t *store, void *ctx, const char *run_id,
+                     eph_ledger_totals_t *totals, eph_error_t *err)
+{
+  eph_ledger_reservation_t res;
+  int r = store->reservation_get(ctx, run_id, &res, err);
+  if (r < 0)
+    return r;
+  if (r == 0)
+    return eph_ledger_err_no_reservation("settle", run_id, err);
+  if (!res.t.settled) {
+    int64_t released = res.t.reserved_micros - res.t.billed_micros;
+    if ((r = store->entry_add(ctx, res.org, run_id, "settle", NULL, released, NULL, err)) < 0)
+      return r;
+    res.t.released_micros = released;
+    res.t.settled = 1;
+    r = 1;
+  }
+  if (totals)
+    *totals = res.t;
+  return r;
+}

@@ -59,4 +59,22 @@ int eph_ledger_err_reserved(const char *run_id, eph_error_t *err);
 /* -ENOENT "<op>: run <run_id> has no reservation". */
 int eph_ledger_err_no_reservation(const char *op, const char *run_id, eph_error_t *err);
 
+/* A ledger's own reading and writing, for the steps written once here. Both run inside
+ * the caller's open transaction on ctx. reservation_get: 1 found (and locked against
+ * concurrent writers where the store needs it), 0 absent, negative errno. entry_add: appends
+ * one journal entry (category and memo may be NULL), 0 or negative errno. */
+typedef struct eph_ledger_store {
+  int (*reservation_get)(void *ctx, const char *run_id, eph_ledger_reservation_t *out,
+                         eph_error_t *err);
+  int (*entry_add)(void *ctx, const char *org, const char *run_id, const char *kind,
+                   const char *category, int64_t micros, const char *memo, eph_error_t *err);
+} eph_ledger_store_t;
+
+/* Settles run_id inside the caller's transaction: appends the settle entry releasing
+ * reserved - billed unless it is settled already, and fills *totals (may be NULL) as they
+ * stand after it. Returns 1 settled now, 0 already settled, -ENOENT "settle: run <run_id>
+ * has no reservation", or the store's error. */
+int eph_ledger_settle_in(const eph_ledger_store_t *store, void *ctx, const char *run_id,
+                         eph_ledger_totals_t *totals, eph_error_t *err);
+
 #endif
