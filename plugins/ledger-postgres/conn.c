@@ -48,23 +48,23 @@ pg_fail(tx_t *tx, const PGresult *res, const char *what, eph_error_t *err)
               !tx->sqlstate[0];
   tx->lost = tx->lost || lost;
   tx->retry = strcmp(tx->sqlstate, "40001") == 0 || strcmp(tx->sqlstate, "40P01") == 0;
-  int code = lost                                       ? EIO
-             : strcmp(tx->sqlstate, "53100") == 0       ? ENOSPC
-             : strcmp(tx->sqlstate, "57014") == 0       ? EBUSY
-             : strcmp(tx->sqlstate, "55P03") == 0       ? EBUSY
-             : tx->retry                                ? EBUSY
-             : strcmp(tx->sqlstate, "22003") == 0       ? EOVERFLOW
-             : strncmp(tx->sqlstate, "23", 2) == 0      ? EINVAL
-             : strcmp(tx->sqlstate, "P0001") == 0       ? EINVAL
-                                                        : EIO;
+  int code = lost                                  ? EIO
+             : strcmp(tx->sqlstate, "53100") == 0  ? ENOSPC
+             : strcmp(tx->sqlstate, "57014") == 0  ? EBUSY
+             : strcmp(tx->sqlstate, "55P03") == 0  ? EBUSY
+             : tx->retry                           ? EBUSY
+             : strcmp(tx->sqlstate, "22003") == 0  ? EOVERFLOW
+             : strncmp(tx->sqlstate, "23", 2) == 0 ? EINVAL
+             : strcmp(tx->sqlstate, "P0001") == 0  ? EINVAL
+                                                   : EIO;
   char msg[512];
   snprintf(msg, sizeof msg, "%s",
            res && *PQresultErrorMessage(res) ? PQresultErrorMessage(res)
                                              : PQerrorMessage(tx->c->pg));
   trim_newline(msg);
   if (lost)
-    return eph_error_set(err, code, PLUGIN ": database %s unreachable while %s%s: %s",
-                         l->display, what,
+    return eph_error_set(err, code, PLUGIN ": database %s unreachable while %s%s: %s", l->display,
+                         what,
                          tx->commit_sent ? " (the commit's outcome is unknown until the run "
                                            "is settled)"
                                          : "",
@@ -105,7 +105,7 @@ check_transport(const char *conninfo, eph_error_t *err)
     PQfreemem(errmsg);
     return eph_error_set(err, EPH_E_CONFIG,
                          PLUGIN ": key 'database': not a libpq connection URI or key=value "
-                         "string");
+                                "string");
   }
   const char *host = getenv("PGHOST"), *hostaddr = getenv("PGHOSTADDR");
   const char *mode = getenv("PGSSLMODE");
@@ -127,7 +127,8 @@ check_transport(const char *conninfo, eph_error_t *err)
       size_t n = strcspn(p, ",");
       if (!host_is_local(p, n))
         r = eph_error_set(err, EPH_E_CONFIG,
-                          PLUGIN ": key 'database': host '%.*s' is not local and sslmode is "
+                          PLUGIN
+                          ": key 'database': host '%.*s' is not local and sslmode is "
                           "'%s': the ledger's traffic and credentials could be read or altered "
                           "on the network; add sslmode=verify-full (with the server's CA in "
                           "sslrootcert), or set require_tls = false",
@@ -157,8 +158,8 @@ display_name(const char *conninfo)
       continue;
     for (size_t i = 0; i < sizeof shown / sizeof shown[0]; i++)
       if (strcmp(o->keyword, shown[i]) == 0 && used < sizeof buf) {
-        int w = snprintf(buf + used, sizeof buf - used, "%s%s=%s", used ? " " : "", o->keyword,
-                         o->val);
+        int w =
+            snprintf(buf + used, sizeof buf - used, "%s%s=%s", used ? " " : "", o->keyword, o->val);
         used += w > 0 ? (size_t)w : 0;
       }
   }
@@ -232,8 +233,7 @@ int
 conn_connect(tx_t *tx, bool connect_only, eph_error_t *err)
 {
   conn_t *c = tx->c;
-  if (c->ready && PQstatus(c->pg) == CONNECTION_OK &&
-      PQtransactionStatus(c->pg) == PQTRANS_IDLE)
+  if (c->ready && PQstatus(c->pg) == CONNECTION_OK && PQtransactionStatus(c->pg) == PQTRANS_IDLE)
     return 0;
   c->ready = false;
   if (c->pg && PQstatus(c->pg) == CONNECTION_OK && PQtransactionStatus(c->pg) != PQTRANS_IDLE) {
@@ -273,7 +273,7 @@ conn_connect(tx_t *tx, bool connect_only, eph_error_t *err)
       c->pg = NULL;
       return eph_error_set(err, EPH_E_CONFIG,
                            PLUGIN ": key 'database': connected to host '%s' without "
-                           "sslmode=verify-full; refused (require_tls)",
+                                  "sslmode=verify-full; refused (require_tls)",
                            shown);
     }
   }
@@ -323,8 +323,7 @@ q(tx_t *tx, int which, const char *const *params, const char *what, eph_error_t 
 {
   char name[8];
   snprintf(name, sizeof name, "l%d", which);
-  PGresult *res =
-    PQexecPrepared(tx->c->pg, name, statements[which].params, params, NULL, NULL, 0);
+  PGresult *res = PQexecPrepared(tx->c->pg, name, statements[which].params, params, NULL, NULL, 0);
   ExecStatusType s = PQresultStatus(res);
   if (s == PGRES_COMMAND_OK || s == PGRES_TUPLES_OK)
     return res;
@@ -475,7 +474,7 @@ run_tx_locked(ledger_t *l, int lock_class, const char *lock_name, bool lock_org_
     if (tx.retry)
       return eph_error_set(err, EBUSY,
                            PLUGIN ": %s: still conflicting with concurrent transactions after "
-                           "%d attempts (max_attempts)",
+                                  "%d attempts (max_attempts)",
                            l->display, attempt);
     /* Lost before COMMIT: the server rolled the transaction back; reconnect once. */
     if (tx.lost && !tx.commit_sent && !reconnected) {

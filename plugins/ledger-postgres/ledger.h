@@ -95,8 +95,7 @@ conn_t *checkout(ledger_t *l);
 void checkin(ledger_t *l, conn_t *c);
 /* Prepared statement `which` with text parameters (NULL = SQL NULL): the result (caller
  * PQclear()s) or NULL after filling err. */
-PGresult *q(tx_t *tx, int which, const char *const *params, const char *what,
-            eph_error_t *err);
+PGresult *q(tx_t *tx, int which, const char *const *params, const char *what, eph_error_t *err);
 /* One statement (or several, results ignored but the last) by PQexec. */
 int exec_simple(tx_t *tx, const char *sql, eph_error_t *err);
 /* Several statements, every result read; the first failure is the error. */

@@ -42,8 +42,7 @@ eph_ledger_check_name(const char *what, const char *s, eph_error_t *err)
     return eph_error_set(err, EINVAL, "%s: empty", what);
   size_t n = strlen(s);
   if (n > EPH_LEDGER_MAX_NAME_BYTES)
-    return eph_error_set(err, EINVAL, "%s: longer than %d bytes", what,
-                         EPH_LEDGER_MAX_NAME_BYTES);
+    return eph_error_set(err, EINVAL, "%s: longer than %d bytes", what, EPH_LEDGER_MAX_NAME_BYTES);
   /* PostgreSQL refuses invalid UTF-8 in text and SQLite stores it: refused here for both. */
   if (!eph_utf8_is_text((const unsigned char *)s, n))
     return eph_error_set(err, EINVAL, "%s: not valid UTF-8", what);
@@ -86,8 +85,7 @@ eph_ledger_check_credit(const char *org, int64_t micros, eph_error_t *err)
   if (r < 0)
     return r;
   if (micros <= 0)
-    return eph_error_set(err, EINVAL, "credit: micros must be positive (got %" PRId64 ")",
-                         micros);
+    return eph_error_set(err, EINVAL, "credit: micros must be positive (got %" PRId64 ")", micros);
   return 0;
 }
 
@@ -98,14 +96,13 @@ eph_ledger_check_reserve(const char *org, const char *run_id, int64_t micros, ep
   if (r < 0 || (r = eph_ledger_check_name("run_id", run_id, err)) < 0)
     return r;
   if (micros <= 0)
-    return eph_error_set(err, EINVAL, "reserve: micros must be positive (got %" PRId64 ")",
-                         micros);
+    return eph_error_set(err, EINVAL, "reserve: micros must be positive (got %" PRId64 ")", micros);
   return 0;
 }
 
 int
-eph_ledger_check_charge(const char *run_id, eph_cost_t category, int64_t micros,
-                        const char **cat, eph_error_t *err)
+eph_ledger_check_charge(const char *run_id, eph_cost_t category, int64_t micros, const char **cat,
+                        eph_error_t *err)
 {
   int r = eph_ledger_check_name("run_id", run_id, err);
   if (r < 0)
@@ -123,9 +120,8 @@ eph_ledger_credit_fits(const char *org, int64_t credited, int64_t balance, int64
                        eph_error_t *err)
 {
   if (credited > INT64_MAX - micros || balance > INT64_MAX - micros)
-    return eph_error_set(err, EOVERFLOW,
-                         "credit: organisation '%s' would pass %" PRId64 " micros", org,
-                         INT64_MAX);
+    return eph_error_set(err, EOVERFLOW, "credit: organisation '%s' would pass %" PRId64 " micros",
+                         org, INT64_MAX);
   return 0;
 }
 
@@ -134,8 +130,7 @@ eph_ledger_reserve_fits(const char *org, int found, int64_t balance, int64_t mic
                         eph_error_t *err)
 {
   if (!found)
-    return eph_error_set(err, EPH_E_INSUFFICIENT, "reserve: organisation '%s' has no credit",
-                         org);
+    return eph_error_set(err, EPH_E_INSUFFICIENT, "reserve: organisation '%s' has no credit", org);
   if (balance < micros)
     return eph_error_set(err, EPH_E_INSUFFICIENT,
                          "reserve: organisation '%s' has %" PRId64 " micros available, the "

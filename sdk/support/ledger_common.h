@@ -38,8 +38,7 @@ void eph_ledger_memo_clean(const char *memo, char out[EPH_LEDGER_MAX_MEMO_BYTES 
 /* The arguments of each operation, checked before any transaction. check_charge sets *cat
  * to the category's name. */
 int eph_ledger_check_credit(const char *org, int64_t micros, eph_error_t *err);
-int eph_ledger_check_reserve(const char *org, const char *run_id, int64_t micros,
-                             eph_error_t *err);
+int eph_ledger_check_reserve(const char *org, const char *run_id, int64_t micros, eph_error_t *err);
 int eph_ledger_check_charge(const char *run_id, eph_cost_t category, int64_t micros,
                             const char **cat, eph_error_t *err);
 
