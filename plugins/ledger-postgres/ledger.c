@@ -398,7 +398,6 @@ ledger_close(ledger_t *l)
   free(l);
 }
 
-
 static int
 ledger_init(const eph_host_t *host, const config_setting_t *config, void **state,
             eph_error_t *err)
