@@ -24,7 +24,7 @@
  * or deadlock_detected (40P01) is run again from the start, a bounded number of times with a
  * randomised back-off. Before the transaction starts, an operation on a run (charge, settle)
  * or an organisation (credit, reserve) takes a session advisory lock on its name, so
- * operations on one reservation queue rather than abort each other (see run_tx).
+ * operations on one reservation queue rather than abort each other (see run_tx, conn.c).
  *
  * Threads. The core calls the ledger from the HTTP, run and meter threads at once: a small
  * pool of connections (`connections`, default 4) behind a mutex and a condition variable; an
