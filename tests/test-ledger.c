@@ -412,6 +412,50 @@ test_charge_over_cap_refused(void **st)
   check_journal(f);
 }
 
+/* The same bad input gets the same error from both ledgers (sdk/support/ledger_common.c):
+ * a name that is not UTF-8 is refused naming the field (ledger-sqlite used to store it), a
+ * memo's invalid bytes are stored as '?' and a long memo is cut at a character boundary
+ * (ledger-sqlite used to store the bytes as given). */
+static void
+test_same_errors_for_bad_input(void **st)
+{
+  fixture_t *f = *st;
+  eph_error_t err = {0};
+  assert_int_equal(f->ops->credit(f->state, "acme", 5000, &err), 0);
+  assert_int_equal(f->ops->reserve(f->state, "acme", "run_bad\xff", 100, &err), -EINVAL);
+  assert_string_equal(err.message, "run_id: not valid UTF-8");
+  err = (eph_error_t){0};
+  assert_int_equal(f->ops->credit(f->state, "ac\xc0\xafme", 5, &err), -EINVAL);
+  assert_string_equal(err.message, "organisation: not valid UTF-8");
+  err = (eph_error_t){0};
+  assert_int_equal(f->ops->charge(f->state, "run_\xed\xa0\x80", EPH_COST_WEB, 1, "m", &err),
+                   -EINVAL);
+  assert_string_equal(err.message, "run_id: not valid UTF-8");
+  err = (eph_error_t){0};
+  assert_int_equal(f->ops->totals(f->state, "run_absent", &(eph_ledger_totals_t){0}, &err),
+                   -ENOENT);
+  assert_string_equal(err.message, "totals: run run_absent has no reservation");
+
+  assert_int_equal(f->ops->reserve(f->state, "acme", "run_memo", 100, &err), 0);
+  assert_int_equal(
+    f->ops->charge(f->state, "run_memo", EPH_COST_WEB, 1, "a\xff" "b\xe2\x82", &err), 0);
+  /* 255 ASCII bytes then a 3-byte character: the character does not fit in 256 bytes. */
+  char long_memo[300];
+  memset(long_memo, 'x', 255);
+  snprintf(long_memo + 255, sizeof long_memo - 255, "\xe2\x82\xac tail");
+  assert_int_equal(f->ops->charge(f->state, "run_memo", EPH_COST_WEB, 1, long_memo, &err), 0);
+  raw_t *db = raw_open(f);
+  assert_int_equal(raw_int(db, "SELECT count(*) FROM entries WHERE memo = ?1", "a?b??"), 1);
+  assert_int_equal(raw_int(db, "SELECT count(*) FROM entries WHERE kind = 'charge'"
+                               " AND length(memo) = 255", NULL),
+                   1);
+  assert_int_equal(raw_int(db, "SELECT count(*) FROM reservations WHERE run_id LIKE 'run_bad%'",
+                           NULL),
+                   0);
+  raw_close(db);
+  check_journal(f);
+}
+
 static void
 test_insufficient_balance(void **st)
 {
@@ -1248,6 +1292,7 @@ main(void)
     cmocka_unit_test_setup_teardown(test_reserve_charge_settle_sums, setup, teardown),
     cmocka_unit_test_setup_teardown(test_charge_over_cap_refused, setup, teardown),
     cmocka_unit_test_setup_teardown(test_insufficient_balance, setup, teardown),
+    cmocka_unit_test_setup_teardown(test_same_errors_for_bad_input, setup, teardown),
     cmocka_unit_test_setup_teardown(test_concurrent_reserves_never_overspend, setup, teardown),
     cmocka_unit_test_setup_teardown(test_settle_idempotent, setup, teardown),
     cmocka_unit_test_setup_teardown(test_settle_open_after_crash, setup, teardown),

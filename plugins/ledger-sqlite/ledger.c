@@ -61,11 +61,10 @@
 #include <ephemeral/plugin.h>
 
 #include "support/cleanup.h"
+#include "support/ledger_common.h"
 #include "support/sqlite.h"
 
 #define SCHEMA_VERSION 2
-#define MAX_NAME_BYTES 128 /* org and run_id */
-#define MAX_MEMO_BYTES 256 /* longer memos are cut at a UTF-8 boundary */
 
 static const char schema_v1[] =
   "CREATE TABLE organisations ("
@@ -198,12 +197,6 @@ typedef struct ledger {
   int64_t last_sync_us; /* CLOCK_MONOTONIC of the last fsync()ed commit */
 } ledger_t;
 
-/* One reservation row as read back. */
-typedef struct reservation {
-  char org[MAX_NAME_BYTES + 1];
-  eph_ledger_totals_t t;
-} reservation_t;
-
 static const eph_config_key_t ledger_keys[] = {
   {"path", EPH_CFG_STRING, "\"<state_dir>/ledger.sqlite\"", NULL,
    "The ledger's SQLite file. A relative path is taken relative to the state directory."},
@@ -219,14 +212,6 @@ static const eph_config_key_t ledger_keys[] = {
   {0},
 };
 
-static int64_t
-wall_us(void)
-{
-  struct timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
-  return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
-}
-
 /* A CHECK or trigger refusing an entry the C checks let through (a bug or a foreign writer)
  * is EINVAL with SQLite's message; the mapping is the store's too (eph_sqlite_errno). */
 static int
@@ -234,30 +219,6 @@ db_error(ledger_t *l, int rc, const char *what, eph_error_t *err)
 {
   return eph_error_set(err, eph_sqlite_errno(rc), "%s: %s: %s", l->path, what,
                        sqlite3_errmsg(l->db));
-}
-
-static const char *
-cost_name(eph_cost_t c)
-{
-  switch (c) {
-  case EPH_COST_MODEL:
-    return "model";
-  case EPH_COST_WEB:
-    return "web";
-  case EPH_COST_COMPUTE:
-    return "compute";
-  }
-  return NULL;
-}
-
-static int
-check_name(const char *what, const char *s, eph_error_t *err)
-{
-  if (!s || !*s)
-    return eph_error_set(err, EINVAL, "%s: empty", what);
-  if (strlen(s) > MAX_NAME_BYTES)
-    return eph_error_set(err, EINVAL, "%s: longer than %d bytes", what, MAX_NAME_BYTES);
-  return 0;
 }
 
 /* Runs a statement that returns no row (or whose rows are ignored) and resets it. */
@@ -345,7 +306,7 @@ tx_end(ledger_t *l, int r, eph_error_t *err)
 
 /* Reads one reservation. Returns 1 found, 0 absent, negative on error. */
 static int
-reservation_get(ledger_t *l, const char *run_id, reservation_t *out, eph_error_t *err)
+reservation_get(ledger_t *l, const char *run_id, eph_ledger_reservation_t *out, eph_error_t *err)
 {
   sqlite3_stmt *s = l->st[ST_RES_GET];
   sqlite3_bind_text(s, 1, run_id, -1, SQLITE_STATIC);
@@ -393,11 +354,12 @@ org_get(ledger_t *l, const char *org, int64_t *credited, int64_t *balance, eph_e
 }
 
 static int
-entry_add(ledger_t *l, const char *org, const char *run_id, const char *kind,
+entry_add(void *ctx, const char *org, const char *run_id, const char *kind,
           const char *category, int64_t micros, const char *memo, eph_error_t *err)
 {
+  ledger_t *l = ctx; /* void *: it is the store's entry_add (eph_ledger_store_t) */
   sqlite3_stmt *s = l->st[ST_ENTRY_ADD];
-  sqlite3_bind_int64(s, 1, wall_us());
+  sqlite3_bind_int64(s, 1, eph_ledger_wall_us());
   sqlite3_bind_text(s, 2, org, -1, SQLITE_STATIC);
   if (run_id)
     sqlite3_bind_text(s, 3, run_id, -1, SQLITE_STATIC);
@@ -405,14 +367,10 @@ entry_add(ledger_t *l, const char *org, const char *run_id, const char *kind,
   if (category)
     sqlite3_bind_text(s, 5, category, -1, SQLITE_STATIC);
   sqlite3_bind_int64(s, 6, micros);
+  char memo_buf[EPH_LEDGER_MAX_MEMO_BYTES + 1];
   if (memo) {
-    size_t n = strlen(memo);
-    if (n > MAX_MEMO_BYTES) {
-      n = MAX_MEMO_BYTES;
-      while (n > 0 && ((unsigned char)memo[n] & 0xC0) == 0x80)
-        n--; /* do not cut a UTF-8 sequence */
-    }
-    sqlite3_bind_text(s, 7, memo, (int)n, SQLITE_STATIC);
+    eph_ledger_memo_clean(memo, memo_buf);
+    sqlite3_bind_text(s, 7, memo_buf, -1, SQLITE_STATIC);
   }
   return step_done(l, ST_ENTRY_ADD, "appending a ledger entry", err);
 }
@@ -423,12 +381,9 @@ static int
 ledger_credit(void *state, const char *org, int64_t micros, eph_error_t *err)
 {
   ledger_t *l = state;
-  int r = check_name("organisation", org, err);
+  int r = eph_ledger_check_credit(org, micros, err);
   if (r < 0)
     return r;
-  if (micros <= 0)
-    return eph_error_set(err, EINVAL, "credit: micros must be positive (got %" PRId64 ")",
-                         micros);
   pthread_mutex_lock(&l->lock);
   if ((r = tx_begin(l, err)) < 0) {
     pthread_mutex_unlock(&l->lock);
@@ -436,13 +391,12 @@ ledger_credit(void *state, const char *org, int64_t micros, eph_error_t *err)
   }
   int64_t credited = 0, balance = 0;
   sqlite3_bind_text(l->st[ST_ORG_ENSURE], 1, org, -1, SQLITE_STATIC);
-  sqlite3_bind_int64(l->st[ST_ORG_ENSURE], 2, wall_us());
+  sqlite3_bind_int64(l->st[ST_ORG_ENSURE], 2, eph_ledger_wall_us());
   r = step_done(l, ST_ORG_ENSURE, "creating the organisation", err);
   if (r >= 0)
     r = org_get(l, org, &credited, &balance, err);
-  if (r >= 0 && (credited > INT64_MAX - micros || balance > INT64_MAX - micros))
-    r = eph_error_set(err, EOVERFLOW, "credit: organisation '%s' would pass %" PRId64
-                      " micros", org, INT64_MAX);
+  if (r >= 0)
+    r = eph_ledger_credit_fits(org, credited, balance, micros, err);
   if (r >= 0)
     r = entry_add(l, org, NULL, "credit", NULL, micros, NULL, err);
   return tx_end(l, r < 0 ? r : 0, err);
@@ -452,7 +406,7 @@ static int
 ledger_balance(void *state, const char *org, int64_t *micros, eph_error_t *err)
 {
   ledger_t *l = state;
-  int r = check_name("organisation", org, err);
+  int r = eph_ledger_check_name("organisation", org, err);
   if (r < 0)
     return r;
   int64_t balance = 0;
@@ -470,32 +424,21 @@ ledger_reserve(void *state, const char *org, const char *run_id, int64_t micros,
                eph_error_t *err)
 {
   ledger_t *l = state;
-  int r = check_name("organisation", org, err);
-  if (r < 0 || (r = check_name("run_id", run_id, err)) < 0)
+  int r = eph_ledger_check_reserve(org, run_id, micros, err);
+  if (r < 0)
     return r;
-  if (micros <= 0)
-    return eph_error_set(err, EINVAL, "reserve: micros must be positive (got %" PRId64 ")",
-                         micros);
   pthread_mutex_lock(&l->lock);
   if ((r = tx_begin(l, err)) < 0) {
     pthread_mutex_unlock(&l->lock);
     return r;
   }
-  reservation_t res;
+  eph_ledger_reservation_t res;
   int64_t balance = 0;
   r = reservation_get(l, run_id, &res, err);
   if (r == 1)
-    r = eph_error_set(err, EEXIST, "reserve: run %s already has a reservation", run_id);
-  if (r >= 0) {
-    r = org_get(l, org, NULL, &balance, err);
-    if (r == 0)
-      r = eph_error_set(err, EPH_E_INSUFFICIENT, "reserve: organisation '%s' has no credit",
-                        org);
-  }
-  if (r >= 0 && balance < micros)
-    r = eph_error_set(err, EPH_E_INSUFFICIENT,
-                      "reserve: organisation '%s' has %" PRId64 " micros available, the run "
-                      "asks for %" PRId64, org, balance, micros);
+    r = eph_ledger_err_reserved(run_id, err);
+  if (r >= 0 && (r = org_get(l, org, NULL, &balance, err)) >= 0)
+    r = eph_ledger_reserve_fits(org, r, balance, micros, err);
   if (r >= 0)
     r = entry_add(l, org, run_id, "reserve", NULL, micros, NULL, err);
   return tx_end(l, r < 0 ? r : 0, err);
@@ -506,66 +449,46 @@ ledger_charge(void *state, const char *run_id, eph_cost_t category, int64_t micr
               const char *memo, eph_error_t *err)
 {
   ledger_t *l = state;
-  int r = check_name("run_id", run_id, err);
+  const char *cat = NULL;
+  int r = eph_ledger_check_charge(run_id, category, micros, &cat, err);
   if (r < 0)
     return r;
-  const char *cat = cost_name(category);
-  if (!cat)
-    return eph_error_set(err, EINVAL, "charge: unknown cost category %d", (int)category);
-  if (micros < 0)
-    return eph_error_set(err, EINVAL, "charge: micros must not be negative (got %" PRId64 ")",
-                         micros);
   pthread_mutex_lock(&l->lock);
   if ((r = tx_begin_as(l, true, err)) < 0) {
     pthread_mutex_unlock(&l->lock);
     return r;
   }
-  reservation_t res;
+  eph_ledger_reservation_t res;
   r = reservation_get(l, run_id, &res, err);
-  if (r == 0)
-    r = eph_error_set(err, ENOENT, "charge: run %s has no reservation", run_id);
-  else if (r == 1 && res.t.settled)
-    r = eph_error_set(err, EALREADY, "charge: run %s is already settled", run_id);
-  /* Written as a subtraction so it cannot overflow: both sides are within [0, reserved]. */
-  else if (r == 1 && micros > res.t.reserved_micros - res.t.billed_micros)
-    r = eph_error_set(err, EPH_E_BUDGET,
-                      "charge: %" PRId64 " micros of %s would pass the reservation of run %s "
-                      "(%" PRId64 " of %" PRId64 " micros billed)",
-                      micros, cat, run_id, res.t.billed_micros, res.t.reserved_micros);
+  if (r >= 0)
+    r = eph_ledger_charge_fits(run_id, cat, micros, r, &res.t, err);
   if (r >= 0)
     r = entry_add(l, res.org, run_id, "charge", cat, micros, memo, err);
   return tx_end(l, r < 0 ? r : 0, err);
 }
+
+static int
+store_reservation_get(void *l, const char *run_id, eph_ledger_reservation_t *out,
+                      eph_error_t *err)
+{
+  return reservation_get(l, run_id, out, err);
+}
+
+static const eph_ledger_store_t store = {store_reservation_get, entry_add};
 
 /* Settles inside an open transaction. Returns 1 when it settled now, 0 when it already
  * was settled, negative on error. */
 static int
 settle_locked(ledger_t *l, const char *run_id, eph_ledger_totals_t *totals, eph_error_t *err)
 {
-  reservation_t res;
-  int r = reservation_get(l, run_id, &res, err);
-  if (r < 0)
-    return r;
-  if (r == 0)
-    return eph_error_set(err, ENOENT, "settle: run %s has no reservation", run_id);
-  if (!res.t.settled) {
-    int64_t released = res.t.reserved_micros - res.t.billed_micros;
-    if ((r = entry_add(l, res.org, run_id, "settle", NULL, released, NULL, err)) < 0)
-      return r;
-    res.t.released_micros = released;
-    res.t.settled = 1;
-    r = 1;
-  }
-  if (totals)
-    *totals = res.t;
-  return r;
+  return eph_ledger_settle_in(&store, l, run_id, totals, err);
 }
 
 static int
 ledger_settle(void *state, const char *run_id, eph_ledger_totals_t *totals, eph_error_t *err)
 {
   ledger_t *l = state;
-  int r = check_name("run_id", run_id, err);
+  int r = eph_ledger_check_name("run_id", run_id, err);
   if (r < 0)
     return r;
   pthread_mutex_lock(&l->lock);
@@ -581,15 +504,15 @@ static int
 ledger_totals(void *state, const char *run_id, eph_ledger_totals_t *totals, eph_error_t *err)
 {
   ledger_t *l = state;
-  int r = check_name("run_id", run_id, err);
+  int r = eph_ledger_check_name("run_id", run_id, err);
   if (r < 0)
     return r;
-  reservation_t res;
+  eph_ledger_reservation_t res;
   pthread_mutex_lock(&l->lock);
   r = reservation_get(l, run_id, &res, err);
   pthread_mutex_unlock(&l->lock);
   if (r == 0)
-    return eph_error_set(err, ENOENT, "totals: run %s has no reservation", run_id);
+    return eph_ledger_err_no_reservation("totals", run_id, err);
   if (r < 0)
     return r;
   *totals = res.t;
@@ -660,7 +583,7 @@ ledger_probe(void *state, eph_error_t *err)
     pthread_mutex_unlock(&l->lock);
     return r;
   }
-  sqlite3_bind_int64(l->st[ST_PROBE], 1, wall_us());
+  sqlite3_bind_int64(l->st[ST_PROBE], 1, eph_ledger_wall_us());
   r = step_done(l, ST_PROBE, "health probe", err);
   return tx_end(l, r, err);
 }
