@@ -33,6 +33,8 @@
 #define EPH_PRICE_DEFAULT_INPUT_MTOK 50000
 #define EPH_PRICE_DEFAULT_OUTPUT_MTOK 280000
 
+/* The rows are a table: aligned by hand, not by clang-format (it splits a row's strings). */
+/* clang-format off */
 /* ---- ephemeral.conf, top level */
 #define EPH_CORE_KEYS(I, IX, S, SX, B, L, LG, G)                                                   \
   SX(plugin_dir, "(build tree or <libdir>/ephemeral/plugins)",                                     \
@@ -126,7 +128,7 @@
   I(max_connections, 32, 1, 4096, NULL, "Connections open at once per run.")                       \
   I(max_bytes, 67108864, 1, EPH_CONF_NOMAX, "bytes", "Bytes one connection may carry.")            \
   I(max_connection_ms, 300000, 1, EPH_CONF_NOMAX, "ms", "How long one connection may last.")       \
-  I(idle_ms, 30000, 1, EPH_CONF_NOMAX, "ms", "A connection without traffic this long closes.")  \
+  I(idle_ms, 30000, 1, EPH_CONF_NOMAX, "ms", "A connection without traffic this long closes.")     \
   I(price_micros_per_request, 1000, 0, 1000000000, "micros",                                       \
     "What one connection costs (category web).")                                                   \
   L(allow_domains, "[] (any)",                                                                     \
@@ -187,6 +189,8 @@
   I(idle_timeout_seconds, 60, 1, 86400, "seconds",                                                 \
     "A connection without any traffic for this long is closed (SSE streams send a "                \
     "keep-alive every 15 s).")
+
+/* clang-format on */
 
 /* ---- the structs the rows fill: one member per row. Strings are borrowed from the config
  * tree (valid until eph_config_free) or are the static default; NULL for an SX row not set. */
