@@ -33,9 +33,11 @@ typedef struct eph_lazylib {
   char error[256];
 } eph_lazylib_t;
 
-#define EPH_LAZYLIB_INIT(so, n, s, c, b)                                                          \
-  {.soname = (so), .names = (n), .slots = (s), .count = (c), .bind = (b),                        \
-   .lock = PTHREAD_MUTEX_INITIALIZER}
+#define EPH_LAZYLIB_INIT(so, n, s, c, b)                                                           \
+  {                                                                                                \
+    .soname = (so), .names = (n), .slots = (s), .count = (c), .bind = (b),                         \
+    .lock = PTHREAD_MUTEX_INITIALIZER                                                              \
+  }
 
 /* 0 once the library is loaded and every name resolved (thread-safe; the handle is kept
  * for the process's life); else -ELIBACC with "<soname>: <dlerror>" in err. */
