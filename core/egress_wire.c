@@ -14,8 +14,7 @@
 #include <string.h>
 #include <strings.h>
 
-#include <curl/curl.h>
-
+#include "support/curl_api.h"
 #include "support/net.h"
 #include "util.h"
 
@@ -244,7 +243,8 @@ char *
 rewrite_request(const char *method, const char *url, const char *host, int port,
                 const char *headers)
 {
-  CURLU *u = curl_url();
+  /* libcurl is loaded: the target was parsed by eph_net_url_host() before. */
+  CURLU *u = eph_curl_load(NULL) == 0 ? curl_url() : NULL;
   char *path = NULL, *query = NULL;
   if (u && curl_url_set(u, CURLUPART_URL, url, 0) == CURLUE_OK) {
     curl_url_get(u, CURLUPART_PATH, &path, 0);

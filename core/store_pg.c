@@ -14,10 +14,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <libpq-fe.h>
 #include <openssl/crypto.h>
 
 #include "log.h"
+#include "pq_api.h"
 #include "store_int.h"
 #include "util.h"
 
@@ -800,6 +800,9 @@ int
 eph_store_pg_open(const char *conninfo, const eph_store_options_t *opt, eph_store_t **out,
                   eph_error_t *err)
 {
+  int r = eph_pq_load(err);
+  if (r < 0)
+    return r;
   pg_store_t *s = eph_xcalloc(1, sizeof *s);
   cleanup_free char *display = display_target(conninfo);
   eph_store_base_init(&s->base, &pg_ops, display, (int64_t)opt->idempotency_hours * 3600 * 1000000);
@@ -808,7 +811,6 @@ eph_store_pg_open(const char *conninfo, const eph_store_options_t *opt, eph_stor
     s->node = eph_xstrdup(opt->node_name);
     s->lease_us = (int64_t)(opt->lease_seconds > 0 ? opt->lease_seconds : 15) * 1000000;
   }
-  int r = 0;
   s->conn = PQconnectdb(conninfo);
   if (!s->conn || PQstatus(s->conn) != CONNECTION_OK) {
     char clean[400];

@@ -13,6 +13,8 @@
 
 #include "net.h"
 
+#include "curl_api.h"
+
 #include "cleanup.h"
 
 /* ---------------------------------------------------------------- policy */
@@ -426,9 +428,11 @@ eph_net_resolve_checked(const eph_net_policy_t *p, const char *host, int port,
 static int
 parse_url(const char *url, CURLU **out, char **host, int *port, eph_error_t *err)
 {
+  int r = eph_curl_load(err);
+  if (r < 0)
+    return r;
   CURLU *u = curl_url();
   char *scheme = NULL, *h = NULL, *user = NULL, *pw = NULL, *zone = NULL, *portstr = NULL;
-  int r = 0;
   if (!u)
     return eph_error_set(err, ENOMEM, "out of memory");
   if (curl_url_set(u, CURLUPART_URL, url, 0) != CURLUE_OK) {

@@ -175,6 +175,8 @@ eph_sqlite_open(const char *path, const eph_sqlite_open_options_t *opt, sqlite3 
   }
   sqlite3_extended_result_codes(db, 1);
   sqlite3_busy_timeout(db, busy_ms);
+  if (opt->no_checkpoint_on_close)
+    sqlite3_db_config(db, SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, 1, (int *)NULL);
   /* journal_mode returns the mode it ended in: check it really is WAL. */
   char mode_buf[32];
   const char *mode = eph_sqlite_switch_to_wal(db, busy_ms, mode_buf, sizeof mode_buf);

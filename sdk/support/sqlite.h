@@ -26,6 +26,12 @@ typedef struct eph_sqlite_open_options {
   const char *synchronous; /* "FULL" or "NORMAL" (NULL: "NORMAL") */
   bool owner_only;         /* chmod 0600 the file (SQLite gives -wal and -shm its mode) */
   const char *damaged_hint; /* appended to the "damaged" refusal: what the operator does */
+  /* No checkpoint when the connection closes (SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE): only for
+   * a file whose commits are fsync()ed themselves (synchronous FULL), where the close-time
+   * checkpoint adds two fsyncs per process and no durability. The WAL is checkpointed by
+   * the next writer once it grows past SQLite's auto-checkpoint size, or by the close of
+   * a connection opened without this option. */
+  bool no_checkpoint_on_close;
 } eph_sqlite_open_options_t;
 
 /* Opens (creating) path for one connection guarded by the caller's own mutex

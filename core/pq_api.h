@@ -1,0 +1,72 @@
+/* libpq, bound on first use (sdk/support/lazylib.h): the functions core/store_pg.c calls,
+ * so the `ephemeral` CLI and ephemerald do not load libpq and its ~25 libraries (GnuTLS,
+ * Kerberos, LDAP, SASL) at start-up, only when a PostgreSQL store is opened.
+ *
+ * Include this instead of <libpq-fe.h>: the calls keep their names (macros below) and
+ * their types (taken from libpq-fe.h). eph_store_pg_open() calls eph_pq_load() before
+ * anything else; every other function of store_pg.c runs on a store it opened. */
+#ifndef EPH_CORE_PQ_API_H
+#define EPH_CORE_PQ_API_H
+
+#include <libpq-fe.h>
+
+#include <ephemeral/plugin.h>
+
+#define EPH_PQ_FUNCTIONS(X)                                                                        \
+  X(PQclear)                                                                                       \
+  X(PQcmdTuples)                                                                                   \
+  X(PQconnectdb)                                                                                   \
+  X(PQconninfoFree)                                                                                \
+  X(PQconninfoParse)                                                                               \
+  X(PQerrorMessage)                                                                                \
+  X(PQexec)                                                                                        \
+  X(PQexecParams)                                                                                  \
+  X(PQfinish)                                                                                      \
+  X(PQfreemem)                                                                                     \
+  X(PQgetisnull)                                                                                   \
+  X(PQgetlength)                                                                                   \
+  X(PQgetvalue)                                                                                    \
+  X(PQntuples)                                                                                     \
+  X(PQreset)                                                                                       \
+  X(PQresultErrorField)                                                                            \
+  X(PQresultErrorMessage)                                                                          \
+  X(PQresultStatus)                                                                                \
+  X(PQsetNoticeProcessor)                                                                          \
+  X(PQstatus)
+
+#define EPH_PQ_FIELD(f) __typeof__(f) *f;
+typedef struct eph_pq_api {
+  EPH_PQ_FUNCTIONS(EPH_PQ_FIELD)
+} eph_pq_api_t;
+#undef EPH_PQ_FIELD
+
+/* Filled by the first successful eph_pq_load(); read-only afterwards. */
+extern eph_pq_api_t eph_pq_api;
+
+/* 0 once libpq (libpq.so.5) is loaded and bound; else -ELIBACC, err names why. */
+int eph_pq_load(eph_error_t *err);
+
+#ifndef EPH_PQ_API_IMPLEMENTATION
+#define PQclear (eph_pq_api.PQclear)
+#define PQcmdTuples (eph_pq_api.PQcmdTuples)
+#define PQconnectdb (eph_pq_api.PQconnectdb)
+#define PQconninfoFree (eph_pq_api.PQconninfoFree)
+#define PQconninfoParse (eph_pq_api.PQconninfoParse)
+#define PQerrorMessage (eph_pq_api.PQerrorMessage)
+#define PQexec (eph_pq_api.PQexec)
+#define PQexecParams (eph_pq_api.PQexecParams)
+#define PQfinish (eph_pq_api.PQfinish)
+#define PQfreemem (eph_pq_api.PQfreemem)
+#define PQgetisnull (eph_pq_api.PQgetisnull)
+#define PQgetlength (eph_pq_api.PQgetlength)
+#define PQgetvalue (eph_pq_api.PQgetvalue)
+#define PQntuples (eph_pq_api.PQntuples)
+#define PQreset (eph_pq_api.PQreset)
+#define PQresultErrorField (eph_pq_api.PQresultErrorField)
+#define PQresultErrorMessage (eph_pq_api.PQresultErrorMessage)
+#define PQresultStatus (eph_pq_api.PQresultStatus)
+#define PQsetNoticeProcessor (eph_pq_api.PQsetNoticeProcessor)
+#define PQstatus (eph_pq_api.PQstatus)
+#endif
+
+#endif
