@@ -199,6 +199,14 @@ json_object *eph_srv_run_shape(json_object *row, json_object *events);
 json_object *eph_srv_event_from_store(json_object *stored);
 /* A store row (eph_store_run_get, borrowed) as the API's run object, without events. */
 json_object *eph_srv_run_from_store(json_object *row);
+/* server_runs.c: a created run made live on this node (see its comment); -1 with err set
+ * and the run settled and freed on failure. */
+int eph_srv_live_enqueue(eph_server_t *srv, eph_run_t *run, const char *org,
+                         json_object **created, eph_error_t *err);
+/* A store error answered: 404 for ENOENT, otherwise 500 (the reason goes to the log). */
+MHD_RESULT eph_srv_store_failure(eph_server_t *srv, struct MHD_Connection *c,
+                                 const eph_error_t *err);
+/* server_admit.c: POST /v1/runs. */
 MHD_RESULT eph_srv_runs_create(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req);
 MHD_RESULT eph_srv_runs_continue(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req);
 MHD_RESULT eph_srv_runs_get(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req);
