@@ -8,6 +8,7 @@
 #include "server_int.h"
 
 #include <errno.h>
+#include <stdint.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
@@ -16,6 +17,7 @@
 #include <unistd.h>
 
 #include "log.h"
+#include "runstore.h"
 #include "util.h"
 #include "webhook.h"
 
@@ -268,19 +270,39 @@ eph_srv_runs_create(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req
     free(existing);
   }
 
+  /* On a cluster the bound is the shared queue's length (server.max_queued_runs runs
+   * waiting for any node); checked here before anything is reserved, and again, atomically
+   * across nodes, when the run is pushed. */
+  int64_t shared_len = 0;
+  if (srv->shared_queue && eph_store_queue_length(srv->store, &shared_len, &err) < 0) {
+    eph_error("%s", err.message);
+    status = MHD_HTTP_SERVICE_UNAVAILABLE;
+    type = "storage_unavailable";
+    snprintf(msg, sizeof msg, "the store failed; see the daemon's log");
+    goto refused;
+  }
   pthread_mutex_lock(&srv->lock);
-  bool full = srv->queued + srv->running >= srv->opt.max_concurrent_runs + srv->opt.max_queued_runs;
+  bool full = srv->shared_queue
+                  ? shared_len >= srv->opt.max_queued_runs
+                  : srv->queued + srv->running >=
+                        srv->opt.max_concurrent_runs + srv->opt.max_queued_runs;
   if (full)
     srv->queue_full_refusals++;
   pthread_mutex_unlock(&srv->lock);
   if (full) {
+  queue_full:
     status = MHD_HTTP_TOO_MANY_REQUESTS;
     type = "rate_limited";
-    snprintf(msg, sizeof msg, "the run queue is full (%d running, %d queued); retry later",
-             srv->opt.max_concurrent_runs, srv->opt.max_queued_runs);
+    if (srv->shared_queue)
+      snprintf(msg, sizeof msg, "the cluster's run queue is full (%d queued); retry later",
+               srv->opt.max_queued_runs);
+    else
+      snprintf(msg, sizeof msg, "the run queue is full (%d running, %d queued); retry later",
+               srv->opt.max_concurrent_runs, srv->opt.max_queued_runs);
     goto refused;
   }
 
+  const int64_t budget = rq.max_cost_micros; /* rq is the run's once eph_run_new took it */
   eph_run_options_t ro = {.org = req->org, .run_id = run_id};
   eph_run_t *run = NULL;
   if (eph_run_new(srv->ctx, &rq, &ro, &run, &err) < 0) {
@@ -305,11 +327,51 @@ eph_srv_runs_create(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req
     snprintf(msg, sizeof msg, "%s", err.message);
     goto refused;
   }
-  if (eph_srv_live_enqueue(srv, run, req->org, &req->created, &err) < 0) {
-    status = MHD_HTTP_SERVICE_UNAVAILABLE;
-    type = "storage_unavailable";
-    snprintf(msg, sizeof msg, "the store cannot record the run: %s", err.message);
-    goto refused;
+  if (srv->shared_queue && !eph_run_zdr(run)) {
+    /* Recorded (row, `reserved` event) and pushed into the shared queue; whichever node
+     * claims it executes it with this reservation. This node forgets it. */
+    int r = eph_runstore_attach(srv->store, run, NULL, &err);
+    if (r == 0) {
+      req->created = eph_run_to_json(run, true);
+      r = eph_store_queue_push(srv->store, run_id, budget, false, srv->opt.max_queued_runs,
+                               &err);
+    }
+    if (r < 0) {
+      /* Refused after the reservation (another node filled the queue in between, or the
+       * store failed): the reservation is released and the record says so. */
+      eph_run_abandon(run, r == -EAGAIN ? "queue_full" : "storage_error");
+      eph_run_free(run);
+      eph_runstore_detach(run);
+      json_object_put(req->created);
+      req->created = NULL;
+      if (r == -EAGAIN)
+        goto queue_full;
+      eph_error("run %s: %s", run_id, err.message);
+      status = MHD_HTTP_SERVICE_UNAVAILABLE;
+      type = "storage_unavailable";
+      snprintf(msg, sizeof msg, "the store cannot record the run: %s", err.message);
+      goto refused;
+    }
+    eph_run_disown(run);
+    eph_run_free(run);
+    eph_runstore_detach(run);
+    pthread_mutex_lock(&srv->lock);
+    srv->runs_created++;
+    pthread_cond_broadcast(&srv->cond); /* an idle worker here claims it at once */
+    pthread_mutex_unlock(&srv->lock);
+  } else {
+    bool zdr = srv->shared_queue;
+    if (eph_srv_live_enqueue(srv, run, req->org, &req->created, &err) < 0) {
+      status = MHD_HTTP_SERVICE_UNAVAILABLE;
+      type = "storage_unavailable";
+      snprintf(msg, sizeof msg, "the store cannot record the run: %s", err.message);
+      goto refused;
+    }
+    /* Zero data retention on a cluster: the request's content exists only in this node's
+     * memory, so the run waits in its memory queue and only it executes it; it is counted
+     * in the shared queue (local_only) so the cluster's bound includes it. */
+    if (zdr && eph_store_queue_push(srv->store, run_id, 0, true, INT32_MAX, &err) < 0)
+      eph_warn("run %s: counting it in the shared queue: %s", run_id, err.message);
   }
   claim_unmark(srv, run_id, &mark); /* the row is stored */
   pthread_mutex_unlock(&srv->admit);

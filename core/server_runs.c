@@ -194,27 +194,91 @@ finished(eph_server_t *srv, live_t *l)
   eph_webhooks_run_ended(srv->webhooks, l->org, l->id, o);
 }
 
+/* How often an idle worker looks at the cluster's shared queue. */
+#define SHARED_QUEUE_POLL_MS 200
+
+/* A run claimed from the shared queue made live here, running: in the table with a ref for
+ * the worker. NULL when nothing was claimed (or it could not be recorded: then it is ended
+ * and settled). srv->lock not held. */
+static live_t *
+claim_live(eph_server_t *srv)
+{
+  char *org = NULL;
+  eph_run_t *run = eph_srv_cluster_claim(srv, &org);
+  if (!run)
+    return NULL;
+  live_t *l = eph_xcalloc(1, sizeof *l);
+  l->srv = srv;
+  l->run = run;
+  l->org = org;
+  snprintf(l->id, sizeof l->id, "%s", eph_run_id(run));
+  l->refs = 2; /* the table's and the worker's */
+  eph_run_observer_t obs = {.on_event = obs_event, .on_update = obs_wake, .opaque = l};
+  eph_error_t err = {0};
+  /* Its row and `reserved` event (seq 1) were stored by the admitting node. */
+  eph_runstore_adopt(srv->store, run, &obs, 1, &err);
+  pthread_mutex_lock(&srv->lock);
+  unsigned b = bucket_of(l->id);
+  l->bucket_next = srv->table[b];
+  srv->table[b] = l;
+  l->in_table = true;
+  l->running = true;
+  srv->running++;
+  srv->live_count++;
+  pthread_mutex_unlock(&srv->lock);
+  return l;
+}
+
 static void *
 worker_main(void *arg)
 {
   eph_server_t *srv = arg;
   pthread_mutex_lock(&srv->lock);
   for (;;) {
-    while (!srv->queue_head && !srv->stopping)
-      pthread_cond_wait(&srv->cond, &srv->lock);
-    if (!srv->queue_head)
-      break;
-    live_t *l = srv->queue_head;
-    srv->queue_head = l->queue_next;
-    if (!srv->queue_head)
-      srv->queue_tail = NULL;
-    l->queue_next = NULL;
-    l->queued = false;
-    l->running = true;
-    l->refs++;
-    srv->queued--;
-    srv->running++;
+    live_t *l = NULL;
+    while (!srv->queue_head && !srv->stopping) {
+      if (!srv->shared_queue || srv->draining) {
+        pthread_cond_wait(&srv->cond, &srv->lock);
+        continue;
+      }
+      /* Idle on a cluster: take a run any node admitted (polled; a local admission of a
+       * zero-data-retention run still wakes this worker at once). */
+      pthread_mutex_unlock(&srv->lock);
+      l = claim_live(srv);
+      pthread_mutex_lock(&srv->lock);
+      if (l || srv->queue_head || srv->stopping)
+        break;
+      struct timespec until;
+      clock_gettime(CLOCK_MONOTONIC, &until);
+      until.tv_nsec += SHARED_QUEUE_POLL_MS * 1000000L;
+      if (until.tv_nsec >= 1000000000L) {
+        until.tv_sec++;
+        until.tv_nsec -= 1000000000L;
+      }
+      pthread_cond_timedwait(&srv->cond, &srv->lock, &until);
+    }
+    bool local_only = false;
+    if (!l) {
+      if (!srv->queue_head)
+        break;
+      l = srv->queue_head;
+      srv->queue_head = l->queue_next;
+      if (!srv->queue_head)
+        srv->queue_tail = NULL;
+      l->queue_next = NULL;
+      l->queued = false;
+      l->running = true;
+      l->refs++;
+      srv->queued--;
+      srv->running++;
+      local_only = srv->shared_queue;
+    }
     pthread_mutex_unlock(&srv->lock);
+    eph_error_t err = {0};
+    /* A zero-data-retention run waits in this node's memory, counted in the shared queue
+     * (local_only) for its bound: it leaves the count as it starts. */
+    if (local_only && eph_store_queue_remove(srv->store, l->id, &err) < 0)
+      eph_warn("run %s: leaving the shared queue: %s", l->id, err.message);
     eph_run_execute(l->run);
     finished(srv, l);
     eph_srv_live_put(l);
@@ -311,6 +375,7 @@ eph_srv_runs_init(eph_server_t *srv, eph_error_t *err)
   int hr = eph_srv_health_start(srv, err);
   if (hr < 0)
     return hr;
+  srv->shared_queue = eph_store_kind(srv->store) == EPH_STORE_POSTGRES;
   srv->workers = eph_xcalloc((size_t)srv->opt.max_concurrent_runs, sizeof *srv->workers);
   for (int i = 0; i < srv->opt.max_concurrent_runs; i++) {
     int r = pthread_create(&srv->workers[i], NULL, worker_main, srv);
