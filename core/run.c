@@ -195,11 +195,24 @@ eph_run_new(eph_ctx_t *ctx, eph_request_t *req, const eph_run_options_t *opt,
   /* The reservation is the last step: any failure above reserved nothing. */
   if ((r = take_owner_lock(run, err)) < 0)
     goto fail;
-  r = EPH_WITH_PLUGIN(run->ledger,
-                      eph_run_ledger_ops(run)->reserve(run->ledger->state, run->org, run->id,
-                                               run->req.max_cost_micros, err));
-  if (r < 0)
-    goto fail;
+  if (opt->adopt_reserved_micros > 0) {
+    /* Reserved by the admitting node (shared queue): reserving again would hold the
+     * budget twice; the record and the ledger agree on the one reservation. */
+    if (opt->adopt_reserved_micros != run->req.max_cost_micros) {
+      r = eph_error_set(err, EINVAL, "run %s: adopted reservation %lld != max_cost_micros %lld",
+                        run->id, (long long)opt->adopt_reserved_micros,
+                        (long long)run->req.max_cost_micros);
+      goto fail;
+    }
+    if (opt->created_us > 0)
+      run->created_us = opt->created_us;
+  } else {
+    r = EPH_WITH_PLUGIN(run->ledger,
+                        eph_run_ledger_ops(run)->reserve(run->ledger->state, run->org, run->id,
+                                                 run->req.max_cost_micros, err));
+    if (r < 0)
+      goto fail;
+  }
   run->reserved = run->req.max_cost_micros;
   /* t = 0 is the moment the run is queued with its reservation, as on the product page. */
   run->start_ms = eph_now_ms();
@@ -471,6 +484,12 @@ eph_run_abandon(eph_run_t *run, const char *reason)
 {
   eph_run_set_end(run, EPH_RUN_CANCELLED, reason ? reason : "cancelled", NULL);
   end_and_settle(run);
+}
+
+void
+eph_run_disown(eph_run_t *run)
+{
+  drop_owner_lock(run);
 }
 
 void

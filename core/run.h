@@ -65,6 +65,12 @@ typedef struct eph_run_options {
   const char *model_override; /* CLI --replay: "replay:PATH" */
   const char *record_path;    /* CLI --record: append raw model responses (JSONL) */
   eph_run_observer_t observer;
+  /* > 0: this run's budget is already reserved in the ledger, for this org and run_id, by
+   * the cluster node that admitted it (the shared queue, docs/cluster.md): eph_run_new
+   * makes no second reservation and rebuilds the `reserved` event (seq 1, already stored)
+   * in memory only. Must equal the request's max_cost_micros. 0: reserve here. */
+  int64_t adopt_reserved_micros;
+  int64_t created_us; /* with adopt_reserved_micros: the stored run's creation time */
 } eph_run_options_t;
 
 /* Creates a run for a parsed request; takes ownership of *req (zeroed). The ledger
@@ -77,6 +83,16 @@ int eph_run_new(eph_ctx_t *ctx, eph_request_t *req, const eph_run_options_t *opt
  * reservation event), so an observer installed after eph_run_new — e.g. once the store row
  * exists — misses nothing. Call before eph_run_execute / eph_run_abandon. */
 void eph_run_set_observer(eph_run_t *run, const eph_run_observer_t *obs);
+/* The same, replaying only the events after after_seq (those the observer has not seen:
+ * an adopted run's stored `reserved` event is not stored twice). */
+void eph_run_set_observer_after(eph_run_t *run, const eph_run_observer_t *obs,
+                                int64_t after_seq);
+
+/* Gives up a run that was admitted and queued here but is executed by whichever cluster
+ * node claims it (docs/cluster.md): its reservation and record now belong to that node, so
+ * this process forgets it without settling, and removes its crash-recovery lock file (its
+ * reconciler must not settle it). Then eph_run_free. */
+void eph_run_disown(eph_run_t *run);
 
 /* Executes the run to its end on the calling thread (sandbox, agent loop, destroy, settle).
  * Returns the final status. */

@@ -133,8 +133,14 @@ eph_run_set_end_storage(eph_run_t *run)
 void
 eph_run_set_observer(eph_run_t *run, const eph_run_observer_t *obs)
 {
+  eph_run_set_observer_after(run, obs, 0);
+}
+
+void
+eph_run_set_observer_after(eph_run_t *run, const eph_run_observer_t *obs, int64_t after_seq)
+{
   run->obs = *obs;
-  for (size_t i = 0; i < run->n_events; i++)
+  for (size_t i = after_seq > 0 ? (size_t)after_seq : 0; i < run->n_events; i++)
     if (run->obs.on_event)
       run->obs.on_event(run->obs.opaque, run, &run->events[i]);
 }

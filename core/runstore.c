@@ -91,6 +91,14 @@ eph_runstore_attach(eph_store_t *store, eph_run_t *run, const eph_run_observer_t
                                eph_wall_us(), request, eph_run_zdr(run), err);
   if (r < 0)
     return r;
+  return eph_runstore_adopt(store, run, next, 0, err);
+}
+
+int
+eph_runstore_adopt(eph_store_t *store, eph_run_t *run, const eph_run_observer_t *next,
+                   int64_t seq_stored, eph_error_t *err)
+{
+  (void)err;
   link_t *l = eph_xcalloc(1, sizeof *l);
   l->run = run;
   l->store = store;
@@ -101,7 +109,7 @@ eph_runstore_attach(eph_store_t *store, eph_run_t *run, const eph_run_observer_t
   links = l;
   pthread_mutex_unlock(&links_lock);
   eph_run_observer_t obs = {.on_event = on_event, .on_update = on_update, .opaque = l};
-  eph_run_set_observer(run, &obs);
+  eph_run_set_observer_after(run, &obs, seq_stored);
   return 0;
 }
 

@@ -13,6 +13,11 @@
 int eph_runstore_attach(eph_store_t *store, eph_run_t *run, const eph_run_observer_t *next,
                         eph_error_t *err);
 
+/* The same for a run whose row and first seq_stored events are already stored (a run
+ * claimed from the shared queue): no insert, only the later events are appended. */
+int eph_runstore_adopt(eph_store_t *store, eph_run_t *run, const eph_run_observer_t *next,
+                       int64_t seq_stored, eph_error_t *err);
+
 /* Frees what eph_runstore_attach allocated for the run (call after eph_run_free). */
 void eph_runstore_detach(eph_run_t *run);
 

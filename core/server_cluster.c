@@ -5,6 +5,7 @@
 
 #include "server_int.h"
 
+#include <errno.h>
 #include <inttypes.h>
 #include <string.h>
 
@@ -98,4 +99,58 @@ eph_srv_cluster_tick(eph_server_t *srv, eph_srv_cluster_t *c, int64_t now_ms)
     leases_tick(srv);
   }
   return cancels;
+}
+
+eph_run_t *
+eph_srv_cluster_claim(eph_server_t *srv, char **org_out)
+{
+  *org_out = NULL;
+  cleanup_json json_object *c = NULL;
+  eph_error_t err = {0};
+  if (eph_store_queue_claim(srv->store, &c, &err) < 0) {
+    eph_warn("claiming from the shared queue: %s", err.message);
+    return NULL;
+  }
+  if (!c)
+    return NULL;
+  const char *id = json_object_get_string(json_object_object_get(c, "id"));
+  if (json_object_get_boolean(json_object_object_get(c, "local_only")))
+    return NULL; /* zero data retention: live in this node's memory queue already */
+  const char *org = json_object_get_string(json_object_object_get(c, "org"));
+  const char *text = json_object_to_json_string_ext(json_object_object_get(c, "request"),
+                                                    JSON_C_TO_STRING_PLAIN);
+  eph_request_t rq;
+  const char *field = NULL;
+  eph_run_t *run = NULL;
+  int r = eph_request_parse(text, strlen(text), &srv->limits, &rq, &field, &err);
+  if (r == 0 && !srv->replay_models && strncmp(rq.model, "replay:", 7) == 0) {
+    /* Admitted by a node that serves replay transcripts (a file opened by root): this
+     * one does not (server_admit.c refuses them at admission here). */
+    r = eph_error_set(&err, EINVAL, "replay transcripts are not served by this daemon");
+    eph_request_free(&rq);
+  }
+  if (r == 0) {
+    eph_run_options_t ro = {
+        .org = org,
+        .run_id = id,
+        .adopt_reserved_micros =
+            json_object_get_int64(json_object_object_get(c, "reserved_micros")),
+        .created_us = json_object_get_int64(json_object_object_get(c, "created_at_us")),
+    };
+    r = eph_run_new(srv->ctx, &rq, &ro, &run, &err);
+    eph_request_free(&rq);
+  }
+  if (r < 0) {
+    /* Claimed (this node holds its lease) but not executable here: ended and settled now
+     * rather than left to wait for a lease to expire. */
+    eph_warn("run %s claimed from the shared queue cannot run on this node: %s; ending it",
+             id, err.message);
+    eph_ledger_totals_t t = {0};
+    err = (eph_error_t){0};
+    if (eph_runstore_settle_lost(srv->ctx, srv->store, id, &t, &err) < 0)
+      eph_warn("run %s: %s", id, err.message);
+    return NULL;
+  }
+  *org_out = eph_xstrdup(org);
+  return run;
 }

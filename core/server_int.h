@@ -113,6 +113,9 @@ struct eph_server {
   int queued, running, live_count;
   waiter_t *waiters;
   bool draining, stopping;
+  /* PostgreSQL: runs are admitted into the cluster's shared queue and workers claim from it
+   * (docs/cluster.md); false (SQLite): the in-memory queue only. */
+  bool shared_queue;
   int64_t next_purge_ms;
   pthread_t *workers;
   int n_workers;
@@ -188,6 +191,13 @@ void eph_srv_cluster_init(eph_server_t *srv, eph_srv_cluster_t *c);
 /* Returns the ids (a new JSON array, or NULL) of runs other nodes were asked to cancel: the
  * caller cancels those live here and puts the array. */
 json_object *eph_srv_cluster_tick(eph_server_t *srv, eph_srv_cluster_t *c, int64_t now_ms);
+/* Claims the oldest run of the shared queue this node may take and builds it with the
+ * admitting node's reservation (never reserving again): the run (its `reserved` event,
+ * seq 1, is already stored: attach it with eph_runstore_adopt(..., 1, ...)), *org_out
+ * (heap) its organisation; NULL when nothing is queued for this node, or when the claimed
+ * run is one this node already holds in memory (local_only, zero data retention) or could
+ * not be rebuilt (then it is ended host_lost and settled, and a warning logged). */
+eph_run_t *eph_srv_cluster_claim(eph_server_t *srv, char **org_out);
 
 void eph_srv_wait_add(eph_server_t *srv, waiter_t *w); /* srv->lock held: suspends w->conn */
 void eph_srv_wait_remove(eph_server_t *srv, waiter_t *w); /* srv->lock held */
@@ -199,6 +209,14 @@ json_object *eph_srv_run_shape(json_object *row, json_object *events);
 json_object *eph_srv_event_from_store(json_object *stored);
 /* A store row (eph_store_run_get, borrowed) as the API's run object, without events. */
 json_object *eph_srv_run_from_store(json_object *row);
+/* server_runs.c: a created run made live on this node (see its comment); -1 with err set
+ * and the run settled and freed on failure. */
+int eph_srv_live_enqueue(eph_server_t *srv, eph_run_t *run, const char *org,
+                         json_object **created, eph_error_t *err);
+/* A store error answered: 404 for ENOENT, otherwise 500 (the reason goes to the log). */
+MHD_RESULT eph_srv_store_failure(eph_server_t *srv, struct MHD_Connection *c,
+                                 const eph_error_t *err);
+/* server_admit.c: POST /v1/runs. */
 MHD_RESULT eph_srv_runs_create(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req);
 MHD_RESULT eph_srv_runs_continue(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req);
 MHD_RESULT eph_srv_runs_get(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req);

@@ -1,17 +1,15 @@
-/* ephemerald's runs: admission (idempotency claim, queue bound, reservation, run row), the
- * table of runs in memory, the worker pool, waits (?wait=) by suspended connections, reads
- * from memory or the store, cancellation and the drain. */
+/* ephemerald's runs: the table of runs in memory, the worker pool, waits (?wait=) by
+ * suspended connections, reads from memory or the store, cancellation and the drain.
+ * Admission (POST /v1/runs) is server_admit.c's, above this unit. */
 #include <config.h>
 
 #include "server_int.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <inttypes.h>
 #include <malloc.h>
 #include <stdio.h>
 #include <string.h>
-#include <sys/file.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -21,9 +19,6 @@
 #include "util.h"
 #include "webhook.h"
 
-/* How long an admission waits for the run row of an idempotency key claimed by another
- * cluster node before answering 503 (retry with the same key). */
-#define CLUSTER_CLAIM_WAIT_MS 5000
 /* How often ?wait= on a run executing on another cluster node reads the store. */
 #define CLUSTER_WAIT_POLL_MS 200
 
@@ -199,27 +194,91 @@ finished(eph_server_t *srv, live_t *l)
   eph_webhooks_run_ended(srv->webhooks, l->org, l->id, o);
 }
 
+/* How often an idle worker looks at the cluster's shared queue. */
+#define SHARED_QUEUE_POLL_MS 200
+
+/* A run claimed from the shared queue made live here, running: in the table with a ref for
+ * the worker. NULL when nothing was claimed (or it could not be recorded: then it is ended
+ * and settled). srv->lock not held. */
+static live_t *
+claim_live(eph_server_t *srv)
+{
+  char *org = NULL;
+  eph_run_t *run = eph_srv_cluster_claim(srv, &org);
+  if (!run)
+    return NULL;
+  live_t *l = eph_xcalloc(1, sizeof *l);
+  l->srv = srv;
+  l->run = run;
+  l->org = org;
+  snprintf(l->id, sizeof l->id, "%s", eph_run_id(run));
+  l->refs = 2; /* the table's and the worker's */
+  eph_run_observer_t obs = {.on_event = obs_event, .on_update = obs_wake, .opaque = l};
+  eph_error_t err = {0};
+  /* Its row and `reserved` event (seq 1) were stored by the admitting node. */
+  eph_runstore_adopt(srv->store, run, &obs, 1, &err);
+  pthread_mutex_lock(&srv->lock);
+  unsigned b = bucket_of(l->id);
+  l->bucket_next = srv->table[b];
+  srv->table[b] = l;
+  l->in_table = true;
+  l->running = true;
+  srv->running++;
+  srv->live_count++;
+  pthread_mutex_unlock(&srv->lock);
+  return l;
+}
+
 static void *
 worker_main(void *arg)
 {
   eph_server_t *srv = arg;
   pthread_mutex_lock(&srv->lock);
   for (;;) {
-    while (!srv->queue_head && !srv->stopping)
-      pthread_cond_wait(&srv->cond, &srv->lock);
-    if (!srv->queue_head)
-      break;
-    live_t *l = srv->queue_head;
-    srv->queue_head = l->queue_next;
-    if (!srv->queue_head)
-      srv->queue_tail = NULL;
-    l->queue_next = NULL;
-    l->queued = false;
-    l->running = true;
-    l->refs++;
-    srv->queued--;
-    srv->running++;
+    live_t *l = NULL;
+    while (!srv->queue_head && !srv->stopping) {
+      if (!srv->shared_queue || srv->draining) {
+        pthread_cond_wait(&srv->cond, &srv->lock);
+        continue;
+      }
+      /* Idle on a cluster: take a run any node admitted (polled; a local admission of a
+       * zero-data-retention run still wakes this worker at once). */
+      pthread_mutex_unlock(&srv->lock);
+      l = claim_live(srv);
+      pthread_mutex_lock(&srv->lock);
+      if (l || srv->queue_head || srv->stopping)
+        break;
+      struct timespec until;
+      clock_gettime(CLOCK_MONOTONIC, &until);
+      until.tv_nsec += SHARED_QUEUE_POLL_MS * 1000000L;
+      if (until.tv_nsec >= 1000000000L) {
+        until.tv_sec++;
+        until.tv_nsec -= 1000000000L;
+      }
+      pthread_cond_timedwait(&srv->cond, &srv->lock, &until);
+    }
+    bool local_only = false;
+    if (!l) {
+      if (!srv->queue_head)
+        break;
+      l = srv->queue_head;
+      srv->queue_head = l->queue_next;
+      if (!srv->queue_head)
+        srv->queue_tail = NULL;
+      l->queue_next = NULL;
+      l->queued = false;
+      l->running = true;
+      l->refs++;
+      srv->queued--;
+      srv->running++;
+      local_only = srv->shared_queue;
+    }
     pthread_mutex_unlock(&srv->lock);
+    eph_error_t err = {0};
+    /* A zero-data-retention run waits in this node's memory, counted in the shared queue
+     * (local_only) for its bound: it leaves the count as it starts. */
+    if (local_only && eph_store_queue_remove(srv->store, l->id, &err) < 0)
+      eph_warn("run %s: leaving the shared queue: %s", l->id, err.message);
     eph_run_execute(l->run);
     finished(srv, l);
     eph_srv_live_put(l);
@@ -316,6 +375,7 @@ eph_srv_runs_init(eph_server_t *srv, eph_error_t *err)
   int hr = eph_srv_health_start(srv, err);
   if (hr < 0)
     return hr;
+  srv->shared_queue = eph_store_kind(srv->store) == EPH_STORE_POSTGRES;
   srv->workers = eph_xcalloc((size_t)srv->opt.max_concurrent_runs, sizeof *srv->workers);
   for (int i = 0; i < srv->opt.max_concurrent_runs; i++) {
     int r = pthread_create(&srv->workers[i], NULL, worker_main, srv);
@@ -463,8 +523,8 @@ not_found(eph_server_t *srv, struct MHD_Connection *c, const char *id)
                        id);
 }
 
-static MHD_RESULT
-store_failure(eph_server_t *srv, struct MHD_Connection *c, const eph_error_t *err)
+MHD_RESULT
+eph_srv_store_failure(eph_server_t *srv, struct MHD_Connection *c, const eph_error_t *err)
 {
   if (err->code == ENOENT)
     return eph_srv_error(c, srv, MHD_HTTP_NOT_FOUND, "not_found", NULL, "%s", err->message);
@@ -517,7 +577,7 @@ eph_srv_runs_continue(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *r
   } else {
     o = eph_srv_run_object(srv, req->run_id, req->org, true, &err);
     if (!o)
-      return store_failure(srv, c, &err);
+      return eph_srv_store_failure(srv, c, &err);
     int64_t now = eph_now_ms();
     if (eph_store_kind(srv->store) == EPH_STORE_POSTGRES && req->wait_until_ms > now &&
         !run_object_settled(o)) {
@@ -541,309 +601,32 @@ eph_srv_runs_continue(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *r
   return eph_srv_json(c, srv, (unsigned)req->status, o);
 }
 
-static int
-parse_wait(struct MHD_Connection *c, int64_t *until_ms)
+/* Makes a created run live on this node: recorded through the store (its row and events),
+ * put in the table and at the end of the in-memory queue for a worker. On failure the
+ * run's reservation is settled (eph_run_abandon) and the run freed: -1 with err set.
+ * *created (when not NULL) receives the run as admitted, rendered before a worker can
+ * touch it. */
+int
+eph_srv_live_enqueue(eph_server_t *srv, eph_run_t *run, const char *org, json_object **created,
+                     eph_error_t *err)
 {
-  *until_ms = 0;
-  const char *w = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "wait");
-  if (!w)
-    return 0;
-  char *end = NULL;
-  errno = 0;
-  long v = strtol(w, &end, 10);
-  if (!*w || errno || *end || v < 0 || v > WAIT_MAX_SECONDS)
-    return -1;
-  if (v > 0)
-    *until_ms = eph_now_ms() + v * 1000;
-  return 0;
-}
-
-static bool
-valid_idempotency_key(const char *k)
-{
-  size_t n = strlen(k);
-  if (n == 0 || n > 255)
-    return false;
-  for (const unsigned char *p = (const unsigned char *)k; *p; p++)
-    if (*p < 0x21 || *p > 0x7e)
-      return false;
-  return true;
-}
-
-/* The admission of a request with an Idempotency-Key is marked by an flock on
- * <state_dir>/runs/.claim-<run_id>, held from before the key is claimed until the run's row
- * is stored (or the claim released). Another process on the same state directory (a second
- * daemon) that finds the key claimed but no row can then tell "still being admitted" (the
- * mark is locked) from "its admitter died" (it is not): before, it took the second for the
- * first, claimed the key again and created and reserved a second run. */
-static char *
-claim_mark_path(eph_server_t *srv, const char *run_id)
-{
-  if (strspn(run_id, "abcdefghijklmnopqrstuvwxyz0123456789_") != strlen(run_id))
-    return NULL; /* not a name of ours */
-  return eph_xasprintf("%s/runs/.claim-%s", srv->ctx->state_dir, run_id);
-}
-
-/* The mark of run_id, locked: its descriptor, or -1 with err set. */
-static int
-claim_mark(eph_server_t *srv, const char *run_id, eph_error_t *err)
-{
-  cleanup_free char *dir = eph_xasprintf("%s/runs", srv->ctx->state_dir);
-  if (eph_mkdir_p(dir, 0700, err) < 0)
-    return -1;
-  cleanup_free char *path = claim_mark_path(srv, run_id);
-  if (!path)
-    return eph_error_set(err, EINVAL, "run id %s: not a name of ours", run_id), -1;
-  /* Locked under a private name, then renamed into place: the mark is never seen unlocked
-   * (the reconciler removes unlocked ones). */
-  cleanup_free char *tmp = eph_xasprintf("%s/.mark-%s", dir, run_id);
-  int fd = open(tmp, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
-  if (fd < 0)
-    return eph_error_set(err, errno, "%s: %s", tmp, strerror(errno)), -1;
-  if (flock(fd, LOCK_EX) < 0 || rename(tmp, path) < 0) {
-    eph_error_set(err, errno, "%s: %s", path, strerror(errno));
-    unlink(tmp);
-    close(fd);
-    return -1;
-  }
-  return fd;
-}
-
-/* Removed only after the row is stored (or the claim released): whoever finds the mark
- * gone reads the row again. */
-static void
-claim_unmark(eph_server_t *srv, const char *run_id, int *fd)
-{
-  if (*fd < 0)
-    return;
-  cleanup_free char *path = claim_mark_path(srv, run_id);
-  if (path)
-    unlink(path);
-  close(*fd);
-  *fd = -1;
-}
-
-/* True while the process that claimed a key for run_id is still admitting it. A mark left
- * by a process that died is removed. */
-static bool
-claim_in_progress(eph_server_t *srv, const char *run_id)
-{
-  cleanup_free char *path = claim_mark_path(srv, run_id);
-  if (!path)
-    return false;
-  int fd = open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
-  if (fd < 0)
-    return false;
-  bool alive = flock(fd, LOCK_EX | LOCK_NB) < 0 && errno == EWOULDBLOCK;
-  if (!alive)
-    unlink(path);
-  close(fd);
-  return alive;
-}
-
-MHD_RESULT
-eph_srv_runs_create(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req)
-{
-  if (parse_wait(c, &req->wait_until_ms) < 0)
-    return eph_srv_error(c, srv, MHD_HTTP_BAD_REQUEST, "invalid_request", "wait",
-                         "wait: expected whole seconds 0..%d", WAIT_MAX_SECONDS);
-  const char *idem = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Idempotency-Key");
-  if (idem && !valid_idempotency_key(idem))
-    return eph_srv_error(c, srv, MHD_HTTP_BAD_REQUEST, "invalid_request", "Idempotency-Key",
-                         "Idempotency-Key: 1 to 255 printable ASCII characters");
-  /* Everything that can be judged from the request alone is judged before any claim, row
-   * or reservation exists. */
-  eph_request_t rq;
-  const char *field = NULL;
-  eph_error_t err = {0};
-  if (eph_request_parse(req->body ? req->body : "", req->body_len, &srv->limits, &rq, &field,
-                        &err) < 0)
-    return eph_srv_error(c, srv, MHD_HTTP_BAD_REQUEST, "invalid_request", field, "%s",
-                         err.message);
-  /* "replay:PATH" makes the daemon (root) open PATH: a file-existence oracle, any JSONL
-   * on the host replayed as answers, free model calls. Only an offline daemon serves it. */
-  if (!srv->replay_models && strncmp(rq.model, "replay:", 7) == 0) {
-    eph_request_free(&rq);
-    return eph_srv_error(c, srv, MHD_HTTP_BAD_REQUEST, "invalid_request", "model",
-                         "field 'model': replay transcripts are not served by this daemon "
-                         "(model_plugin is not \"model-replay\")");
-  }
-  if (rq.webhook_url && eph_webhooks_check_url(srv->webhooks, rq.webhook_url, &err) < 0) {
-    eph_request_free(&rq);
-    return eph_srv_error(c, srv, MHD_HTTP_BAD_REQUEST, "invalid_request", "webhook_url",
-                         "field 'webhook_url': %s", err.message);
-  }
-  char sha[65];
-  if (idem && eph_sha256_hex(req->body ? req->body : "", req->body_len, sha, &err) < 0) {
-    eph_request_free(&rq);
-    return store_failure(srv, c, &err);
-  }
-  char run_id[40] = "run_";
-  eph_random_hex(run_id + 4, 16);
-
-  pthread_mutex_lock(&srv->admit);
-  unsigned status = 0;
-  const char *type = NULL, *efield = NULL;
-  char msg[1100] = "";
-  bool claimed = false;
-  live_t *l = NULL;
-  int mark = -1;
-  if (srv->draining) {
-    status = MHD_HTTP_SERVICE_UNAVAILABLE;
-    type = "unavailable";
-    snprintf(msg, sizeof msg, "the daemon is shutting down; retry on another instance");
-    goto refused;
-  }
-  /* While the store or the ledger cannot commit, a run could be neither recorded nor
-   * billed: refused before anything is claimed or reserved, with a time to come back. */
-  char why[600];
-  if (!eph_srv_storage_ok(srv, why, sizeof why)) {
-    status = MHD_HTTP_SERVICE_UNAVAILABLE;
-    type = "storage_unavailable";
-    snprintf(msg, sizeof msg, "storage is failing, no run can be recorded: %s", why);
-    goto refused;
-  }
-  /* The claim, then the reservation and the run row, under `admit`: a second request with
-   * the same key waits here and then finds the run in the table or the store. */
-  if (idem && (mark = claim_mark(srv, run_id, &err)) < 0) {
-    eph_error("%s", err.message);
-    status = MHD_HTTP_SERVICE_UNAVAILABLE;
-    type = "storage_unavailable";
-    snprintf(msg, sizeof msg, "the state directory cannot be written; see the daemon's log");
-    goto refused;
-  }
-  for (int attempt = 0; idem && attempt < 2 && !claimed; attempt++) {
-    char *existing = NULL;
-    int r = eph_store_idem_claim(srv->store, req->org, idem, sha, run_id, &existing, &err);
-    if (r == -EBUSY) {
-      status = HTTP_UNPROCESSABLE;
-      type = "idempotency_error";
-      efield = "Idempotency-Key";
-      snprintf(msg, sizeof msg, "%s", err.message);
-      goto refused;
-    }
-    if (r < 0) {
-      eph_error("%s", err.message);
-      status = MHD_HTTP_INTERNAL_SERVER_ERROR;
-      type = "internal_error";
-      snprintf(msg, sizeof msg, "the store failed; see the daemon's log");
-      goto refused;
-    }
-    if (r == 0) {
-      claimed = true;
-      break;
-    }
-    /* Same key, same body: the first run is the answer. */
-    json_object *o = eph_srv_run_object(srv, existing, req->org, false, &err);
-    bool busy = false;
-    if (!o && err.code == ENOENT && eph_store_kind(srv->store) == EPH_STORE_POSTGRES) {
-      /* A cluster: the claim may be another node's admission in progress, whose mark is in
-       * that node's state directory. Its row normally follows within milliseconds: wait
-       * for it (bounded); a claim still without a row is never released from here (that
-       * would make a second run), the client is told to retry. */
-      for (int i = 0; i < CLUSTER_CLAIM_WAIT_MS / 20 && !o && err.code == ENOENT; i++) {
-        nanosleep(&(struct timespec){0, 20 * 1000000}, NULL);
-        err = (eph_error_t){0};
-        o = eph_srv_run_object(srv, existing, req->org, false, &err);
-      }
-      busy = !o && err.code == ENOENT;
-    } else if (!o && err.code == ENOENT && (busy = claim_in_progress(srv, existing)) == false) {
-      /* Its admitter is gone: it may have stored the row and removed its mark just now. */
-      err = (eph_error_t){0};
-      o = eph_srv_run_object(srv, existing, req->org, false, &err);
-    }
-    if (!o && (busy || err.code != ENOENT)) {
-      /* Being admitted by another process on this state directory, or the store failed
-       * to say: claiming the key again would make a second run. */
-      if (!busy)
-        eph_error("reading run %s of an idempotency key: %s", existing, err.message);
-      free(existing);
-      status = MHD_HTTP_SERVICE_UNAVAILABLE;
-      type = "unavailable";
-      snprintf(msg, sizeof msg, "%s",
-               busy ? "a request with this Idempotency-Key is being admitted; retry with the "
-                      "same key"
-                    : "the store failed; see the daemon's log");
-      goto refused;
-    }
-    if (o) {
-      json_object_put(o);
-      claim_unmark(srv, run_id, &mark);
-      pthread_mutex_unlock(&srv->admit);
-      eph_request_free(&rq);
-      pthread_mutex_lock(&srv->lock);
-      srv->idempotent_replays++;
-      pthread_mutex_unlock(&srv->lock);
-      snprintf(req->run_id, sizeof req->run_id, "%s", existing);
-      free(existing);
-      req->admitted = true;
-      req->status = MHD_HTTP_OK;
-      return eph_srv_runs_continue(srv, c, req);
-    }
-    /* A claim whose run never got its row: its process died in between. Judge afresh. */
-    eph_warn("idempotency key of %s names run %s which does not exist; claiming it again",
-             req->org, existing);
-    eph_store_idem_release(srv->store, req->org, idem, existing, &err);
-    free(existing);
-  }
-
-  pthread_mutex_lock(&srv->lock);
-  bool full = srv->queued + srv->running >= srv->opt.max_concurrent_runs + srv->opt.max_queued_runs;
-  if (full)
-    srv->queue_full_refusals++;
-  pthread_mutex_unlock(&srv->lock);
-  if (full) {
-    status = MHD_HTTP_TOO_MANY_REQUESTS;
-    type = "rate_limited";
-    snprintf(msg, sizeof msg, "the run queue is full (%d running, %d queued); retry later",
-             srv->opt.max_concurrent_runs, srv->opt.max_queued_runs);
-    goto refused;
-  }
-
-  eph_run_options_t ro = {.org = req->org, .run_id = run_id};
-  eph_run_t *run = NULL;
-  if (eph_run_new(srv->ctx, &rq, &ro, &run, &err) < 0) {
-    if (err.code == EPH_E_INSUFFICIENT) {
-      status = MHD_HTTP_PAYMENT_REQUIRED;
-      type = "insufficient_balance";
-      efield = "max_cost_micros";
-    } else if (err.code == EINVAL) {
-      status = MHD_HTTP_BAD_REQUEST;
-      type = "invalid_request";
-      efield = strncmp(err.message, "field 'model'", 13) == 0 ? "model" : NULL;
-    } else if (err.code == ENOSPC || err.code == EIO || err.code == EBUSY ||
-               err.code == EROFS || err.code == EDQUOT) {
-      eph_error("creating a run for %s: %s", req->org, err.message);
-      status = MHD_HTTP_SERVICE_UNAVAILABLE;
-      type = "storage_unavailable";
-    } else {
-      eph_error("creating a run for %s: %s", req->org, err.message);
-      status = MHD_HTTP_SERVICE_UNAVAILABLE;
-      type = "unavailable";
-    }
-    snprintf(msg, sizeof msg, "%s", err.message);
-    goto refused;
-  }
-  l = eph_xcalloc(1, sizeof *l);
+  live_t *l = eph_xcalloc(1, sizeof *l);
   l->srv = srv;
   l->run = run;
-  l->org = eph_xstrdup(req->org);
-  snprintf(l->id, sizeof l->id, "%s", run_id);
+  l->org = eph_xstrdup(org);
+  snprintf(l->id, sizeof l->id, "%s", eph_run_id(run));
   l->refs = 1;
   eph_run_observer_t obs = {.on_event = obs_event, .on_update = obs_wake, .opaque = l};
-  if (eph_runstore_attach(srv->store, run, &obs, &err) < 0) {
-    eph_error("run %s: %s", run_id, err.message);
+  if (eph_runstore_attach(srv->store, run, &obs, err) < 0) {
+    eph_error("run %s: %s", l->id, err->message);
     /* Settles the reservation made above (or leaves it to the reconciler when the ledger
      * fails too): nothing is charged for a run that never started. */
     eph_run_abandon(run, "storage_error");
     live_free(l);
-    l = NULL;
-    status = MHD_HTTP_SERVICE_UNAVAILABLE;
-    type = "storage_unavailable";
-    snprintf(msg, sizeof msg, "the store cannot record the run: %s", err.message);
-    goto refused;
+    return -1;
   }
-  req->created = eph_run_to_json(run, true);
+  if (created)
+    *created = eph_run_to_json(run, true);
   pthread_mutex_lock(&srv->lock);
   unsigned b = bucket_of(l->id);
   l->bucket_next = srv->table[b];
@@ -860,26 +643,7 @@ eph_srv_runs_create(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req
   srv->runs_created++;
   pthread_cond_broadcast(&srv->cond);
   pthread_mutex_unlock(&srv->lock);
-  claim_unmark(srv, run_id, &mark); /* the row is stored */
-  pthread_mutex_unlock(&srv->admit);
-
-  snprintf(req->run_id, sizeof req->run_id, "%s", run_id);
-  req->admitted = true;
-  req->status = MHD_HTTP_CREATED;
-  return eph_srv_runs_continue(srv, c, req);
-
-refused:
-  /* A refused request leaves nothing behind: no claim, no row, no reservation. */
-  if (claimed && eph_store_idem_release(srv->store, req->org, idem, run_id, &err) < 0)
-    eph_error("releasing an idempotency key: %s", err.message);
-  claim_unmark(srv, run_id, &mark);
-  pthread_mutex_unlock(&srv->admit);
-  eph_request_free(&rq);
-  if (status == MHD_HTTP_TOO_MANY_REQUESTS || status == MHD_HTTP_SERVICE_UNAVAILABLE)
-    return eph_srv_error_h(c, srv, status, MHD_HTTP_HEADER_RETRY_AFTER,
-                           status == MHD_HTTP_TOO_MANY_REQUESTS ? "2" : "5", type, efield, "%s",
-                           msg);
-  return eph_srv_error(c, srv, status, type, efield, "%s", msg);
+  return 0;
 }
 
 MHD_RESULT
@@ -892,7 +656,7 @@ eph_srv_runs_get(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req)
   eph_error_t err = {0};
   json_object *o = eph_srv_run_object(srv, req->param, req->org, true, &err);
   if (!o)
-    return store_failure(srv, c, &err);
+    return eph_srv_store_failure(srv, c, &err);
   return eph_srv_json(c, srv, MHD_HTTP_OK, o);
 }
 
@@ -919,7 +683,7 @@ eph_srv_runs_list(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req)
     if (err.code == EINVAL)
       return eph_srv_error(c, srv, MHD_HTTP_BAD_REQUEST, "invalid_request", "cursor", "%s",
                            err.message);
-    return store_failure(srv, c, &err);
+    return eph_srv_store_failure(srv, c, &err);
   }
   json_object *data = json_object_new_array();
   for (size_t i = 0; i < json_object_array_length(rows); i++)
@@ -983,14 +747,14 @@ eph_srv_runs_cancel(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req
     eph_error_t err = {0};
     cleanup_json json_object *o = eph_srv_run_object(srv, req->param, req->org, false, &err);
     if (!o)
-      return store_failure(srv, c, &err);
+      return eph_srv_store_failure(srv, c, &err);
     const char *status = json_object_get_string(json_object_object_get(o, "status"));
     if (!l && eph_store_kind(srv->store) == EPH_STORE_POSTGRES && status &&
         (strcmp(status, "queued") == 0 || strcmp(status, "running") == 0)) {
       /* Executing on another node: the request goes through the database; that node
        * cancels it within CLUSTER_CANCEL_POLL_MS. Answered with the run as it is now. */
       if (eph_store_cancel_request(srv->store, req->param, &err) < 0)
-        return store_failure(srv, c, &err);
+        return eph_srv_store_failure(srv, c, &err);
       return eph_srv_json(c, srv, MHD_HTTP_OK, json_object_get(o));
     }
     return eph_srv_error(c, srv, MHD_HTTP_CONFLICT, "conflict", NULL,

@@ -445,6 +445,49 @@ eph_store_leases_take_expired(eph_store_t *s, json_object **out, eph_error_t *er
   return s->ops->leases_take_expired(s, out, err);
 }
 
+int
+eph_store_queue_push(eph_store_t *s, const char *run_id, int64_t reserved_micros, bool local_only,
+                     int max_queued, eph_error_t *err)
+{
+  int r = check_text("run id", run_id, MAX_ID_BYTES, err);
+  if (r < 0)
+    return r;
+  if (reserved_micros < 0 || max_queued < 0)
+    return eph_error_set(err, EINVAL, "queueing run %s: negative reservation or bound", run_id);
+  if (!s->ops->queue_push)
+    return eph_error_set(err, ENOTSUP, "%s: no cluster on this store", s->path);
+  return s->ops->queue_push(s, run_id, reserved_micros, local_only, max_queued, err);
+}
+
+int
+eph_store_queue_claim(eph_store_t *s, json_object **out, eph_error_t *err)
+{
+  *out = NULL;
+  if (!s->ops->queue_claim)
+    return eph_error_set(err, ENOTSUP, "%s: no cluster on this store", s->path);
+  return s->ops->queue_claim(s, out, err);
+}
+
+int
+eph_store_queue_remove(eph_store_t *s, const char *run_id, eph_error_t *err)
+{
+  int r = check_text("run id", run_id, MAX_ID_BYTES, err);
+  if (r < 0)
+    return r;
+  if (!s->ops->queue_remove)
+    return eph_error_set(err, ENOTSUP, "%s: no cluster on this store", s->path);
+  return s->ops->queue_remove(s, run_id, err);
+}
+
+int
+eph_store_queue_length(eph_store_t *s, int64_t *n, eph_error_t *err)
+{
+  *n = 0;
+  if (!s->ops->queue_length)
+    return eph_error_set(err, ENOTSUP, "%s: no cluster on this store", s->path);
+  return s->ops->queue_length(s, n, err);
+}
+
 /* ---------------------------------------------------------------- retention, health */
 
 int

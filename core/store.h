@@ -238,6 +238,35 @@ int eph_store_leases_renew(eph_store_t *store, json_object *ids, eph_error_t *er
  * SQLite or without a node_name. */
 int eph_store_leases_take_expired(eph_store_t *store, json_object **out, eph_error_t *err);
 
+/* The shared run queue (PostgreSQL, docs/cluster.md; SQLite: -ENOTSUP, one host queues in
+ * memory). A run is pushed by the node that admitted it (its row inserted, status queued,
+ * its budget reserved in the ledger) and claimed by whichever node has a free worker first.
+ *
+ * Pushes run_id with the reservation the admitting node made (reserved_micros, recorded so
+ * the claimer executes with it and never reserves again). local_only: only this node may
+ * claim it (zero data retention: the request's content exists only in this node's memory),
+ * and the run keeps this node's lease (if this node dies, the lease takeover ends it
+ * host_lost). Otherwise the run's row gives up its node and lease while it waits: a queued
+ * run belongs to no node, so a node dying leaves it claimable by the others. 0 when queued;
+ * -EAGAIN when the shared queue already holds max_queued runs (checked and counted in one
+ * statement: nodes pushing at once never exceed it); -ENOENT when run_id has no queued row. */
+int eph_store_queue_push(eph_store_t *store, const char *run_id, int64_t reserved_micros,
+                         bool local_only, int max_queued, eph_error_t *err);
+
+/* Claims the oldest queued run this node may take (skipping rows another node is claiming:
+ * FOR UPDATE SKIP LOCKED), removes it from the queue and gives its row this node's name and
+ * a fresh lease, in one statement. *out: NULL when there is none, else an object owned by
+ * the caller: {"id", "org", "request" (the stored request), "zdr", "created_at_us",
+ * "reserved_micros", "local_only"}. -ENOTSUP on SQLite or without a node_name. */
+int eph_store_queue_claim(eph_store_t *store, json_object **out, eph_error_t *err);
+
+/* Takes run_id out of the queue (a cancel of a queued run): 1 when it was queued (no node
+ * will claim it now), 0 when it was not (already claimed, or never queued). */
+int eph_store_queue_remove(eph_store_t *store, const char *run_id, eph_error_t *err);
+
+/* How many runs wait in the shared queue (the number the bound is checked against). */
+int eph_store_queue_length(eph_store_t *store, int64_t *n, eph_error_t *err);
+
 /* ---------------------------------------------------------------- other modules' tables */
 
 /* Runs fn(db, opaque, err) holding the store's lock (the one connection, see the top

@@ -60,6 +60,11 @@ typedef struct eph_store_ops {
   int (*cancels_pending)(eph_store_t *s, json_object **out, eph_error_t *err);
   int (*leases_renew)(eph_store_t *s, json_object *ids, eph_error_t *err);
   int (*leases_take_expired)(eph_store_t *s, json_object **out, eph_error_t *err);
+  int (*queue_push)(eph_store_t *s, const char *run_id, int64_t reserved_micros, bool local_only,
+                    int max_queued, eph_error_t *err);
+  int (*queue_claim)(eph_store_t *s, json_object **out, eph_error_t *err);
+  int (*queue_remove)(eph_store_t *s, const char *run_id, eph_error_t *err);
+  int (*queue_length)(eph_store_t *s, int64_t *n, eph_error_t *err);
   /* NULL when the implementation has no SQLite connection to lend. */
   int (*with_db)(eph_store_t *s, int (*fn)(struct sqlite3 *db, void *opaque, eph_error_t *err),
                  void *opaque, eph_error_t *err);

@@ -603,8 +603,13 @@ pg_leases_take_expired(eph_store_t *base, json_object **out, eph_error_t *err)
    * the WHERE against the new lease and skips it. Exactly one node takes each run. */
   cleanup_pgresult PGresult *res =
       pg_run(s,
-             "UPDATE runs SET node = $1, lease_expires_us = $2"
-             " WHERE status IN ('queued', 'running') AND lease_expires_us < $3 RETURNING id",
+             "WITH t AS (UPDATE runs SET node = $1, lease_expires_us = $2"
+             "  WHERE status IN ('queued', 'running') AND lease_expires_us < $3 RETURNING id),"
+             /* A dead node's local_only queued runs (zero data retention) end with it. */
+             " q AS (DELETE FROM run_queue WHERE run_id IN (SELECT id FROM t) RETURNING 1),"
+             " d AS (UPDATE run_queue_length SET n = n - (SELECT count(*) FROM q) WHERE id = 1"
+             "  AND EXISTS (SELECT 1 FROM q))"
+             " SELECT id FROM t",
              3, v, "taking over expired leases", &r, err);
   if (r < 0)
     return r;
@@ -615,6 +620,107 @@ pg_leases_take_expired(eph_store_t *base, json_object **out, eph_error_t *err)
   return 0;
 }
 
+/* ---------------------------------------------------------------- the shared queue */
+
+static int
+pg_queue_push(eph_store_t *base, const char *run_id, int64_t reserved_micros, bool local_only,
+              int max_queued, eph_error_t *err)
+{
+  pg_store_t *s = PG(base);
+  if (!s->node)
+    return eph_error_set(err, ENOTSUP, "%s: no node_name: no shared queue", base->path);
+  int r;
+  i64s_t reserved = i64s(reserved_micros), bound = i64s(max_queued), now = i64s(eph_wall_us());
+  const char *v[] = {run_id, s->node, local_only ? "true" : "false", reserved.s, bound.s, now.s};
+  /* The counter's row lock orders pushes: a second node's UPDATE waits for the first and
+   * re-checks n < bound against its new value, so the bound holds across nodes. */
+  cleanup_pgresult PGresult *res =
+      pg_run(s,
+             "WITH run AS (SELECT id FROM runs WHERE id = $1 AND status = 'queued'),"
+             " gate AS (UPDATE run_queue_length SET n = n + 1"
+             "  WHERE id = 1 AND n < $5 AND EXISTS (SELECT 1 FROM run) RETURNING n),"
+             " ins AS (INSERT INTO run_queue(run_id, admitted_by, local_only, reserved_micros,"
+             "  queued_at_us) SELECT $1, $2, $3, $4, $6 FROM gate RETURNING run_id),"
+             " rel AS (UPDATE runs SET node = NULL, lease_expires_us = NULL"
+             "  WHERE id IN (SELECT run_id FROM ins) AND NOT $3::boolean)"
+             " SELECT (SELECT count(*) FROM run), (SELECT count(*) FROM ins)",
+             6, v, "queueing the run", &r, err);
+  if (r < 0)
+    return r;
+  if (get_i64(res, 0, 0) == 0)
+    return eph_error_set(err, ENOENT, "run %s has no queued row", run_id);
+  if (get_i64(res, 0, 1) == 0)
+    return eph_error_set(err, EAGAIN, "the shared run queue is full (%d queued)", max_queued);
+  return 0;
+}
+
+static int
+pg_queue_claim(eph_store_t *base, json_object **out, eph_error_t *err)
+{
+  pg_store_t *s = PG(base);
+  if (!s->node)
+    return eph_error_set(err, ENOTSUP, "%s: no node_name: no shared queue", base->path);
+  int r;
+  i64s_t until = i64s(eph_wall_us() + s->lease_us);
+  const char *v[] = {s->node, until.s};
+  /* SKIP LOCKED: nodes claiming at once take different rows instead of waiting for each
+   * other; the row leaves the queue and the run gets this node and a lease in the same
+   * statement, so a claimed run always has a holder (and a lease that can expire). */
+  cleanup_pgresult PGresult *res =
+      pg_run(s,
+             "WITH c AS (DELETE FROM run_queue WHERE run_id = ("
+             "  SELECT run_id FROM run_queue WHERE NOT local_only OR admitted_by = $1"
+             "  ORDER BY queued_at_us, run_id LIMIT 1 FOR UPDATE SKIP LOCKED)"
+             "  RETURNING run_id, reserved_micros, local_only),"
+             " d AS (UPDATE run_queue_length SET n = n - (SELECT count(*) FROM c) WHERE id = 1"
+             "  AND EXISTS (SELECT 1 FROM c)),"
+             " u AS (UPDATE runs SET node = $1, lease_expires_us = $2 FROM c"
+             "  WHERE runs.id = c.run_id RETURNING runs.id, runs.org, runs.request, runs.zdr,"
+             "  runs.created_at_us)"
+             " SELECT u.id, u.org, u.request, u.zdr, u.created_at_us, c.reserved_micros,"
+             "  c.local_only FROM u JOIN c ON c.run_id = u.id",
+             2, v, "claiming a queued run", &r, err);
+  if (r < 0 || PQntuples(res) == 0)
+    return r;
+  json_object *o = json_object_new_object();
+  json_object_object_add(o, "id", json_object_new_string(PQgetvalue(res, 0, 0)));
+  json_object_object_add(o, "org", json_object_new_string(PQgetvalue(res, 0, 1)));
+  json_object_object_add(o, "request", get_json(res, 0, 2));
+  json_object_object_add(o, "zdr", json_object_new_boolean(PQgetvalue(res, 0, 3)[0] == 't'));
+  json_object_object_add(o, "created_at_us", json_object_new_int64(get_i64(res, 0, 4)));
+  json_object_object_add(o, "reserved_micros", json_object_new_int64(get_i64(res, 0, 5)));
+  json_object_object_add(o, "local_only",
+                         json_object_new_boolean(PQgetvalue(res, 0, 6)[0] == 't'));
+  *out = o;
+  return 0;
+}
+
+static int
+pg_queue_remove(eph_store_t *base, const char *run_id, eph_error_t *err)
+{
+  int r;
+  const char *v[] = {run_id};
+  cleanup_pgresult PGresult *res =
+      pg_run(PG(base),
+             "WITH c AS (DELETE FROM run_queue WHERE run_id = $1 RETURNING run_id),"
+             " d AS (UPDATE run_queue_length SET n = n - 1 WHERE id = 1"
+             "  AND EXISTS (SELECT 1 FROM c))"
+             " SELECT count(*) FROM c",
+             1, v, "removing a queued run", &r, err);
+  return r < 0 ? r : (int)get_i64(res, 0, 0);
+}
+
+static int
+pg_queue_length(eph_store_t *base, int64_t *n, eph_error_t *err)
+{
+  int r;
+  cleanup_pgresult PGresult *res = pg_run(PG(base), "SELECT n FROM run_queue_length WHERE id = 1",
+                                          0, NULL, "reading the queue's length", &r, err);
+  if (r >= 0)
+    *n = get_i64(res, 0, 0);
+  return r;
+}
+
 /* ---------------------------------------------------------------- retention, health */
 
 static int
@@ -622,6 +728,19 @@ pg_purge(eph_store_t *base, int64_t runs_before_us, int64_t idem_before_us, eph_
 {
   int r, deleted;
   i64s_t runs = i64s(runs_before_us), idem = i64s(idem_before_us);
+  {
+    /* Queued runs purged with their rows leave the queue's count too. */
+    const char *v[] = {runs.s};
+    cleanup_pgresult PGresult *res =
+        pg_run(PG(base),
+               "WITH q AS (DELETE FROM run_queue WHERE run_id IN"
+               "  (SELECT id FROM runs WHERE created_at_us < $1) RETURNING 1)"
+               " UPDATE run_queue_length SET n = n - (SELECT count(*) FROM q) WHERE id = 1"
+               "  AND EXISTS (SELECT 1 FROM q)",
+               1, v, "purging queued runs", &r, err);
+    if (r < 0)
+      return r;
+  }
   {
     const char *v[] = {runs.s};
     cleanup_pgresult PGresult *res = pg_run(PG(base), "DELETE FROM runs WHERE created_at_us < $1",
@@ -698,6 +817,10 @@ static const eph_store_ops_t pg_ops = {
     .probe = pg_probe,
     .cancel_request = pg_cancel_request,
     .cancels_pending = pg_cancels_pending,
+    .queue_push = pg_queue_push,
+    .queue_claim = pg_queue_claim,
+    .queue_remove = pg_queue_remove,
+    .queue_length = pg_queue_length,
     .leases_renew = pg_leases_renew,
     .leases_take_expired = pg_leases_take_expired,
     .with_db = pg_with_db,

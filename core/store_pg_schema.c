@@ -83,6 +83,23 @@ const char *const eph_store_pg_migrations[] = {
     /* 2 -> 3: which node holds a run and until when (leases, docs/cluster.md). */
     "ALTER TABLE runs ADD COLUMN node TEXT, ADD COLUMN lease_expires_us BIGINT;"
     "CREATE INDEX runs_lease ON runs(lease_expires_us) WHERE status IN ('queued', 'running');",
+    /* 3 -> 4: the shared queue (docs/cluster.md): runs admitted and reserved by one node,
+     * waiting for any node (or, local_only, their admitting node) to claim them. Its length
+     * is kept in a one-row counter so the bound is checked and raised in one conditional
+     * UPDATE (a count(*) would race between nodes under READ COMMITTED). */
+    "CREATE TABLE run_queue ("
+    "  run_id TEXT PRIMARY KEY REFERENCES runs(id) ON DELETE CASCADE,"
+    "  admitted_by TEXT NOT NULL,"
+    "  local_only BOOLEAN NOT NULL,"
+    "  reserved_micros BIGINT NOT NULL CHECK (reserved_micros >= 0),"
+    "  queued_at_us BIGINT NOT NULL"
+    ");"
+    "CREATE INDEX run_queue_order ON run_queue(queued_at_us, run_id);"
+    "CREATE TABLE run_queue_length ("
+    "  id INTEGER PRIMARY KEY CHECK (id = 1),"
+    "  n BIGINT NOT NULL CHECK (n >= 0)"
+    ");"
+    "INSERT INTO run_queue_length(id, n) VALUES (1, 0);",
 };
 const int eph_store_pg_schema_version =
     (int)(sizeof eph_store_pg_migrations / sizeof eph_store_pg_migrations[0]);

@@ -1005,6 +1005,193 @@ test_leases(void **st)
 #endif
 }
 
+#ifdef HAVE_LIBPQ
+typedef struct queue_arg {
+  eph_store_t *store;
+  pthread_barrier_t *barrier;
+  const char *run_id; /* push this one, or claim when NULL */
+  int max_queued;
+  int result;
+  json_object *claimed;
+} queue_arg_t;
+
+static void *
+queue_worker(void *p)
+{
+  queue_arg_t *a = p;
+  eph_error_t err = {0};
+  pthread_barrier_wait(a->barrier);
+  a->result = a->run_id
+                  ? eph_store_queue_push(a->store, a->run_id, 7, false, a->max_queued, &err)
+                  : eph_store_queue_claim(a->store, &a->claimed, &err);
+  return NULL;
+}
+
+/* Runs all threads of args at once (a barrier); joins them. */
+static void
+queue_race(queue_arg_t *args, int n)
+{
+  pthread_t th[16];
+  pthread_barrier_t barrier;
+  pthread_barrier_init(&barrier, NULL, (unsigned)n);
+  for (int i = 0; i < n; i++) {
+    args[i].barrier = &barrier;
+    assert_int_equal(pthread_create(&th[i], NULL, queue_worker, &args[i]), 0);
+  }
+  for (int i = 0; i < n; i++)
+    pthread_join(th[i], NULL);
+  pthread_barrier_destroy(&barrier);
+}
+
+static int64_t
+queue_len(eph_store_t *s)
+{
+  eph_error_t err = {0};
+  int64_t n = -1;
+  assert_int_equal(eph_store_queue_length(s, &n, &err), 0);
+  return n;
+}
+#endif
+
+/* The shared queue (docs/cluster.md): the bound holds when nodes push at once; nodes
+ * claiming at once never get the same run; a claim carries the admitting node's
+ * reservation and the stored request; a queued run belongs to no node, so a dead node's
+ * queued runs are not taken over (host_lost) but stay claimable; a local_only run (zero data
+ * retention) is claimed only by its admitting node and ends with it. SQLite: -ENOTSUP. */
+static void
+test_queue(void **st)
+{
+  fixture_t *f = *st;
+  eph_error_t err = {0};
+  if (!f->pg) {
+    json_object *none = NULL;
+    assert_int_equal(eph_store_queue_push(f->store, "run_q", 1, false, 10, &err), -ENOTSUP);
+    assert_int_equal(eph_store_queue_claim(f->store, &none, &err), -ENOTSUP);
+    assert_null(none);
+    return;
+  }
+#ifdef HAVE_LIBPQ
+  enum { NODES = 3, RUNS = 8 };
+  eph_store_t *nodes[NODES];
+  for (int i = 0; i < NODES; i++) {
+    char name[16];
+    snprintf(name, sizeof name, "q%d", i);
+    eph_store_options_t o = {.node_name = name, .lease_seconds = 5};
+    if (eph_store_open(f->path, &o, &nodes[i], &err) < 0)
+      fail_msg("%s", err.message);
+  }
+  cleanup_json json_object *req = request("queued prompt");
+  char ids[RUNS][16];
+  for (int i = 0; i < RUNS; i++) {
+    snprintf(ids[i], sizeof ids[i], "run_q%d", i);
+    assert_int_equal(eph_store_run_insert(nodes[0], ids[i], "acme", "queued", 100 + i, req,
+                                          i == RUNS - 1, &err),
+                     0);
+  }
+  assert_int_equal(eph_store_queue_push(nodes[0], "run_none", 7, false, 10, &err), -ENOENT);
+  /* Six nodes' admissions at once against a bound of 4: exactly 4 are queued. */
+  queue_arg_t push[6];
+  for (int i = 0; i < 6; i++)
+    push[i] = (queue_arg_t){.store = nodes[i % NODES], .run_id = ids[i], .max_queued = 4};
+  queue_race(push, 6);
+  int queued = 0, full = 0;
+  for (int i = 0; i < 6; i++) {
+    if (push[i].result == 0)
+      queued++;
+    else if (push[i].result == -EAGAIN)
+      full++;
+  }
+  assert_int_equal(queued, 4);
+  assert_int_equal(full, 2);
+  assert_int_equal(queue_len(nodes[1]), 4);
+  /* A queued run belongs to no node: its lease is gone, so no takeover can end it. */
+  PGresult *res = pg_query(f,
+                           "SELECT count(*) FROM runs r JOIN run_queue q ON q.run_id = r.id"
+                           " WHERE r.node IS NULL AND r.lease_expires_us IS NULL",
+                           NULL, NULL, true);
+  assert_string_equal(PQgetvalue(res, 0, 0), "4");
+  PQclear(res);
+  /* Its admitting node q0 dies (its leases expire): its queued runs are not taken over. */
+  assert_int_equal(sql_exec(f, "UPDATE runs SET lease_expires_us = 1 WHERE node = 'q0'"), 0);
+  cleanup_json json_object *taken = NULL;
+  assert_int_equal(eph_store_leases_take_expired(nodes[2], &taken, &err), 0);
+  assert_int_equal(json_object_array_length(taken), RUNS - 4);
+  for (size_t i = 0; i < json_object_array_length(taken); i++)
+    for (int j = 0; j < 6; j++)
+      if (push[j].result == 0)
+        assert_string_not_equal(json_object_get_string(json_object_array_get_idx(taken, i)),
+                                ids[j]);
+  /* Six claims at once from three nodes: four distinct runs, none twice. */
+  queue_arg_t claim[6];
+  for (int i = 0; i < 6; i++)
+    claim[i] = (queue_arg_t){.store = nodes[i % NODES]};
+  queue_race(claim, 6);
+  int got = 0;
+  const char *seen[6] = {0};
+  for (int i = 0; i < 6; i++) {
+    assert_int_equal(claim[i].result, 0);
+    if (!claim[i].claimed)
+      continue;
+    const char *id = json_object_get_string(json_object_object_get(claim[i].claimed, "id"));
+    for (int j = 0; j < got; j++)
+      assert_string_not_equal(seen[j], id);
+    seen[got++] = id;
+    assert_int_equal(json_object_get_int64(json_object_object_get(claim[i].claimed,
+                                                                  "reserved_micros")),
+                     7);
+    assert_string_equal(json_object_get_string(json_object_object_get(
+                            json_object_object_get(claim[i].claimed, "request"), "prompt")),
+                        "queued prompt");
+    /* The claimer holds the run now, with a lease. */
+    char name[16];
+    snprintf(name, sizeof name, "q%d", i % NODES);
+    res = pg_query(f, "SELECT node, lease_expires_us IS NOT NULL FROM runs WHERE id = $1", id,
+                   NULL, true);
+    assert_string_equal(PQgetvalue(res, 0, 0), name);
+    assert_string_equal(PQgetvalue(res, 0, 1), "t");
+    PQclear(res);
+  }
+  assert_int_equal(got, 4);
+  assert_int_equal(queue_len(nodes[0]), 0);
+  for (int i = 0; i < 6; i++)
+    json_object_put(claim[i].claimed);
+  /* Cancelling a queued run takes it out: once. */
+  const char *left = push[0].result == 0 ? NULL : ids[0];
+  for (int i = 0; i < 6 && !left; i++)
+    if (push[i].result != 0)
+      left = ids[i];
+  assert_int_equal(eph_store_queue_push(nodes[1], left, 7, false, 4, &err), 0);
+  assert_int_equal(eph_store_queue_remove(nodes[2], left, &err), 1);
+  assert_int_equal(eph_store_queue_remove(nodes[2], left, &err), 0);
+  assert_int_equal(queue_len(nodes[0]), 0);
+  /* local_only (zero data retention): node q0's, invisible to the others' claims. */
+  const char *zdr = ids[RUNS - 1];
+  assert_int_equal(eph_store_queue_push(nodes[0], zdr, 9, true, 4, &err), 0);
+  json_object *none = NULL;
+  assert_int_equal(eph_store_queue_claim(nodes[1], &none, &err), 0);
+  assert_null(none);
+  cleanup_json json_object *mine = NULL;
+  assert_int_equal(eph_store_queue_claim(nodes[0], &mine, &err), 0);
+  assert_non_null(mine);
+  assert_string_equal(json_object_get_string(json_object_object_get(mine, "id")), zdr);
+  assert_true(json_object_get_boolean(json_object_object_get(mine, "zdr")));
+  /* ... and when q0 dies with one still queued, the takeover ends it and it leaves the
+   * queue (and its count). */
+  assert_int_equal(eph_store_run_insert(nodes[0], "run_qz2", "acme", "queued", 300, req, true,
+                                        &err),
+                   0);
+  assert_int_equal(eph_store_queue_push(nodes[0], "run_qz2", 9, true, 4, &err), 0);
+  assert_int_equal(queue_len(nodes[0]), 1);
+  assert_int_equal(sql_exec(f, "UPDATE runs SET lease_expires_us = 1 WHERE id = 'run_qz2'"), 0);
+  cleanup_json json_object *lost = NULL;
+  assert_int_equal(eph_store_leases_take_expired(nodes[1], &lost, &err), 0);
+  assert_int_equal(json_object_array_length(lost), 1);
+  assert_int_equal(queue_len(nodes[0]), 0);
+  for (int i = 0; i < NODES; i++)
+    eph_store_close(nodes[i]);
+#endif
+}
+
 /* Attack: values made of SQL (quotes, statement separators, comments, a NUL-free
  * backslash soup) go through every text parameter a client can influence: a run id, an
  * idempotency key, a key name, event text and JSON. Each is stored and read back verbatim
@@ -1124,6 +1311,7 @@ main(void)
     cmocka_unit_test_setup_teardown(test_target_kind_and_password_hidden, setup, teardown),
     cmocka_unit_test_setup_teardown(test_cancel_requests, setup, teardown),
     cmocka_unit_test_setup_teardown(test_leases, setup, teardown),
+    cmocka_unit_test_setup_teardown(test_queue, setup, teardown),
     cmocka_unit_test_setup_teardown(test_hostile_values, setup, teardown),
     /* Properties of the SQLite file itself: last, left out on PostgreSQL. */
     cmocka_unit_test_setup_teardown(test_damaged_file_refused, setup, teardown),
