@@ -70,8 +70,8 @@ main(int argc, char **argv)
 
   /* bare guest exec */
   const eph_plugin_slot_t *backend = eph_ctx_backend(&ctx, NULL, &err);
-  eph_sandbox_spec_t spec = {.struct_size = sizeof spec, .run_id = "run_bench",
-                             .deadline_ms = eph_now_ms() + 600000};
+  eph_sandbox_spec_t spec = {
+      .struct_size = sizeof spec, .run_id = "run_bench", .deadline_ms = eph_now_ms() + 600000};
   eph_sbx_t *sbx = NULL;
   if (!backend || eph_sbx_create(backend, &spec, &sbx, &err) < 0) {
     fprintf(stderr, "sandbox: %s\n", err.message);

@@ -69,14 +69,14 @@ open_ledger(ledger_t *l, const char *name, const char *block, const char *state_
 {
   l->name = name;
   l->host = (eph_host_t){
-    .struct_size = sizeof l->host,
-    .abi_major = EPH_ABI_MAJOR,
-    .abi_minor = EPH_ABI_MINOR,
-    .log = eph_log,
-    .cfg_int = eph_cfg_int,
-    .cfg_bool = eph_cfg_bool,
-    .cfg_string = eph_cfg_string,
-    .state_dir = state_dir,
+      .struct_size = sizeof l->host,
+      .abi_major = EPH_ABI_MAJOR,
+      .abi_minor = EPH_ABI_MINOR,
+      .log = eph_log,
+      .cfg_int = eph_cfg_int,
+      .cfg_bool = eph_cfg_bool,
+      .cfg_string = eph_cfg_string,
+      .state_dir = state_dir,
   };
   config_init(&l->cfg);
   if (config_read_string(&l->cfg, block) != CONFIG_TRUE) {
@@ -88,8 +88,7 @@ open_ledger(ledger_t *l, const char *name, const char *block, const char *state_
            getenv("EPH_BUILDDIR") ? getenv("EPH_BUILDDIR") : EPH_BUILDDIR, name);
   eph_error_t err = {0};
   int warnings = 0;
-  if (eph_plugin_load_file(&l->ps, so, config_lookup(&l->cfg, name), &l->host, &warnings,
-                           &err) < 0)
+  if (eph_plugin_load_file(&l->ps, so, config_lookup(&l->cfg, name), &l->host, &warnings, &err) < 0)
     die(so, &err);
   const eph_plugin_slot_t *slot = eph_plugins_first(&l->ps, EPH_KIND_LEDGER);
   l->ops = slot->desc->ops;
@@ -105,7 +104,8 @@ new_run(ledger_t *l, char *run, size_t n, int64_t micros)
 {
   char org[64];
   snprintf(org, sizeof org, "bench-%d", (int)getpid());
-  snprintf(run, n, "run_bench_%d_%lu", (int)getpid(), __atomic_add_fetch(&run_seq, 1, __ATOMIC_RELAXED));
+  snprintf(run, n, "run_bench_%d_%lu", (int)getpid(),
+           __atomic_add_fetch(&run_seq, 1, __ATOMIC_RELAXED));
   eph_error_t err = {0};
   if (l->ops->reserve(l->st, org, run, micros, &err) < 0)
     die("reserve", &err);
@@ -218,8 +218,8 @@ main(int argc, char **argv)
       return 2;
     }
   }
-  if (rounds < 1 || rounds > MAX_ROUNDS - 1 || n_charges < 1 || n_cycles < 1 ||
-      n_threads < 1 || n_threads > 64) {
+  if (rounds < 1 || rounds > MAX_ROUNDS - 1 || n_charges < 1 || n_cycles < 1 || n_threads < 1 ||
+      n_threads > 64) {
     fprintf(stderr, "ledger-bench: --rounds 1..100, --threads 1..64, counts > 0\n");
     return 2;
   }
@@ -230,8 +230,7 @@ main(int argc, char **argv)
   }
   static ledger_t ledgers[2];
   int n = 0;
-  open_ledger(&ledgers[n++], "ledger-sqlite", "ledger-sqlite: { synchronous = \"full\"; };",
-              dir);
+  open_ledger(&ledgers[n++], "ledger-sqlite", "ledger-sqlite: { synchronous = \"full\"; };", dir);
   if (database && *database) {
     char block[2048];
     snprintf(block, sizeof block,

@@ -172,11 +172,11 @@ bwrap_true(void)
     dup2(devnull, 1);
     dup2(devnull, 2);
     execlp("bwrap", "bwrap", "--unshare-all", "--die-with-parent", "--ro-bind", "/usr", "/usr",
-           "--symlink", "usr/bin", "/bin", "--symlink", "usr/sbin", "/sbin", "--symlink",
-           "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64", "--ro-bind",
-           "/etc/alternatives", "/etc/alternatives", "--ro-bind", "/etc/ld.so.cache",
-           "/etc/ld.so.cache", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
-           "--uid", "1000", "--gid", "1000", "--chdir", "/tmp", "--", "true", (char *)NULL);
+           "--symlink", "usr/bin", "/bin", "--symlink", "usr/sbin", "/sbin", "--symlink", "usr/lib",
+           "/lib", "--symlink", "usr/lib64", "/lib64", "--ro-bind", "/etc/alternatives",
+           "/etc/alternatives", "--ro-bind", "/etc/ld.so.cache", "/etc/ld.so.cache", "--proc",
+           "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--uid", "1000", "--gid", "1000", "--chdir",
+           "/tmp", "--", "true", (char *)NULL);
     _exit(127);
   }
   int st;
@@ -237,13 +237,21 @@ main(int argc, char **argv)
   }
   config_t cfg;
   config_init(&cfg);
-  snprintf(text, sizeof text, "backend-jail: { guest = \"%s\"; cgroup_parent = "
-           "\"ephemeral-bench\"; run_dir = \"/run/ephemeral-bench\"; };", guest);
+  snprintf(text, sizeof text,
+           "backend-jail: { guest = \"%s\"; cgroup_parent = "
+           "\"ephemeral-bench\"; run_dir = \"/run/ephemeral-bench\"; };",
+           guest);
   config_read_string(&cfg, text);
-  eph_host_t host = {.struct_size = sizeof host, .abi_major = EPH_ABI_MAJOR,
-                     .abi_minor = EPH_ABI_MINOR, .log = host_log, .cfg_int = cfg_int,
-                     .cfg_bool = cfg_bool, .cfg_string = cfg_string, .state_dir = "/tmp",
-                     .data_dir = "/tmp", .libexec_dir = b};
+  eph_host_t host = {.struct_size = sizeof host,
+                     .abi_major = EPH_ABI_MAJOR,
+                     .abi_minor = EPH_ABI_MINOR,
+                     .log = host_log,
+                     .cfg_int = cfg_int,
+                     .cfg_bool = cfg_bool,
+                     .cfg_string = cfg_string,
+                     .state_dir = "/tmp",
+                     .data_dir = "/tmp",
+                     .libexec_dir = b};
   void *dl = dlopen(so, RTLD_NOW | RTLD_LOCAL);
   if (!dl || !(plugin = dlsym(dl, EPH_PLUGIN_SYMBOL))) {
     fprintf(stderr, "%s: %s\n", so, dlerror());

@@ -21,13 +21,11 @@
 int eph_admin_key_mark(eph_store_t *store, const char *key_id, eph_error_t *err);
 
 /* *admin = whether the active key key_id is an admin key (false for unknown/revoked). */
-int eph_admin_key_is_admin(eph_store_t *store, const char *key_id, bool *admin,
-                           eph_error_t *err);
+int eph_admin_key_is_admin(eph_store_t *store, const char *key_id, bool *admin, eph_error_t *err);
 
 /* *org_out (heap, owned by the caller) = the organisation of the active key key_id;
  * -ENOENT when there is none. */
-int eph_admin_key_org(eph_store_t *store, const char *key_id, char **org_out,
-                      eph_error_t *err);
+int eph_admin_key_org(eph_store_t *store, const char *key_id, char **org_out, eph_error_t *err);
 
 /* One audit record: who (actor key id and its org), what (action, e.g. "keys.create"; the
  * target organisation and object, either may be NULL; detail: a short JSON text or NULL),
@@ -35,8 +33,8 @@ int eph_admin_key_org(eph_store_t *store, const char *key_id, char **org_out,
  * retention_days (> 0) are deleted in the same transaction. */
 int eph_admin_audit_add(eph_store_t *store, const char *actor_key_id, const char *actor_org,
                         const char *action, const char *target_org, const char *target,
-                        const char *detail, const char *address, int status,
-                        int retention_days, eph_error_t *err);
+                        const char *detail, const char *address, int status, int retention_days,
+                        eph_error_t *err);
 
 /* The newest `limit` (1..1000) audit records as a JSON array owned by the caller of
  * {"id","at_us","actor_key_id","actor_org","action","target_org"|null,"target"|null,

@@ -24,9 +24,9 @@ note_replay(eph_run_t *run, const eph_model_response_t *resp, char *buf, size_t 
   pthread_mutex_lock(&run->lock);
   if (!run->replayed_from) {
     const char *line = strrchr(resp->replayed_from, ':');
-    run->replayed_from = line ? eph_xasprintf("%.*s", (int)(line - resp->replayed_from),
-                                              resp->replayed_from)
-                              : eph_xstrdup(resp->replayed_from);
+    run->replayed_from =
+        line ? eph_xasprintf("%.*s", (int)(line - resp->replayed_from), resp->replayed_from)
+             : eph_xstrdup(resp->replayed_from);
   }
   if (!run->recorded_model && resp->recorded_model[0])
     run->recorded_model = eph_xstrdup(resp->recorded_model);
@@ -170,7 +170,8 @@ eph_agent_loop(eph_run_t *run)
     /* The prompt may be billed as a cache write (Anthropic: 1.25x input), so the estimate
      * takes the dearer of the two prices. */
     int64_t prompt_price = run->in_price_mtok > run->cache_write_price_mtok
-                               ? run->in_price_mtok : run->cache_write_price_mtok;
+                               ? run->in_price_mtok
+                               : run->cache_write_price_mtok;
     int64_t in_cost_x = est_in * prompt_price; /* micros * 1e6 */
     if (run->out_price_mtok > 0) {
       int64_t affordable = (left * 1000000 - in_cost_x) / run->out_price_mtok;
@@ -179,7 +180,7 @@ eph_agent_loop(eph_run_t *run)
     }
     if (max_out < MIN_OUTPUT_TOKENS || in_cost_x > left * 1000000) {
       eph_run_set_end(run, EPH_RUN_BUDGET_EXHAUSTED, "budget_exhausted",
-              "the remaining budget cannot pay for another model call");
+                      "the remaining budget cannot pay for another model call");
       return;
     }
     eph_model_request_t mreq = {
@@ -202,8 +203,8 @@ eph_agent_loop(eph_run_t *run)
         eph_run_set_end(run, EPH_RUN_FAILED, "transcript_diverged", err.message);
       else
         eph_run_set_end(run, EPH_RUN_FAILED, "model_error", err.message);
-      eph_run_emit(run, "Model", "model_error", false, NULL, "model call %" PRId64 " failed: %s", step,
-           err.message);
+      eph_run_emit(run, "Model", "model_error", false, NULL, "model call %" PRId64 " failed: %s",
+                   step, err.message);
       return;
     }
     int64_t cost = eph_meter_model_cost(run, &resp);
@@ -214,7 +215,8 @@ eph_agent_loop(eph_run_t *run)
     run->output_tokens += (int64_t)resp.output_tokens;
     pthread_mutex_unlock(&run->lock);
     if (run->record && resp.raw) {
-      fprintf(run->record, "%s\n", json_object_to_json_string_ext(resp.raw, JSON_C_TO_STRING_PLAIN));
+      fprintf(run->record, "%s\n",
+              json_object_to_json_string_ext(resp.raw, JSON_C_TO_STRING_PLAIN));
       fflush(run->record);
     }
     json_object *d = json_object_new_object();
@@ -234,8 +236,8 @@ eph_agent_loop(eph_run_t *run)
     if (*replayed)
       json_object_object_add(d, "replayed_from", json_object_new_string(resp.replayed_from));
     eph_run_emit(run, "Model", "model_call", false, d,
-         "model call %" PRId64 "%s · %" PRIu64 " in / %" PRIu64 " out tokens", step, replayed,
-         resp.input_tokens, resp.output_tokens);
+                 "model call %" PRId64 "%s · %" PRIu64 " in / %" PRIu64 " out tokens", step,
+                 replayed, resp.input_tokens, resp.output_tokens);
     eph_run_notify_update(run);
 
     json_object *msg = resp.message;
@@ -248,11 +250,12 @@ eph_agent_loop(eph_run_t *run)
     json_object_array_add(messages, json_object_get(msg));
     json_object_object_get_ex(msg, "tool_calls", &tcs);
     json_object_object_get_ex(msg, "content", &content);
-    size_t n_calls = tcs && json_object_is_type(tcs, json_type_array)
-                         ? json_object_array_length(tcs) : 0;
+    size_t n_calls =
+        tcs && json_object_is_type(tcs, json_type_array) ? json_object_array_length(tcs) : 0;
     if (n_calls == 0) {
       run->answer = eph_xstrdup(content && json_object_is_type(content, json_type_string)
-                                    ? json_object_get_string(content) : "");
+                                    ? json_object_get_string(content)
+                                    : "");
       eph_model_response_clear(&resp);
       bool refused = strcmp(resp.finish_reason, "content_filter") == 0;
       bool truncated = strcmp(resp.finish_reason, "length") == 0;

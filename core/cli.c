@@ -9,8 +9,8 @@
 #include "log.h"
 
 const eph_cli_command_t eph_cli_commands[] = {
-    {"plugins", "plugins", "list the loaded plugins (name, kind, version, ABI, path)", NULL,
-     true, 1, eph_cmd_plugins},
+    {"plugins", "plugins", "list the loaded plugins (name, kind, version, ABI, path)", NULL, true,
+     1, eph_cmd_plugins},
     {"config", "config check | config keys",
      "validate the configuration (exit 1 on an error) or list every documented key",
      "  check   parse ephemeral.conf and conf.d, load the enabled plugins, check every key\n"
@@ -31,8 +31,8 @@ const eph_cli_command_t eph_cli_commands[] = {
      "4 budget_exhausted (or insufficient balance), 5 cancelled.\n",
      EPH_CLI_LAZY_BACKENDS, 1, eph_cmd_run},
     {"runs", "runs list [--org ORG] [--limit N] | show ID | replay ID [--speed N]",
-     "list past runs, show one as JSON, or replay its timeline at its original pace", NULL,
-     false, 1, eph_cmd_runs},
+     "list past runs, show one as JSON, or replay its timeline at its original pace", NULL, false,
+     1, eph_cmd_runs},
     {"orgs", "orgs credit ORG MICROS | orgs balance ORG",
      "add credit to an organisation, or show its balance", NULL, true, 1, eph_cmd_orgs},
     {"keys", "keys create|revoke|list --org ORG [--name NAME] [--admin]",
@@ -44,7 +44,9 @@ const eph_cli_command_t eph_cli_commands[] = {
      "  store or ledger file (PRAGMA quick_check), a full disk, a plugin that did not load\n"
      "  are reported; runs a dead process left are settled and recorded first.\n",
      true, 1, eph_cmd_doctor},
-    {"snapshots", "snapshots list | prune [--max-bytes N] [--backend NAME]", "list or prune what the backends keep to start sandboxes faster (microVM snapshots)", NULL, true, 1, eph_cmd_snapshots},
+    {"snapshots", "snapshots list | prune [--max-bytes N] [--backend NAME]",
+     "list or prune what the backends keep to start sandboxes faster (microVM snapshots)", NULL,
+     true, 1, eph_cmd_snapshots},
     {"db", "db migrate", "create or migrate the store's schema (SQLite file or `database`)",
      "  migrate   open the configured store, applying every pending migration (safe while\n"
      "            other nodes start: PostgreSQL migrations hold an advisory lock)\n",

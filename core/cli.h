@@ -14,10 +14,10 @@
 
 typedef struct eph_cli_command {
   const char *name;
-  const char *usage;   /* "plugins", "exec [--backend NAME] -- CMD [ARG...]" */
-  const char *summary; /* one line */
-  const char *help;    /* more lines for `ephemeral CMD --help`, or NULL */
-  int load_plugins; /* false: none; true: all enabled; EPH_CLI_LAZY*: see above */
+  const char *usage;       /* "plugins", "exec [--backend NAME] -- CMD [ARG...]" */
+  const char *summary;     /* one line */
+  const char *help;        /* more lines for `ephemeral CMD --help`, or NULL */
+  int load_plugins;        /* false: none; true: all enabled; EPH_CLI_LAZY*: see above */
   int config_error_status; /* exit status when the context cannot be opened */
   int (*fn)(eph_ctx_t *ctx, int argc, char **argv);
 } eph_cli_command_t;

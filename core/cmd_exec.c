@@ -151,9 +151,12 @@ int
 eph_cmd_exec(eph_ctx_t *ctx, int argc, char **argv)
 {
   static const struct option opts[] = {
-      {"backend", required_argument, NULL, 'b'}, {"timeout", required_argument, NULL, 't'},
-      {"memory", required_argument, NULL, 'm'},  {"stdin", no_argument, NULL, 'i'},
-      {"web", no_argument, NULL, 'w'},           {"help", no_argument, NULL, 'h'},
+      {"backend", required_argument, NULL, 'b'},
+      {"timeout", required_argument, NULL, 't'},
+      {"memory", required_argument, NULL, 'm'},
+      {"stdin", no_argument, NULL, 'i'},
+      {"web", no_argument, NULL, 'w'},
+      {"help", no_argument, NULL, 'h'},
       {0},
   };
   const char *backend_name = NULL;

@@ -79,11 +79,11 @@ print_event_line(FILE *out, double t, const char *source, const char *kind, cons
 
 typedef struct printer {
   FILE *out;
-  bool tty;          /* dim the output */
-  bool quiet;        /* --quiet: no live output */
-  bool mid_line;     /* the last output line has no newline yet */
-  int64_t lines;     /* lines started for the current command */
-  int64_t more;      /* lines not printed past LIVE_MAX_LINES */
+  bool tty;           /* dim the output */
+  bool quiet;         /* --quiet: no live output */
+  bool mid_line;      /* the last output line has no newline yet */
+  int64_t lines;      /* lines started for the current command */
+  int64_t more;       /* lines not printed past LIVE_MAX_LINES */
   int64_t delta_call; /* the model call whose "streaming" row is printed (0: none) */
 } printer_t;
 
@@ -302,9 +302,12 @@ int
 eph_cmd_run(eph_ctx_t *ctx, int argc, char **argv)
 {
   static const struct option options[] = {
-      {"json", no_argument, NULL, 'j'},         {"backend", required_argument, NULL, 'b'},
-      {"replay", required_argument, NULL, 'r'}, {"record", required_argument, NULL, 'R'},
-      {"org", required_argument, NULL, 'o'},    {"quiet", no_argument, NULL, 'q'},
+      {"json", no_argument, NULL, 'j'},
+      {"backend", required_argument, NULL, 'b'},
+      {"replay", required_argument, NULL, 'r'},
+      {"record", required_argument, NULL, 'R'},
+      {"org", required_argument, NULL, 'o'},
+      {"quiet", no_argument, NULL, 'q'},
       {0},
   };
   bool json = false, quiet = false;
@@ -509,7 +512,9 @@ int
 eph_cmd_runs(eph_ctx_t *ctx, int argc, char **argv)
 {
   if (argc < 2) {
-    fprintf(stderr, "usage: ephemeral runs list [--org ORG] [--limit N] | show ID | replay ID [--speed N]\n");
+    fprintf(
+        stderr,
+        "usage: ephemeral runs list [--org ORG] [--limit N] | show ID | replay ID [--speed N]\n");
     return 2;
   }
   eph_store_t *store = NULL;
@@ -547,9 +552,8 @@ eph_cmd_runs(eph_ctx_t *ctx, int argc, char **argv)
         strftime(when, sizeof when, "%Y-%m-%d %H:%M:%SZ", &tm);
         printf("%-37s %-17s %-24s %s\n",
                json_object_object_get_ex(r, "id", &v) ? json_object_get_string(v) : "",
-               json_object_object_get_ex(r, "status", &v) ? json_object_get_string(v) : "",
-               when, eph_format_dollars(usage ? jint(usage, "billed_micros") : 0, billed,
-                                        sizeof billed));
+               json_object_object_get_ex(r, "status", &v) ? json_object_get_string(v) : "", when,
+               eph_format_dollars(usage ? jint(usage, "billed_micros") : 0, billed, sizeof billed));
       }
       json_object_put(runs);
       free(next);
@@ -580,7 +584,9 @@ eph_cmd_runs(eph_ctx_t *ctx, int argc, char **argv)
       status = runs_replay(store, argv[2], speed);
     }
   } else {
-    fprintf(stderr, "usage: ephemeral runs list [--org ORG] [--limit N] | show ID | replay ID [--speed N]\n");
+    fprintf(
+        stderr,
+        "usage: ephemeral runs list [--org ORG] [--limit N] | show ID | replay ID [--speed N]\n");
     status = 2;
   }
   eph_store_close(store);

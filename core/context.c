@@ -77,10 +77,10 @@ eph_ctx_open(eph_ctx_t *ctx, const eph_ctx_options_t *opt, eph_error_t *err)
     eph_log_set_level((eph_log_level_t)eph_log_level_parse(level));
 
   const char *plugin_dir = eph_config_values(&ctx->config)->plugin_dir;
-  ctx->plugin_dir = eph_xstrdup(opt->plugin_dir     ? opt->plugin_dir
+  ctx->plugin_dir = eph_xstrdup(opt->plugin_dir                  ? opt->plugin_dir
                                 : getenv("EPHEMERAL_PLUGIN_DIR") ? getenv("EPHEMERAL_PLUGIN_DIR")
-                                : plugin_dir        ? plugin_dir
-                                                    : ctx->paths.plugin_dir);
+                                : plugin_dir                     ? plugin_dir
+                                                                 : ctx->paths.plugin_dir);
 
   r = resolve_state_dir(ctx, opt, err);
   if (r < 0)
@@ -122,7 +122,8 @@ eph_ctx_close(eph_ctx_t *ctx)
 static char *
 core_key_where(const eph_ctx_t *ctx, const char *key)
 {
-  const config_setting_t *s = ctx->config.core ? config_setting_get_member(ctx->config.core, key) : NULL;
+  const config_setting_t *s =
+      ctx->config.core ? config_setting_get_member(ctx->config.core, key) : NULL;
   if (!s || !config_setting_source_file(s))
     return eph_xstrdup("");
   return eph_xasprintf("%s:%d: ", config_setting_source_file(s), config_setting_source_line(s));

@@ -128,8 +128,8 @@ read_head(int fd, char *buf, size_t size, size_t *got, int64_t idle_ms)
 static int
 connect_to(const struct sockaddr_storage *ss, int64_t timeout_ms, eph_error_t *err)
 {
-  socklen_t len = ss->ss_family == AF_INET6 ? sizeof(struct sockaddr_in6)
-                                            : sizeof(struct sockaddr_in);
+  socklen_t len =
+      ss->ss_family == AF_INET6 ? sizeof(struct sockaddr_in6) : sizeof(struct sockaddr_in);
   int fd = socket(ss->ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (fd < 0)
     return eph_error_set(err, errno, "socket: %s", strerror(errno));
@@ -217,9 +217,8 @@ read_tls_record(int fd, uint8_t *rec, size_t have, int64_t idle_ms, int64_t end_
       return 0;
     /* Never more than the record: what follows it is the client's and goes upstream
      * through relay() after the verdict. */
-    size_t want = have < TLS_HEADER_BYTES
-                      ? TLS_HEADER_BYTES
-                      : TLS_HEADER_BYTES + ((size_t)rec[3] << 8 | rec[4]);
+    size_t want = have < TLS_HEADER_BYTES ? TLS_HEADER_BYTES
+                                          : TLS_HEADER_BYTES + ((size_t)rec[3] << 8 | rec[4]);
     ssize_t r = recv(fd, rec + have, want - have, 0);
     if (r < 0 && errno == EINTR)
       continue;
@@ -341,7 +340,8 @@ serve(conn_t *c)
       goto out;
     }
     char cl[64] = "", te[64] = "";
-    if ((egress_header_value(headers, "content-length", cl, sizeof cl) && strtoll(cl, NULL, 10) != 0) ||
+    if ((egress_header_value(headers, "content-length", cl, sizeof cl) &&
+         strtoll(cl, NULL, 10) != 0) ||
         egress_header_value(headers, "transfer-encoding", te, sizeof te)) {
       refuse(e, c->client, method, display, 400, "Bad Request", "GET/HEAD with a body");
       goto out;
@@ -595,7 +595,8 @@ listen_main(void *arg)
   j->netns_fd = open("/proc/thread-self/ns/net", O_RDONLY | O_CLOEXEC);
   int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   int one = 1;
-  struct sockaddr_in sin = {.sin_family = AF_INET, .sin_port = htons((uint16_t)j->port),
+  struct sockaddr_in sin = {.sin_family = AF_INET,
+                            .sin_port = htons((uint16_t)j->port),
                             .sin_addr.s_addr = htonl(j->addr)};
   /* FREEBIND: the address appears once the backend made the link. */
   if (j->netns_fd < 0 || fd < 0 || setsockopt(fd, SOL_IP, IP_FREEBIND, &one, sizeof one) < 0 ||
@@ -630,8 +631,8 @@ eph_egress_start(const eph_egress_options_t *opt, eph_egress_t **out, eph_error_
     if (lock < 0)
       return eph_error_set(err, errno, "egress: socket: %s", strerror(errno));
     int one = 1;
-    struct sockaddr_in sin = {.sin_family = AF_INET, .sin_port = htons((uint16_t)opt->port),
-                              .sin_addr.s_addr = htonl(a)};
+    struct sockaddr_in sin = {
+        .sin_family = AF_INET, .sin_port = htons((uint16_t)opt->port), .sin_addr.s_addr = htonl(a)};
     /* A bound, never listening socket in the host's netns is the allocation: another
      * process's proxy holding this /30 makes the bind fail with EADDRINUSE. */
     if (setsockopt(lock, SOL_IP, IP_FREEBIND, &one, sizeof one) < 0 ||

@@ -52,12 +52,12 @@ typedef struct eph_egress_options {
    * takes the first .1 of a /30 no other proxy (of any process) is bound to and that no
    * host interface already holds. */
   const char *pool;
-  int port;                   /* TCP port of the proxy on that address */
-  int max_connections;        /* open at once */
-  int64_t max_bytes;          /* per connection, both directions together */
-  int64_t max_connection_ms;  /* per connection, wall clock */
-  int64_t idle_ms;            /* per connection, no byte either way */
-  int64_t price_micros;       /* charged per allowed connection (category web) */
+  int port;                       /* TCP port of the proxy on that address */
+  int max_connections;            /* open at once */
+  int64_t max_bytes;              /* per connection, both directions together */
+  int64_t max_connection_ms;      /* per connection, wall clock */
+  int64_t idle_ms;                /* per connection, no byte either way */
+  int64_t price_micros;           /* charged per allowed connection (category web) */
   const eph_net_policy_t *policy; /* borrowed, must outlive the proxy */
   eph_egress_announce_fn announce;
   void *opaque;
@@ -79,8 +79,7 @@ int eph_egress_check_config(const eph_config_t *config, eph_error_t *err);
  * the one place that says where sandboxes may go; no plugin's block is read. Errors:
  * -EPH_E_CONFIG naming file:line. */
 int eph_egress_load_config(const eph_config_t *config, const eph_host_t *host,
-                           eph_egress_options_t *opt, eph_net_policy_t *policy,
-                           eph_error_t *err);
+                           eph_egress_options_t *opt, eph_net_policy_t *policy, eph_error_t *err);
 
 /* Must be called in the host's network namespace: connection threads check the
  * destination against the interfaces of the namespace eph_egress_start() ran in (and

@@ -89,4 +89,3 @@ eph_egress_load_config(const eph_config_t *config, const eph_host_t *host,
       config->core ? config_setting_get_member(config->core, "egress") : NULL;
   return eph_net_policy_load(policy, host, g, err);
 }
-

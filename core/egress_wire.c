@@ -23,8 +23,8 @@
 static bool
 hop_by_hop(const char *name, size_t len, const char *connection_tokens)
 {
-  static const char *const names[] = {"connection", "keep-alive", "te", "trailer",
-                                      "transfer-encoding", "upgrade", "host", NULL};
+  static const char *const names[] = {"connection",        "keep-alive", "te",   "trailer",
+                                      "transfer-encoding", "upgrade",    "host", NULL};
   for (size_t i = 0; names[i]; i++)
     if (strlen(names[i]) == len && strncasecmp(name, names[i], len) == 0)
       return true;
@@ -150,10 +150,10 @@ client_hello_sni(const uint8_t *rec, size_t n, char *out, size_t size)
   if (rec[1] != 3 || rec[2] > 4 || len > TLS_RECORD_MAX || n != TLS_HEADER_BYTES + len)
     return "malformed TLS record";
   const uint8_t *p = rec + TLS_HEADER_BYTES, *end = p + len;
-#define NEED(k)                                                                                \
-  do {                                                                                         \
-    if ((size_t)(end - p) < (size_t)(k))                                                       \
-      return "truncated TLS ClientHello";                                                      \
+#define NEED(k)                                                                                    \
+  do {                                                                                             \
+    if ((size_t)(end - p) < (size_t)(k))                                                           \
+      return "truncated TLS ClientHello";                                                          \
   } while (0)
   NEED(4);
   if (p[0] != 1 /* client_hello */)

@@ -25,26 +25,25 @@
 static void
 usage(FILE *out)
 {
-  fprintf(out,
-          "Usage: ephemerald [OPTIONS]\n"
-          "\n"
-          "Serve the ephemeral HTTP API (POST /v1/runs, live events, the playground page).\n"
-          "\n"
-          "Options:\n"
-          "  -l, --listen ADDR:PORT  address to listen on (default: config server.listen,\n"
-          "                          127.0.0.1:8080; [::1]:PORT for IPv6; port 0 = any)\n"
-          "  -c, --config FILE       ephemeral.conf to use (its conf.d/ beside it)\n"
-          "      --plugin-dir DIR    load plugins from DIR\n"
-          "      --state-dir DIR     state directory (also EPHEMERAL_STATE_DIR)\n"
-          "      --database URL      shared PostgreSQL store (also EPHEMERAL_DATABASE)\n"
-          "  -v, --verbose           log debug messages too (default: info)\n"
-          "  -q, --quiet             log errors only\n"
-          "      --routes            print the routes served and exit\n"
-          "  -h, --help              show this help\n"
-          "  -V, --version           show the version\n"
-          "\n"
-          "Signals: SIGTERM/SIGINT drain (queued runs abandoned, running runs get\n"
-          "server.drain_grace_seconds, then are cancelled) and exit 0.\n");
+  fprintf(out, "Usage: ephemerald [OPTIONS]\n"
+               "\n"
+               "Serve the ephemeral HTTP API (POST /v1/runs, live events, the playground page).\n"
+               "\n"
+               "Options:\n"
+               "  -l, --listen ADDR:PORT  address to listen on (default: config server.listen,\n"
+               "                          127.0.0.1:8080; [::1]:PORT for IPv6; port 0 = any)\n"
+               "  -c, --config FILE       ephemeral.conf to use (its conf.d/ beside it)\n"
+               "      --plugin-dir DIR    load plugins from DIR\n"
+               "      --state-dir DIR     state directory (also EPHEMERAL_STATE_DIR)\n"
+               "      --database URL      shared PostgreSQL store (also EPHEMERAL_DATABASE)\n"
+               "  -v, --verbose           log debug messages too (default: info)\n"
+               "  -q, --quiet             log errors only\n"
+               "      --routes            print the routes served and exit\n"
+               "  -h, --help              show this help\n"
+               "  -V, --version           show the version\n"
+               "\n"
+               "Signals: SIGTERM/SIGINT drain (queued runs abandoned, running runs get\n"
+               "server.drain_grace_seconds, then are cancelled) and exit 0.\n");
 }
 
 /* sd_notify(3) without libsystemd: one datagram to $NOTIFY_SOCKET ('@' = abstract). */
@@ -71,11 +70,16 @@ int
 main(int argc, char **argv)
 {
   static const struct option options[] = {
-      {"listen", required_argument, NULL, 'l'},  {"config", required_argument, NULL, 'c'},
-      {"plugin-dir", required_argument, NULL, 'P'}, {"state-dir", required_argument, NULL, 'S'},
-      {"verbose", no_argument, NULL, 'v'},       {"quiet", no_argument, NULL, 'q'},
-      {"routes", no_argument, NULL, 'R'},        {"database", required_argument, NULL, 'D'},
-      {"help", no_argument, NULL, 'h'},          {"version", no_argument, NULL, 'V'},
+      {"listen", required_argument, NULL, 'l'},
+      {"config", required_argument, NULL, 'c'},
+      {"plugin-dir", required_argument, NULL, 'P'},
+      {"state-dir", required_argument, NULL, 'S'},
+      {"verbose", no_argument, NULL, 'v'},
+      {"quiet", no_argument, NULL, 'q'},
+      {"routes", no_argument, NULL, 'R'},
+      {"database", required_argument, NULL, 'D'},
+      {"help", no_argument, NULL, 'h'},
+      {"version", no_argument, NULL, 'V'},
       {0},
   };
   eph_ctx_options_t copt = {.daemon = true, .load_plugins = true};
@@ -167,8 +171,8 @@ main(int argc, char **argv)
     eph_ctx_close(&ctx);
     return 1;
   }
-  eph_info("listening on %s (state %s, %d worker(s), queue %d)", eph_server_url(srv),
-           ctx.state_dir, sopt.max_concurrent_runs, sopt.max_queued_runs);
+  eph_info("listening on %s (state %s, %d worker(s), queue %d)", eph_server_url(srv), ctx.state_dir,
+           sopt.max_concurrent_runs, sopt.max_queued_runs);
   /* Always printed, whatever the log level: scripts read the real port from it. */
   fprintf(stderr, "ephemerald: listening on %s\n", eph_server_url(srv));
   fflush(stderr);

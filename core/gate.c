@@ -51,8 +51,8 @@ arg_string(json_object *args, const char *key)
 }
 
 int
-eph_gate_check_tool(const eph_gate_t *g, const eph_tool_def_t *tool, json_object *args,
-                    char *why, size_t why_size)
+eph_gate_check_tool(const eph_gate_t *g, const eph_tool_def_t *tool, json_object *args, char *why,
+                    size_t why_size)
 {
   if (!eph_gate_permits(g, tool->permission)) {
     switch (tool->permission) {
@@ -92,7 +92,6 @@ eph_gate_check_tool(const eph_gate_t *g, const eph_tool_def_t *tool, json_object
              method ? method : "(none)", name);
     return -EPH_E_DENIED;
   }
-  snprintf(why, why_size, "connection '%.64s' is not granted to this run",
-           name ? name : "(none)");
+  snprintf(why, why_size, "connection '%.64s' is not granted to this run", name ? name : "(none)");
   return -EPH_E_DENIED;
 }

@@ -120,8 +120,7 @@ eph_capture_clear(eph_capture_t *c)
 
 /* ---------------------------------------------------------------- frames */
 
-static int
-mark_broken(eph_guest_t *g, int code, eph_error_t *err, const char *fmt, ...)
+static int mark_broken(eph_guest_t *g, int code, eph_error_t *err, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 
 static int
@@ -261,15 +260,16 @@ eph_guest_classify_reply(json_object *frame, int64_t id, const char *want, bool 
   if (!type || strcmp(type, want) != 0) {
     /* The message is built while the frame (which owns `type`) is alive. */
     *fatal = true;
-    return eph_error_set(err, EPH_E_PROTOCOL, "guest: expected '%s' for request %" PRId64
-                         ", got '%.64s'", want, id, type ? type : "(no type)");
+    return eph_error_set(err, EPH_E_PROTOCOL,
+                         "guest: expected '%s' for request %" PRId64 ", got '%.64s'", want, id,
+                         type ? type : "(no type)");
   }
   return EPH_GUEST_REPLY_MATCH;
 }
 
 int
-eph_guest_reply_bytes(const char *body, size_t len, int64_t id, const char *want,
-                      json_object **out, bool *fatal, eph_error_t *err)
+eph_guest_reply_bytes(const char *body, size_t len, int64_t id, const char *want, json_object **out,
+                      bool *fatal, eph_error_t *err)
 {
   *out = NULL;
   *fatal = false;
@@ -304,8 +304,8 @@ reply_failed(eph_guest_t *g, int r, bool fatal, eph_error_t *err)
 /* Waits for the reply to request id: returns the frame (owned by the caller). Frames of
  * other ids are stale replies of an abandoned operation and are skipped. */
 static int
-await_reply(eph_guest_t *g, int64_t id, const char *want, int64_t deadline_ms,
-            json_object **out, eph_error_t *err)
+await_reply(eph_guest_t *g, int64_t id, const char *want, int64_t deadline_ms, json_object **out,
+            eph_error_t *err)
 {
   for (;;) {
     json_object *f = NULL;
@@ -352,8 +352,9 @@ eph_guest_open(int fd, int64_t deadline_ms, eph_guest_t **out, eph_error_t *err)
     r = eph_error_set(err, EPH_E_PROTOCOL, "guest: first frame is '%s', expected 'hello'",
                       type ? type : "(no type)");
   } else if (version != EPH_PROTO_VERSION) {
-    r = eph_error_set(err, EPH_E_PROTOCOL, "guest speaks protocol version %" PRId64
-                      ", this core speaks %d", version, EPH_PROTO_VERSION);
+    r = eph_error_set(err, EPH_E_PROTOCOL,
+                      "guest speaks protocol version %" PRId64 ", this core speaks %d", version,
+                      EPH_PROTO_VERSION);
   } else if (!scratch || scratch[0] != '/') {
     r = eph_error_set(err, EPH_E_PROTOCOL, "guest hello: 'scratch' missing or not absolute");
   }
@@ -454,9 +455,9 @@ parse_reason(const char *s)
   static const struct {
     const char *name;
     eph_end_reason_t reason;
-  } map[] = {{"exited", EPH_END_EXITED},       {"timeout", EPH_END_TIMEOUT},
-             {"killed", EPH_END_KILLED},       {"disk_full", EPH_END_DISK_FULL},
-             {"oom", EPH_END_OOM},             {"pids_exhausted", EPH_END_PIDS_EXHAUSTED}};
+  } map[] = {{"exited", EPH_END_EXITED}, {"timeout", EPH_END_TIMEOUT},
+             {"killed", EPH_END_KILLED}, {"disk_full", EPH_END_DISK_FULL},
+             {"oom", EPH_END_OOM},       {"pids_exhausted", EPH_END_PIDS_EXHAUSTED}};
   for (size_t i = 0; s && i < sizeof map / sizeof map[0]; i++)
     if (strcmp(s, map[i].name) == 0)
       return map[i].reason;
@@ -576,12 +577,10 @@ eph_guest_exec(eph_guest_t *g, const eph_exec_request_t *req, eph_exec_result_t 
   if (eph_proto_int(f, "duration_ms", &v))
     result->duration_ms = v;
   json_object_put(f);
-  result->stdout_text = eph_capture_finish(&cap[1], &result->stdout_bytes,
-                                           &result->stdout_truncated,
-                                           &result->stdout_dropped_bytes);
-  result->stderr_text = eph_capture_finish(&cap[2], &result->stderr_bytes,
-                                           &result->stderr_truncated,
-                                           &result->stderr_dropped_bytes);
+  result->stdout_text = eph_capture_finish(
+      &cap[1], &result->stdout_bytes, &result->stdout_truncated, &result->stdout_dropped_bytes);
+  result->stderr_text = eph_capture_finish(
+      &cap[2], &result->stderr_bytes, &result->stderr_truncated, &result->stderr_dropped_bytes);
   return 0;
 fail:
   json_object_put(f);
@@ -597,8 +596,7 @@ fail:
 #define FILE_OP_TIMEOUT_MS 30000
 
 int
-eph_guest_write(eph_guest_t *g, const char *path, const void *data, size_t bytes,
-                eph_error_t *err)
+eph_guest_write(eph_guest_t *g, const char *path, const void *data, size_t bytes, eph_error_t *err)
 {
   int r = check_usable(g, err);
   if (r < 0)
@@ -625,8 +623,8 @@ eph_guest_write(eph_guest_t *g, const char *path, const void *data, size_t bytes
     off += n;
   } while (off < bytes);
   if (size != (int64_t)bytes)
-    return eph_error_set(err, EIO, "writing %s: the guest confirmed %" PRId64 " of %zu bytes",
-                         path, size, bytes);
+    return eph_error_set(err, EIO, "writing %s: the guest confirmed %" PRId64 " of %zu bytes", path,
+                         size, bytes);
   return 0;
 }
 
@@ -644,8 +642,8 @@ eph_guest_read(eph_guest_t *g, const char *path, size_t max_bytes, void **data, 
   int64_t size = 0;
   bool eof = false;
   for (;;) {
-    size_t want = max_bytes - got < EPH_PROTO_MAX_DATA_BYTES ? max_bytes - got
-                                                              : EPH_PROTO_MAX_DATA_BYTES;
+    size_t want =
+        max_bytes - got < EPH_PROTO_MAX_DATA_BYTES ? max_bytes - got : EPH_PROTO_MAX_DATA_BYTES;
     int64_t id;
     cleanup_json json_object *o = new_request(g, "read_file", &id);
     json_object_object_add(o, "path", json_object_new_string(path));

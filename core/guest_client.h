@@ -51,8 +51,8 @@ void eph_exec_result_clear(eph_exec_result_t *result);
 /* Same contracts as eph_host_t.sandbox_write/_read/_list (paths relative to scratch). */
 int eph_guest_write(eph_guest_t *g, const char *path, const void *data, size_t bytes,
                     eph_error_t *err);
-int eph_guest_read(eph_guest_t *g, const char *path, size_t max_bytes, void **data,
-                   size_t *bytes, int *truncated, eph_error_t *err);
+int eph_guest_read(eph_guest_t *g, const char *path, size_t max_bytes, void **data, size_t *bytes,
+                   int *truncated, eph_error_t *err);
 int eph_guest_list(eph_guest_t *g, const char *path, eph_dirent_t **entries, size_t *count,
                    eph_error_t *err);
 void eph_dirents_free(eph_dirent_t *entries, size_t count);

@@ -17,8 +17,8 @@
 /* ------------------------------------------------------------------ per-run services */
 
 static int
-host_emit(eph_run_t *run, const char *source, const char *kind, const char *text,
-          json_object *data, eph_error_t *err)
+host_emit(eph_run_t *run, const char *source, const char *kind, const char *text, json_object *data,
+          eph_error_t *err)
 {
   if (!run || !source || !kind || !text)
     return eph_error_set(err, EINVAL, "emit: run, source, kind and text are required");
@@ -27,8 +27,7 @@ host_emit(eph_run_t *run, const char *source, const char *kind, const char *text
 }
 
 static int
-host_charge(eph_run_t *run, eph_cost_t category, int64_t micros, const char *memo,
-            eph_error_t *err)
+host_charge(eph_run_t *run, eph_cost_t category, int64_t micros, const char *memo, eph_error_t *err)
 {
   if (!run || micros < 0)
     return eph_error_set(err, EINVAL, "charge: invalid run or amount");
@@ -52,8 +51,8 @@ live_emit(void *opaque, int stream, const char *text, size_t bytes, uint64_t dro
 {
   eph_run_t *run = opaque;
   json_object *d = json_object_new_object();
-  json_object_object_add(d, "call_id", json_object_new_string(run->live_call_id ? run->live_call_id
-                                                                                : ""));
+  json_object_object_add(d, "call_id",
+                         json_object_new_string(run->live_call_id ? run->live_call_id : ""));
   if (stream) {
     json_object_object_add(d, "stream", json_object_new_string(stream == 2 ? "stderr" : "stdout"));
     json_object_object_add(d, "bytes", json_object_new_int64((int64_t)bytes));
@@ -115,8 +114,7 @@ host_read(eph_run_t *run, const char *path, size_t max_bytes, void **data, size_
 }
 
 static int
-host_list(eph_run_t *run, const char *path, eph_dirent_t **entries, size_t *count,
-          eph_error_t *err)
+host_list(eph_run_t *run, const char *path, eph_dirent_t **entries, size_t *count, eph_error_t *err)
 {
   int r = need_sandbox(run, err);
   return r < 0 ? r : eph_sbx_list(run->sbx, path, entries, count, err);
@@ -135,7 +133,6 @@ run_services(eph_host_t *host)
   host->dirents_free = eph_dirents_free;
   host->output = host_output;
 }
-
 
 void
 eph_host_init(eph_host_t *host, struct eph_ctx *ctx)

@@ -58,7 +58,10 @@ typedef struct required_op {
   const char *name;
   size_t offset;
 } required_op_t;
-#define REQUIRED(kind, type, field) {kind, #field, offsetof(type, field)}
+#define REQUIRED(kind, type, field)                                                                \
+  {                                                                                                \
+    kind, #field, offsetof(type, field)                                                            \
+  }
 static const required_op_t required_ops[] = {
     REQUIRED(EPH_KIND_TOOL, eph_tool_ops_t, call),
     REQUIRED(EPH_KIND_BACKEND, eph_backend_ops_t, create),
@@ -199,8 +202,8 @@ eph_plugin_load_file(eph_plugins_t *ps, const char *path, const config_setting_t
   }
   const eph_plugin_slot_t *dup = eph_plugins_find(ps, d->name);
   if (dup) {
-    r = eph_error_set(err, EEXIST, "%s: duplicate plugin name '%s' (already loaded from %s)",
-                      path, d->name, dup->path);
+    r = eph_error_set(err, EEXIST, "%s: duplicate plugin name '%s' (already loaded from %s)", path,
+                      d->name, dup->path);
     goto fail;
   }
   /* Key rows grew in ABI 1.2 (ranges, nested keys): an older plugin's have another stride. */
@@ -227,9 +230,13 @@ eph_plugin_load_file(eph_plugins_t *ps, const char *path, const config_setting_t
     ps->cap = ps->cap ? ps->cap * 2 : 4;
     ps->slots = eph_xrealloc(ps->slots, ps->cap * sizeof *ps->slots);
   }
-  ps->slots[ps->n++] = (eph_plugin_slot_t){
-      .desc = d, .handle = handle, .state = state, .path = eph_xstrdup(path), .config = config,
-      .config_keys = keys, .keys_owned = upgraded};
+  ps->slots[ps->n++] = (eph_plugin_slot_t){.desc = d,
+                                           .handle = handle,
+                                           .state = state,
+                                           .path = eph_xstrdup(path),
+                                           .config = config,
+                                           .config_keys = keys,
+                                           .keys_owned = upgraded};
   eph_debug("loaded %s %s %s from %s", eph_kind_name(d->kind), d->name, d->version, path);
   return 0;
 
@@ -263,8 +270,8 @@ static int
 load_block(eph_plugins_t *ps, eph_config_t *cfg, const eph_config_block_t *b,
            const char *plugin_dir, const eph_host_t *host, eph_error_t *err)
 {
-  cleanup_free char *path = b->file[0] == '/' ? eph_xstrdup(b->file)
-                                              : eph_xasprintf("%s/%s", plugin_dir, b->file);
+  cleanup_free char *path =
+      b->file[0] == '/' ? eph_xstrdup(b->file) : eph_xasprintf("%s/%s", plugin_dir, b->file);
   int r = eph_plugin_load_file(ps, path, b->setting, host, &cfg->warnings, err);
   if (r < 0)
     return r;

@@ -34,17 +34,17 @@ typedef struct eph_plugins {
 
 /* True when the ops table `ops` of type `type` is large enough to hold `field` and it is
  * set: tables may come from an older or newer minor. */
-#define EPH_OPS_HAS(ops, type, field)                                                     \
-  ((ops) && (ops)->struct_size >= offsetof(type, field) + sizeof((ops)->field) &&           \
+#define EPH_OPS_HAS(ops, type, field)                                                              \
+  ((ops) && (ops)->struct_size >= offsetof(type, field) + sizeof((ops)->field) &&                  \
    (ops)->field != NULL)
 
 /* Runs `expr` with the log prefix naming the slot's plugin. */
-#define EPH_WITH_PLUGIN(slot, expr)                                                       \
-  ({                                                                                      \
-    const char *_prev = eph_log_push_plugin((slot)->desc->name);                          \
-    __typeof__(expr) _r = (expr);                                                         \
-    eph_log_pop_plugin(_prev);                                                            \
-    _r;                                                                                   \
+#define EPH_WITH_PLUGIN(slot, expr)                                                                \
+  ({                                                                                               \
+    const char *_prev = eph_log_push_plugin((slot)->desc->name);                                   \
+    __typeof__(expr) _r = (expr);                                                                  \
+    eph_log_pop_plugin(_prev);                                                                     \
+    _r;                                                                                            \
   })
 
 /* Loads every enabled block of cfg. Each refusal is logged as an error naming the file and

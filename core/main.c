@@ -17,27 +17,25 @@
 static void
 usage(FILE *out)
 {
-  fprintf(out,
-          "Usage: ephemeral [OPTIONS] COMMAND [ARGS...]\n"
-          "\n"
-          "Run an AI agent inside a disposable sandbox.\n"
-          "\n"
-          "Commands:\n");
+  fprintf(out, "Usage: ephemeral [OPTIONS] COMMAND [ARGS...]\n"
+               "\n"
+               "Run an AI agent inside a disposable sandbox.\n"
+               "\n"
+               "Commands:\n");
   for (const eph_cli_command_t *c = eph_cli_commands; c->name; c++)
     fprintf(out, "  %-28s %s\n", c->usage, c->summary);
-  fprintf(out,
-          "\n"
-          "Options:\n"
-          "  -c, --config FILE     ephemeral.conf to use (its conf.d/ beside it)\n"
-          "      --plugin-dir DIR  load plugins from DIR\n"
-          "      --state-dir DIR   state directory (also EPHEMERAL_STATE_DIR)\n"
-          "      --database URL    shared PostgreSQL store (also EPHEMERAL_DATABASE)\n"
-          "  -v, --verbose         log more (repeat for debug)\n"
-          "  -q, --quiet           log errors only\n"
-          "  -h, --help            show this help\n"
-          "  -V, --version         show the version\n"
-          "\n"
-          "Exit status: 0 on success; for `run`, see ephemeral(1).\n");
+  fprintf(out, "\n"
+               "Options:\n"
+               "  -c, --config FILE     ephemeral.conf to use (its conf.d/ beside it)\n"
+               "      --plugin-dir DIR  load plugins from DIR\n"
+               "      --state-dir DIR   state directory (also EPHEMERAL_STATE_DIR)\n"
+               "      --database URL    shared PostgreSQL store (also EPHEMERAL_DATABASE)\n"
+               "  -v, --verbose         log more (repeat for debug)\n"
+               "  -q, --quiet           log errors only\n"
+               "  -h, --help            show this help\n"
+               "  -V, --version         show the version\n"
+               "\n"
+               "Exit status: 0 on success; for `run`, see ephemeral(1).\n");
 }
 
 int

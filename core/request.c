@@ -14,8 +14,7 @@
 
 static _Thread_local char field_buf[128];
 
-static int
-field_error(const char **field, eph_error_t *err, const char *name, const char *fmt, ...)
+static int field_error(const char **field, eph_error_t *err, const char *name, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 
 static int
@@ -64,8 +63,8 @@ want_type(json_object *v, json_type t, const char *name, const char **field, eph
 }
 
 static int
-get_int(json_object *v, const char *name, int64_t lo, int64_t hi, const char *hi_what,
-        int64_t *out, const char **field, eph_error_t *err)
+get_int(json_object *v, const char *name, int64_t lo, int64_t hi, const char *hi_what, int64_t *out,
+        const char **field, eph_error_t *err)
 {
   int r = want_type(v, json_type_int, name, field, err);
   if (r < 0)
@@ -128,8 +127,7 @@ parse_files(json_object *v, const eph_request_limits_t *limits, eph_request_t *r
     if ((r = want_type(f, json_type_object, name, field, err)) < 0)
       return r;
     const char *encoding = "utf-8";
-    json_object_object_foreach(f, key, val)
-    {
+    json_object_object_foreach(f, key, val) {
       snprintf(name, sizeof name, "files[%zu].%s", i, key);
       if (strcmp(key, "encoding") == 0) {
         if ((r = want_type(val, json_type_string, name, field, err)) < 0)
@@ -198,8 +196,7 @@ parse_connections(json_object *v, eph_request_t *req, const char **field, eph_er
     } else {
       if ((r = want_type(c, json_type_object, name, field, err)) < 0)
         return r;
-      json_object_object_foreach(c, key, val)
-      {
+      json_object_object_foreach(c, key, val) {
         (void)val;
         if (strcmp(key, "name") != 0 && strcmp(key, "methods") != 0) {
           snprintf(name, sizeof name, "connections[%zu].%s", i, key);
@@ -313,8 +310,7 @@ parse_metadata(json_object *v, eph_request_t *req, const char **field, eph_error
   if (json_object_object_length(v) > EPH_METADATA_MAX_PAIRS)
     return field_error(field, err, "metadata", "at most %d keys", EPH_METADATA_MAX_PAIRS);
   char name[600];
-  json_object_object_foreach(v, key, val)
-  {
+  json_object_object_foreach(v, key, val) {
     snprintf(name, sizeof name, "metadata.%.64s", key);
     if ((r = want_type(val, json_type_string, name, field, err)) < 0)
       return r;
@@ -344,8 +340,7 @@ eph_request_parse(const char *json, size_t len, const eph_request_limits_t *limi
     goto out;
   }
   bool have_timeout = false, have_cost = false, have_prompt = false;
-  json_object_object_foreach(root, key, v)
-  {
+  json_object_object_foreach(root, key, v) {
     if (strcmp(key, "prompt") == 0) {
       if ((r = want_type(v, json_type_string, key, field, err)) < 0)
         goto out;
@@ -405,16 +400,18 @@ eph_request_parse(const char *json, size_t len, const eph_request_limits_t *limi
       size_t n = (size_t)json_object_get_string_len(v);
       if (n > 2048 || strlen(u) != n ||
           (strncmp(u, "http://", 7) != 0 && strncmp(u, "https://", 8) != 0)) {
-        r = field_error(field, err, key, "must be an http:// or https:// URL of at most 2048 "
-                                         "bytes");
+        r = field_error(field, err, key,
+                        "must be an http:// or https:// URL of at most 2048 "
+                        "bytes");
         goto out;
       }
       req->webhook_url = eph_xstrdup(u);
     } else {
-      r = field_error(field, err, key, "unknown field (request v1 has prompt, model, shell, "
-                                       "web, files, connections, outputs, timeout_seconds, "
-                                       "max_cost_micros, zero_data_retention, metadata, "
-                                       "webhook_url)");
+      r = field_error(field, err, key,
+                      "unknown field (request v1 has prompt, model, shell, "
+                      "web, files, connections, outputs, timeout_seconds, "
+                      "max_cost_micros, zero_data_retention, metadata, "
+                      "webhook_url)");
       goto out;
     }
   }

@@ -85,8 +85,7 @@ abandon_owner_lock(eph_run_t *run)
     return;
   json_object *note = json_object_new_object();
   pthread_mutex_lock(&run->lock);
-  json_object_object_add(note, "status",
-                         json_object_new_string(eph_run_status_name(run->status)));
+  json_object_object_add(note, "status", json_object_new_string(eph_run_status_name(run->status)));
   json_object_object_add(note, "reason", json_object_new_string(run->reason));
   if (run->error && !run->req.zero_data_retention)
     json_object_object_add(note, "error", json_object_new_string(run->error));
@@ -126,8 +125,8 @@ drop_owner_lock(eph_run_t *run)
 }
 
 int
-eph_run_new(eph_ctx_t *ctx, eph_request_t *req, const eph_run_options_t *opt,
-            eph_run_t **out, eph_error_t *err)
+eph_run_new(eph_ctx_t *ctx, eph_request_t *req, const eph_run_options_t *opt, eph_run_t **out,
+            eph_error_t *err)
 {
   *out = NULL;
   eph_run_t *run = eph_xcalloc(1, sizeof *run);
@@ -173,8 +172,7 @@ eph_run_new(eph_ctx_t *ctx, eph_request_t *req, const eph_run_options_t *opt,
     goto fail;
   }
   run->backend_name = eph_xstrdup(run->backend->desc->name);
-  run->model_call_name =
-      eph_xstrdup(opt->model_override ? opt->model_override : run->req.model);
+  run->model_call_name = eph_xstrdup(opt->model_override ? opt->model_override : run->req.model);
   if (!(run->model = eph_ctx_model(ctx, run->model_call_name, err))) {
     r = -err->code;
     goto fail;
@@ -209,7 +207,7 @@ eph_run_new(eph_ctx_t *ctx, eph_request_t *req, const eph_run_options_t *opt,
   } else {
     r = EPH_WITH_PLUGIN(run->ledger,
                         eph_run_ledger_ops(run)->reserve(run->ledger->state, run->org, run->id,
-                                                 run->req.max_cost_micros, err));
+                                                         run->req.max_cost_micros, err));
     if (r < 0)
       goto fail;
   }
@@ -217,13 +215,12 @@ eph_run_new(eph_ctx_t *ctx, eph_request_t *req, const eph_run_options_t *opt,
   /* t = 0 is the moment the run is queued with its reservation, as on the product page. */
   run->start_ms = eph_now_ms();
   char budget[32];
-  eph_run_emit(run, "Queued", "reserved", false,
-       ({
-         json_object *d = json_object_new_object();
-         json_object_object_add(d, "reserved_micros", json_object_new_int64(run->reserved));
-         d;
-       }),
-       "budget of %s reserved", eph_format_dollars(run->reserved, budget, sizeof budget));
+  eph_run_emit(run, "Queued", "reserved", false, ({
+                 json_object *d = json_object_new_object();
+                 json_object_object_add(d, "reserved_micros", json_object_new_int64(run->reserved));
+                 d;
+               }),
+               "budget of %s reserved", eph_format_dollars(run->reserved, budget, sizeof budget));
   *out = run;
   return 0;
 
@@ -247,8 +244,8 @@ collect_outputs(eph_run_t *run)
     size_t bytes = 0;
     int truncated = 0;
     eph_error_t err = {0};
-    if (eph_sbx_read(run->sbx, run->req.outputs[i], 1024 * 1024, &data, &bytes, &truncated,
-                     &err) < 0) {
+    if (eph_sbx_read(run->sbx, run->req.outputs[i], 1024 * 1024, &data, &bytes, &truncated, &err) <
+        0) {
       json_object_object_add(f, "error", json_object_new_string(err.message));
     } else {
       cleanup_free char *b64 = eph_base64_encode(data, bytes);
@@ -306,12 +303,12 @@ end_and_settle(eph_run_t *run)
   }
   tok[j] = '\0';
   if (s == EPH_RUN_SUCCEEDED)
-    eph_run_emit(run, status_source(s), "ended", false, d, "%" PRId64 " model call%s, %s tokens", calls,
-         calls == 1 ? "" : "s", tok);
+    eph_run_emit(run, status_source(s), "ended", false, d, "%" PRId64 " model call%s, %s tokens",
+                 calls, calls == 1 ? "" : "s", tok);
   else
-    eph_run_emit(run, status_source(s), "ended", false, d, "%s · %" PRId64 " model call%s, %s tokens%s%s",
-         run->reason, calls, calls == 1 ? "" : "s", tok, run->error ? " · " : "",
-         run->error ? run->error : "");
+    eph_run_emit(run, status_source(s), "ended", false, d,
+                 "%s · %" PRId64 " model call%s, %s tokens%s%s", run->reason, calls,
+                 calls == 1 ? "" : "s", tok, run->error ? " · " : "", run->error ? run->error : "");
 
   if (!failed_before && atomic_load(&run->storage_failed)) {
     /* The ended event itself could not be stored: the record will say failed
@@ -326,8 +323,8 @@ end_and_settle(eph_run_t *run)
 
   eph_ledger_totals_t totals = {0};
   eph_error_t err = {0};
-  int r = EPH_WITH_PLUGIN(run->ledger,
-                          eph_run_ledger_ops(run)->settle(run->ledger->state, run->id, &totals, &err));
+  int r = EPH_WITH_PLUGIN(
+      run->ledger, eph_run_ledger_ops(run)->settle(run->ledger->state, run->id, &totals, &err));
   if (r < 0) {
     /* The reservation stays open: no settled event claims what the ledger did not record.
      * The lock file is left with the run's end in it; the reconciler (daemon) or the next
@@ -361,8 +358,8 @@ end_and_settle(eph_run_t *run)
   json_object_object_add(sd, "compute_micros", json_object_new_int64(run->compute_micros));
   /* The product page's words for the last line of the timeline. */
   eph_run_emit(run, "Worker destroyed", "settled", false, sd, "%s billed, %s released",
-       eph_format_dollars(totals.billed_micros, billed, sizeof billed),
-       eph_format_dollars(totals.released_micros, released, sizeof released));
+               eph_format_dollars(totals.billed_micros, billed, sizeof billed),
+               eph_format_dollars(totals.released_micros, released, sizeof released));
   eph_run_notify_update(run);
   /* Money settled; if any write of the record failed on the way, the lock file stays so
    * the reconciler completes the record (ended, settled, the ledger's totals). */
@@ -411,7 +408,7 @@ eph_run_execute(eph_run_t *run)
   if (cr < 0 && spec.network) {
     /* Fail closed: a sandbox whose egress rules could not all be applied gets none. */
     eph_run_emit(run, source, "egress_error", false, NULL,
-         "web egress could not be set up: %s · the sandbox has no network", err.message);
+                 "web egress could not be set up: %s · the sandbox has no network", err.message);
     eph_run_egress_stop(&egress);
     spec.network = 0;
     spec.proxy_url = NULL;
@@ -425,7 +422,8 @@ eph_run_execute(eph_run_t *run)
       eph_run_set_end(run, EPH_RUN_TIMED_OUT, "timeout", err.message);
     else
       eph_run_set_end(run, EPH_RUN_FAILED, "host_error", err.message);
-    eph_run_emit(run, source, "sandbox_error", false, NULL, "%s failed to start: %s", noun, err.message);
+    eph_run_emit(run, source, "sandbox_error", false, NULL, "%s failed to start: %s", noun,
+                 err.message);
     end_and_settle(run);
     return eph_run_status(run);
   }
@@ -442,8 +440,8 @@ eph_run_execute(eph_run_t *run)
 
   bool ok = true;
   for (size_t i = 0; i < run->req.n_files && ok; i++) {
-    if (eph_sbx_write(sbx, run->req.files[i].path, run->req.files[i].data,
-                      run->req.files[i].bytes, &err) < 0) {
+    if (eph_sbx_write(sbx, run->req.files[i].path, run->req.files[i].data, run->req.files[i].bytes,
+                      &err) < 0) {
       char msg[1200];
       snprintf(msg, sizeof msg, "placing files[%zu]: %s", i, err.message);
       eph_run_set_end(run, EPH_RUN_FAILED, "host_error", msg);
@@ -452,7 +450,7 @@ eph_run_execute(eph_run_t *run)
   }
   if (ok) {
     eph_run_emit(run, source, "worker_started", false, NULL, "worker started · shell %s · web %s",
-         run->req.shell ? "on" : "off", run->req.web ? "on" : "off");
+                 run->req.shell ? "on" : "off", run->req.web ? "on" : "off");
     eph_agent_loop(run);
     collect_outputs(run);
   }
@@ -469,7 +467,8 @@ eph_run_execute(eph_run_t *run)
   json_object_object_add(dd, "files_left", json_object_new_int(report.files_left));
   json_object_object_add(dd, "lifetime_ms", json_object_new_int64(report.lifetime_ms));
   if (r < 0) {
-    eph_run_emit(run, source, "sandbox_error", false, dd, "%s destroy incomplete: %s", noun, err.message);
+    eph_run_emit(run, source, "sandbox_error", false, dd, "%s destroy incomplete: %s", noun,
+                 err.message);
     eph_run_set_end(run, EPH_RUN_FAILED, "host_error", err.message);
   } else {
     eph_run_emit(run, source, "sandbox_destroyed", false, dd, "%s destroyed", noun);

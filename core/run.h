@@ -38,15 +38,15 @@ int eph_run_status_exit_code(eph_run_status_t s);
 
 /* One timeline event. Strings owned by the event. */
 typedef struct eph_event {
-  int64_t seq;        /* 1, 2, 3, ... per run, monotonic */
-  int64_t t_ms;       /* milliseconds since the run was queued */
-  char *source;       /* the timeline's source column: "Queued", "Sandbox", "Shell", ... */
-  char *kind;         /* machine word: reserved, sandbox_ready, worker_started, model_call,
-                         tool_call, tool_result, denied, sandbox_destroyed, ended, settled */
-  char *text;         /* one line for people */
-  json_object *data;  /* details, or NULL; owned */
-  bool content;       /* text/data carry run content (prompt, commands, outputs): redacted on
-                         disk under zero data retention */
+  int64_t seq;       /* 1, 2, 3, ... per run, monotonic */
+  int64_t t_ms;      /* milliseconds since the run was queued */
+  char *source;      /* the timeline's source column: "Queued", "Sandbox", "Shell", ... */
+  char *kind;        /* machine word: reserved, sandbox_ready, worker_started, model_call,
+                        tool_call, tool_result, denied, sandbox_destroyed, ended, settled */
+  char *text;        /* one line for people */
+  json_object *data; /* details, or NULL; owned */
+  bool content;      /* text/data carry run content (prompt, commands, outputs): redacted on
+                        disk under zero data retention */
 } eph_event_t;
 
 /* Callbacks the owner of a run installs (CLI printing, store persistence, SSE wake-ups).
@@ -76,8 +76,8 @@ typedef struct eph_run_options {
 /* Creates a run for a parsed request; takes ownership of *req (zeroed). The ledger
  * reservation is made here: on -EPH_E_INSUFFICIENT (balance) or any other error nothing is
  * reserved and *out stays NULL. Free with eph_run_free() after eph_run_execute(). */
-int eph_run_new(eph_ctx_t *ctx, eph_request_t *req, const eph_run_options_t *opt,
-                eph_run_t **out, eph_error_t *err);
+int eph_run_new(eph_ctx_t *ctx, eph_request_t *req, const eph_run_options_t *opt, eph_run_t **out,
+                eph_error_t *err);
 
 /* Installs (replaces) the observer and replays the events emitted so far to it (the
  * reservation event), so an observer installed after eph_run_new — e.g. once the store row
@@ -85,8 +85,7 @@ int eph_run_new(eph_ctx_t *ctx, eph_request_t *req, const eph_run_options_t *opt
 void eph_run_set_observer(eph_run_t *run, const eph_run_observer_t *obs);
 /* The same, replaying only the events after after_seq (those the observer has not seen:
  * an adopted run's stored `reserved` event is not stored twice). */
-void eph_run_set_observer_after(eph_run_t *run, const eph_run_observer_t *obs,
-                                int64_t after_seq);
+void eph_run_set_observer_after(eph_run_t *run, const eph_run_observer_t *obs, int64_t after_seq);
 
 /* Gives up a run that was admitted and queued here but is executed by whichever cluster
  * node claims it (docs/cluster.md): its reservation and record now belong to that node, so

@@ -40,8 +40,8 @@ eph_run_egress_start(eph_run_egress_t *eg, eph_sandbox_spec_t *spec, const char 
   eph_error_t err = {0};
   eph_egress_options_t opt;
   /* The price and the policy are the core's `egress` block's (no plugin's). */
-  int r = eph_egress_load_config(&eg->run->ctx->config, &eg->run->ctx->host, &opt,
-                                 &eg->policy, &err);
+  int r =
+      eph_egress_load_config(&eg->run->ctx->config, &eg->run->ctx->host, &opt, &eg->policy, &err);
   if (r == 0) {
     eg->price_micros = opt.price_micros;
     opt.policy = &eg->policy;
@@ -51,7 +51,7 @@ eph_run_egress_start(eph_run_egress_t *eg, eph_sandbox_spec_t *spec, const char 
   }
   if (r < 0) {
     eph_run_emit(eg->run, source, "egress_error", false, NULL,
-         "web egress could not be set up: %s · the sandbox has no network", err.message);
+                 "web egress could not be set up: %s · the sandbox has no network", err.message);
     eph_net_policy_free(&eg->policy);
     return;
   }

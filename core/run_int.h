@@ -64,15 +64,15 @@ struct eph_run {
   size_t n_events, cap_events;
 
   const eph_plugin_slot_t *ledger, *backend, *model;
-  char *model_call_name; /* what the model plugin is asked for (may be "replay:...") */
+  char *model_call_name;    /* what the model plugin is asked for (may be "replay:...") */
   eph_live_t live;          /* the running command's live output (live.h) */
   eph_live_t delta;         /* the running model call's streamed text (model_delta) */
   int64_t delta_step;       /* its model call number */
   int64_t delta_attempt;    /* its attempt (1 + retries so far): a retry discards the text */
   const char *live_call_id; /* the tool call running, borrowed for its duration */
   const char *live_source;  /* its timeline source ("Shell") */
-  char *replayed_from;   /* the transcript answering the model calls, NULL for a real model */
-  char *recorded_model;  /* the model the transcript recorded (see note_replay) */
+  char *replayed_from;      /* the transcript answering the model calls, NULL for a real model */
+  char *recorded_model;     /* the model the transcript recorded (see note_replay) */
   char *backend_name;
   eph_sbx_t *sbx;
 

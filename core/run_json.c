@@ -15,8 +15,8 @@ eph_event_to_json(const eph_event_t *ev, bool redact)
   json_object_object_add(o, "source", json_object_new_string(ev->source));
   json_object_object_add(o, "kind", json_object_new_string(ev->kind));
   bool hide = redact && ev->content;
-  json_object_object_add(o, "text", json_object_new_string(hide ? "[redacted: zero data retention]"
-                                                                : ev->text));
+  json_object_object_add(
+      o, "text", json_object_new_string(hide ? "[redacted: zero data retention]" : ev->text));
   if (ev->data && !hide)
     json_object_object_add(o, "data", json_object_get(ev->data));
   return o;
@@ -60,8 +60,10 @@ eph_run_to_json(eph_run_t *run, bool include_events)
   json_object_object_add(o, "backend", json_object_new_string(run->backend_name));
   json_object_object_add(o, "request", eph_request_to_json(&run->req));
   /* The model that answered: the transcript's recorded one when the run was replayed. */
-  json_object_object_add(o, "model", json_object_new_string(run->recorded_model ? run->recorded_model
-                                                            : run->req.model ? run->req.model : ""));
+  json_object_object_add(o, "model",
+                         json_object_new_string(run->recorded_model ? run->recorded_model
+                                                : run->req.model    ? run->req.model
+                                                                    : ""));
   json_object_object_add(o, "replayed", json_object_new_boolean(run->replayed_from != NULL));
   if (run->replayed_from)
     json_object_object_add(o, "transcript", json_object_new_string(run->replayed_from));

@@ -14,7 +14,7 @@
 const char *
 eph_run_status_name(eph_run_status_t s)
 {
-  static const char *const names[] = {"queued", "running", "succeeded", "failed",
+  static const char *const names[] = {"queued",    "running",          "succeeded", "failed",
                                       "timed_out", "budget_exhausted", "cancelled"};
   return (unsigned)s < sizeof names / sizeof names[0] ? names[s] : "unknown";
 }
@@ -38,7 +38,7 @@ eph_run_status_exit_code(eph_run_status_t s)
 
 void
 eph_run_emit_full(eph_run_t *run, const char *source, const char *kind, const char *text,
-          json_object *data, bool content)
+                  json_object *data, bool content)
 {
   /* The egress proxy emits from its own threads: without this lock two observers' calls
    * (store, CLI) could interleave out of seq order. */
@@ -70,7 +70,7 @@ eph_run_emit_full(eph_run_t *run, const char *source, const char *kind, const ch
 
 void
 eph_run_emit(eph_run_t *run, const char *source, const char *kind, bool content, json_object *data,
-     const char *fmt, ...)
+             const char *fmt, ...)
 {
   va_list ap;
   va_start(ap, fmt);

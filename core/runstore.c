@@ -37,8 +37,7 @@ on_event(void *opaque, eph_run_t *run, const eph_event_t *ev)
   const char *text = (zdr && ev->content) ? "[redacted: zero data retention]" : ev->text;
   if (eph_store_event_append(l->store, eph_run_id(run), ev->seq, ev->t_ms, ev->source, ev->kind,
                              text, (zdr && ev->content) ? NULL : ev->data, &err) < 0) {
-    eph_warn("run %s: storing event %lld: %s", eph_run_id(run), (long long)ev->seq,
-             err.message);
+    eph_warn("run %s: storing event %lld: %s", eph_run_id(run), (long long)ev->seq, err.message);
     /* A timeline with a hole is not a record: the run stops (storage_error). */
     eph_run_storage_failed(run, err.message);
   }
@@ -69,8 +68,8 @@ on_update(void *opaque, eph_run_t *run)
   if (json_object_object_get_ex(obj, "error", &error) && !eph_run_zdr(run))
     json_object_object_add(usage, "error", json_object_get(error));
   eph_error_t err = {0};
-  if (eph_store_run_update(l->store, eph_run_id(run), json_object_get_string(status), output,
-                           usage, &err) < 0) {
+  if (eph_store_run_update(l->store, eph_run_id(run), json_object_get_string(status), output, usage,
+                           &err) < 0) {
     eph_warn("run %s: storing state: %s", eph_run_id(run), err.message);
     eph_run_storage_failed(run, err.message);
   }
@@ -87,8 +86,8 @@ eph_runstore_attach(eph_store_t *store, eph_run_t *run, const eph_run_observer_t
   json_object_object_get_ex(obj, "request", &request);
   json_object_object_get_ex(obj, "created_at", &created);
   (void)created;
-  int r = eph_store_run_insert(store, eph_run_id(run), eph_run_org(run), "queued",
-                               eph_wall_us(), request, eph_run_zdr(run), err);
+  int r = eph_store_run_insert(store, eph_run_id(run), eph_run_org(run), "queued", eph_wall_us(),
+                               request, eph_run_zdr(run), err);
   if (r < 0)
     return r;
   return eph_runstore_adopt(store, run, next, 0, err);
@@ -188,8 +187,7 @@ complete_record(eph_store_t *store, const char *run_id, json_object *note,
     int64_t seq = json_object_object_get_ex(e, "seq", &v) ? json_object_get_int64(v) : 0;
     if (seq >= next_seq)
       next_seq = seq + 1;
-    const char *kind =
-        json_object_object_get_ex(e, "kind", &v) ? json_object_get_string(v) : "";
+    const char *kind = json_object_object_get_ex(e, "kind", &v) ? json_object_get_string(v) : "";
     if (strcmp(kind, "ended") == 0)
       ended = e;
     else if (strcmp(kind, "settled") == 0)
@@ -224,8 +222,8 @@ complete_record(eph_store_t *store, const char *run_id, json_object *note,
         strcmp(reason, "host_lost") == 0
             ? eph_xstrdup("host_lost · the process running this run died; recovered")
             : eph_xasprintf("%s%s%s · recovered", reason, error ? " · " : "", error ? error : "");
-    r = eph_store_event_append(store, run_id, next_seq++, t_ms, end_source(status), "ended",
-                               text, d, err);
+    r = eph_store_event_append(store, run_id, next_seq++, t_ms, end_source(status), "ended", text,
+                               d, err);
     json_object_put(d);
     if (r < 0)
       return r;
@@ -240,12 +238,11 @@ complete_record(eph_store_t *store, const char *run_id, json_object *note,
     json_object_object_add(d, "compute_micros", json_object_new_int64(t->compute_micros));
     json_object_object_add(d, "recovered", json_object_new_boolean(1));
     char billed[32], released[32];
-    cleanup_free char *text =
-        eph_xasprintf("%s billed, %s released",
-                      eph_format_dollars(t->billed_micros, billed, sizeof billed),
-                      eph_format_dollars(t->released_micros, released, sizeof released));
-    r = eph_store_event_append(store, run_id, next_seq++, t_ms, "Worker destroyed", "settled",
-                               text, d, err);
+    cleanup_free char *text = eph_xasprintf(
+        "%s billed, %s released", eph_format_dollars(t->billed_micros, billed, sizeof billed),
+        eph_format_dollars(t->released_micros, released, sizeof released));
+    r = eph_store_event_append(store, run_id, next_seq++, t_ms, "Worker destroyed", "settled", text,
+                               d, err);
     json_object_put(d);
     if (r < 0)
       return r;
@@ -253,9 +250,9 @@ complete_record(eph_store_t *store, const char *run_id, json_object *note,
   /* The row: status and reason of the end, the ledger's money to the micro. */
   json_object *usage = NULL;
   json_object_object_get_ex(row, "usage", &usage);
-  cleanup_json json_object *u =
-      usage && json_object_is_type(usage, json_type_object) ? json_object_get(usage)
-                                                             : json_object_new_object();
+  cleanup_json json_object *u = usage && json_object_is_type(usage, json_type_object)
+                                    ? json_object_get(usage)
+                                    : json_object_new_object();
   json_object_object_add(u, "reason", json_object_new_string(reason));
   if (error)
     json_object_object_add(u, "error", json_object_new_string(error));
@@ -339,15 +336,15 @@ eph_runstore_recover(eph_ctx_t *ctx, eph_store_t *store, bool quiet, int *pendin
     int r = EPH_WITH_PLUGIN(ledger, ops->settle(ledger->state, run_id, &totals, &e));
     if (r < 0 && e.code != ENOENT) {
       eph_log(quiet ? EPH_LOG_DEBUG : EPH_LOG_WARN, "run %s: settling (left by %s): %s", run_id,
-               note ? "a run whose storage failed" : "a process that died", e.message);
+              note ? "a run whose storage failed" : "a process that died", e.message);
       left++;
       continue; /* the lock file stays: the next pass tries again */
     }
     bool have_totals = r == 0;
     if (have_totals)
-      eph_info("run %s: settled (left by %s): %" PRId64 " billed, %" PRId64 " released",
-               run_id, note ? "a run whose storage failed" : "a process that died",
-               totals.billed_micros, totals.released_micros);
+      eph_info("run %s: settled (left by %s): %" PRId64 " billed, %" PRId64 " released", run_id,
+               note ? "a run whose storage failed" : "a process that died", totals.billed_micros,
+               totals.released_micros);
     eph_store_t *st = store;
     if (!st) {
       if (!own) {

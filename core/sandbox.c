@@ -37,8 +37,7 @@ set_proxy_env(eph_sbx_t *s, const eph_sandbox_spec_t *spec)
 {
   if (!spec->network || !spec->proxy_url)
     return;
-  static const char *const names[] = {"HTTP_PROXY", "HTTPS_PROXY", "http_proxy",
-                                      "https_proxy"};
+  static const char *const names[] = {"HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"};
   for (size_t i = 0; i < 4; i++)
     s->proxy_env[i] = eph_xasprintf("%s=%s", names[i], spec->proxy_url);
   s->proxy_env[4] = eph_xstrdup("NO_PROXY=");
@@ -62,8 +61,7 @@ backend_ops(const eph_plugin_slot_t *backend, eph_error_t *err)
   const eph_backend_ops_t *ops = backend->desc->ops;
   if (!EPH_OPS_HAS(ops, eph_backend_ops_t, create) ||
       !EPH_OPS_HAS(ops, eph_backend_ops_t, destroy)) {
-    eph_error_set(err, EINVAL, "sandbox: backend %s lacks create or destroy",
-                  backend->desc->name);
+    eph_error_set(err, EINVAL, "sandbox: backend %s lacks create or destroy", backend->desc->name);
     return NULL;
   }
   return ops;
@@ -88,8 +86,8 @@ backend_destroy(eph_sbx_t *s, eph_sandbox_report_t *report, eph_error_t *err)
 }
 
 int
-eph_sbx_create(const eph_plugin_slot_t *backend, const eph_sandbox_spec_t *spec,
-               eph_sbx_t **out, eph_error_t *err)
+eph_sbx_create(const eph_plugin_slot_t *backend, const eph_sandbox_spec_t *spec, eph_sbx_t **out,
+               eph_error_t *err)
 {
   const eph_backend_ops_t *ops = backend_ops(backend, err);
   if (!ops)
@@ -264,8 +262,8 @@ eph_ctx_backend(eph_ctx_t *ctx, const char *name, eph_error_t *err)
       strncmp(name, "backend-", 8) == 0 ? eph_xstrdup(name) : eph_xasprintf("backend-%s", name);
   if (ctx->lazy_plugins && !eph_plugins_find(&ctx->plugins, full)) {
     eph_error_t e = {0};
-    int r = eph_plugins_load_one(&ctx->plugins, &ctx->config, ctx->plugin_dir, &ctx->host,
-                                 full, &e);
+    int r =
+        eph_plugins_load_one(&ctx->plugins, &ctx->config, ctx->plugin_dir, &ctx->host, full, &e);
     if (r < 0 && r != -ENOENT) {
       eph_error_set(err, -r, "backend '%s': %s", name, e.message);
       return NULL;

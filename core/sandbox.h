@@ -28,8 +28,7 @@ const char *eph_sbx_guest_kernel(const eph_sbx_t *s);
 int eph_sbx_exec(eph_sbx_t *s, const eph_exec_request_t *req, eph_exec_result_t *result,
                  eph_error_t *err);
 void eph_exec_result_clear(eph_exec_result_t *result);
-int eph_sbx_write(eph_sbx_t *s, const char *path, const void *data, size_t bytes,
-                  eph_error_t *err);
+int eph_sbx_write(eph_sbx_t *s, const char *path, const void *data, size_t bytes, eph_error_t *err);
 int eph_sbx_read(eph_sbx_t *s, const char *path, size_t max_bytes, void **data, size_t *bytes,
                  int *truncated, eph_error_t *err);
 int eph_sbx_list(eph_sbx_t *s, const char *path, eph_dirent_t **entries, size_t *count,

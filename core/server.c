@@ -37,7 +37,6 @@ struct route {
   handler_fn fn;
 };
 
-
 /* Every route the daemon serves; core/openapi.json documents exactly these (checked by
  * tests/daemon.test through `ephemerald --routes`). */
 static const route_t routes[] = {
@@ -332,7 +331,8 @@ on_mhd_log(void *cls, const char *fmt, va_list ap)
   pthread_mutex_unlock(&srv->conns_lock);
   if (n)
     eph_warn("%" PRIu64 " connection(s) closed at accept: over server.max_connections or "
-             "server.max_connections_per_ip (said at most every 10 s)", n);
+             "server.max_connections_per_ip (said at most every 10 s)",
+             n);
 }
 
 /* ------------------------------------------------------------------ requests */
@@ -412,8 +412,8 @@ announced_body(struct MHD_Connection *c)
  * Connection: close. hname/hval: one extra header (hval copied), or NULL. */
 __attribute__((format(printf, 9, 10))) static MHD_RESULT
 refuse(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req, unsigned status,
-       const char *type, const char *field, const char *hname, const char *hval,
-       const char *fmt, ...)
+       const char *type, const char *field, const char *hname, const char *hval, const char *fmt,
+       ...)
 {
   va_list ap;
   va_start(ap, fmt);
@@ -477,11 +477,10 @@ on_head(eph_server_t *srv, struct MHD_Connection *c, const char *url, const char
   req->route = route_find(method, url, req->param, sizeof req->param, allow, sizeof allow);
   if (!req->route) {
     if (allow[0])
-      return refuse(srv, c, req, MHD_HTTP_METHOD_NOT_ALLOWED, "method_not_allowed", NULL,
-                    "Allow", allow, "%s is not allowed on %s (allowed: %s)", method, url,
-                    allow);
-    return refuse(srv, c, req, MHD_HTTP_NOT_FOUND, "not_found", NULL, NULL, NULL,
-                  "no route %s %s", method, url);
+      return refuse(srv, c, req, MHD_HTTP_METHOD_NOT_ALLOWED, "method_not_allowed", NULL, "Allow",
+                    allow, "%s is not allowed on %s (allowed: %s)", method, url, allow);
+    return refuse(srv, c, req, MHD_HTTP_NOT_FOUND, "not_found", NULL, NULL, NULL, "no route %s %s",
+                  method, url);
   }
   if (req->route->auth && authenticate(srv, c, req) < 0)
     return refuse(srv, c, req, MHD_HTTP_UNAUTHORIZED, "authentication_error", NULL,
@@ -515,8 +514,7 @@ on_head(eph_server_t *srv, struct MHD_Connection *c, const char *url, const char
 
 static MHD_RESULT
 on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
-           const char *version, const char *upload_data, size_t *upload_data_size,
-           void **con_cls)
+           const char *version, const char *upload_data, size_t *upload_data_size, void **con_cls)
 {
   (void)version;
   eph_server_t *srv = cls;
@@ -652,8 +650,8 @@ eph_server_start(eph_ctx_t *ctx, const eph_server_options_t *opt, eph_server_t *
       0, NULL, NULL, on_request, srv, MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, srv,
       MHD_OPTION_LISTEN_SOCKET, srv->listen_fd, MHD_OPTION_THREAD_POOL_SIZE,
       (unsigned)opt->http_threads, MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv,
-      MHD_OPTION_NOTIFY_CONNECTION, on_connection, srv, MHD_OPTION_URI_LOG_CALLBACK, on_uri,
-      srv, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)opt->idle_timeout_seconds,
+      MHD_OPTION_NOTIFY_CONNECTION, on_connection, srv, MHD_OPTION_URI_LOG_CALLBACK, on_uri, srv,
+      MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)opt->idle_timeout_seconds,
       MHD_OPTION_CONNECTION_LIMIT, max_conns, MHD_OPTION_PER_IP_CONNECTION_LIMIT,
       (unsigned)opt->max_connections_per_ip, MHD_OPTION_END);
   if (!srv->mhd) {

@@ -35,11 +35,11 @@ typedef struct eph_server_options {
   int live_grace_ms;       /* how long a settled run stays in memory */
   int http_threads;        /* MHD thread pool size */
   /* The HTTP boundary against slow or greedy clients (see docs/http-api.md, "Limits"). */
-  int max_connections;         /* connections open at once; more are closed at accept */
-  int max_connections_per_ip;  /* connections open at once from one client address */
-  int header_timeout_seconds;  /* from connect (or the previous answer) to a complete head */
-  int body_timeout_seconds;    /* from a complete head to a complete body */
-  int idle_timeout_seconds;    /* a connection with no traffic at all is closed */
+  int max_connections;            /* connections open at once; more are closed at accept */
+  int max_connections_per_ip;     /* connections open at once from one client address */
+  int header_timeout_seconds;     /* from connect (or the previous answer) to a complete head */
+  int body_timeout_seconds;       /* from a complete head to a complete body */
+  int idle_timeout_seconds;       /* a connection with no traffic at all is closed */
   size_t max_inflight_body_bytes; /* request bodies held or announced at once, all clients;
                                      more: 503 with Retry-After */
 } eph_server_options_t;

@@ -142,8 +142,7 @@ eph_srv_runs_create(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req
   eph_error_t err = {0};
   if (eph_request_parse(req->body ? req->body : "", req->body_len, &srv->limits, &rq, &field,
                         &err) < 0)
-    return eph_srv_error(c, srv, MHD_HTTP_BAD_REQUEST, "invalid_request", field, "%s",
-                         err.message);
+    return eph_srv_error(c, srv, MHD_HTTP_BAD_REQUEST, "invalid_request", field, "%s", err.message);
   /* "replay:PATH" makes the daemon (root) open PATH: a file-existence oracle, any JSONL
    * on the host replayed as answers, free model calls. Only an offline daemon serves it. */
   if (!srv->replay_models && strncmp(rq.model, "replay:", 7) == 0) {
@@ -264,8 +263,8 @@ eph_srv_runs_create(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req
       return eph_srv_runs_continue(srv, c, req);
     }
     /* A claim whose run never got its row: its process died in between. Judge afresh. */
-    eph_warn("idempotency key of %s names run %s which does not exist; claiming it again",
-             req->org, existing);
+    eph_warn("idempotency key of %s names run %s which does not exist; claiming it again", req->org,
+             existing);
     eph_store_idem_release(srv->store, req->org, idem, existing, &err);
     free(existing);
   }
@@ -282,10 +281,9 @@ eph_srv_runs_create(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req
     goto refused;
   }
   pthread_mutex_lock(&srv->lock);
-  bool full = srv->shared_queue
-                  ? shared_len >= srv->opt.max_queued_runs
-                  : srv->queued + srv->running >=
-                        srv->opt.max_concurrent_runs + srv->opt.max_queued_runs;
+  bool full = srv->shared_queue ? shared_len >= srv->opt.max_queued_runs
+                                : srv->queued + srv->running >=
+                                      srv->opt.max_concurrent_runs + srv->opt.max_queued_runs;
   if (full)
     srv->queue_full_refusals++;
   pthread_mutex_unlock(&srv->lock);
@@ -314,8 +312,8 @@ eph_srv_runs_create(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req
       status = MHD_HTTP_BAD_REQUEST;
       type = "invalid_request";
       efield = strncmp(err.message, "field 'model'", 13) == 0 ? "model" : NULL;
-    } else if (err.code == ENOSPC || err.code == EIO || err.code == EBUSY ||
-               err.code == EROFS || err.code == EDQUOT) {
+    } else if (err.code == ENOSPC || err.code == EIO || err.code == EBUSY || err.code == EROFS ||
+               err.code == EDQUOT) {
       eph_error("creating a run for %s: %s", req->org, err.message);
       status = MHD_HTTP_SERVICE_UNAVAILABLE;
       type = "storage_unavailable";
@@ -333,8 +331,7 @@ eph_srv_runs_create(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req
     int r = eph_runstore_attach(srv->store, run, NULL, &err);
     if (r == 0) {
       req->created = eph_run_to_json(run, true);
-      r = eph_store_queue_push(srv->store, run_id, budget, false, srv->opt.max_queued_runs,
-                               &err);
+      r = eph_store_queue_push(srv->store, run_id, budget, false, srv->opt.max_queued_runs, &err);
     }
     if (r < 0) {
       /* Refused after the reservation (another node filled the queue in between, or the
@@ -394,4 +391,3 @@ refused:
                            msg);
   return eph_srv_error(c, srv, status, type, efield, "%s", msg);
 }
-

@@ -74,8 +74,8 @@ ended_for_good(json_object *o)
 }
 
 int
-eph_srv_ended_json(eph_server_t *srv, const char *id, const char *org,
-                   eph_srv_render_fn render, char **json, size_t *bytes)
+eph_srv_ended_json(eph_server_t *srv, const char *id, const char *org, eph_srv_render_fn render,
+                   char **json, size_t *bytes)
 {
   size_t k = slot_of(id);
   pthread_mutex_lock(&cache_lock);

@@ -15,8 +15,8 @@
  * is live or cannot be read. A callback, so this unit stays below server_runs.c (which
  * owns the live table) with no dependency cycle between them. */
 typedef json_object *(*eph_srv_render_fn)(eph_server_t *srv, const char *id, const char *org);
-int eph_srv_ended_json(eph_server_t *srv, const char *id, const char *org,
-                       eph_srv_render_fn render, char **json, size_t *bytes);
+int eph_srv_ended_json(eph_server_t *srv, const char *id, const char *org, eph_srv_render_fn render,
+                       char **json, size_t *bytes);
 
 /* Forgets every cached run of srv (history purged, server stopping). */
 void eph_srv_cache_clear(const eph_server_t *srv);

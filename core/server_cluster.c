@@ -117,8 +117,8 @@ eph_srv_cluster_claim(eph_server_t *srv, char **org_out)
   if (json_object_get_boolean(json_object_object_get(c, "local_only")))
     return NULL; /* zero data retention: live in this node's memory queue already */
   const char *org = json_object_get_string(json_object_object_get(c, "org"));
-  const char *text = json_object_to_json_string_ext(json_object_object_get(c, "request"),
-                                                    JSON_C_TO_STRING_PLAIN);
+  const char *text =
+      json_object_to_json_string_ext(json_object_object_get(c, "request"), JSON_C_TO_STRING_PLAIN);
   eph_request_t rq;
   const char *field = NULL;
   eph_run_t *run = NULL;
@@ -143,8 +143,8 @@ eph_srv_cluster_claim(eph_server_t *srv, char **org_out)
   if (r < 0) {
     /* Claimed (this node holds its lease) but not executable here: ended and settled now
      * rather than left to wait for a lease to expire. */
-    eph_warn("run %s claimed from the shared queue cannot run on this node: %s; ending it",
-             id, err.message);
+    eph_warn("run %s claimed from the shared queue cannot run on this node: %s; ending it", id,
+             err.message);
     eph_ledger_totals_t t = {0};
     err = (eph_error_t){0};
     if (eph_runstore_settle_lost(srv->ctx, srv->store, id, &t, &err) < 0)

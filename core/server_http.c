@@ -33,8 +33,8 @@ eph_srv_count(eph_server_t *srv, unsigned status)
 
 /* Content-Security-Policy of the playground page: its own script and style files only (no
  * inline script, no eval), fetches to this origin only, never inside a frame. */
-#define CSP_PAGE                                                                            \
-  "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; "           \
+#define CSP_PAGE                                                                                   \
+  "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; "                  \
   "img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
 /* Everything else (JSON, SSE, metrics, static files) is data, never a document. */
 #define CSP_DATA "default-src 'none'; frame-ancestors 'none'; sandbox"
@@ -53,10 +53,9 @@ eph_srv_secure_headers(struct MHD_Response *resp, const char *content_type)
  * default Retry-After unless the caller gave one. */
 MHD_RESULT
 eph_srv_send(struct MHD_Connection *c, eph_server_t *srv, unsigned status, const char *type,
-            char *data, size_t len, const char *hname, const char *hval)
+             char *data, size_t len, const char *hname, const char *hval)
 {
-  struct MHD_Response *resp =
-      MHD_create_response_from_buffer(len, data, MHD_RESPMEM_MUST_FREE);
+  struct MHD_Response *resp = MHD_create_response_from_buffer(len, data, MHD_RESPMEM_MUST_FREE);
   if (!resp) {
     free(data);
     return MHD_NO;
@@ -198,9 +197,10 @@ eph_srv_event_from_store(json_object *e)
 {
   json_object *o = json_object_new_object(), *v = NULL;
   int64_t t_ms = json_object_object_get_ex(e, "t_ms", &v) ? json_object_get_int64(v) : 0;
-  json_object_object_add(o, "seq", json_object_new_int64(
-                                       json_object_object_get_ex(e, "seq", &v)
-                                           ? json_object_get_int64(v) : 0));
+  json_object_object_add(o, "seq",
+                         json_object_new_int64(json_object_object_get_ex(e, "seq", &v)
+                                                   ? json_object_get_int64(v)
+                                                   : 0));
   json_object_object_add(o, "t", json_object_new_double((double)t_ms / 1000.0));
   static const char *const keys[] = {"source", "kind", "text", "data"};
   for (size_t i = 0; i < 4; i++)
@@ -222,9 +222,9 @@ eph_srv_run_shape(json_object *row, json_object *events)
   if (usage && json_object_object_get_ex(usage, "error", &v))
     json_object_object_add(o, "error", json_object_get(v));
   char created[40];
-  eph_format_iso8601(
-      json_object_object_get_ex(row, "created_at_us", &v) ? json_object_get_int64(v) : 0,
-      created, sizeof created);
+  eph_format_iso8601(json_object_object_get_ex(row, "created_at_us", &v) ? json_object_get_int64(v)
+                                                                         : 0,
+                     created, sizeof created);
   json_object_object_add(o, "created_at", json_object_new_string(created));
   json_object_object_add(o, "organisation", json_object_get(json_object_object_get(row, "org")));
   if (json_object_object_get_ex(row, "request", &v))
@@ -241,8 +241,7 @@ eph_srv_run_shape(json_object *row, json_object *events)
     json_object_object_add(o, "output", json_object_new_object());
   json_object *u = json_object_new_object();
   if (usage) {
-    json_object_object_foreach(usage, k, uv)
-    {
+    json_object_object_foreach(usage, k, uv) {
       if (strcmp(k, "reason") != 0 && strcmp(k, "error") != 0)
         json_object_object_add(u, k, json_object_get(uv));
     }

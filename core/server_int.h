@@ -32,8 +32,8 @@ typedef struct live live_t;
  * or SSE state that owns it; listed in srv->waiters while suspended. */
 typedef struct waiter {
   struct MHD_Connection *conn;
-  live_t *live;         /* whose events wake it, or NULL */
-  int64_t deadline_ms;  /* CLOCK_MONOTONIC; the ticker resumes it then */
+  live_t *live;        /* whose events wake it, or NULL */
+  int64_t deadline_ms; /* CLOCK_MONOTONIC; the ticker resumes it then */
   bool listed;
   struct waiter *prev, *next;
 } waiter_t;
@@ -44,7 +44,7 @@ struct live {
   eph_run_t *run;
   char id[40];
   char *org;
-  int refs;             /* the table's own ref + readers; freed at 0 */
+  int refs; /* the table's own ref + readers; freed at 0 */
   bool in_table, queued, running, settled;
   int64_t settled_ms;
   live_t *bucket_next;
@@ -57,20 +57,20 @@ typedef struct route route_t;
  * thread can end one that misses its deadline: libmicrohttpd only knows an idle timeout, which
  * a client sending one byte every few seconds resets forever. */
 typedef struct conn_track {
-  int fd;               /* the connection's socket (MHD's; shut down, never closed, here) */
-  int64_t deadline_ms;  /* CLOCK_MONOTONIC; 0 = none (the request is being answered) */
-  const char *phase;    /* "head" or "body": what it was late with, for the log */
+  int fd;              /* the connection's socket (MHD's; shut down, never closed, here) */
+  int64_t deadline_ms; /* CLOCK_MONOTONIC; 0 = none (the request is being answered) */
+  const char *phase;   /* "head" or "body": what it was late with, for the log */
   struct conn_track *prev, *next;
 } conn_track_t;
 
 /* Per-request state (MHD's con_cls). */
 typedef struct conn_req {
-  bool started;         /* the first on_request call (complete head) happened */
-  bool bad_uri;         /* the raw request target has an encoded '/', '\\' or NUL */
+  bool started; /* the first on_request call (complete head) happened */
+  bool bad_uri; /* the raw request target has an encoded '/', '\\' or NUL */
   const route_t *route;
-  char param[64];       /* the {id} segment */
-  char *org;            /* authenticated organisation; owned */
-  char *key_id;         /* the key that authenticated it ("key_..."); owned */
+  char param[64]; /* the {id} segment */
+  char *org;      /* authenticated organisation; owned */
+  char *key_id;   /* the key that authenticated it ("key_..."); owned */
   char *body;
   size_t body_len, body_cap;
   bool body_refused;
@@ -84,9 +84,9 @@ typedef struct conn_req {
   char refuse_hval[64];
   char refuse_msg[160];
   size_t inflight_bytes; /* this request's share of srv->inflight_body_bytes */
-  bool admitted;        /* POST /v1/runs: the run exists, maybe waiting */
-  int status;           /* HTTP status of the first answer (201 or 200) */
-  live_t *live;         /* a ref while waiting */
+  bool admitted;         /* POST /v1/runs: the run exists, maybe waiting */
+  int status;            /* HTTP status of the first answer (201 or 200) */
+  live_t *live;          /* a ref while waiting */
   char run_id[40];
   int64_t wait_until_ms;
   json_object *created; /* the run as admitted (status queued): the answer without ?wait */
@@ -105,8 +105,8 @@ struct eph_server {
    * daemon whose operator made it an offline replayer (model_plugin = "model-replay"). */
   bool replay_models;
 
-  pthread_mutex_t lock; /* table, queue, waiters, counters */
-  pthread_cond_t cond;  /* workers: queue; drain: runs ended */
+  pthread_mutex_t lock;  /* table, queue, waiters, counters */
+  pthread_cond_t cond;   /* workers: queue; drain: runs ended */
   pthread_mutex_t admit; /* POST /v1/runs: idempotency claim .. run row, one at a time */
   live_t *table[LIVE_BUCKETS];
   live_t *queue_head, *queue_tail;
@@ -136,9 +136,9 @@ struct eph_server {
   conn_track_t *conns;
   bool guard_started, guard_stop;
   pthread_t guard;
-  size_t inflight_body_bytes; /* under conns_lock */
+  size_t inflight_body_bytes;                  /* under conns_lock */
   uint64_t deadline_closes, inflight_refusals; /* under conns_lock */
-  uint64_t connections_refused, refused_said; /* under conns_lock */
+  uint64_t connections_refused, refused_said;  /* under conns_lock */
   int64_t refused_said_ms;
   /* server_health.c: the reconciler thread and the last health check (under lock). */
   pthread_t reconciler;
@@ -165,9 +165,8 @@ MHD_RESULT eph_srv_error(struct MHD_Connection *c, eph_server_t *srv, unsigned s
                          const char *type, const char *field, const char *fmt, ...)
     __attribute__((format(printf, 6, 7)));
 MHD_RESULT eph_srv_error_h(struct MHD_Connection *c, eph_server_t *srv, unsigned status,
-                           const char *hname, const char *hval, const char *type,
-                           const char *field, const char *fmt, ...)
-    __attribute__((format(printf, 8, 9)));
+                           const char *hname, const char *hval, const char *type, const char *field,
+                           const char *fmt, ...) __attribute__((format(printf, 8, 9)));
 void eph_srv_count(eph_server_t *srv, unsigned status);
 /* Adds the headers every answer carries (nosniff, no framing, a Content-Security-Policy for
  * `content_type`). */
@@ -199,10 +198,10 @@ json_object *eph_srv_cluster_tick(eph_server_t *srv, eph_srv_cluster_t *c, int64
  * not be rebuilt (then it is ended host_lost and settled, and a warning logged). */
 eph_run_t *eph_srv_cluster_claim(eph_server_t *srv, char **org_out);
 
-void eph_srv_wait_add(eph_server_t *srv, waiter_t *w); /* srv->lock held: suspends w->conn */
+void eph_srv_wait_add(eph_server_t *srv, waiter_t *w);    /* srv->lock held: suspends w->conn */
 void eph_srv_wait_remove(eph_server_t *srv, waiter_t *w); /* srv->lock held */
-json_object *eph_srv_run_object(eph_server_t *srv, const char *id, const char *org,
-                                bool events, eph_error_t *err);
+json_object *eph_srv_run_object(eph_server_t *srv, const char *id, const char *org, bool events,
+                                eph_error_t *err);
 /* A store row (and, when events is not NULL, its stored events) in the API's run shape: the
  * same keys eph_run_to_json gives a live run. New reference owned by the caller. */
 json_object *eph_srv_run_shape(json_object *row, json_object *events);
@@ -211,8 +210,8 @@ json_object *eph_srv_event_from_store(json_object *stored);
 json_object *eph_srv_run_from_store(json_object *row);
 /* server_runs.c: a created run made live on this node (see its comment); -1 with err set
  * and the run settled and freed on failure. */
-int eph_srv_live_enqueue(eph_server_t *srv, eph_run_t *run, const char *org,
-                         json_object **created, eph_error_t *err);
+int eph_srv_live_enqueue(eph_server_t *srv, eph_run_t *run, const char *org, json_object **created,
+                         eph_error_t *err);
 /* A store error answered: 404 for ENOENT, otherwise 500 (the reason goes to the log). */
 MHD_RESULT eph_srv_store_failure(eph_server_t *srv, struct MHD_Connection *c,
                                  const eph_error_t *err);
@@ -228,7 +227,7 @@ void eph_srv_req_done(eph_server_t *srv, conn_req_t *req);
 
 /* server_health.c */
 int eph_srv_health_start(eph_server_t *srv, eph_error_t *err); /* first check, thread */
-void eph_srv_health_stop(eph_server_t *srv); /* after srv->stopping is set */
+void eph_srv_health_stop(eph_server_t *srv);                   /* after srv->stopping is set */
 /* False while the store or the ledger fails its probe; why receives the reason. */
 bool eph_srv_storage_ok(eph_server_t *srv, char *why, size_t size);
 MHD_RESULT eph_srv_health(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req);

@@ -346,7 +346,8 @@ ticker_main(void *arg)
     }
     json_object *cancels = eph_srv_cluster_tick(srv, &cluster, now);
     for (size_t i = 0; cancels && i < json_object_array_length(cancels); i++) {
-      live_t *l = eph_srv_live_get(srv, json_object_get_string(json_object_array_get_idx(cancels, i)));
+      live_t *l =
+          eph_srv_live_get(srv, json_object_get_string(json_object_array_get_idx(cancels, i)));
       if (!l)
         continue; /* another node's run */
       if (eph_srv_cancel_live(srv, l))
@@ -466,8 +467,7 @@ eph_srv_runs_drain(eph_server_t *srv, int grace_seconds)
     if (pthread_cond_timedwait(&srv->cond, &srv->lock, &until) == ETIMEDOUT)
       break;
   if (srv->running > 0) {
-    eph_info("drain: cancelling %d run(s) still running after %d s", srv->running,
-             grace_seconds);
+    eph_info("drain: cancelling %d run(s) still running after %d s", srv->running, grace_seconds);
     for (unsigned b = 0; b < LIVE_BUCKETS; b++)
       for (live_t *l = srv->table[b]; l; l = l->bucket_next)
         if (l->running)
@@ -519,8 +519,7 @@ render_stored(eph_server_t *srv, const char *id, const char *org)
 static MHD_RESULT
 not_found(eph_server_t *srv, struct MHD_Connection *c, const char *id)
 {
-  return eph_srv_error(c, srv, MHD_HTTP_NOT_FOUND, "not_found", NULL, "run %s does not exist",
-                       id);
+  return eph_srv_error(c, srv, MHD_HTTP_NOT_FOUND, "not_found", NULL, "run %s does not exist", id);
 }
 
 MHD_RESULT
@@ -757,8 +756,8 @@ eph_srv_runs_cancel(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req
         return eph_srv_store_failure(srv, c, &err);
       return eph_srv_json(c, srv, MHD_HTTP_OK, json_object_get(o));
     }
-    return eph_srv_error(c, srv, MHD_HTTP_CONFLICT, "conflict", NULL,
-                         "run %s has already ended", req->param);
+    return eph_srv_error(c, srv, MHD_HTTP_CONFLICT, "conflict", NULL, "run %s has already ended",
+                         req->param);
   }
   json_object *o = eph_run_to_json(l->run, false);
   eph_srv_live_put(l);

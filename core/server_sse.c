@@ -57,9 +57,9 @@ append_events(sse_t *s, json_object *events, bool from_store)
       e = conv;
     int64_t seq = json_object_object_get_ex(e, "seq", &v) ? json_object_get_int64(v) : 0;
     const char *kind = json_object_object_get_ex(e, "kind", &v) ? json_object_get_string(v) : "";
-    fprintf(f, "id: %" PRId64 "\nevent: %s\ndata: %s\n\n", seq, kind,
-            json_object_to_json_string_ext(e, JSON_C_TO_STRING_PLAIN |
-                                                  JSON_C_TO_STRING_NOSLASHESCAPE));
+    fprintf(
+        f, "id: %" PRId64 "\nevent: %s\ndata: %s\n\n", seq, kind,
+        json_object_to_json_string_ext(e, JSON_C_TO_STRING_PLAIN | JSON_C_TO_STRING_NOSLASHESCAPE));
     s->last_seq = seq;
     if (strcmp(kind, "settled") == 0)
       s->done = true; /* always the last event of a run */

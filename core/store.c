@@ -86,7 +86,8 @@ eph_store_open(const char *path, const eph_store_options_t *opt, eph_store_t **o
                          idem_hours);
   if (busy_ms < 0)
     return eph_error_set(err, EINVAL, "store: busy_timeout_ms %d is negative", busy_ms);
-  eph_store_options_t o = {.idempotency_hours = idem_hours, .busy_timeout_ms = busy_ms,
+  eph_store_options_t o = {.idempotency_hours = idem_hours,
+                           .busy_timeout_ms = busy_ms,
                            .local_path = opt ? opt->local_path : NULL,
                            .node_name = opt ? opt->node_name : NULL,
                            .lease_seconds = opt ? opt->lease_seconds : 0};
@@ -196,8 +197,7 @@ eph_store_key_verify(eph_store_t *s, const char *key, char **org_out, char **key
 }
 
 int
-eph_store_key_revoke(eph_store_t *s, const char *key_id_or_name, const char *org,
-                     eph_error_t *err)
+eph_store_key_revoke(eph_store_t *s, const char *key_id_or_name, const char *org, eph_error_t *err)
 {
   int r = check_org(org, err);
   if (r < 0 || (r = check_text("key", key_id_or_name, 128, err)) < 0)
@@ -221,8 +221,7 @@ static json_object *
 request_without_content(json_object *request)
 {
   json_object *out = json_object_new_object();
-  json_object_object_foreach(request, k, v)
-  {
+  json_object_object_foreach(request, k, v) {
     json_type t = json_object_get_type(v);
     if (t == json_type_boolean || t == json_type_int || t == json_type_double ||
         t == json_type_null || strcmp(k, "model") == 0 || strcmp(k, "connections") == 0)
@@ -240,9 +239,9 @@ eph_store_run_insert(eph_store_t *s, const char *id, const char *org, const char
     return r;
   if (request && !json_object_is_type(request, json_type_object))
     return eph_error_set(err, EINVAL, "run %s: request is not a JSON object", id);
-  cleanup_json json_object *stored =
-    !request ? json_object_new_object()
-             : zdr ? request_without_content(request) : json_object_get(request);
+  cleanup_json json_object *stored = !request ? json_object_new_object()
+                                     : zdr    ? request_without_content(request)
+                                              : json_object_get(request);
   r = s->ops->run_insert(s, id, org, status, created_at_us, stored, zdr, err);
   if (r == -EEXIST)
     return eph_error_set(err, EEXIST, "run %s already exists", id);
@@ -290,8 +289,7 @@ static int
 cursor_decode(const char *cursor, int64_t *created_at_us, char **id, eph_error_t *err)
 {
   size_t n = strlen(cursor);
-  if (n == 0 || n % 2 || n > 2 * (MAX_ID_BYTES + 24) ||
-      strspn(cursor, "0123456789abcdef") != n)
+  if (n == 0 || n % 2 || n > 2 * (MAX_ID_BYTES + 24) || strspn(cursor, "0123456789abcdef") != n)
     return eph_error_set(err, EINVAL, "cursor: malformed");
   cleanup_free char *plain = eph_xmalloc(n / 2 + 1);
   for (size_t i = 0; i < n / 2; i++) {
@@ -338,8 +336,8 @@ eph_store_run_list(eph_store_t *s, const char *org, int limit, const char *curso
     json_object_array_del_idx(arr, (size_t)limit, json_object_array_length(arr) - limit);
     json_object *last = json_object_array_get_idx(arr, (size_t)limit - 1);
     next = eph_store_cursor_encode(
-      json_object_get_int64(json_object_object_get(last, "created_at_us")),
-      json_object_get_string(json_object_object_get(last, "id")));
+        json_object_get_int64(json_object_object_get(last, "created_at_us")),
+        json_object_get_string(json_object_object_get(last, "id")));
   }
   *runs_out = steal_pointer(&arr);
   *next_cursor = next;
@@ -350,8 +348,8 @@ eph_store_run_list(eph_store_t *s, const char *org, int limit, const char *curso
 
 int
 eph_store_event_append(eph_store_t *s, const char *run_id, int64_t seq, int64_t t_ms,
-                       const char *source, const char *kind, const char *text,
-                       json_object *data, eph_error_t *err)
+                       const char *source, const char *kind, const char *text, json_object *data,
+                       eph_error_t *err)
 {
   int r = check_text("run id", run_id, MAX_ID_BYTES, err);
   if (r < 0 || (r = check_text("event source", source, 64, err)) < 0 ||
@@ -380,9 +378,8 @@ eph_store_events_since(eph_store_t *s, const char *run_id, int64_t since_seq, in
 /* ---------------------------------------------------------------- idempotency */
 
 int
-eph_store_idem_claim(eph_store_t *s, const char *org, const char *key,
-                     const char *body_sha256_hex, const char *new_run_id,
-                     char **existing_run_id, eph_error_t *err)
+eph_store_idem_claim(eph_store_t *s, const char *org, const char *key, const char *body_sha256_hex,
+                     const char *new_run_id, char **existing_run_id, eph_error_t *err)
 {
   int r = check_org(org, err);
   if (r < 0 || (r = check_text("idempotency key", key, 255, err)) < 0 ||
@@ -496,8 +493,8 @@ eph_store_purge(eph_store_t *s, int retention_days, eph_error_t *err)
   if (retention_days <= 0)
     return eph_error_set(err, EINVAL, "retention_days %d: expected > 0", retention_days);
   int64_t now = eph_wall_us();
-  return s->ops->purge(s, now - (int64_t)retention_days * 86400 * 1000000,
-                       now - s->idempotency_us, err);
+  return s->ops->purge(s, now - (int64_t)retention_days * 86400 * 1000000, now - s->idempotency_us,
+                       err);
 }
 
 int
@@ -541,8 +538,7 @@ eph_store_with_db(eph_store_t *s, int (*fn)(struct sqlite3 *db, void *opaque, ep
                   void *opaque, eph_error_t *err)
 {
   if (!s->ops->with_db)
-    return eph_error_set(err, ENOTSUP,
-                         "%s: this store keeps no node-local tables (webhooks, admin audit)",
-                         s->path);
+    return eph_error_set(
+        err, ENOTSUP, "%s: this store keeps no node-local tables (webhooks, admin audit)", s->path);
   return s->ops->with_db(s, fn, opaque, err);
 }

@@ -97,8 +97,8 @@ int eph_store_org_create(eph_store_t *store, const char *org, eph_error_t *err);
 
 /* Adds (or updates the role of) a member of an existing organisation. role: "owner",
  * "admin" or "member". -ENOENT when the organisation does not exist. */
-int eph_store_member_add(eph_store_t *store, const char *org, const char *member,
-                         const char *role, eph_error_t *err);
+int eph_store_member_add(eph_store_t *store, const char *org, const char *member, const char *role,
+                         eph_error_t *err);
 
 /* ---------------------------------------------------------------- API keys */
 
@@ -107,16 +107,16 @@ int eph_store_member_add(eph_store_t *store, const char *org, const char *member
  * bytes), heap-allocated and owned by the caller (free()): it is shown once, only its
  * SHA-256 is stored. *key_id_out (optional, may be NULL) receives the key's id
  * "key_" + 16 hex, owned by the caller. */
-int eph_store_key_create(eph_store_t *store, const char *org, const char *name,
-                         char **key_out, char **key_id_out, eph_error_t *err);
+int eph_store_key_create(eph_store_t *store, const char *org, const char *name, char **key_out,
+                         char **key_id_out, eph_error_t *err);
 
 /* Checks a presented key. On success *org_out and *key_id_out (each optional) receive heap
  * strings owned by the caller. -EACCES for an unknown, malformed or revoked key (the same
  * error for all three). The key's SHA-256 is looked up by index and then compared with
  * CRYPTO_memcmp (constant time); the index walk depends only on the hash, which reveals
  * nothing usable about the key. */
-int eph_store_key_verify(eph_store_t *store, const char *key, char **org_out,
-                         char **key_id_out, eph_error_t *err);
+int eph_store_key_verify(eph_store_t *store, const char *key, char **org_out, char **key_id_out,
+                         eph_error_t *err);
 
 /* Revokes the org's active key whose id or name is key_id_or_name. -ENOENT when there is
  * none (unknown, other organisation's, or already revoked). */
@@ -126,17 +126,15 @@ int eph_store_key_revoke(eph_store_t *store, const char *key_id_or_name, const c
 /* Lists the org's keys, newest first, revoked ones included: *out is a JSON array owned by
  * the caller (json_object_put) of {"id","name","created_at_us","revoked_at_us"|null}.
  * Never the key or its hash. */
-int eph_store_key_list(eph_store_t *store, const char *org, json_object **out,
-                       eph_error_t *err);
+int eph_store_key_list(eph_store_t *store, const char *org, json_object **out, eph_error_t *err);
 
 /* ---------------------------------------------------------------- runs */
 
 /* Inserts a run. id: "run_" + 32 hex (any unique string up to 128 bytes is accepted);
  * created_at_us: CLOCK_REALTIME micros; request: the validated request object (borrowed;
  * copied, minus content under zdr, see the top comment). -EEXIST when id exists. */
-int eph_store_run_insert(eph_store_t *store, const char *id, const char *org,
-                         const char *status, int64_t created_at_us, json_object *request,
-                         bool zdr, eph_error_t *err);
+int eph_store_run_insert(eph_store_t *store, const char *id, const char *org, const char *status,
+                         int64_t created_at_us, json_object *request, bool zdr, eph_error_t *err);
 
 /* Updates a run: any of status, output, usage may be NULL to leave it unchanged (output is
  * never stored under zdr). The objects are borrowed. -ENOENT for an unknown run. */
@@ -172,8 +170,8 @@ int eph_store_event_append(eph_store_t *store, const char *run_id, int64_t seq, 
  * most limit (0 = all): the SSE resume point is Last-Event-ID. *out: JSON array owned by the
  * caller of {"seq","t_ms","source","kind","text","data"?}. An unknown run gives an empty
  * array. */
-int eph_store_events_since(eph_store_t *store, const char *run_id, int64_t since_seq,
-                           int limit, json_object **out, eph_error_t *err);
+int eph_store_events_since(eph_store_t *store, const char *run_id, int64_t since_seq, int limit,
+                           json_object **out, eph_error_t *err);
 
 /* ---------------------------------------------------------------- idempotency */
 
@@ -194,8 +192,8 @@ int eph_store_idem_claim(eph_store_t *store, const char *org, const char *key,
  * it when the request that claimed the key is refused after the claim (insufficient
  * balance, full queue), so a retry is judged afresh instead of pointing at a run that was
  * never created. Releasing a claim that is gone or names another run is a no-op (0). */
-int eph_store_idem_release(eph_store_t *store, const char *org, const char *key,
-                           const char *run_id, eph_error_t *err);
+int eph_store_idem_release(eph_store_t *store, const char *org, const char *key, const char *run_id,
+                           eph_error_t *err);
 
 /* ---------------------------------------------------------------- retention */
 
@@ -277,8 +275,8 @@ int eph_store_queue_length(eph_store_t *store, int64_t *n, eph_error_t *err);
  * docs/cluster.md), or the call fails with -ENOTSUP when none was given. */
 struct sqlite3;
 int eph_store_with_db(eph_store_t *store,
-                      int (*fn)(struct sqlite3 *db, void *opaque, eph_error_t *err),
-                      void *opaque, eph_error_t *err);
+                      int (*fn)(struct sqlite3 *db, void *opaque, eph_error_t *err), void *opaque,
+                      eph_error_t *err);
 
 /* The file's path, or the PostgreSQL target without its password (borrowed, lives as long
  * as the store). */

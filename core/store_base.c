@@ -52,4 +52,3 @@ eph_store_fault_clear(eph_store_t *s)
   if (was_failing)
     eph_info("%s: writes succeed again", s->path);
 }
-

@@ -689,8 +689,7 @@ pg_queue_claim(eph_store_t *base, json_object **out, eph_error_t *err)
   json_object_object_add(o, "zdr", json_object_new_boolean(PQgetvalue(res, 0, 3)[0] == 't'));
   json_object_object_add(o, "created_at_us", json_object_new_int64(get_i64(res, 0, 4)));
   json_object_object_add(o, "reserved_micros", json_object_new_int64(get_i64(res, 0, 5)));
-  json_object_object_add(o, "local_only",
-                         json_object_new_boolean(PQgetvalue(res, 0, 6)[0] == 't'));
+  json_object_object_add(o, "local_only", json_object_new_boolean(PQgetvalue(res, 0, 6)[0] == 't'));
   *out = o;
   return 0;
 }

@@ -20,7 +20,6 @@
 #include "store_int.h"
 #include "util.h"
 
-
 /* Migrations (core/store_sqlite_schema.c): entry i brings user_version from i to i + 1. */
 #define SCHEMA_VERSION eph_store_sqlite_schema_version
 #define migrations eph_store_sqlite_migrations
@@ -258,8 +257,8 @@ sq_key_insert(eph_store_t *base, const char *org, const char *name, const char *
     sqlite3_bind_int64(st, 5, eph_wall_us());
     r = step_done(s, st, "storing the API key", err);
     if (r == -EEXIST)
-      r = eph_error_set(err, EEXIST, "organisation '%s' already has an active key named '%s'",
-                        org, name);
+      r = eph_error_set(err, EEXIST, "organisation '%s' already has an active key named '%s'", org,
+                        name);
   }
   return tx_end(s, r, err);
 }
@@ -306,8 +305,7 @@ sq_key_revoke(eph_store_t *base, const char *key_id_or_name, const char *org, ep
     r = step_done(s, st, "revoking the API key", err);
   }
   if (r >= 0 && sqlite3_changes(s->db) == 0)
-    r = eph_error_set(err, ENOENT, "organisation '%s' has no active key '%s'", org,
-                      key_id_or_name);
+    r = eph_error_set(err, ENOENT, "organisation '%s' has no active key '%s'", org, key_id_or_name);
   return tx_end(s, r, err);
 }
 
@@ -324,13 +322,16 @@ sq_key_list(eph_store_t *base, const char *org, json_object **out, eph_error_t *
     int rc;
     while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
       json_object *k = json_object_new_object();
-      json_object_object_add(k, "id", json_object_new_string((const char *)sqlite3_column_text(st, 0)));
-      json_object_object_add(k, "name", json_object_new_string((const char *)sqlite3_column_text(st, 1)));
-      json_object_object_add(k, "created_at_us", json_object_new_int64(sqlite3_column_int64(st, 2)));
+      json_object_object_add(k, "id",
+                             json_object_new_string((const char *)sqlite3_column_text(st, 0)));
+      json_object_object_add(k, "name",
+                             json_object_new_string((const char *)sqlite3_column_text(st, 1)));
+      json_object_object_add(k, "created_at_us",
+                             json_object_new_int64(sqlite3_column_int64(st, 2)));
       json_object_object_add(k, "revoked_at_us",
                              sqlite3_column_type(st, 3) == SQLITE_NULL
-                               ? NULL
-                               : json_object_new_int64(sqlite3_column_int64(st, 3)));
+                                 ? NULL
+                                 : json_object_new_int64(sqlite3_column_int64(st, 3)));
       json_object_array_add(arr, k);
     }
     if (rc != SQLITE_DONE)
@@ -396,7 +397,8 @@ run_from_row(sqlite3_stmt *st, bool with_content)
 {
   json_object *o = json_object_new_object();
   json_object_object_add(o, "id", json_object_new_string((const char *)sqlite3_column_text(st, 0)));
-  json_object_object_add(o, "org", json_object_new_string((const char *)sqlite3_column_text(st, 1)));
+  json_object_object_add(o, "org",
+                         json_object_new_string((const char *)sqlite3_column_text(st, 1)));
   json_object_object_add(o, "status",
                          json_object_new_string((const char *)sqlite3_column_text(st, 2)));
   json_object_object_add(o, "created_at_us", json_object_new_int64(sqlite3_column_int64(st, 3)));
@@ -431,8 +433,8 @@ sq_run_get(eph_store_t *base, const char *id, json_object **out, eph_error_t *er
 }
 
 static int
-sq_run_list(eph_store_t *base, const char *org, int limit, int64_t after_us,
-            const char *after_id, json_object **out, eph_error_t *err)
+sq_run_list(eph_store_t *base, const char *org, int limit, int64_t after_us, const char *after_id,
+            json_object **out, eph_error_t *err)
 {
   sq_store_t *s = SQ(base);
   int r = 0;
@@ -550,9 +552,8 @@ sq_idem_claim(eph_store_t *base, const char *org, const char *key, const char *b
       else if (strcmp((const char *)sqlite3_column_text(st, 0), body_sha256_hex) == 0)
         existing = column_dup(st, 1);
       else
-        r = eph_error_set(err, EBUSY,
-                          "idempotency key '%s' was already used with a different request body",
-                          key);
+        r = eph_error_set(
+            err, EBUSY, "idempotency key '%s' was already used with a different request body", key);
     } else if (rc != SQLITE_DONE) {
       r = db_error(s, "reading the idempotency key", err);
     }
@@ -653,25 +654,25 @@ sq_with_db(eph_store_t *base, int (*fn)(struct sqlite3 *db, void *opaque, eph_er
 }
 
 static const eph_store_ops_t sqlite_ops = {
-  .kind = EPH_STORE_SQLITE,
-  .close = sq_close,
-  .org_create = sq_org_create,
-  .member_add = sq_member_add,
-  .key_insert = sq_key_insert,
-  .key_lookup = sq_key_lookup,
-  .key_revoke = sq_key_revoke,
-  .key_list = sq_key_list,
-  .run_insert = sq_run_insert,
-  .run_update = sq_run_update,
-  .run_get = sq_run_get,
-  .run_list = sq_run_list,
-  .event_append = sq_event_append,
-  .events_since = sq_events_since,
-  .idem_claim = sq_idem_claim,
-  .idem_release = sq_idem_release,
-  .purge = sq_purge,
-  .probe = sq_probe,
-  .with_db = sq_with_db,
+    .kind = EPH_STORE_SQLITE,
+    .close = sq_close,
+    .org_create = sq_org_create,
+    .member_add = sq_member_add,
+    .key_insert = sq_key_insert,
+    .key_lookup = sq_key_lookup,
+    .key_revoke = sq_key_revoke,
+    .key_list = sq_key_list,
+    .run_insert = sq_run_insert,
+    .run_update = sq_run_update,
+    .run_get = sq_run_get,
+    .run_list = sq_run_list,
+    .event_append = sq_event_append,
+    .events_since = sq_events_since,
+    .idem_claim = sq_idem_claim,
+    .idem_release = sq_idem_release,
+    .purge = sq_purge,
+    .probe = sq_probe,
+    .with_db = sq_with_db,
 };
 
 /* ---------------------------------------------------------------- open */
@@ -686,9 +687,12 @@ eph_store_sqlite_open(const char *path, const eph_store_options_t *opt, eph_stor
                       (int64_t)opt->idempotency_hours * 3600 * 1000000);
   pthread_mutex_init(&s->lock, NULL);
   /* History and key hashes: owner-only. */
-  eph_sqlite_open_options_t so = {
-    .what = "store", .busy_timeout_ms = busy_ms, .synchronous = "NORMAL", .owner_only = true,
-    .damaged_hint = "restore it from a backup or move it away to start empty"};
+  eph_sqlite_open_options_t so = {.what = "store",
+                                  .busy_timeout_ms = busy_ms,
+                                  .synchronous = "NORMAL",
+                                  .owner_only = true,
+                                  .damaged_hint =
+                                      "restore it from a backup or move it away to start empty"};
   int r = eph_sqlite_open(path, &so, &s->db, err);
   if (r < 0)
     goto fail;

@@ -58,12 +58,13 @@ eph_tools_check_grants(const eph_ctx_t *ctx, const eph_gate_t *g, eph_error_t *e
       {EPH_PERM_CONNECTIONS, "connections", "tool-connection"},
   };
   for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
-    bool granted = rows[i].p == EPH_PERM_SHELL ? g->shell
-                   : rows[i].p == EPH_PERM_WEB  ? g->web
+    bool granted = rows[i].p == EPH_PERM_SHELL   ? g->shell
+                   : rows[i].p == EPH_PERM_WEB   ? g->web
                    : rows[i].p == EPH_PERM_FILES ? g->files
                                                  : g->n_connections > 0;
     if (granted && !tool_loaded_for(ctx, rows[i].p))
-      return eph_error_set(err, EINVAL, "field '%s': granted, but no loaded plugin provides "
+      return eph_error_set(err, EINVAL,
+                           "field '%s': granted, but no loaded plugin provides "
                            "it (is %s enabled and loading? see `ephemeral plugins`)",
                            rows[i].field, rows[i].plugin);
   }

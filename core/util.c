@@ -11,7 +11,6 @@
 #include <sys/stat.h>
 #include <time.h>
 
-
 static void
 oom(void)
 {
@@ -212,8 +211,7 @@ eph_json_parse_strict(const char *text, size_t len, eph_error_t *err)
   if (consumed != len) {
     json_object_put(root);
     line_col(text, consumed, &line, &col);
-    eph_error_set(err, EBADMSG, "malformed JSON: trailing data at line %zu, column %zu", line,
-                  col);
+    eph_error_set(err, EBADMSG, "malformed JSON: trailing data at line %zu, column %zu", line, col);
     return NULL;
   }
   return root;

@@ -15,7 +15,6 @@
 #include "support/format.h" /* eph_format_dollars, eph_format_iso8601 */
 #include "support/text.h"
 
-
 /* malloc/strdup/asprintf that abort on out-of-memory: the core does not limp on without
  * memory. Returned memory is owned by the caller (free()). */
 void *eph_xmalloc(size_t bytes);
@@ -45,6 +44,5 @@ int eph_mkdir_p(const char *path, mode_t mode, eph_error_t *err);
 /* Reads a whole file into a NUL-terminated heap buffer (owned by the caller), refusing
  * files over max_bytes. *bytes (optional) gets the length. */
 int eph_read_file(const char *path, size_t max_bytes, char **out, size_t *bytes, eph_error_t *err);
-
 
 #endif

@@ -41,8 +41,7 @@ typedef struct eph_webhooks eph_webhooks_t;
 /* Reads the config's `webhooks` group and starts the delivery thread, which first picks up
  * the deliveries a previous daemon left pending. store is borrowed and must outlive *out.
  * Errors: -EPH_E_CONFIG naming file:line. */
-int eph_webhooks_start(eph_ctx_t *ctx, eph_store_t *store, eph_webhooks_t **out,
-                       eph_error_t *err);
+int eph_webhooks_start(eph_ctx_t *ctx, eph_store_t *store, eph_webhooks_t **out, eph_error_t *err);
 
 /* Stops the thread (an attempt in flight finishes first, at most timeout_ms) and frees.
  * Pending deliveries stay in the store for the next start. NULL is a no-op. */
@@ -72,8 +71,8 @@ int eph_webhooks_catch_up(eph_webhooks_t *wh, json_object *(*run_object)(json_ob
  * {"id","url","secret","created_at_us"}. -EINVAL with *field = "url" and err naming the
  * reason when the URL is malformed or its host, port or any address it resolves to is
  * refused by the policy. */
-int eph_webhooks_register(eph_webhooks_t *wh, const char *org, const char *url,
-                          json_object **out, const char **field, eph_error_t *err);
+int eph_webhooks_register(eph_webhooks_t *wh, const char *org, const char *url, json_object **out,
+                          const char **field, eph_error_t *err);
 
 /* Judges a URL as registration does (scheme, length, host, port, every resolved address).
  * 0, or -EINVAL with err naming the reason (without a field name). */
@@ -85,23 +84,21 @@ int eph_webhooks_default_secret(eph_webhooks_t *wh, const char *org, char **secr
                                 eph_error_t *err);
 
 /* The org's endpoints, newest first, without secrets: a JSON array owned by the caller. */
-int eph_webhooks_list(eph_webhooks_t *wh, const char *org, json_object **out,
-                      eph_error_t *err);
+int eph_webhooks_list(eph_webhooks_t *wh, const char *org, json_object **out, eph_error_t *err);
 
 /* Deletes one of org's endpoints (its pending deliveries are given up). -ENOENT when org
  * has no such endpoint. */
-int eph_webhooks_delete(eph_webhooks_t *wh, const char *org, const char *id,
-                        eph_error_t *err);
+int eph_webhooks_delete(eph_webhooks_t *wh, const char *org, const char *id, eph_error_t *err);
 
 /* The org's deliveries, newest first, at most limit (1..500): a JSON array owned by the
  * caller of {"id","webhook_id","run_id","url","status","attempts","next_attempt_us",
  * "last_status_code"|null,"last_error"|null,"created_at_us","updated_at_us"}. */
-int eph_webhooks_deliveries(eph_webhooks_t *wh, const char *org, int limit,
-                            json_object **out, eph_error_t *err);
+int eph_webhooks_deliveries(eph_webhooks_t *wh, const char *org, int limit, json_object **out,
+                            eph_error_t *err);
 
 /* The header value for body signed with secret at time t (unix seconds) into out:
  * "t=<t>,v1=<64 hex>". Returns 0 or -EIO. */
-int eph_webhook_sign(const char *secret, int64_t t, const char *body, size_t body_bytes,
-                     char *out, size_t size);
+int eph_webhook_sign(const char *secret, int64_t t, const char *body, size_t body_bytes, char *out,
+                     size_t size);
 
 #endif

@@ -189,11 +189,11 @@ guest_fs_write(const guest_fs_t *fs, json_object *req, int *err_no, char *why, s
     return fail(err_no, EINVAL, why, why_size, "write_file: 'mode' outside 0..0777");
   }
   json_object *appendv;
-  bool append = json_object_object_get_ex(req, "append", &appendv) &&
-                json_object_get_boolean(appendv);
+  bool append =
+      json_object_object_get_ex(req, "append", &appendv) && json_object_get_boolean(appendv);
   json_object *mkdirsv;
-  bool mkdirs = json_object_object_get_ex(req, "mkdirs", &mkdirsv) &&
-                json_object_get_boolean(mkdirsv);
+  bool mkdirs =
+      json_object_object_get_ex(req, "mkdirs", &mkdirsv) && json_object_get_boolean(mkdirsv);
 
   json_object *out = NULL;
   char base[256];
@@ -301,8 +301,7 @@ guest_fs_read(const guest_fs_t *fs, json_object *req, int *err_no, char *why, si
     goto done;
   }
   json_object_object_add(out, "size", json_object_new_int64(st.st_size));
-  json_object_object_add(out, "eof",
-                         json_object_new_boolean(offset + (int64_t)got >= st.st_size));
+  json_object_object_add(out, "eof", json_object_new_boolean(offset + (int64_t)got >= st.st_size));
 done:
   as_guest();
   free(buf);
@@ -351,8 +350,10 @@ guest_fs_list(const guest_fs_t *fs, json_object *req, int *err_no, char *why, si
     struct stat st;
     if (fstatat(dirfd(d), de->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0)
       continue; /* removed meanwhile */
-    const char *type = S_ISREG(st.st_mode) ? "f" : S_ISDIR(st.st_mode) ? "d"
-                       : S_ISLNK(st.st_mode) ? "l" : "?";
+    const char *type = S_ISREG(st.st_mode)   ? "f"
+                       : S_ISDIR(st.st_mode) ? "d"
+                       : S_ISLNK(st.st_mode) ? "l"
+                                             : "?";
     json_object *e = json_object_new_object();
     json_object_object_add(e, "name", json_object_new_string(de->d_name));
     json_object_object_add(e, "type", json_object_new_string(type));

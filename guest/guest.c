@@ -555,9 +555,17 @@ op_exec(guest_t *g, json_object *req, int64_t id)
   (void)fcntl(outp[1], F_SETPIPE_SZ, (int)EPH_PROTO_OUTPUT_CHUNK_BYTES);
   (void)fcntl(errp[1], F_SETPIPE_SZ, (int)EPH_PROTO_OUTPUT_CHUNK_BYTES);
   guest_worker_spec_t spec = {
-      .uid = g->uid, .gid = g->gid, .cwd = cwd, .argv = argv, .envp = envp,
-      .stdin_fd = inp[0], .stdout_fd = outp[1], .stderr_fd = errp[1], .status_fd = stp[1],
-      .nofile = (rlim_t)nofile, .filter = g->filter,
+      .uid = g->uid,
+      .gid = g->gid,
+      .cwd = cwd,
+      .argv = argv,
+      .envp = envp,
+      .stdin_fd = inp[0],
+      .stdout_fd = outp[1],
+      .stderr_fd = errp[1],
+      .status_fd = stp[1],
+      .nofile = (rlim_t)nofile,
+      .filter = g->filter,
   };
   int64_t start = now_ms();
   pid_t pid = fork();
@@ -861,8 +869,7 @@ loop(guest_t *g)
         shutdown_and_exit(g, 0);
       } else if (r < 0) {
         char msg[256];
-        snprintf(msg, sizeof msg, "%s",
-                 g->rd.why[0] ? g->rd.why : strerror(-r));
+        snprintf(msg, sizeof msg, "%s", g->rd.why[0] ? g->rd.why : strerror(-r));
         logmsg("control stream: %s; ending the session", msg);
         send_error(g, NULL, -r, msg, true);
         shutdown_and_exit(g, 1);
@@ -891,8 +898,7 @@ vm_setup(const char *hostname, uint64_t tmp_mib)
   mounts[3].data = tmpopts;
   for (size_t i = 0; i < sizeof mounts / sizeof mounts[0]; i++) {
     mkdir(mounts[i].dir, 0755);
-    if (mount(mounts[i].src, mounts[i].dir, mounts[i].type, mounts[i].flags, mounts[i].data) <
-            0 &&
+    if (mount(mounts[i].src, mounts[i].dir, mounts[i].type, mounts[i].flags, mounts[i].data) < 0 &&
         errno != EBUSY) {
       logmsg("mount %s on %s: %s", mounts[i].type, mounts[i].dir, strerror(errno));
       return -errno;
@@ -1102,8 +1108,12 @@ num_arg(const char *opt, const char *s, long long min, long long max)
 int
 main(int argc, char **argv)
 {
-  static guest_t g = {.ctl = -1, .sigfd = -1, .uid = 1000, .gid = 1000,
-                      .default_timeout_ms = DEFAULT_TIMEOUT_MS, .nofile = DEFAULT_NOFILE};
+  static guest_t g = {.ctl = -1,
+                      .sigfd = -1,
+                      .uid = 1000,
+                      .gid = 1000,
+                      .default_timeout_ms = DEFAULT_TIMEOUT_MS,
+                      .nofile = DEFAULT_NOFILE};
   const char *device = NULL, *tmp = "/tmp", *hostname = "ephemeral", *net = NULL;
   long long tmp_mib = 256;
   enum { O_UID = 256, O_GID, O_TMP, O_TMPSIZE, O_HOST, O_TIMEOUT, O_NOFILE, O_NET };
@@ -1125,21 +1135,45 @@ main(int argc, char **argv)
   int c;
   while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
     switch (c) {
-    case 'f': g.ctl = (int)num_arg("--fd", optarg, 0, INT_MAX); break;
-    case 'd': device = optarg; break;
-    case 'v': g.vm = true; break;
-    case O_UID: g.uid = (uid_t)num_arg("--uid", optarg, 1, 0xfffffffe); break;
-    case O_GID: g.gid = (gid_t)num_arg("--gid", optarg, 1, 0xfffffffe); break;
-    case O_TMP: tmp = optarg; break;
-    case O_TMPSIZE: tmp_mib = num_arg("--tmp-size-mib", optarg, 1, 1 << 20); break;
-    case O_HOST: hostname = optarg; break;
-    case O_NET: net = optarg; break;
+    case 'f':
+      g.ctl = (int)num_arg("--fd", optarg, 0, INT_MAX);
+      break;
+    case 'd':
+      device = optarg;
+      break;
+    case 'v':
+      g.vm = true;
+      break;
+    case O_UID:
+      g.uid = (uid_t)num_arg("--uid", optarg, 1, 0xfffffffe);
+      break;
+    case O_GID:
+      g.gid = (gid_t)num_arg("--gid", optarg, 1, 0xfffffffe);
+      break;
+    case O_TMP:
+      tmp = optarg;
+      break;
+    case O_TMPSIZE:
+      tmp_mib = num_arg("--tmp-size-mib", optarg, 1, 1 << 20);
+      break;
+    case O_HOST:
+      hostname = optarg;
+      break;
+    case O_NET:
+      net = optarg;
+      break;
     case O_TIMEOUT:
       g.default_timeout_ms = (uint32_t)num_arg("--default-timeout-ms", optarg, 1, 86400000);
       break;
-    case O_NOFILE: g.nofile = (rlim_t)num_arg("--nofile", optarg, 16, 1 << 20); break;
-    case 'h': usage(stdout); return 0;
-    default: usage(stderr); return 2;
+    case O_NOFILE:
+      g.nofile = (rlim_t)num_arg("--nofile", optarg, 16, 1 << 20);
+      break;
+    case 'h':
+      usage(stdout);
+      return 0;
+    default:
+      usage(stderr);
+      return 2;
     }
   }
   if ((g.ctl >= 0) == (device != NULL) || optind != argc) {

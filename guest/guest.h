@@ -16,13 +16,13 @@
 typedef struct guest_worker_spec {
   uid_t uid;
   gid_t gid;
-  const char *cwd;         /* absolute; chdir()ed as the worker */
-  char *const *argv;       /* argv[0] is looked up in PATH of envp when it has no '/' */
+  const char *cwd;   /* absolute; chdir()ed as the worker */
+  char *const *argv; /* argv[0] is looked up in PATH of envp when it has no '/' */
   char *const *envp;
   int stdin_fd, stdout_fd, stderr_fd;
-  int status_fd;           /* CLOEXEC pipe: a failure "step: error" is written here */
-  rlim_t nofile;           /* RLIMIT_NOFILE soft and hard */
-  scmp_filter_ctx filter;  /* loaded last, after no_new_privs */
+  int status_fd;          /* CLOEXEC pipe: a failure "step: error" is written here */
+  rlim_t nofile;          /* RLIMIT_NOFILE soft and hard */
+  scmp_filter_ctx filter; /* loaded last, after no_new_privs */
 } guest_worker_spec_t;
 
 /* Builds the seccomp filter every worker command runs under (see worker.c for the list).

@@ -66,8 +66,7 @@ eph_proto_add_b64(json_object *obj, const char *key, const void *data, size_t n)
  * max_bytes decoded. A missing key gives an empty buffer. Returns 0, -EINVAL (not a string
  * or not base64), -EFBIG or -ENOMEM. */
 static inline int
-eph_proto_get_b64(json_object *obj, const char *key, size_t max_bytes, void **out,
-                  size_t *bytes)
+eph_proto_get_b64(json_object *obj, const char *key, size_t max_bytes, void **out, size_t *bytes)
 {
   json_object *v = NULL;
   const char *text = "";

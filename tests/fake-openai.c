@@ -298,8 +298,8 @@ serve_sse(struct MHD_Connection *conn, const char *arg, bool with_n, bool slow)
     s->len = (size_t)num;
   if (slow)
     s->line_ms = num;
-  struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 1024, sse_read, s,
-                                                             sse_free);
+  struct MHD_Response *r =
+      MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 1024, sse_read, s, sse_free);
   if (!r) {
     sse_free(s);
     return MHD_NO;
@@ -408,8 +408,8 @@ on_request(void *cls, struct MHD_Connection *conn, const char *url, const char *
   record_request(step ? step : "(exhausted)", true, ctype, u->buf, u->len);
   enum MHD_Result ret;
   if (!step)
-    ret = respond_str(conn, 500, "{\"error\":{\"message\":\"fake-openai: script exhausted\"}}",
-                      NULL);
+    ret =
+        respond_str(conn, 500, "{\"error\":{\"message\":\"fake-openai: script exhausted\"}}", NULL);
   else if (strcmp(step, "tool_calls") == 0)
     ret = respond_str(conn, 200, tool_calls_body, NULL);
   else if (strcmp(step, "final") == 0)
@@ -492,8 +492,8 @@ main(int argc, char **argv)
   struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = 0};
   sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   struct MHD_Daemon *d = MHD_start_daemon(
-      MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_ERROR_LOG, 0,
-      NULL, NULL, on_request, NULL, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
+      MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_ERROR_LOG, 0, NULL,
+      NULL, on_request, NULL, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
       MHD_OPTION_NOTIFY_COMPLETED, on_completed, NULL, MHD_OPTION_END);
   if (!d) {
     fprintf(stderr, "fake-openai: cannot start the HTTP server on 127.0.0.1\n");

@@ -36,8 +36,8 @@ fake_log(eph_log_level_t level, const char *fmt, ...)
 }
 
 static int
-fake_emit(eph_run_t *run, const char *source, const char *kind, const char *text,
-          json_object *data, eph_error_t *err)
+fake_emit(eph_run_t *run, const char *source, const char *kind, const char *text, json_object *data,
+          eph_error_t *err)
 {
   json_object *e = json_object_new_object();
   json_object_object_add(e, "source", json_object_new_string(source));
@@ -53,8 +53,7 @@ fake_emit(eph_run_t *run, const char *source, const char *kind, const char *text
 }
 
 static int
-fake_charge(eph_run_t *run, eph_cost_t category, int64_t micros, const char *memo,
-            eph_error_t *err)
+fake_charge(eph_run_t *run, eph_cost_t category, int64_t micros, const char *memo, eph_error_t *err)
 {
   if (fh.charged_micros + micros > fh.budget_micros)
     return eph_error_set(err, EPH_E_BUDGET, "budget exhausted: %lld + %lld > %lld",
@@ -85,8 +84,7 @@ fake_read(eph_run_t *run, const char *path, size_t max, void **data, size_t *byt
 }
 
 static int
-fake_list(eph_run_t *run, const char *path, eph_dirent_t **entries, size_t *count,
-          eph_error_t *err)
+fake_list(eph_run_t *run, const char *path, eph_dirent_t **entries, size_t *count, eph_error_t *err)
 {
   return fh_sandbox_list ? fh_sandbox_list(path, entries, count, err)
                          : eph_error_set(err, ENOSYS, "no sandbox");
@@ -140,8 +138,7 @@ fh_free(void)
 char *
 fh_everything(void)
 {
-  return eph_xasprintf("%s\n%s\n%s",
-                       json_object_to_json_string_ext(fh.events, JSON_C_TO_STRING_PLAIN),
-                       json_object_to_json_string_ext(fh.charges, JSON_C_TO_STRING_PLAIN),
-                       fh.log ? fh.log : "");
+  return eph_xasprintf(
+      "%s\n%s\n%s", json_object_to_json_string_ext(fh.events, JSON_C_TO_STRING_PLAIN),
+      json_object_to_json_string_ext(fh.charges, JSON_C_TO_STRING_PLAIN), fh.log ? fh.log : "");
 }

@@ -99,8 +99,8 @@ make_box(loaded_t *l, box_t *b, const eph_sandbox_limits_t *lim, int64_t deadlin
 {
   static int seq;
   snprintf(b->run_id, sizeof b->run_id, "run_test%d_%d", (int)getpid(), seq++);
-  eph_sandbox_spec_t spec = {.struct_size = sizeof spec, .run_id = b->run_id,
-                             .deadline_ms = deadline_ms};
+  eph_sandbox_spec_t spec = {
+      .struct_size = sizeof spec, .run_id = b->run_id, .deadline_ms = deadline_ms};
   if (lim)
     spec.limits = *lim;
   int r = l->ops->create(l->state, &spec, &b->sb, &b->fd, err);
@@ -131,8 +131,7 @@ teardown_boxes(void **ctx)
   for (size_t i = 0; i < sizeof live_boxes / sizeof live_boxes[0]; i++)
     if (live_boxes[i].sb) {
       eph_error_t err = {0};
-      if (live_boxes[i].l->ops->destroy(live_boxes[i].l->state, live_boxes[i].sb, NULL,
-                                        &err) < 0)
+      if (live_boxes[i].l->ops->destroy(live_boxes[i].l->state, live_boxes[i].sb, NULL, &err) < 0)
         fprintf(stderr, "# teardown: destroy: %s\n", err.message);
       close(live_boxes[i].fd);
       live_boxes[i].sb = NULL;
@@ -330,11 +329,14 @@ test_isolation(void **ctx)
     fail_msg("create: %s", err.message);
   char out[16384];
   /* Loopback only, and up. */
-  assert_int_equal(run(&b, 1000, "tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '", out,
-                       sizeof out), 0);
+  assert_int_equal(
+      run(&b, 1000, "tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '", out, sizeof out), 0);
   assert_string_equal(out, "lo\n");
-  assert_int_equal(run(&b, 1000, "cat /sys/class/net/lo/operstate 2>/dev/null || "
-                       "grep -c . /proc/net/if_inet6", out, sizeof out), 0);
+  assert_int_equal(run(&b, 1000,
+                       "cat /sys/class/net/lo/operstate 2>/dev/null || "
+                       "grep -c . /proc/net/if_inet6",
+                       out, sizeof out),
+                   0);
   assert_string_equal(out, "1\n");
   /* No name resolution at all: no resolv.conf, hosts has localhost only. */
   assert_int_not_equal(run(&b, 1000, "test -e /etc/resolv.conf", out, sizeof out), 0);
@@ -345,16 +347,21 @@ test_isolation(void **ctx)
   assert_int_not_equal(run(&b, 0, "touch /etc/x", out, sizeof out), 0);
   assert_int_not_equal(run(&b, 0, "mkdir /newdir", out, sizeof out), 0);
   /* Host files are not there. */
-  assert_int_equal(run(&b, 0, "ls -A /root | wc -l; test -e /work || echo nowork; "
-                   "test -e /etc/ephemeral || echo noconf; test -e /run || echo norun",
-                   out, sizeof out), 0);
+  assert_int_equal(run(&b, 0,
+                       "ls -A /root | wc -l; test -e /work || echo nowork; "
+                       "test -e /etc/ephemeral || echo noconf; test -e /run || echo norun",
+                       out, sizeof out),
+                   0);
   assert_string_equal(out, "0\nnowork\nnoconf\nnorun\n");
   /* /usr is built from the usr_binds list: no /usr/local (nor /usr/local/etc, where a
    * default install puts ephemeral's configuration), no /usr/include. Host identifiers in
    * /proc are masked: an empty kernel command line, a boot id of the sandbox. */
-  assert_int_equal(run(&b, 0, "ls /usr | tr '\\n' ' '; test -e /usr/local || echo nolocal; "
-                   "wc -c < /proc/cmdline; cat /proc/sys/kernel/random/boot_id; "
-                   "ip -o link show lo | grep -o 'mtu [0-9]*'", out, sizeof out), 0);
+  assert_int_equal(run(&b, 0,
+                       "ls /usr | tr '\\n' ' '; test -e /usr/local || echo nolocal; "
+                       "wc -c < /proc/cmdline; cat /proc/sys/kernel/random/boot_id; "
+                       "ip -o link show lo | grep -o 'mtu [0-9]*'",
+                       out, sizeof out),
+                   0);
   char host_boot[64] = "";
   FILE *bf = fopen("/proc/sys/kernel/random/boot_id", "r");
   assert_non_null(bf);
@@ -366,13 +373,16 @@ test_isolation(void **ctx)
   assert_non_null(strstr(out, "mtu 1500"));
   /* Its own pid namespace: PID 1 is the init, few processes. */
   assert_int_equal(run(&b, 1000, "cat /proc/1/cmdline | tr '\\0' ' '; ls /proc | grep -c '^[0-9]'",
-                   out, sizeof out), 0);
+                       out, sizeof out),
+                   0);
   assert_true(strncmp(out, "ephemeral-guest --fd 3", 22) == 0);
   assert_true(atoi(strchr(out, '\n') + 1) <= 5);
   /* Devices, symlinks, writable /tmp owned by the worker. */
-  assert_int_equal(run(&b, 1000, "echo x > /dev/null && head -c 4 /dev/urandom | wc -c && "
-                   "readlink /bin && echo hi > /tmp/f && stat -c %U /tmp/f && hostname",
-                   out, sizeof out), 0);
+  assert_int_equal(run(&b, 1000,
+                       "echo x > /dev/null && head -c 4 /dev/urandom | wc -c && "
+                       "readlink /bin && echo hi > /tmp/f && stat -c %U /tmp/f && hostname",
+                       out, sizeof out),
+                   0);
   assert_string_equal(out, "4\nusr/bin\nworker\nephemeral\n");
   destroy_clean(l, &b);
 }
@@ -383,25 +393,29 @@ test_limits_written_and_refused(void **ctx)
   loaded_t *l = *ctx;
   box_t b;
   eph_error_t err = {0};
-  eph_sandbox_limits_t lim = {.memory_bytes = 200 * MIB, .pids = 40, .cpu_percent = 50,
-                              .nofile = 77, .scratch_bytes = 20 * MIB};
+  eph_sandbox_limits_t lim = {.memory_bytes = 200 * MIB,
+                              .pids = 40,
+                              .cpu_percent = 50,
+                              .nofile = 77,
+                              .scratch_bytes = 20 * MIB};
   if (make_box(l, &b, &lim, 0, &err) < 0)
     fail_msg("create: %s", err.message);
   char path[512], out[4096];
-  assert_int_equal(read_ll(cg_path("memory", b.run_id, "memory.limit_in_bytes", path,
-                                   sizeof path)), 200 * MIB);
-  if (access(cg_path("memory", b.run_id, "memory.memsw.limit_in_bytes", path, sizeof path),
-             F_OK) == 0)
+  assert_int_equal(read_ll(cg_path("memory", b.run_id, "memory.limit_in_bytes", path, sizeof path)),
+                   200 * MIB);
+  if (access(cg_path("memory", b.run_id, "memory.memsw.limit_in_bytes", path, sizeof path), F_OK) ==
+      0)
     assert_int_equal(read_ll(path), 200 * MIB);
   /* TCP buffers are not part of memory.usage_in_bytes on v1: their own limit, an eighth
    * of the memory limit, written before the sandbox's first task joined. */
-  assert_int_equal(read_ll(cg_path("memory", b.run_id, "memory.kmem.tcp.limit_in_bytes", path,
-                                   sizeof path)), 25 * MIB);
+  assert_int_equal(
+      read_ll(cg_path("memory", b.run_id, "memory.kmem.tcp.limit_in_bytes", path, sizeof path)),
+      25 * MIB);
   assert_int_equal(read_ll(cg_path("pids", b.run_id, "pids.max", path, sizeof path)), 40);
-  assert_int_equal(read_ll(cg_path("cpu", b.run_id, "cpu.cfs_quota_us", path, sizeof path)),
-                   50000);
-  assert_int_equal(run(&b, 1000, "ulimit -n; df -k /tmp | tail -1 | tr -s ' ' | cut -d' ' -f2",
-                       out, sizeof out), 0);
+  assert_int_equal(read_ll(cg_path("cpu", b.run_id, "cpu.cfs_quota_us", path, sizeof path)), 50000);
+  assert_int_equal(
+      run(&b, 1000, "ulimit -n; df -k /tmp | tail -1 | tr -s ' ' | cut -d' ' -f2", out, sizeof out),
+      0);
   assert_string_equal(out, "77\n20480\n");
   destroy_clean(l, &b);
 
@@ -451,8 +465,11 @@ test_fork_bomb_oom_enospc(void **ctx)
   assert_true(rep.memory_peak_bytes > 64 * MIB && rep.memory_peak_bytes <= 128 * MIB);
   /* The sandbox survived both. Full disk: ENOSPC, not an OOM kill. */
   uint64_t ooms = rep.oom_kills;
-  assert_int_equal(run(&b, 1000, "dd if=/dev/zero of=/tmp/fill bs=1M 2>&1 | "
-                   "grep -c 'No space left'", out, sizeof out), 0);
+  assert_int_equal(run(&b, 1000,
+                       "dd if=/dev/zero of=/tmp/fill bs=1M 2>&1 | "
+                       "grep -c 'No space left'",
+                       out, sizeof out),
+                   0);
   assert_string_equal(out, "1\n");
   assert_int_equal(l->ops->stats(l->state, b.sb, &rep, &err), 0);
   assert_int_equal(rep.oom_kills, ooms);
@@ -468,8 +485,8 @@ test_background_and_deadline(void **ctx)
   if (make_box(l, &b, NULL, 0, &err) < 0)
     fail_msg("create: %s", err.message);
   char out[4096], path[512];
-  assert_int_equal(run(&b, 1000, "setsid nohup sleep 1000 >/dev/null 2>&1 & echo ok", out,
-                       sizeof out), 0);
+  assert_int_equal(
+      run(&b, 1000, "setsid nohup sleep 1000 >/dev/null 2>&1 & echo ok", out, sizeof out), 0);
   /* Host pids of everything in the sandbox, then destroy: all gone. */
   FILE *f = fopen(cg_path("pids", b.run_id, "cgroup.procs", path, sizeof path), "r");
   assert_non_null(f);
@@ -549,13 +566,15 @@ static void
 test_usr_binds_refused(void **ctx)
 {
   (void)ctx;
-  static const char *const bad[] = {"local", "local/etc", "etc", "../etc", "lib/../../etc",
-                                    "/usr/bin", "local/etc/ephemeral", NULL};
+  static const char *const bad[] = {
+      "local",    "local/etc",           "etc", "../etc", "lib/../../etc",
+      "/usr/bin", "local/etc/ephemeral", NULL};
   for (size_t i = 0; bad[i]; i++) {
     config_t c;
     config_init(&c);
     char text[2048];
-    snprintf(text, sizeof text, "backend-jail: { guest = \"%s\"; run_dir = \"%s\"; "
+    snprintf(text, sizeof text,
+             "backend-jail: { guest = \"%s\"; run_dir = \"%s\"; "
              "cgroup_parent = \"%s\"; usr_binds = [\"bin\", \"%s\"]; };",
              init_path, run_dir, cg_parent, bad[i]);
     assert_int_equal(config_read_string(&c, text), CONFIG_TRUE);
@@ -611,7 +630,8 @@ main(void)
   char text[4096];
   snprintf(text, sizeof text,
            "backend-jail: { max_memory_mib = 1024; guest = \"%s\"; run_dir = \"%s\"; "
-           "cgroup_parent = \"%s\"; };", init_path, run_dir, cg_parent);
+           "cgroup_parent = \"%s\"; };",
+           init_path, run_dir, cg_parent);
   fh_reset(0, "/tmp", "/tmp");
   fh_log_to_stderr = true;
   config_init(&cfg);
@@ -620,13 +640,13 @@ main(void)
     return 1;
   }
   const struct CMUnitTest tests[] = {
-    cmocka_unit_test_teardown(test_identity_and_uid_map, teardown_boxes),
-    cmocka_unit_test_teardown(test_isolation, teardown_boxes),
-    cmocka_unit_test_teardown(test_limits_written_and_refused, teardown_boxes),
-    cmocka_unit_test_teardown(test_fork_bomb_oom_enospc, teardown_boxes),
-    cmocka_unit_test_teardown(test_background_and_deadline, teardown_boxes),
-    cmocka_unit_test_teardown(test_sweep_after_kill9, teardown_boxes),
-    cmocka_unit_test(test_usr_binds_refused),
+      cmocka_unit_test_teardown(test_identity_and_uid_map, teardown_boxes),
+      cmocka_unit_test_teardown(test_isolation, teardown_boxes),
+      cmocka_unit_test_teardown(test_limits_written_and_refused, teardown_boxes),
+      cmocka_unit_test_teardown(test_fork_bomb_oom_enospc, teardown_boxes),
+      cmocka_unit_test_teardown(test_background_and_deadline, teardown_boxes),
+      cmocka_unit_test_teardown(test_sweep_after_kill9, teardown_boxes),
+      cmocka_unit_test(test_usr_binds_refused),
   };
   int r = cmocka_run_group_tests_name("backend-jail", tests, setup, teardown);
   config_destroy(&cfg);

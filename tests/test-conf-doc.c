@@ -2,13 +2,12 @@
  * each plugin descriptor's config_keys) that the loader checks conf files against, and from
  * which ephemeral.conf(5) is generated. This test holds the three ends together:
  *   (a) every key in the tables has a type, a default and a description;
- *   (b) every key the shipped ephemeral.conf and conf.d/NN-NAME.conf files use is in the tables, with the
- *       right type, and every key nested in a group is named by that group's description;
- *   (c) the generated manual page (build tree docs/man/ephemeral.conf.5) carries every key of
- *       every table under its block's section;
- *   (d) every value the shipped ephemeral.conf sets is its row's default (the file says so);
- *   (e) the page carries every nested key (GROUP.KEY) and every row's range.
- * The plugins are the real ones of the build tree (plugins/.libs/NAME.so), opened with dlopen. */
+ *   (b) every key the shipped ephemeral.conf and conf.d/NN-NAME.conf files use is in the tables,
+ * with the right type, and every key nested in a group is named by that group's description; (c)
+ * the generated manual page (build tree docs/man/ephemeral.conf.5) carries every key of every table
+ * under its block's section; (d) every value the shipped ephemeral.conf sets is its row's default
+ * (the file says so); (e) the page carries every nested key (GROUP.KEY) and every row's range. The
+ * plugins are the real ones of the build tree (plugins/.libs/NAME.so), opened with dlopen. */
 #include <config.h>
 
 #include <dirent.h>
@@ -126,8 +125,7 @@ every_key_is_documented(void **state)
     for (const eph_config_key_t *k = tables[i].keys; k && k->name; k++) {
       if (empty(k->name) || k->type < EPH_CFG_BOOL || k->type > EPH_CFG_GROUP ||
           empty(k->default_text) || empty(k->doc)) {
-        print_error("%s: key '%s': type, default or doc missing\n", tables[i].block,
-                    k->name);
+        print_error("%s: key '%s': type, default or doc missing\n", tables[i].block, k->name);
         bad++;
       }
       if (find_key(tables[i].keys, k->name) != k) {
@@ -366,9 +364,8 @@ values_are_defaults(const config_setting_t *g, const eph_config_key_t *keys, con
       continue;
     }
     if (k->default_text[0] != '(' && strcmp(value, k->default_text) != 0) {
-      print_error("%s:%u: %s%s = %s, but its row's default is %s\n",
-                  config_setting_source_file(s), config_setting_source_line(s), prefix, k->name,
-                  value, k->default_text);
+      print_error("%s:%u: %s%s = %s, but its row's default is %s\n", config_setting_source_file(s),
+                  config_setting_source_line(s), prefix, k->name, value, k->default_text);
       bad++;
     }
   }

@@ -364,8 +364,7 @@ test_plugin_key_range(void **state)
       {"slots", EPH_CFG_INT, "1", "slots", "doc", EPH_CFG_RANGE(1, 64)},
       {"zero", EPH_CFG_INT, "0", NULL, "doc", EPH_CFG_RANGE(0, 0)},
       {"free", EPH_CFG_INT, "0", NULL, "doc"},
-      {.name = "ok", .type = EPH_CFG_INT, .default_text = "0", .doc = "doc",
-       EPH_CFG_RANGE(0, 0)},
+      {.name = "ok", .type = EPH_CFG_INT, .default_text = "0", .doc = "doc", EPH_CFG_RANGE(0, 0)},
       {0}};
   const config_setting_t *p = eph_config_block(&c, "p")->setting;
   const config_setting_t *q = eph_config_block(&c, "q")->setting;
@@ -408,7 +407,8 @@ test_keys_print_ranges(void **state)
   FILE *f = open_memstream(&text, &len);
   eph_config_keys_print(f, "ephemeral.conf", eph_core_config_keys, NULL);
   fclose(f);
-  assert_non_null(strstr(text, "ephemeral.conf\tserver.max_body_bytes\tinteger\t25165824\tbytes\t"));
+  assert_non_null(
+      strstr(text, "ephemeral.conf\tserver.max_body_bytes\tinteger\t25165824\tbytes\t"));
   assert_non_null(strstr(text, "\t1024..1073741824 bytes\n"));
   assert_non_null(strstr(text, "ephemeral.conf\tmax_steps\tinteger\t24\t\t"));
   assert_non_null(strstr(text, "ephemeral.conf\tegress.max_bytes\tinteger\t67108864\tbytes\t"));
@@ -428,8 +428,8 @@ test_old_key_rows_upgraded(void **state)
     const char *name;
     eph_config_type_t type;
     const char *default_text, *unit, *doc;
-  } old[] = {{"a", EPH_CFG_INT, "1", "ms", "doc a"}, {"b", EPH_CFG_STRING, "\"x\"", NULL, "doc b"},
-             {0}};
+  } old[] = {
+      {"a", EPH_CFG_INT, "1", "ms", "doc a"}, {"b", EPH_CFG_STRING, "\"x\"", NULL, "doc b"}, {0}};
   eph_config_key_t *k = eph_config_keys_upgrade_1_1(old);
   assert_string_equal(k[0].name, "a");
   assert_string_equal(k[0].unit, "ms");

@@ -42,8 +42,7 @@
 typedef PGconn raw_t;
 /* The journal's columns written by a rogue client's INSERT: PostgreSQL's entries also name
  * the node that wrote them. */
-#define ENTRY_INSERT(cols, vals) \
-  "INSERT INTO entries(node, " cols ") VALUES ('rogue', " vals ")"
+#define ENTRY_INSERT(cols, vals) "INSERT INTO entries(node, " cols ") VALUES ('rogue', " vals ")"
 #else
 #define PLUGIN_NAME "ledger-sqlite"
 typedef sqlite3 raw_t;
@@ -292,18 +291,18 @@ check_journal(fixture_t *f)
   raw_t *db = raw_open(f);
   /* Per reservation: charges sum to billed, billed <= reserved, settled => billed+released =
    * reserved. Any row breaking one of these is counted. */
-  int64_t bad = raw_int(
-    db,
-    "SELECT count(*) FROM reservations r WHERE"
-    " r.billed_micros != (SELECT coalesce(sum(micros),0) FROM entries e"
-    "                     WHERE e.run_id = r.run_id AND e.kind = 'charge')"
-    " OR r.reserved_micros != (SELECT sum(micros) FROM entries e"
-    "                          WHERE e.run_id = r.run_id AND e.kind = 'reserve')"
-    " OR r.billed_micros > r.reserved_micros"
-    " OR (r.settled = 1 AND r.billed_micros + r.released_micros != r.reserved_micros)"
-    " OR r.settled != (SELECT count(*) FROM entries e"
-    "                  WHERE e.run_id = r.run_id AND e.kind = 'settle')",
-    NULL);
+  int64_t bad =
+      raw_int(db,
+              "SELECT count(*) FROM reservations r WHERE"
+              " r.billed_micros != (SELECT coalesce(sum(micros),0) FROM entries e"
+              "                     WHERE e.run_id = r.run_id AND e.kind = 'charge')"
+              " OR r.reserved_micros != (SELECT sum(micros) FROM entries e"
+              "                          WHERE e.run_id = r.run_id AND e.kind = 'reserve')"
+              " OR r.billed_micros > r.reserved_micros"
+              " OR (r.settled = 1 AND r.billed_micros + r.released_micros != r.reserved_micros)"
+              " OR r.settled != (SELECT count(*) FROM entries e"
+              "                  WHERE e.run_id = r.run_id AND e.kind = 'settle')",
+              NULL);
   assert_int_equal(bad, 0);
   /* Per organisation: balance = credits - reserves + releases, never negative. */
   bad = raw_int(db,
@@ -396,18 +395,15 @@ test_charge_over_cap_refused(void **st)
   /* INT64_MAX must not wrap around the check. */
   assert_int_equal(f->ops->charge(f->state, "run_cap", EPH_COST_COMPUTE, INT64_MAX, "e", &err),
                    -EPH_E_BUDGET);
-  assert_int_equal(f->ops->charge(f->state, "run_cap", EPH_COST_COMPUTE, -5, "f", &err),
-                   -EINVAL);
-  assert_int_equal(f->ops->charge(f->state, "run_nope", EPH_COST_COMPUTE, 1, "g", &err),
-                   -ENOENT);
+  assert_int_equal(f->ops->charge(f->state, "run_cap", EPH_COST_COMPUTE, -5, "f", &err), -EINVAL);
+  assert_int_equal(f->ops->charge(f->state, "run_nope", EPH_COST_COMPUTE, 1, "g", &err), -ENOENT);
   assert_int_equal(f->ops->settle(f->state, "run_cap", &t, &err), 0);
   assert_int_equal(t.billed_micros, 1000);
   assert_int_equal(t.released_micros, 0);
 
   raw_t *db = raw_open(f);
-  assert_int_equal(raw_int(db, "SELECT count(*) FROM entries WHERE kind='charge' AND run_id=?1",
-                           "run_cap"),
-                   2);
+  assert_int_equal(
+      raw_int(db, "SELECT count(*) FROM entries WHERE kind='charge' AND run_id=?1", "run_cap"), 2);
   raw_close(db);
   check_journal(f);
 }
@@ -437,8 +433,11 @@ test_same_errors_for_bad_input(void **st)
   assert_string_equal(err.message, "totals: run run_absent has no reservation");
 
   assert_int_equal(f->ops->reserve(f->state, "acme", "run_memo", 100, &err), 0);
-  assert_int_equal(
-    f->ops->charge(f->state, "run_memo", EPH_COST_WEB, 1, "a\xff" "b\xe2\x82", &err), 0);
+  assert_int_equal(f->ops->charge(f->state, "run_memo", EPH_COST_WEB, 1,
+                                  "a\xff"
+                                  "b\xe2\x82",
+                                  &err),
+                   0);
   /* 255 ASCII bytes then a 3-byte character: the character does not fit in 256 bytes. */
   char long_memo[300];
   memset(long_memo, 'x', 255);
@@ -446,12 +445,13 @@ test_same_errors_for_bad_input(void **st)
   assert_int_equal(f->ops->charge(f->state, "run_memo", EPH_COST_WEB, 1, long_memo, &err), 0);
   raw_t *db = raw_open(f);
   assert_int_equal(raw_int(db, "SELECT count(*) FROM entries WHERE memo = ?1", "a?b??"), 1);
-  assert_int_equal(raw_int(db, "SELECT count(*) FROM entries WHERE kind = 'charge'"
-                               " AND length(memo) = 255", NULL),
-                   1);
-  assert_int_equal(raw_int(db, "SELECT count(*) FROM reservations WHERE run_id LIKE 'run_bad%'",
+  assert_int_equal(raw_int(db,
+                           "SELECT count(*) FROM entries WHERE kind = 'charge'"
+                           " AND length(memo) = 255",
                            NULL),
-                   0);
+                   1);
+  assert_int_equal(
+      raw_int(db, "SELECT count(*) FROM reservations WHERE run_id LIKE 'run_bad%'", NULL), 0);
   raw_close(db);
   check_journal(f);
 }
@@ -556,9 +556,9 @@ test_concurrent_reserves_never_overspend(void **st)
    * credits - open reservations - billed. */
   raw_t *db = raw_open(f);
   int64_t open_reserved = raw_int(
-    db, "SELECT coalesce(sum(reserved_micros),0) FROM reservations WHERE settled=0", NULL);
-  int64_t billed_settled = raw_int(
-    db, "SELECT coalesce(sum(billed_micros),0) FROM reservations WHERE settled=1", NULL);
+      db, "SELECT coalesce(sum(reserved_micros),0) FROM reservations WHERE settled=0", NULL);
+  int64_t billed_settled =
+      raw_int(db, "SELECT coalesce(sum(billed_micros),0) FROM reservations WHERE settled=1", NULL);
   int64_t n = raw_int(db, "SELECT count(*) FROM reservations", NULL);
   raw_close(db);
   assert_int_equal(n, granted);
@@ -653,8 +653,8 @@ test_append_only_enforced(void **st)
 
   raw_t *db = raw_open(f);
   char msg[512];
-  assert_int_equal(raw_exec(db, "UPDATE entries SET micros = 1 WHERE kind = 'charge'", msg,
-                            sizeof msg), 1);
+  assert_int_equal(
+      raw_exec(db, "UPDATE entries SET micros = 1 WHERE kind = 'charge'", msg, sizeof msg), 1);
   assert_non_null(strstr(msg, "append-only"));
   assert_int_equal(raw_exec(db, "DELETE FROM entries", NULL, 0), 1);
   /* The schema itself refuses what the C code would: a charge past the reservation, a
@@ -662,38 +662,43 @@ test_append_only_enforced(void **st)
   assert_int_equal(raw_exec(db,
                             ENTRY_INSERT("t_us, org, run_id, kind, category, micros",
                                          "0, 'acme', 'run_a', 'charge', 'web', 61"),
-                            NULL, 0), 1);
+                            NULL, 0),
+                   1);
   assert_int_equal(raw_exec(db,
                             ENTRY_INSERT("t_us, org, run_id, kind, micros",
                                          "0, 'acme', 'run_b', 'reserve', 901"),
-                            NULL, 0), 1);
-  assert_int_equal(raw_exec(db,
-                            ENTRY_INSERT("t_us, org, run_id, kind, micros",
-                                         "0, 'acme', 'run_a', 'settle', 100"),
-                            NULL, 0), 1);
+                            NULL, 0),
+                   1);
+  assert_int_equal(
+      raw_exec(db,
+               ENTRY_INSERT("t_us, org, run_id, kind, micros", "0, 'acme', 'run_a', 'settle', 100"),
+               NULL, 0),
+      1);
 #if TEST_LEDGER_PG
   /* PostgreSQL also refuses TRUNCATE of the journal, and any write to the derived tables
    * that does not come from a journal entry: a client with the ledger's own role cannot
    * move a balance or a reservation without leaving an entry. */
   assert_int_equal(raw_exec(db, "TRUNCATE entries", msg, sizeof msg), 1);
   assert_non_null(strstr(msg, "append-only"));
-  assert_int_equal(raw_exec(db, "UPDATE organisations SET balance_micros = 1000000", msg,
-                            sizeof msg), 1);
+  assert_int_equal(
+      raw_exec(db, "UPDATE organisations SET balance_micros = 1000000", msg, sizeof msg), 1);
   assert_non_null(strstr(msg, "derived from the journal"));
-  assert_int_equal(raw_exec(db, "UPDATE reservations SET billed_micros = 0, model_micros = 0",
-                            NULL, 0), 1);
+  assert_int_equal(
+      raw_exec(db, "UPDATE reservations SET billed_micros = 0, model_micros = 0", NULL, 0), 1);
   assert_int_equal(raw_exec(db, "DELETE FROM reservations", NULL, 0), 1);
   assert_int_equal(raw_exec(db, "TRUNCATE organisations CASCADE", NULL, 0), 1);
   assert_int_equal(raw_exec(db,
                             "INSERT INTO organisations(org, credited_micros, balance_micros,"
                             " created_us) VALUES ('evil', 5, 5, 0)",
-                            NULL, 0), 1);
+                            NULL, 0),
+                   1);
   assert_int_equal(raw_exec(db,
                             "INSERT INTO reservations(run_id, org, node, reserved_micros)"
                             " VALUES ('run_evil', 'acme', 'n', 1)",
-                            NULL, 0), 1);
-  assert_int_equal(raw_int(db, "SELECT balance_micros FROM organisations WHERE org = ?1",
-                           "acme"), 900);
+                            NULL, 0),
+                   1);
+  assert_int_equal(raw_int(db, "SELECT balance_micros FROM organisations WHERE org = ?1", "acme"),
+                   900);
 #endif
   assert_int_equal(raw_int(db, "SELECT count(*) FROM entries", NULL), 3);
 #if !TEST_LEDGER_PG
@@ -724,8 +729,9 @@ damage_page(const char *path, const char *table)
   assert_int_equal(sqlite3_exec(db, "PRAGMA wal_checkpoint(TRUNCATE)", NULL, NULL, NULL),
                    SQLITE_OK);
   sqlite3_stmt *s = NULL;
-  assert_int_equal(sqlite3_prepare_v2(db, "SELECT rootpage FROM sqlite_master WHERE name = ?1",
-                                      -1, &s, NULL), SQLITE_OK);
+  assert_int_equal(
+      sqlite3_prepare_v2(db, "SELECT rootpage FROM sqlite_master WHERE name = ?1", -1, &s, NULL),
+      SQLITE_OK);
   sqlite3_bind_text(s, 1, table, -1, SQLITE_STATIC);
   assert_int_equal(sqlite3_step(s), SQLITE_ROW);
   int page = sqlite3_column_int(s, 0);
@@ -797,8 +803,8 @@ pg_ctl(const char *action)
   assert_non_null(dir);
   char run_as[256] = "";
   if (getuid() == 0 && role)
-    snprintf(run_as, sizeof run_as, "setpriv --reuid=%s --regid=$(id -g %s) --init-groups --",
-             role, role);
+    snprintf(run_as, sizeof run_as, "setpriv --reuid=%s --regid=$(id -g %s) --init-groups --", role,
+             role);
   char cmd[2048];
   if (strcmp(action, "start") == 0)
     snprintf(cmd, sizeof cmd,
@@ -807,8 +813,10 @@ pg_ctl(const char *action)
              "start >/dev/null",
              dir, run_as, bindir, dir, dir, dir);
   else
-    snprintf(cmd, sizeof cmd, "cd '%s' && %s '%s/pg_ctl' -D '%s/data' -m immediate -w stop "
-             ">/dev/null", dir, run_as, bindir, dir);
+    snprintf(cmd, sizeof cmd,
+             "cd '%s' && %s '%s/pg_ctl' -D '%s/data' -m immediate -w stop "
+             ">/dev/null",
+             dir, run_as, bindir, dir);
   assert_int_equal(system(cmd), 0);
 }
 
@@ -829,7 +837,8 @@ test_pg_config_and_unreachable(void **st)
   char block[512];
   snprintf(block, sizeof block,
            "database = \"postgresql://ledger:s3cr3t-pw@/nodb?host=%s/no-such-dir\";"
-           " connect_timeout_s = 2;", f->dir);
+           " connect_timeout_s = 2;",
+           f->dir);
   assert_true(load_as(f, block, false, &err) < 0);
   print_message("# %s\n", err.message);
   assert_int_equal(err.code, EIO);
@@ -842,15 +851,15 @@ test_pg_config_and_unreachable(void **st)
   /* A remote host without verified TLS is refused before any connection is tried (no
    * traffic leaves the machine: the check reads the string only). */
   err = (eph_error_t){0};
-  assert_true(load_as(f, "database = \"postgresql://ledger@db.example.invalid/ledger\";", false,
-                      &err) < 0);
+  assert_true(
+      load_as(f, "database = \"postgresql://ledger@db.example.invalid/ledger\";", false, &err) < 0);
   assert_int_equal(err.code, EPH_E_CONFIG);
   assert_non_null(strstr(err.message, "db.example.invalid"));
   assert_non_null(strstr(err.message, "sslmode=verify-full"));
   config_destroy(&f->cfg);
   err = (eph_error_t){0};
-  assert_true(load_as(f, "database = \"host=/tmp,db.example.invalid sslmode=require\";",
-                      false, &err) < 0);
+  assert_true(
+      load_as(f, "database = \"host=/tmp,db.example.invalid sslmode=require\";", false, &err) < 0);
   assert_non_null(strstr(err.message, "'require'"));
   config_destroy(&f->cfg);
   /* A name that only starts like a loopback address is a name (red3: a prefix test took
@@ -1089,10 +1098,13 @@ test_pg_processes_share_one_ledger(void **st)
     assert_int_equal(WEXITSTATUS(status), 0);
   }
   db = raw_open(f);
-  assert_int_equal(raw_int(db, "SELECT count(*) FROM entries WHERE kind = 'settle'"
-                               " AND run_id = ?1", "run_twice"), 1);
-  int64_t granted = raw_int(db, "SELECT count(*) FROM reservations WHERE run_id LIKE 'run_p%'",
-                            NULL);
+  assert_int_equal(raw_int(db,
+                           "SELECT count(*) FROM entries WHERE kind = 'settle'"
+                           " AND run_id = ?1",
+                           "run_twice"),
+                   1);
+  int64_t granted =
+      raw_int(db, "SELECT count(*) FROM reservations WHERE run_id LIKE 'run_p%'", NULL);
   raw_close(db);
   /* 1000 - 600 + 350 = 750 available: 107 reservations of 7, 1 micro left. */
   assert_int_equal(granted, 750 / 7);
@@ -1142,8 +1154,11 @@ test_pg_stuck_lock_times_out(void **st)
   assert_int_equal(f->ops->credit(f->state, "acme", 1000, &err), 0);
   assert_int_equal(f->ops->reserve(f->state, "acme", "run_stuck", 500, &err), 0);
   raw_t *db = raw_open(f);
-  assert_int_equal(raw_exec(db, "BEGIN; SELECT 1 FROM reservations WHERE run_id = 'run_stuck'"
-                                " FOR UPDATE", NULL, 0), 0);
+  assert_int_equal(raw_exec(db,
+                            "BEGIN; SELECT 1 FROM reservations WHERE run_id = 'run_stuck'"
+                            " FOR UPDATE",
+                            NULL, 0),
+                   0);
   int64_t t0 = eph_now_ms();
   err = (eph_error_t){0};
   assert_int_equal(f->ops->charge(f->state, "run_stuck", EPH_COST_MODEL, 10, "m", &err), -EBUSY);
@@ -1175,7 +1190,8 @@ test_pg_runtime_role_cannot_bypass_journal(void **st)
                             " GRANT SELECT, INSERT, UPDATE ON ALL TABLES IN SCHEMA ledger"
                             "   TO ledger_app;"
                             " GRANT USAGE ON ALL SEQUENCES IN SCHEMA ledger TO ledger_app",
-                            NULL, 0), 0);
+                            NULL, 0),
+                   0);
   raw_close(owner);
   unload(f);
   char app_db[1024], block[1200];
@@ -1193,8 +1209,11 @@ test_pg_runtime_role_cannot_bypass_journal(void **st)
   PGconn *app = PQconnectdb(app_db);
   assert_int_equal(PQstatus(app), CONNECTION_OK);
   char msg[512];
-  assert_int_equal(raw_exec(app, "UPDATE ledger.organisations SET balance_micros = 10"
-                                 " WHERE org = 'acme'", msg, sizeof msg), 1);
+  assert_int_equal(raw_exec(app,
+                            "UPDATE ledger.organisations SET balance_micros = 10"
+                            " WHERE org = 'acme'",
+                            msg, sizeof msg),
+                   1);
   assert_non_null(strstr(msg, "derived from the journal"));
   /* A trigger of its own one level down (pg_trigger_depth() = 2, as apply_entry's). */
   assert_int_equal(raw_exec(app,
@@ -1204,11 +1223,12 @@ test_pg_runtime_role_cannot_bypass_journal(void **st)
                             "  WHERE org = 'acme'; RETURN NULL; END$$;"
                             " CREATE TRIGGER t_f AFTER INSERT ON t FOR EACH ROW"
                             "  EXECUTE FUNCTION pg_temp.f()",
-                            NULL, 0), 0);
+                            NULL, 0),
+                   0);
   assert_int_equal(raw_exec(app, "INSERT INTO t VALUES (1)", msg, sizeof msg), 1);
   assert_non_null(strstr(msg, "derived from the journal"));
-  assert_int_equal(raw_exec(app, "ALTER TABLE ledger.entries DISABLE TRIGGER USER", msg,
-                            sizeof msg), -1);
+  assert_int_equal(
+      raw_exec(app, "ALTER TABLE ledger.entries DISABLE TRIGGER USER", msg, sizeof msg), -1);
   assert_non_null(strstr(msg, "owner"));
   assert_int_equal(raw_exec(app, "DELETE FROM ledger.entries", msg, sizeof msg), -1);
   assert_non_null(strstr(msg, "permission denied"));
@@ -1304,12 +1324,10 @@ main(void)
 #if TEST_LEDGER_PG
     cmocka_unit_test_setup_teardown(test_pg_config_and_unreachable, setup, teardown),
     cmocka_unit_test_setup_teardown(test_pg_server_stopped_mid_run, setup, teardown),
-    cmocka_unit_test_setup_teardown(test_pg_concurrent_charges_one_reservation, setup,
-                                    teardown),
+    cmocka_unit_test_setup_teardown(test_pg_concurrent_charges_one_reservation, setup, teardown),
     cmocka_unit_test_setup_teardown(test_pg_processes_share_one_ledger, setup, teardown),
     cmocka_unit_test_setup_teardown(test_pg_settle_open_own_node_only, setup, teardown),
-    cmocka_unit_test_setup_teardown(test_pg_runtime_role_cannot_bypass_journal, setup,
-                                    teardown),
+    cmocka_unit_test_setup_teardown(test_pg_runtime_role_cannot_bypass_journal, setup, teardown),
     cmocka_unit_test_setup_teardown(test_pg_stuck_lock_times_out, setup, teardown),
     cmocka_unit_test_setup_teardown(test_pg_search_path_cannot_hijack_operators, setup, teardown),
 #else

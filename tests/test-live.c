@@ -51,9 +51,13 @@ test_utf8_cut_by_a_chunk_boundary(void **state)
   eph_live_t l = {0};
   eph_live_begin(&l, 0);
   eph_live_add(&l, 1, "a\xc3", 2, collect, g);
-  eph_live_add(&l, 1, "\xa9" "b", 2, collect, g);
+  eph_live_add(&l, 1,
+               "\xa9"
+               "b",
+               2, collect, g);
   eph_live_end(&l, collect, g);
-  assert_string_equal(g->text, "a\xc3\xa9" "b");
+  assert_string_equal(g->text, "a\xc3\xa9"
+                               "b");
   free(g);
 }
 
@@ -65,7 +69,11 @@ test_invalid_bytes_become_replacement(void **state)
   got_t *g = calloc(1, sizeof *g);
   eph_live_t l = {0};
   eph_live_begin(&l, 0);
-  eph_live_add(&l, 2, "x\xff" "y\0z\xed\xa0\x80" "w\xe2\x82", 11, collect, g);
+  eph_live_add(&l, 2,
+               "x\xff"
+               "y\0z\xed\xa0\x80"
+               "w\xe2\x82",
+               11, collect, g);
   eph_live_end(&l, collect, g);
   assert_string_equal(g->text, "x\xef\xbf\xbdy\xef\xbf\xbdz\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbdw"
                                "\xef\xbf\xbd\xef\xbf\xbd");

@@ -96,8 +96,10 @@ static void
 test_missing_operation(void **state)
 {
   (void)state;
-  expect_refused("fixture-nocall", "tool plugin 'fixture-nocall' lacks the required operation 'call'");
-  expect_refused("fixture-ledger", "ledger plugin 'fixture-ledger' lacks the required operation 'totals'");
+  expect_refused("fixture-nocall",
+                 "tool plugin 'fixture-nocall' lacks the required operation 'call'");
+  expect_refused("fixture-ledger",
+                 "ledger plugin 'fixture-ledger' lacks the required operation 'totals'");
 }
 
 static void
@@ -195,12 +197,11 @@ main(void)
   ctx.state_dir = "/tmp";
   eph_host_init(&host, &ctx);
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_good_plugin_loads),    cmocka_unit_test(test_abi_mismatch),
-      cmocka_unit_test(test_missing_descriptor),   cmocka_unit_test(test_failing_init),
-      cmocka_unit_test(test_unknown_kind),         cmocka_unit_test(test_missing_file),
-      cmocka_unit_test(test_duplicate_name),       cmocka_unit_test(test_config_type_error_refuses),
-      cmocka_unit_test(test_missing_operation),
-      cmocka_unit_test(test_missing_plugin_dir),
+      cmocka_unit_test(test_good_plugin_loads),  cmocka_unit_test(test_abi_mismatch),
+      cmocka_unit_test(test_missing_descriptor), cmocka_unit_test(test_failing_init),
+      cmocka_unit_test(test_unknown_kind),       cmocka_unit_test(test_missing_file),
+      cmocka_unit_test(test_duplicate_name),     cmocka_unit_test(test_config_type_error_refuses),
+      cmocka_unit_test(test_missing_operation),  cmocka_unit_test(test_missing_plugin_dir),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

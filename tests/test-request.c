@@ -106,14 +106,14 @@ test_invalid_fields(void **state)
   expect_field("{" BASE ",\"web\":\"yes\"}", "web", "expected a boolean");
   expect_field("{" BASE ",\"shell\":1}", "shell", "expected a boolean");
   expect_field("{" BASE ",\"zero_data_retention\":null}", "zero_data_retention", NULL);
-  expect_field("{\"prompt\":\"x\",\"timeout_seconds\":0,\"max_cost_micros\":1}",
-               "timeout_seconds", "at least 1");
+  expect_field("{\"prompt\":\"x\",\"timeout_seconds\":0,\"max_cost_micros\":1}", "timeout_seconds",
+               "at least 1");
   expect_field("{\"prompt\":\"x\",\"timeout_seconds\":901,\"max_cost_micros\":1}",
                "timeout_seconds", "not clamped");
   expect_field("{\"prompt\":\"x\",\"timeout_seconds\":1.5,\"max_cost_micros\":1}",
                "timeout_seconds", "expected an integer");
-  expect_field("{\"prompt\":\"x\",\"timeout_seconds\":10,\"max_cost_micros\":0}",
-               "max_cost_micros", "at least 1");
+  expect_field("{\"prompt\":\"x\",\"timeout_seconds\":10,\"max_cost_micros\":0}", "max_cost_micros",
+               "at least 1");
   expect_field("{\"prompt\":\"x\",\"timeout_seconds\":10,\"max_cost_micros\":10000001}",
                "max_cost_micros", "operator's maximum");
   expect_field("{" BASE ",\"files\":{}}", "files", "expected an array");
@@ -121,17 +121,20 @@ test_invalid_fields(void **state)
   expect_field("{" BASE ",\"files\":[{\"content\":\"x\"}]}", "files[0].path", "required");
   expect_field("{" BASE ",\"files\":[{\"path\":\"../x\",\"content\":\"x\"}]}", "files[0].path",
                "relative path");
-  expect_field("{" BASE ",\"files\":[{\"path\":\"/etc/x\",\"content\":\"x\"}]}",
-               "files[0].path", NULL);
+  expect_field("{" BASE ",\"files\":[{\"path\":\"/etc/x\",\"content\":\"x\"}]}", "files[0].path",
+               NULL);
   expect_field("{" BASE ",\"files\":[{\"path\":\"a\"}]}", "files[0].content", "required");
-  expect_field("{" BASE ",\"files\":[{\"path\":\"a\",\"content\":\"@@@\",\"encoding\":\"base64\"}]}",
+  expect_field("{" BASE
+               ",\"files\":[{\"path\":\"a\",\"content\":\"@@@\",\"encoding\":\"base64\"}]}",
                "files[0].content", "invalid base64");
   expect_field("{" BASE ",\"files\":[{\"path\":\"a\",\"content\":\"x\",\"encoding\":\"rot13\"}]}",
                "files[0].encoding", NULL);
   expect_field("{" BASE ",\"files\":[{\"path\":\"a\",\"content\":\"x\",\"mode\":1}]}",
                "files[0].mode", "unknown field");
-  expect_field("{" BASE ",\"files\":[{\"path\":\"a\",\"content\":\"x\"},{\"path\":\"a\",\"content\":\"y\"}]}",
-               "files[1].path", "duplicate");
+  expect_field(
+      "{" BASE
+      ",\"files\":[{\"path\":\"a\",\"content\":\"x\"},{\"path\":\"a\",\"content\":\"y\"}]}",
+      "files[1].path", "duplicate");
   expect_field("{" BASE ",\"files\":[{\"path\":\"a\",\"content\":"
                "\"0123456789012345678901234567890123456789012345678901234567890123456789\"}]}",
                "files[0].content", "in total");
@@ -140,8 +143,8 @@ test_invalid_fields(void **state)
                "required");
   expect_field("{" BASE ",\"connections\":[{\"name\":\"x\",\"methods\":[\"FLY\"]}]}",
                "connections[0].methods[0]", "unknown HTTP method");
-  expect_field("{" BASE ",\"connections\":[{\"name\":\"x\",\"scope\":1}]}",
-               "connections[0].scope", "unknown field");
+  expect_field("{" BASE ",\"connections\":[{\"name\":\"x\",\"scope\":1}]}", "connections[0].scope",
+               "unknown field");
   expect_field("{" BASE ",\"outputs\":[\"../../etc/passwd\"]}", "outputs[0]", NULL);
   expect_field("{" BASE ",\"metadata\":[]}", "metadata", "expected an object");
   expect_field("{" BASE ",\"metadata\":{\"a\":1}}", "metadata.a", "expected a string");
@@ -182,10 +185,9 @@ static void
 test_connections_defined(void **state)
 {
   (void)state;
-  static const eph_tool_ops_t ops = {.struct_size = sizeof ops,
-                                     .connection_defined = fake_defined};
-  static const eph_tool_ops_t old_ops = {.struct_size = offsetof(eph_tool_ops_t,
-                                                                 connection_defined),
+  static const eph_tool_ops_t ops = {.struct_size = sizeof ops, .connection_defined = fake_defined};
+  static const eph_tool_ops_t old_ops = {.struct_size =
+                                             offsetof(eph_tool_ops_t, connection_defined),
                                          .connection_defined = fake_defined};
   eph_plugin_t desc = {.name = "tool-fake", .kind = EPH_KIND_TOOL, .ops = &ops};
   eph_plugin_t old_desc = {.name = "tool-old", .kind = EPH_KIND_TOOL, .ops = &old_ops};
@@ -223,10 +225,8 @@ int
 main(void)
 {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_product_page_request),
-      cmocka_unit_test(test_full_request),
-      cmocka_unit_test(test_invalid_fields),
-      cmocka_unit_test(test_malformed_json),
+      cmocka_unit_test(test_product_page_request), cmocka_unit_test(test_full_request),
+      cmocka_unit_test(test_invalid_fields),       cmocka_unit_test(test_malformed_json),
       cmocka_unit_test(test_connections_defined),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

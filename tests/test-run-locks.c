@@ -52,8 +52,8 @@ in_seconds(int s)
 }
 
 static int
-fake_charge(void *state, const char *run_id, eph_cost_t category, int64_t micros,
-            const char *memo, eph_error_t *err)
+fake_charge(void *state, const char *run_id, eph_cost_t category, int64_t micros, const char *memo,
+            eph_error_t *err)
 {
   (void)state, (void)run_id, (void)category, (void)memo;
   if (ledger_mode == LEDGER_BLOCK) {
@@ -196,8 +196,9 @@ test_exact_charge_all_or_nothing(void **state)
   /* Every successful exact charge was billed whole: the ledger holds exactly what the
    * callers were told was charged, and the run's own count agrees with it. */
   if (ledger_billed != atomic_load(&exact_sum) + atomic_load(&capped_sum))
-    fail_msg("ledger billed %lld, callers were told %lld exact + %lld capped", (long long)ledger_billed,
-             (long long)atomic_load(&exact_sum), (long long)atomic_load(&capped_sum));
+    fail_msg("ledger billed %lld, callers were told %lld exact + %lld capped",
+             (long long)ledger_billed, (long long)atomic_load(&exact_sum),
+             (long long)atomic_load(&capped_sum));
   assert_int_equal(run->billed, ledger_billed);
   assert_int_equal(run->web_micros, atomic_load(&exact_sum));
   assert_true(run->billed <= run->reserved);

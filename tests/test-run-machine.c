@@ -98,8 +98,8 @@ fake_guest(void *arg)
 }
 
 static int
-backend_create(void *state, const eph_sandbox_spec_t *spec, eph_sandbox_t **sandbox,
-               int *guest_fd, eph_error_t *err)
+backend_create(void *state, const eph_sandbox_spec_t *spec, eph_sandbox_t **sandbox, int *guest_fd,
+               eph_error_t *err)
 {
   (void)state;
   if (atomic_load(&backend_fail) == BACKEND_SLOW) {
@@ -131,8 +131,7 @@ backend_create(void *state, const eph_sandbox_spec_t *spec, eph_sandbox_t **sand
 }
 
 static int
-backend_destroy(void *state, eph_sandbox_t *sandbox, eph_sandbox_report_t *report,
-                eph_error_t *err)
+backend_destroy(void *state, eph_sandbox_t *sandbox, eph_sandbox_report_t *report, eph_error_t *err)
 {
   (void)state, (void)err;
   fixture_box_t *box = (fixture_box_t *)sandbox;
@@ -209,16 +208,16 @@ static const eph_plugin_t tool_desc = {.abi_major = EPH_ABI_MAJOR,
 /* ------------------------------------------------------------------ model-fixture */
 
 typedef enum script {
-  ANSWER,      /* a final answer at once */
-  TOOL_THEN_ANSWER, /* echo, then the answer */
+  ANSWER,             /* a final answer at once */
+  TOOL_THEN_ANSWER,   /* echo, then the answer */
   DENIED_THEN_ANSWER, /* fetch (web, not granted) and echo in one turn, then the answer */
-  ALWAYS_TOOL, /* never stops asking for echo */
-  MODEL_ERROR, /* the provider fails */
-  EXPENSIVE,   /* a token count the reservation cannot pay */
-  SLOW,        /* returns only when the run's deadline has passed */
-  REFUSAL,     /* an answer stopped by the provider's content filter */
-  TRUNCATED,   /* an answer cut off at the output token limit */
-  DIVERGED,    /* a replayed transcript no longer matches the run */
+  ALWAYS_TOOL,        /* never stops asking for echo */
+  MODEL_ERROR,        /* the provider fails */
+  EXPENSIVE,          /* a token count the reservation cannot pay */
+  SLOW,               /* returns only when the run's deadline has passed */
+  REFUSAL,            /* an answer stopped by the provider's content filter */
+  TRUNCATED,          /* an answer cut off at the output token limit */
+  DIVERGED,           /* a replayed transcript no longer matches the run */
 } script_t;
 
 static script_t script;
@@ -417,8 +416,8 @@ teardown(void **state)
 static eph_run_t *
 new_run(world_t *w, const char *json)
 {
-  eph_request_limits_t limits = {.max_timeout_seconds = 3600, .max_cost_micros = 1000000,
-                                 .max_files_total_bytes = 1 << 20};
+  eph_request_limits_t limits = {
+      .max_timeout_seconds = 3600, .max_cost_micros = 1000000, .max_files_total_bytes = 1 << 20};
   eph_request_t req;
   eph_error_t err = {0};
   if (eph_request_parse(json, strlen(json), &limits, &req, NULL, &err) < 0)
@@ -431,8 +430,8 @@ new_run(world_t *w, const char *json)
   return run;
 }
 
-#define REQUEST(extra)                                                                      \
-  "{\"prompt\":\"p\",\"model\":\"fixture/m\",\"shell\":true,\"timeout_seconds\":30,"        \
+#define REQUEST(extra)                                                                             \
+  "{\"prompt\":\"p\",\"model\":\"fixture/m\",\"shell\":true,\"timeout_seconds\":30,"               \
   "\"max_cost_micros\":40000" extra "}"
 
 static int
@@ -766,11 +765,9 @@ main(void)
       cmocka_unit_test_setup_teardown(test_refusal_fails, setup, teardown),
       cmocka_unit_test_setup_teardown(test_truncated_answer_fails, setup, teardown),
       cmocka_unit_test_setup_teardown(test_diverged_transcript_fails, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_file_placement_failure_is_host_error, setup,
-                                      teardown),
+      cmocka_unit_test_setup_teardown(test_file_placement_failure_is_host_error, setup, teardown),
       cmocka_unit_test_setup_teardown(test_ledger_failure_is_storage_error, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_sandbox_start_past_deadline_times_out, setup,
-                                      teardown),
+      cmocka_unit_test_setup_teardown(test_sandbox_start_past_deadline_times_out, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

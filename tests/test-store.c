@@ -61,8 +61,8 @@ sql_exec(fixture_t *f, const char *sql)
 #ifdef HAVE_LIBPQ
   if (f->pg) {
     PGresult *res = pg_query(f, sql, NULL, NULL, false);
-    int r = PQresultStatus(res) == PGRES_COMMAND_OK || PQresultStatus(res) == PGRES_TUPLES_OK
-              ? 0 : -1;
+    int r =
+        PQresultStatus(res) == PGRES_COMMAND_OK || PQresultStatus(res) == PGRES_TUPLES_OK ? 0 : -1;
     PQclear(res);
     return r;
   }
@@ -138,13 +138,13 @@ stored_contains(fixture_t *f, const char *needle)
 {
 #ifdef HAVE_LIBPQ
   if (f->pg) {
-    PGresult *res = pg_query(
-      f,
-      "SELECT count(*) FROM (SELECT row_to_json(t)::text AS j FROM runs t UNION ALL"
-      " SELECT row_to_json(t)::text FROM events t UNION ALL"
-      " SELECT row_to_json(t)::text FROM api_keys t UNION ALL"
-      " SELECT row_to_json(t)::text FROM idempotency t) x WHERE strpos(j, $1) > 0",
-      needle, NULL, true);
+    PGresult *res =
+        pg_query(f,
+                 "SELECT count(*) FROM (SELECT row_to_json(t)::text AS j FROM runs t UNION ALL"
+                 " SELECT row_to_json(t)::text FROM events t UNION ALL"
+                 " SELECT row_to_json(t)::text FROM api_keys t UNION ALL"
+                 " SELECT row_to_json(t)::text FROM idempotency t) x WHERE strpos(j, $1) > 0",
+                 needle, NULL, true);
     bool found = atoi(PQgetvalue(res, 0, 0)) > 0;
     PQclear(res);
     return found;
@@ -160,7 +160,7 @@ stored_key_hash(fixture_t *f, const char *id, char out[65])
 #ifdef HAVE_LIBPQ
   if (f->pg) {
     PGresult *res =
-      pg_query(f, "SELECT encode(sha256, 'hex') FROM api_keys WHERE id = $1", id, NULL, true);
+        pg_query(f, "SELECT encode(sha256, 'hex') FROM api_keys WHERE id = $1", id, NULL, true);
     assert_int_equal(PQntuples(res), 1);
     snprintf(out, 65, "%s", PQgetvalue(res, 0, 0));
     PQclear(res);
@@ -170,9 +170,8 @@ stored_key_hash(fixture_t *f, const char *id, char out[65])
   sqlite3 *db = NULL;
   assert_int_equal(sqlite3_open(f->path, &db), SQLITE_OK);
   sqlite3_stmt *s = NULL;
-  assert_int_equal(sqlite3_prepare_v2(db, "SELECT sha256 FROM api_keys WHERE id = ?1", -1, &s,
-                                      NULL),
-                   SQLITE_OK);
+  assert_int_equal(
+      sqlite3_prepare_v2(db, "SELECT sha256 FROM api_keys WHERE id = ?1", -1, &s, NULL), SQLITE_OK);
   sqlite3_bind_text(s, 1, id, -1, SQLITE_STATIC);
   assert_int_equal(sqlite3_step(s), SQLITE_ROW);
   const unsigned char *b = sqlite3_column_blob(s, 0);
@@ -205,8 +204,7 @@ test_keys(void **st)
   assert_memory_equal(id, "key_", 4);
   assert_int_equal(eph_store_key_create(f->store, "acme", "ci-deploy-key", &key2, NULL, &err),
                    -EEXIST);
-  assert_int_equal(eph_store_key_create(f->store, "other", "ci-deploy-key", &key2, NULL, &err),
-                   0);
+  assert_int_equal(eph_store_key_create(f->store, "other", "ci-deploy-key", &key2, NULL, &err), 0);
   assert_string_not_equal(key, key2);
 
   cleanup_free char *org = NULL, *kid = NULL;
@@ -255,8 +253,7 @@ test_keys(void **st)
   assert_true(json_object_get_int64(json_object_object_get(k0, "revoked_at_us")) > 0);
 
   /* Members need an existing organisation. */
-  assert_int_equal(eph_store_member_add(f->store, "acme", "alice@example.org", "owner", &err),
-                   0);
+  assert_int_equal(eph_store_member_add(f->store, "acme", "alice@example.org", "owner", &err), 0);
   assert_int_equal(eph_store_member_add(f->store, "ghost", "bob", "member", &err), -ENOENT);
   assert_int_equal(eph_store_member_add(f->store, "acme", "bob", "emperor", &err), -EINVAL);
 }
@@ -287,38 +284,31 @@ test_runs_and_cursor(void **st)
     char id[40];
     snprintf(id, sizeof id, "run_%032d", i);
     cleanup_json json_object *req = request("hello");
-    assert_int_equal(eph_store_run_insert(f->store, id, "acme", "queued", created[i], req, false,
-                                          &err),
-                     0);
+    assert_int_equal(
+        eph_store_run_insert(f->store, id, "acme", "queued", created[i], req, false, &err), 0);
   }
   cleanup_json json_object *req = request("x");
-  assert_int_equal(eph_store_run_insert(f->store, "run_other", "other", "queued", 9999, req,
-                                        false, &err),
-                   0);
-  assert_int_equal(eph_store_run_insert(f->store, "run_other", "other", "queued", 1, req, false,
-                                        &err),
-                   -EEXIST);
+  assert_int_equal(
+      eph_store_run_insert(f->store, "run_other", "other", "queued", 9999, req, false, &err), 0);
+  assert_int_equal(
+      eph_store_run_insert(f->store, "run_other", "other", "queued", 1, req, false, &err), -EEXIST);
 
   cleanup_json json_object *usage = json_tokener_parse("{\"model_calls\":3,\"tokens\":5214}");
   cleanup_json json_object *output = json_object_new_string("2 3 5 7 11");
   assert_int_equal(eph_store_run_update(f->store, "run_00000000000000000000000000000003",
                                         "succeeded", output, usage, &err),
                    0);
-  assert_int_equal(eph_store_run_update(f->store, "run_nope", "failed", NULL, NULL, &err),
-                   -ENOENT);
+  assert_int_equal(eph_store_run_update(f->store, "run_nope", "failed", NULL, NULL, &err), -ENOENT);
   cleanup_json json_object *run = NULL;
-  assert_int_equal(eph_store_run_get(f->store, "run_00000000000000000000000000000003", "acme",
-                                     &run, &err),
-                   0);
-  assert_string_equal(json_object_get_string(json_object_object_get(run, "status")),
-                      "succeeded");
-  assert_string_equal(json_object_get_string(json_object_object_get(run, "output")),
-                      "2 3 5 7 11");
-  assert_int_equal(json_object_get_int(json_object_object_get(
-                     json_object_object_get(run, "usage"), "tokens")),
-                   5214);
-  assert_string_equal(json_object_get_string(json_object_object_get(
-                        json_object_object_get(run, "request"), "prompt")),
+  assert_int_equal(
+      eph_store_run_get(f->store, "run_00000000000000000000000000000003", "acme", &run, &err), 0);
+  assert_string_equal(json_object_get_string(json_object_object_get(run, "status")), "succeeded");
+  assert_string_equal(json_object_get_string(json_object_object_get(run, "output")), "2 3 5 7 11");
+  assert_int_equal(
+      json_object_get_int(json_object_object_get(json_object_object_get(run, "usage"), "tokens")),
+      5214);
+  assert_string_equal(json_object_get_string(
+                          json_object_object_get(json_object_object_get(run, "request"), "prompt")),
                       "hello");
   assert_int_equal(json_object_get_int64(json_object_object_get(run, "created_at_us")), 3000);
   /* Status-only update keeps output and usage. */
@@ -327,11 +317,9 @@ test_runs_and_cursor(void **st)
                    0);
   json_object_put(run);
   run = NULL;
-  assert_int_equal(eph_store_run_get(f->store, "run_00000000000000000000000000000003", NULL,
-                                     &run, &err),
-                   0);
-  assert_string_equal(json_object_get_string(json_object_object_get(run, "output")),
-                      "2 3 5 7 11");
+  assert_int_equal(
+      eph_store_run_get(f->store, "run_00000000000000000000000000000003", NULL, &run, &err), 0);
+  assert_string_equal(json_object_get_string(json_object_object_get(run, "output")), "2 3 5 7 11");
   /* Another organisation's run does not exist for the caller. */
   json_object *none = NULL;
   assert_int_equal(eph_store_run_get(f->store, "run_other", "acme", &none, &err), -ENOENT);
@@ -376,8 +364,7 @@ test_events_since(void **st)
   fixture_t *f = *st;
   eph_error_t err = {0};
   cleanup_json json_object *req = request("p");
-  assert_int_equal(eph_store_run_insert(f->store, "run_ev", "acme", "running", 1, req, false,
-                                        &err),
+  assert_int_equal(eph_store_run_insert(f->store, "run_ev", "acme", "running", 1, req, false, &err),
                    0);
   for (int i = 0; i < 10; i++) {
     cleanup_json json_object *data = json_object_new_object();
@@ -388,12 +375,11 @@ test_events_since(void **st)
                                             text, data, &err),
                      0);
   }
-  assert_int_equal(eph_store_event_append(f->store, "run_ev", 3, 0, "Shell", "x", "dup", NULL,
-                                          &err),
-                   -EEXIST);
-  assert_int_equal(eph_store_event_append(f->store, "run_missing", 0, 0, "Shell", "x", "t", NULL,
-                                          &err),
-                   -ENOENT);
+  assert_int_equal(
+      eph_store_event_append(f->store, "run_ev", 3, 0, "Shell", "x", "dup", NULL, &err), -EEXIST);
+  assert_int_equal(
+      eph_store_event_append(f->store, "run_missing", 0, 0, "Shell", "x", "t", NULL, &err),
+      -ENOENT);
   cleanup_json json_object *all = NULL, *tail = NULL, *two = NULL;
   assert_int_equal(eph_store_events_since(f->store, "run_ev", -1, 0, &all, &err), 0);
   assert_int_equal(json_object_array_length(all), 10);
@@ -403,14 +389,12 @@ test_events_since(void **st)
   assert_int_equal(json_object_get_int(json_object_object_get(e, "seq")), 7);
   assert_int_equal(json_object_get_int(json_object_object_get(e, "t_ms")), 700);
   assert_string_equal(json_object_get_string(json_object_object_get(e, "text")), "event 7");
-  assert_int_equal(json_object_get_int(json_object_object_get(json_object_object_get(e, "data"),
-                                                              "i")),
-                   7);
+  assert_int_equal(
+      json_object_get_int(json_object_object_get(json_object_object_get(e, "data"), "i")), 7);
   assert_int_equal(eph_store_events_since(f->store, "run_ev", 2, 2, &two, &err), 0);
   assert_int_equal(json_object_array_length(two), 2);
-  assert_int_equal(json_object_get_int(json_object_object_get(json_object_array_get_idx(two, 1),
-                                                              "seq")),
-                   4);
+  assert_int_equal(
+      json_object_get_int(json_object_object_get(json_object_array_get_idx(two, 1), "seq")), 4);
 }
 
 /* ---------------------------------------------------------------- idempotency */
@@ -425,12 +409,10 @@ test_idempotency_same_and_different_body(void **st)
   sha("{\"prompt\":\"b\"}", h2);
   assert_string_not_equal(h1, h2);
   cleanup_free char *existing = NULL;
-  assert_int_equal(eph_store_idem_claim(f->store, "acme", "k-1", h1, "run_first", &existing,
-                                        &err),
+  assert_int_equal(eph_store_idem_claim(f->store, "acme", "k-1", h1, "run_first", &existing, &err),
                    0);
   assert_null(existing);
-  assert_int_equal(eph_store_idem_claim(f->store, "acme", "k-1", h1, "run_second", &existing,
-                                        &err),
+  assert_int_equal(eph_store_idem_claim(f->store, "acme", "k-1", h1, "run_second", &existing, &err),
                    1);
   assert_string_equal(existing, "run_first");
   err = (eph_error_t){0};
@@ -440,8 +422,7 @@ test_idempotency_same_and_different_body(void **st)
   assert_null(unused);
   assert_non_null(strstr(err.message, "different request body"));
   /* Keys are per organisation. */
-  assert_int_equal(eph_store_idem_claim(f->store, "other", "k-1", h2, "run_o", &unused, &err),
-                   0);
+  assert_int_equal(eph_store_idem_claim(f->store, "other", "k-1", h2, "run_o", &unused, &err), 0);
   assert_int_equal(eph_store_idem_claim(f->store, "acme", "k-1", "XYZ", "run_x", &unused, &err),
                    -EINVAL);
   assert_null(unused);
@@ -541,12 +522,10 @@ test_purge(void **st)
                                         req, false, &err),
                    0);
   for (int i = 0; i < 3; i++) {
-    assert_int_equal(eph_store_event_append(f->store, "run_old", i, i, "Shell", "k", "t", NULL,
-                                            &err),
-                     0);
-    assert_int_equal(eph_store_event_append(f->store, "run_new", i, i, "Shell", "k", "t", NULL,
-                                            &err),
-                     0);
+    assert_int_equal(
+        eph_store_event_append(f->store, "run_old", i, i, "Shell", "k", "t", NULL, &err), 0);
+    assert_int_equal(
+        eph_store_event_append(f->store, "run_new", i, i, "Shell", "k", "t", NULL, &err), 0);
   }
   char h[65];
   sha("x", h);
@@ -574,8 +553,7 @@ test_purge(void **st)
   assert_int_equal(sql_exec(f, "UPDATE idempotency SET created_at_us = created_at_us - "
                                "90000000000"),
                    0);
-  assert_int_equal(eph_store_idem_claim(f->store, "acme", "k", h, "run_fresh", &existing, &err),
-                   0);
+  assert_int_equal(eph_store_idem_claim(f->store, "acme", "k", h, "run_fresh", &existing, &err), 0);
 }
 
 /* ---------------------------------------------------------------- zero data retention */
@@ -587,12 +565,10 @@ test_zdr_payloads_not_stored(void **st)
   eph_error_t err = {0};
   cleanup_json json_object *open_req = request("VISIBLE_PROMPT_MARKER");
   cleanup_json json_object *zdr_req = request("SECRET_PROMPT_MARKER");
-  assert_int_equal(eph_store_run_insert(f->store, "run_open", "acme", "running", 1, open_req,
-                                        false, &err),
-                   0);
-  assert_int_equal(eph_store_run_insert(f->store, "run_zdr", "acme", "running", 2, zdr_req, true,
-                                        &err),
-                   0);
+  assert_int_equal(
+      eph_store_run_insert(f->store, "run_open", "acme", "running", 1, open_req, false, &err), 0);
+  assert_int_equal(
+      eph_store_run_insert(f->store, "run_zdr", "acme", "running", 2, zdr_req, true, &err), 0);
   cleanup_json json_object *d1 = json_tokener_parse("{\"stdout\":\"VISIBLE_DATA_MARKER\"}");
   cleanup_json json_object *d2 = json_tokener_parse("{\"stdout\":\"SECRET_DATA_MARKER\"}");
   assert_int_equal(eph_store_event_append(f->store, "run_open", 0, 5, "Shell", "tool_result",
@@ -622,9 +598,9 @@ test_zdr_payloads_not_stored(void **st)
   assert_int_equal(json_object_get_int(json_object_object_get(req, "max_cost_micros")), 40000);
   assert_true(json_object_get_boolean(json_object_object_get(req, "shell")));
   assert_null(json_object_object_get(run, "output"));
-  assert_int_equal(json_object_get_int(json_object_object_get(json_object_object_get(run, "usage"),
-                                                              "tokens")),
-                   5214);
+  assert_int_equal(
+      json_object_get_int(json_object_object_get(json_object_object_get(run, "usage"), "tokens")),
+      5214);
   assert_true(json_object_get_boolean(json_object_object_get(run, "zero_data_retention")));
   assert_int_equal(eph_store_events_since(f->store, "run_zdr", -1, 0, &events, &err), 0);
   assert_int_equal(json_object_array_length(events), 1);
@@ -713,8 +689,11 @@ test_damaged_file_refused(void **st)
   sqlite3 *db = NULL;
   assert_int_equal(sqlite3_open_v2(f->path, &db, SQLITE_OPEN_READONLY, NULL), SQLITE_OK);
   sqlite3_stmt *s = NULL;
-  assert_int_equal(sqlite3_prepare_v2(db, "SELECT rootpage FROM sqlite_master"
-                                      " WHERE name = 'api_keys'", -1, &s, NULL), SQLITE_OK);
+  assert_int_equal(sqlite3_prepare_v2(db,
+                                      "SELECT rootpage FROM sqlite_master"
+                                      " WHERE name = 'api_keys'",
+                                      -1, &s, NULL),
+                   SQLITE_OK);
   assert_int_equal(sqlite3_step(s), SQLITE_ROW);
   int page = sqlite3_column_int(s, 0);
   sqlite3_finalize(s);
@@ -749,13 +728,18 @@ test_damage_found_while_open_is_sticky(void **st)
   sqlite3_busy_timeout(db, 5000);
   /* A write from this connection makes the store's connection drop its page cache; the
    * checkpoint moves every page into the main file, where the damage goes. */
-  assert_int_equal(sqlite3_exec(db, "INSERT INTO probe(id, t_us) VALUES (1, 1)"
-                                    " ON CONFLICT(id) DO UPDATE SET t_us = t_us + 1;"
-                                    "PRAGMA wal_checkpoint(TRUNCATE);", NULL, NULL, NULL),
+  assert_int_equal(sqlite3_exec(db,
+                                "INSERT INTO probe(id, t_us) VALUES (1, 1)"
+                                " ON CONFLICT(id) DO UPDATE SET t_us = t_us + 1;"
+                                "PRAGMA wal_checkpoint(TRUNCATE);",
+                                NULL, NULL, NULL),
                    SQLITE_OK);
   sqlite3_stmt *s = NULL;
-  assert_int_equal(sqlite3_prepare_v2(db, "SELECT rootpage FROM sqlite_master"
-                                      " WHERE name = 'api_keys'", -1, &s, NULL), SQLITE_OK);
+  assert_int_equal(sqlite3_prepare_v2(db,
+                                      "SELECT rootpage FROM sqlite_master"
+                                      " WHERE name = 'api_keys'",
+                                      -1, &s, NULL),
+                   SQLITE_OK);
   assert_int_equal(sqlite3_step(s), SQLITE_ROW);
   int page = sqlite3_column_int(s, 0);
   sqlite3_finalize(s);
@@ -887,12 +871,10 @@ test_cancel_requests(void **st)
     assert_int_equal(eph_store_cancel_request(f->store, "run_x", &err), -ENOTSUP);
     return;
   }
-  assert_int_equal(eph_store_run_insert(f->store, "run_live", "acme", "running", 1, req, false,
-                                        &err),
-                   0);
-  assert_int_equal(eph_store_run_insert(f->store, "run_other", "acme", "running", 2, req, false,
-                                        &err),
-                   0);
+  assert_int_equal(
+      eph_store_run_insert(f->store, "run_live", "acme", "running", 1, req, false, &err), 0);
+  assert_int_equal(
+      eph_store_run_insert(f->store, "run_other", "acme", "running", 2, req, false, &err), 0);
   assert_int_equal(eph_store_cancel_request(f->store, "run_nope", &err), -ENOENT);
   assert_int_equal(eph_store_cancel_request(f->store, "run_live", &err), 0);
   assert_int_equal(eph_store_cancel_request(f->store, "run_live", &err), 0);
@@ -947,11 +929,11 @@ test_leases(void **st)
       fail_msg("%s", err.message);
   }
   cleanup_json json_object *req = request("l");
-  assert_int_equal(eph_store_run_insert(nodes[0], "run_l", "acme", "running", 1, req, false,
-                                        &err),
+  assert_int_equal(eph_store_run_insert(nodes[0], "run_l", "acme", "running", 1, req, false, &err),
                    0);
-  PGresult *res = pg_query(f, "SELECT node, lease_expires_us > (extract(epoch FROM now())"
-                              " * 1000000)::bigint FROM runs WHERE id = 'run_l'",
+  PGresult *res = pg_query(f,
+                           "SELECT node, lease_expires_us > (extract(epoch FROM now())"
+                           " * 1000000)::bigint FROM runs WHERE id = 'run_l'",
                            NULL, NULL, true);
   assert_string_equal(PQgetvalue(res, 0, 0), "n0");
   assert_string_equal(PQgetvalue(res, 0, 1), "t");
@@ -1021,9 +1003,8 @@ queue_worker(void *p)
   queue_arg_t *a = p;
   eph_error_t err = {0};
   pthread_barrier_wait(a->barrier);
-  a->result = a->run_id
-                  ? eph_store_queue_push(a->store, a->run_id, 7, false, a->max_queued, &err)
-                  : eph_store_queue_claim(a->store, &a->claimed, &err);
+  a->result = a->run_id ? eph_store_queue_push(a->store, a->run_id, 7, false, a->max_queued, &err)
+                        : eph_store_queue_claim(a->store, &a->claimed, &err);
   return NULL;
 }
 
@@ -1084,9 +1065,9 @@ test_queue(void **st)
   char ids[RUNS][16];
   for (int i = 0; i < RUNS; i++) {
     snprintf(ids[i], sizeof ids[i], "run_q%d", i);
-    assert_int_equal(eph_store_run_insert(nodes[0], ids[i], "acme", "queued", 100 + i, req,
-                                          i == RUNS - 1, &err),
-                     0);
+    assert_int_equal(
+        eph_store_run_insert(nodes[0], ids[i], "acme", "queued", 100 + i, req, i == RUNS - 1, &err),
+        0);
   }
   assert_int_equal(eph_store_queue_push(nodes[0], "run_none", 7, false, 10, &err), -ENOENT);
   /* Six nodes' admissions at once against a bound of 4: exactly 4 are queued. */
@@ -1136,17 +1117,16 @@ test_queue(void **st)
     for (int j = 0; j < got; j++)
       assert_string_not_equal(seen[j], id);
     seen[got++] = id;
-    assert_int_equal(json_object_get_int64(json_object_object_get(claim[i].claimed,
-                                                                  "reserved_micros")),
-                     7);
+    assert_int_equal(
+        json_object_get_int64(json_object_object_get(claim[i].claimed, "reserved_micros")), 7);
     assert_string_equal(json_object_get_string(json_object_object_get(
                             json_object_object_get(claim[i].claimed, "request"), "prompt")),
                         "queued prompt");
     /* The claimer holds the run now, with a lease. */
     char name[16];
     snprintf(name, sizeof name, "q%d", i % NODES);
-    res = pg_query(f, "SELECT node, lease_expires_us IS NOT NULL FROM runs WHERE id = $1", id,
-                   NULL, true);
+    res = pg_query(f, "SELECT node, lease_expires_us IS NOT NULL FROM runs WHERE id = $1", id, NULL,
+                   true);
     assert_string_equal(PQgetvalue(res, 0, 0), name);
     assert_string_equal(PQgetvalue(res, 0, 1), "t");
     PQclear(res);
@@ -1177,9 +1157,8 @@ test_queue(void **st)
   assert_true(json_object_get_boolean(json_object_object_get(mine, "zdr")));
   /* ... and when q0 dies with one still queued, the takeover ends it and it leaves the
    * queue (and its count). */
-  assert_int_equal(eph_store_run_insert(nodes[0], "run_qz2", "acme", "queued", 300, req, true,
-                                        &err),
-                   0);
+  assert_int_equal(
+      eph_store_run_insert(nodes[0], "run_qz2", "acme", "queued", 300, req, true, &err), 0);
   assert_int_equal(eph_store_queue_push(nodes[0], "run_qz2", 9, true, 4, &err), 0);
   assert_int_equal(queue_len(nodes[0]), 1);
   assert_int_equal(sql_exec(f, "UPDATE runs SET lease_expires_us = 1 WHERE id = 'run_qz2'"), 0);
@@ -1202,31 +1181,27 @@ test_hostile_values(void **st)
   fixture_t *f = *st;
   eph_error_t err = {0};
   static const char *const evil[] = {
-    "x'); DROP TABLE runs; --",
-    "'' OR 1=1 --",
-    "\\'; SELECT pg_sleep(10); --",
-    "$1 $$ $tag$ ; COMMIT; DROP TABLE api_keys",
-    "run_\"quoted\" /* comment */ ",
+      "x'); DROP TABLE runs; --",      "'' OR 1=1 --",
+      "\\'; SELECT pg_sleep(10); --",  "$1 $$ $tag$ ; COMMIT; DROP TABLE api_keys",
+      "run_\"quoted\" /* comment */ ",
   };
   for (size_t i = 0; i < sizeof evil / sizeof evil[0]; i++) {
     cleanup_json json_object *req = request(evil[i]);
-    assert_int_equal(eph_store_run_insert(f->store, evil[i], "acme", "queued", (int64_t)i + 1,
-                                          req, false, &err),
-                     0);
+    assert_int_equal(
+        eph_store_run_insert(f->store, evil[i], "acme", "queued", (int64_t)i + 1, req, false, &err),
+        0);
     cleanup_json json_object *data = json_object_new_object();
     json_object_object_add(data, evil[i], json_object_new_string(evil[i]));
-    assert_int_equal(eph_store_event_append(f->store, evil[i], 0, 1, "Shell", "tool_call",
-                                            evil[i], data, &err),
-                     0);
+    assert_int_equal(
+        eph_store_event_append(f->store, evil[i], 0, 1, "Shell", "tool_call", evil[i], data, &err),
+        0);
     char h[65];
     sha(evil[i], h);
     char *existing = NULL;
-    assert_int_equal(eph_store_idem_claim(f->store, "acme", evil[i], h, evil[i], &existing,
-                                          &err),
+    assert_int_equal(eph_store_idem_claim(f->store, "acme", evil[i], h, evil[i], &existing, &err),
                      0);
-    assert_int_equal(eph_store_idem_claim(f->store, "acme", evil[i], h, "run_other", &existing,
-                                          &err),
-                     1);
+    assert_int_equal(
+        eph_store_idem_claim(f->store, "acme", evil[i], h, "run_other", &existing, &err), 1);
     assert_string_equal(existing, evil[i]);
     free(existing);
     cleanup_free char *key = NULL;
@@ -1238,14 +1213,14 @@ test_hostile_values(void **st)
     assert_int_equal(eph_store_run_get(f->store, evil[i], "acme", &run, &err), 0);
     assert_string_equal(json_object_get_string(json_object_object_get(run, "id")), evil[i]);
     assert_string_equal(json_object_get_string(json_object_object_get(
-                          json_object_object_get(run, "request"), "prompt")),
+                            json_object_object_get(run, "request"), "prompt")),
                         evil[i]);
     assert_int_equal(eph_store_events_since(f->store, evil[i], -1, 0, &events, &err), 0);
     json_object *e = json_object_array_get_idx(events, 0);
     assert_string_equal(json_object_get_string(json_object_object_get(e, "text")), evil[i]);
-    assert_string_equal(json_object_get_string(json_object_object_get(
-                          json_object_object_get(e, "data"), evil[i])),
-                        evil[i]);
+    assert_string_equal(
+        json_object_get_string(json_object_object_get(json_object_object_get(e, "data"), evil[i])),
+        evil[i]);
   }
   /* Every table is still there and holds exactly what was put in. */
   cleanup_json json_object *runs = NULL;
@@ -1296,26 +1271,26 @@ int
 main(void)
 {
   const struct CMUnitTest tests[] = {
-    cmocka_unit_test_setup_teardown(test_keys, setup, teardown),
-    cmocka_unit_test_setup_teardown(test_runs_and_cursor, setup, teardown),
-    cmocka_unit_test_setup_teardown(test_events_since, setup, teardown),
-    cmocka_unit_test_setup_teardown(test_idempotency_same_and_different_body, setup, teardown),
-    cmocka_unit_test_setup_teardown(test_idempotency_concurrent_claims, setup, teardown),
-    cmocka_unit_test_setup_teardown(test_idempotency_across_connections, setup, teardown),
-    cmocka_unit_test_setup_teardown(test_purge, setup, teardown),
-    cmocka_unit_test_setup_teardown(test_zdr_payloads_not_stored, setup, teardown),
-    cmocka_unit_test_setup_teardown(test_schema_version, setup, teardown),
-    cmocka_unit_test_setup_teardown(test_idempotency_concurrent_claims_separate_connections, setup,
-                                    teardown),
-    cmocka_unit_test_setup_teardown(test_concurrent_first_open, setup, teardown),
-    cmocka_unit_test_setup_teardown(test_target_kind_and_password_hidden, setup, teardown),
-    cmocka_unit_test_setup_teardown(test_cancel_requests, setup, teardown),
-    cmocka_unit_test_setup_teardown(test_leases, setup, teardown),
-    cmocka_unit_test_setup_teardown(test_queue, setup, teardown),
-    cmocka_unit_test_setup_teardown(test_hostile_values, setup, teardown),
-    /* Properties of the SQLite file itself: last, left out on PostgreSQL. */
-    cmocka_unit_test_setup_teardown(test_damaged_file_refused, setup, teardown),
-    cmocka_unit_test_setup_teardown(test_damage_found_while_open_is_sticky, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_keys, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_runs_and_cursor, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_events_since, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_idempotency_same_and_different_body, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_idempotency_concurrent_claims, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_idempotency_across_connections, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_purge, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_zdr_payloads_not_stored, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_schema_version, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_idempotency_concurrent_claims_separate_connections,
+                                      setup, teardown),
+      cmocka_unit_test_setup_teardown(test_concurrent_first_open, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_target_kind_and_password_hidden, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_cancel_requests, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_leases, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_queue, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_hostile_values, setup, teardown),
+      /* Properties of the SQLite file itself: last, left out on PostgreSQL. */
+      cmocka_unit_test_setup_teardown(test_damaged_file_refused, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_damage_found_while_open_is_sticky, setup, teardown),
   };
   const size_t sqlite_only = 2, all = sizeof tests / sizeof tests[0];
   const char *db = getenv("EPH_TEST_DATABASE");

@@ -47,26 +47,34 @@ load_broker(void)
   int port = th_httpd_port(httpd);
   cleanup_free char *cfg = eph_xasprintf(
       "tool-connection: { connections = ("
-      " { name = \"api\"; base_url = \"http://127.0.0.1:%d/v1\"; credential_env = \"TOOLS_TEST_SECRET\";"
-      "   apply = \"bearer\"; methods = [\"GET\", \"POST\"]; path_prefixes = [\"/repos/\", \"/user\"];"
+      " { name = \"api\"; base_url = \"http://127.0.0.1:%d/v1\"; credential_env = "
+      "\"TOOLS_TEST_SECRET\";"
+      "   apply = \"bearer\"; methods = [\"GET\", \"POST\"]; path_prefixes = [\"/repos/\", "
+      "\"/user\"];"
       "   allow_private_addresses = true; },"
       " { name = \"basic\"; base_url = \"http://127.0.0.1:%d\"; credential_file = \"%s\";"
-      "   apply = \"basic\"; methods = [\"GET\"]; path_prefixes = [\"/\"]; allow_private_addresses = true; },"
-      " { name = \"hdr\"; base_url = \"http://127.0.0.1:%d\"; credential_env = \"TOOLS_TEST_SECRET\";"
-      "   apply = \"header\"; header_name = \"X-Api-Key\"; methods = [\"GET\"]; path_prefixes = [\"/\"];"
+      "   apply = \"basic\"; methods = [\"GET\"]; path_prefixes = [\"/\"]; allow_private_addresses "
+      "= true; },"
+      " { name = \"hdr\"; base_url = \"http://127.0.0.1:%d\"; credential_env = "
+      "\"TOOLS_TEST_SECRET\";"
+      "   apply = \"header\"; header_name = \"X-Api-Key\"; methods = [\"GET\"]; path_prefixes = "
+      "[\"/\"];"
       "   allow_private_addresses = true; },"
-      " { name = \"qry\"; base_url = \"http://127.0.0.1:%d\"; credential_env = \"TOOLS_TEST_SECRET\";"
-      "   apply = \"query\"; query_param = \"api_key\"; methods = [\"GET\"]; path_prefixes = [\"/q\"];"
+      " { name = \"qry\"; base_url = \"http://127.0.0.1:%d\"; credential_env = "
+      "\"TOOLS_TEST_SECRET\";"
+      "   apply = \"query\"; query_param = \"api_key\"; methods = [\"GET\"]; path_prefixes = "
+      "[\"/q\"];"
       "   allow_private_addresses = true; },"
-      " { name = \"strict\"; base_url = \"http://127.0.0.1:%d\"; credential_env = \"TOOLS_TEST_SECRET\";"
+      " { name = \"strict\"; base_url = \"http://127.0.0.1:%d\"; credential_env = "
+      "\"TOOLS_TEST_SECRET\";"
       "   methods = [\"GET\"]; path_prefixes = [\"/\"]; }"
       "); };",
       port, port, secret_file, port, port, port);
   return th_load(&th_plugins, "tool-connection", cfg, 0, &err);
 }
 
-#define ALL_GRANTS                                                                         \
-  "{\"connections\":[{\"name\":\"api\"},{\"name\":\"basic\"},{\"name\":\"hdr\"},"         \
+#define ALL_GRANTS                                                                                 \
+  "{\"connections\":[{\"name\":\"api\"},{\"name\":\"basic\"},{\"name\":\"hdr\"},"                  \
   "{\"name\":\"qry\"},{\"name\":\"strict\"}]}"
 
 static json_object *
@@ -85,8 +93,8 @@ last_request(void)
 {
   json_object *all = th_httpd_requests(httpd);
   json_object *last = NULL;
-  json_object_deep_copy(json_object_array_get_idx(all, json_object_array_length(all) - 1),
-                        &last, NULL);
+  json_object_deep_copy(json_object_array_get_idx(all, json_object_array_length(all) - 1), &last,
+                        NULL);
   json_object_put(all);
   return last;
 }
@@ -94,7 +102,9 @@ last_request(void)
 static void
 assert_no_secret(json_object *result)
 {
-  const char *forms[] = {SECRET, "s3cr3t-T0ken%2Fwith%2Bchars%3D%3D", BASIC_PW,
+  const char *forms[] = {SECRET,
+                         "s3cr3t-T0ken%2Fwith%2Bchars%3D%3D",
+                         BASIC_PW,
                          "s3cr3t-T0ken", /* any escaping (JSON "\\/", %2F) keeps this prefix */
                          "czNjcjN0LVQwa2VuL3dpdGgrY2hhcnM9PQ==", /* base64 of SECRET */
                          "cm9ib3Q6cGE1NS13MHJkLXh5eg==" /* base64 of robot:pa55-w0rd-xyz */};
@@ -113,11 +123,12 @@ test_bearer_added_and_scrubbed(void **state)
 {
   const eph_plugin_slot_t *s = load_broker();
   size_t before = th_httpd_count(httpd);
-  json_object *r = request(s,
-                           "{\"connection\":\"api\",\"method\":\"get\",\"path\":\"/repos/x?page=2\","
-                           "\"headers\":{\"Accept\":\"application/json\",\"Authorization\":\"Bearer evil\","
-                           "\"Cookie\":\"a=b\",\"Proxy-Authorization\":\"x\"}}",
-                           NULL);
+  json_object *r =
+      request(s,
+              "{\"connection\":\"api\",\"method\":\"get\",\"path\":\"/repos/x?page=2\","
+              "\"headers\":{\"Accept\":\"application/json\",\"Authorization\":\"Bearer evil\","
+              "\"Cookie\":\"a=b\",\"Proxy-Authorization\":\"x\"}}",
+              NULL);
   assert_null(str_of(r, "error"));
   assert_int_equal(th_httpd_count(httpd), before + 1);
   json_object *seen = last_request(), *h = NULL, *q = NULL;
@@ -171,7 +182,8 @@ static void
 test_basic_header_query(void **state)
 {
   const eph_plugin_slot_t *s = load_broker();
-  json_object *r = request(s, "{\"connection\":\"basic\",\"method\":\"GET\",\"path\":\"/b\"}", NULL);
+  json_object *r =
+      request(s, "{\"connection\":\"basic\",\"method\":\"GET\",\"path\":\"/b\"}", NULL);
   json_object *seen = last_request(), *h = NULL, *q = NULL;
   json_object_object_get_ex(seen, "headers", &h);
   assert_string_equal(str_of(h, "authorization"), "Basic cm9ib3Q6cGE1NS13MHJkLXh5eg==");
@@ -204,8 +216,7 @@ test_basic_header_query(void **state)
 }
 
 static void
-expect_refused(const eph_plugin_slot_t *s, const char *args, const char *grants,
-               const char *reason)
+expect_refused(const eph_plugin_slot_t *s, const char *args, const char *grants, const char *reason)
 {
   size_t before = th_httpd_count(httpd);
   json_object *r = request(s, args, grants);
@@ -239,16 +250,31 @@ test_refusals_reach_no_server(void **state)
                  "method");
   /* Paths outside the prefixes, traversal in every spelling, host injection. */
   static const char *const bad[] = {
-      "/admin",          "/userx",          "/repos",           "/repos/../admin",
-      "/repos/%2e%2e/admin", "/repos/%2E%2E/admin", "/repos/x%2f..%2fadmin", "/repos/.%2e/a",
-      "/repos/x/%252e%252e/a", "//evil.example/repos/", "/repos/x\\\\..\\\\a",
-      "/repos/./x",      "/repos//x",        "/repos/x;a=b",    "/repos/x#frag",
-      "http://evil/repos/", "repos/x",       "/repos/x y",      "/repos/%00",
-      "/@evil.example/repos/", "/repos/x%5c..%5ca",
+      "/admin",
+      "/userx",
+      "/repos",
+      "/repos/../admin",
+      "/repos/%2e%2e/admin",
+      "/repos/%2E%2E/admin",
+      "/repos/x%2f..%2fadmin",
+      "/repos/.%2e/a",
+      "/repos/x/%252e%252e/a",
+      "//evil.example/repos/",
+      "/repos/x\\\\..\\\\a",
+      "/repos/./x",
+      "/repos//x",
+      "/repos/x;a=b",
+      "/repos/x#frag",
+      "http://evil/repos/",
+      "repos/x",
+      "/repos/x y",
+      "/repos/%00",
+      "/@evil.example/repos/",
+      "/repos/x%5c..%5ca",
   };
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-    cleanup_free char *args = eph_xasprintf(
-        "{\"connection\":\"api\",\"method\":\"GET\",\"path\":\"%s\"}", bad[i]);
+    cleanup_free char *args =
+        eph_xasprintf("{\"connection\":\"api\",\"method\":\"GET\",\"path\":\"%s\"}", bad[i]);
     expect_refused(s, args, NULL, "path");
   }
   /* The caller cannot set the query parameter carrying the credential. */
@@ -275,7 +301,8 @@ test_missing_credential_and_bad_config(void **state)
   eph_error_t err = {0};
   cleanup_free char *cfg = eph_xasprintf(
       "tool-connection: { connections = ( { name = \"nocred\"; base_url = \"http://127.0.0.1:%d\";"
-      " credential_env = \"TOOLS_TEST_UNSET_VARIABLE\"; methods = [\"GET\"]; path_prefixes = [\"/\"];"
+      " credential_env = \"TOOLS_TEST_UNSET_VARIABLE\"; methods = [\"GET\"]; path_prefixes = "
+      "[\"/\"];"
       " allow_private_addresses = true; } ); };",
       th_httpd_port(httpd));
   const eph_plugin_slot_t *s = th_load(&th_plugins, "tool-connection", cfg, 0, &err);
@@ -289,7 +316,8 @@ test_missing_credential_and_bad_config(void **state)
   assert_non_null(strstr(err.message, "base_url"));
   th_load(&th_plugins, "tool-connection",
           "tool-connection: { connections = ( { name = \"a\"; base_url = \"http://h\";"
-          " credential_env = \"X\"; apply = \"cookie\"; methods = [\"GET\"]; path_prefixes = [\"/\"]; } ); };",
+          " credential_env = \"X\"; apply = \"cookie\"; methods = [\"GET\"]; path_prefixes = "
+          "[\"/\"]; } ); };",
           1, &err);
   assert_non_null(strstr(err.message, "apply"));
   th_load(&th_plugins, "tool-connection",
@@ -323,7 +351,6 @@ test_budget_refused_before_io(void **state)
   assert_int_equal(th.charged_micros, 500);
 }
 
-
 /* ---------------------------------------------------------------- a hostile upstream
  *
  * It reflects the Authorization header it received in one of many encodings (the `form`
@@ -354,7 +381,8 @@ hexs(const char *in, size_t n, bool upper, const char *sep)
   char *out = eph_xmalloc(3 * n + 1);
   size_t len = 0;
   char *h = eph_xmalloc(2 * n + 1);
-  assert_int_equal(OPENSSL_buf2hexstr_ex(h, 2 * n + 1, &len, (const unsigned char *)in, n, '\0'), 1);
+  assert_int_equal(OPENSSL_buf2hexstr_ex(h, 2 * n + 1, &len, (const unsigned char *)in, n, '\0'),
+                   1);
   out[0] = 0;
   for (size_t i = 0; i < n; i++) {
     char pair[3] = {upper ? h[2 * i] : (char)tolower(h[2 * i]),
@@ -388,10 +416,10 @@ per_byte(const char *in, size_t n, const char *fmt, bool punct_only)
 #pragma GCC diagnostic pop
 
 static const char *const forms[] = {
-    "raw",     "upper",   "lower",    "b64",      "b64k1",    "b64k2",     "b64url",
-    "b64urlk1", "b64urlk2", "b64hdr",  "b64mime",  "b64pct",   "hex",       "HEX",
-    "hexspaced", "entdec", "enthex",   "entpunct", "pctall",   "pctlower",  "pctcurl",
-    "jsonu",   "reversed", "spaced",  "pctpct",  "entamp",   NULL};
+    "raw",       "upper",    "lower",  "b64",      "b64k1",  "b64k2",    "b64url",
+    "b64urlk1",  "b64urlk2", "b64hdr", "b64mime",  "b64pct", "hex",      "HEX",
+    "hexspaced", "entdec",   "enthex", "entpunct", "pctall", "pctlower", "pctcurl",
+    "jsonu",     "reversed", "spaced", "pctpct",   "entamp", NULL};
 
 /* The upstream's transformation `form` of in[0..n). Heap. */
 static char *
@@ -548,8 +576,8 @@ hostile_start(void)
 {
   struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = 0};
   sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  hostile = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD, 0, NULL, NULL, hostile_handle,
-                             NULL, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa, MHD_OPTION_END);
+  hostile = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD, 0, NULL, NULL, hostile_handle, NULL,
+                             MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa, MHD_OPTION_END);
   assert_non_null(hostile);
   hostile_port = MHD_get_daemon_info(hostile, MHD_DAEMON_INFO_BIND_PORT)->port;
 }
@@ -605,13 +633,12 @@ form_in(const char *what, const char *text)
 static char *
 unclean(json_object *r)
 {
-  char *why = form_in("the tool result",
-                      json_object_to_json_string_ext(r, JSON_C_TO_STRING_PLAIN |
-                                                            JSON_C_TO_STRING_NOSLASHESCAPE));
+  char *why = form_in(
+      "the tool result",
+      json_object_to_json_string_ext(r, JSON_C_TO_STRING_PLAIN | JSON_C_TO_STRING_NOSLASHESCAPE));
   json_object *h = NULL;
   if (!why && json_object_object_get_ex(r, "headers", &h)) {
-    json_object_object_foreach(h, k, v)
-    {
+    json_object_object_foreach(h, k, v) {
       if (!why)
         why = form_in("a response header name", k);
       if (!why)
@@ -672,13 +699,14 @@ static const eph_plugin_slot_t *
 load_hostile(int64_t max_response_bytes)
 {
   eph_error_t err = {0};
-  cleanup_free char *cfg = eph_xasprintf(
-      "tool-connection: { max_response_bytes = %lld; connections = ("
-      " { name = \"evil\"; base_url = \"http://127.0.0.1:%d\"; credential_env = \"TOOLS_TEST_SECRET\";"
-      "   apply = \"bearer\"; methods = [\"GET\"]; path_prefixes = [\"/\"];"
-      "   allow_private_addresses = true; }"
-      "); };",
-      (long long)max_response_bytes, hostile_port);
+  cleanup_free char *cfg =
+      eph_xasprintf("tool-connection: { max_response_bytes = %lld; connections = ("
+                    " { name = \"evil\"; base_url = \"http://127.0.0.1:%d\"; credential_env = "
+                    "\"TOOLS_TEST_SECRET\";"
+                    "   apply = \"bearer\"; methods = [\"GET\"]; path_prefixes = [\"/\"];"
+                    "   allow_private_addresses = true; }"
+                    "); };",
+                    (long long)max_response_bytes, hostile_port);
   return th_load(&th_plugins, "tool-connection", cfg, 0, &err);
 }
 
@@ -698,9 +726,8 @@ test_hostile_encodings(void **state)
     if (str_of(r, "error"))
       fail_msg("%s: %s", forms[i], json_object_to_json_string(r));
     /* What the upstream made of the non-secret part ("Bearer ", or the header line). */
-    cleanup_free char *pre = transform(forms[i], strcmp(forms[i], "b64hdr") == 0
-                                                     ? "Authorization: Bearer "
-                                                     : "Bearer ");
+    cleanup_free char *pre =
+        transform(forms[i], strcmp(forms[i], "b64hdr") == 0 ? "Authorization: Bearer " : "Bearer ");
     size_t bound = nonblank(pre) + 8;
     const char *body = str_of(r, "body");
     json_object *h = NULL;
@@ -731,8 +758,8 @@ static void
 test_hostile_header_names(void **state)
 {
   const eph_plugin_slot_t *s = load_hostile(1048576);
-  static const char *const names[] = {"raw", "upper", "lower", "hex", "b64", "b64url", "reversed",
-                                      NULL};
+  static const char *const names[] = {"raw", "upper",  "lower",    "hex",
+                                      "b64", "b64url", "reversed", NULL};
   for (size_t i = 0; names[i]; i++) {
     cleanup_free char *args = eph_xasprintf(
         "{\"connection\":\"evil\",\"method\":\"GET\",\"path\":\"/hname?form=%s\"}", names[i]);
@@ -750,8 +777,8 @@ static void
 test_hostile_split(void **state)
 {
   const eph_plugin_slot_t *s = load_hostile(1048576);
-  json_object *r = request(s, "{\"connection\":\"evil\",\"method\":\"GET\",\"path\":\"/split\"}",
-                           EVIL_GRANT);
+  json_object *r =
+      request(s, "{\"connection\":\"evil\",\"method\":\"GET\",\"path\":\"/split\"}", EVIL_GRANT);
   assert_null(str_of(r, "error"));
   json_object *h = NULL;
   assert_true(json_object_object_get_ex(r, "headers", &h));
@@ -768,8 +795,8 @@ static void
 test_hostile_utf16(void **state)
 {
   const eph_plugin_slot_t *s = load_hostile(1048576);
-  json_object *r = request(s, "{\"connection\":\"evil\",\"method\":\"GET\",\"path\":\"/utf16\"}",
-                           EVIL_GRANT);
+  json_object *r =
+      request(s, "{\"connection\":\"evil\",\"method\":\"GET\",\"path\":\"/utf16\"}", EVIL_GRANT);
   assert_null(str_of(r, "error"));
   assert_clean(r);
   const char *b64 = str_of(r, "body_base64");
@@ -797,8 +824,8 @@ test_hostile_truncation(void **state)
 {
   const int64_t cap = 1024;
   const eph_plugin_slot_t *s = load_hostile(cap);
-  static const char *const cut_forms[] = {"raw", "upper", "b64", "b64k1", "hex", "entdec",
-                                          "pctall", "reversed", NULL};
+  static const char *const cut_forms[] = {"raw",    "upper",  "b64",      "b64k1", "hex",
+                                          "entdec", "pctall", "reversed", NULL};
   cleanup_free char *auth = eph_xasprintf("Bearer %s", SECRET);
   for (size_t i = 0; cut_forms[i]; i++) {
     cleanup_free char *t = transform(cut_forms[i], auth);
@@ -820,8 +847,8 @@ test_hostile_truncation(void **state)
       const char *body = str_of(r, "body");
       assert_non_null(body);
       if (leftover(body) > nonblank(pre) + 8)
-        fail_msg("%s cut %zu in: %zu characters of the reflection left: ...%s", cut_forms[i],
-                 at[j], leftover(body), body + pad);
+        fail_msg("%s cut %zu in: %zu characters of the reflection left: ...%s", cut_forms[i], at[j],
+                 leftover(body), body + pad);
       assert_true(strlen(body) <= (size_t)cap + 10);
       json_object_put(r);
     }
@@ -834,10 +861,19 @@ static void
 test_override_headers_dropped(void **state)
 {
   const eph_plugin_slot_t *s = load_broker();
-  static const char *const evil[] = {
-      "X-HTTP-Method-Override", "X-HTTP-Method", "X-Method-Override", "X-Original-URL",
-      "X-Rewrite-URL", "X-Original-Method", "X-Override-URL", "X-Forwarded-Host",
-      "X-Host", "Range", "Accept-Encoding", "X-Custom", NULL};
+  static const char *const evil[] = {"X-HTTP-Method-Override",
+                                     "X-HTTP-Method",
+                                     "X-Method-Override",
+                                     "X-Original-URL",
+                                     "X-Rewrite-URL",
+                                     "X-Original-Method",
+                                     "X-Override-URL",
+                                     "X-Forwarded-Host",
+                                     "X-Host",
+                                     "Range",
+                                     "Accept-Encoding",
+                                     "X-Custom",
+                                     NULL};
   for (size_t i = 0; evil[i]; i++) {
     size_t events = json_object_array_length(th.events);
     const char *value = strcmp(evil[i], "Range") == 0 ? "bytes=0-3" : "DELETE";
@@ -845,7 +881,8 @@ test_override_headers_dropped(void **state)
         "{\"connection\":\"api\",\"method\":\"GET\",\"path\":\"/repos/x\","
         "\"headers\":{\"%s\":\"%s\",\"Accept\":\"text/plain\",\"If-None-Match\":\"\\\"e1\\\"\"}}",
         evil[i], value);
-    json_object *r = request(s, args, "{\"connections\":[{\"name\":\"api\",\"methods\":[\"GET\"]}]}");
+    json_object *r =
+        request(s, args, "{\"connections\":[{\"name\":\"api\",\"methods\":[\"GET\"]}]}");
     assert_null(str_of(r, "error"));
     json_object *seen = last_request(), *h = NULL;
     assert_string_equal(str_of(seen, "method"), "GET");
@@ -921,14 +958,20 @@ test_allowed_headers_config(void **state)
   json_object_put(seen);
   json_object_put(r);
   th_unload(&th_plugins);
-  static const char *const never[] = {"X-HTTP-Method-Override", "X-Original-URL", "Authorization",
-                                      "Accept-Encoding", "Range", "Host", "X-Rewrite-URL", NULL};
+  static const char *const never[] = {"X-HTTP-Method-Override",
+                                      "X-Original-URL",
+                                      "Authorization",
+                                      "Accept-Encoding",
+                                      "Range",
+                                      "Host",
+                                      "X-Rewrite-URL",
+                                      NULL};
   for (size_t i = 0; never[i]; i++) {
-    cleanup_free char *bad = eph_xasprintf(
-        "tool-connection: { connections = ( { name = \"a\"; base_url = \"http://h\";"
-        " credential_env = \"X\"; methods = [\"GET\"]; path_prefixes = [\"/\"];"
-        " allowed_headers = [\"Accept\", \"%s\"]; } ); };",
-        never[i]);
+    cleanup_free char *bad =
+        eph_xasprintf("tool-connection: { connections = ( { name = \"a\"; base_url = \"http://h\";"
+                      " credential_env = \"X\"; methods = [\"GET\"]; path_prefixes = [\"/\"];"
+                      " allowed_headers = [\"Accept\", \"%s\"]; } ); };",
+                      never[i]);
     assert_null(th_load(&th_plugins, "tool-connection", bad, 1, &err));
     if (!strcasestr(err.message, never[i]) || !strstr(err.message, "allowed_headers"))
       fail_msg("config error does not name %s: %s", never[i], err.message);
@@ -940,13 +983,14 @@ static void
 test_body_on_get_refused(void **state)
 {
   const eph_plugin_slot_t *s = load_broker();
-  expect_refused(s, "{\"connection\":\"api\",\"method\":\"GET\",\"path\":\"/user\",\"body\":\"x=1\"}",
+  expect_refused(s,
+                 "{\"connection\":\"api\",\"method\":\"GET\",\"path\":\"/user\",\"body\":\"x=1\"}",
                  NULL, "body");
   expect_refused(s, "{\"connection\":\"basic\",\"method\":\"HEAD\",\"path\":\"/b\",\"body\":\"x\"}",
                  "{\"connections\":[\"basic\"]}", NULL);
   /* An empty body is no body. */
-  json_object *r = request(s, "{\"connection\":\"api\",\"method\":\"GET\",\"path\":\"/user\",\"body\":\"\"}",
-                           NULL);
+  json_object *r = request(
+      s, "{\"connection\":\"api\",\"method\":\"GET\",\"path\":\"/user\",\"body\":\"\"}", NULL);
   assert_null(str_of(r, "error"));
   json_object_put(r);
 }
@@ -958,8 +1002,8 @@ test_large_body_untouched(void **state)
 {
   const eph_plugin_slot_t *s = load_broker();
   int64_t t0 = eph_now_ms();
-  json_object *r = request(s, "{\"connection\":\"hdr\",\"method\":\"GET\",\"path\":\"/big\"}",
-                           NULL);
+  json_object *r =
+      request(s, "{\"connection\":\"hdr\",\"method\":\"GET\",\"path\":\"/big\"}", NULL);
   int64_t ms = eph_now_ms() - t0;
   assert_null(str_of(r, "error"));
   const char *body = str_of(r, "body");
@@ -980,7 +1024,8 @@ main(void)
   setenv("TOOLS_TEST_SECRET", SECRET, 1);
   snprintf(secret_file, sizeof secret_file, "/tmp/eph-tools-test-XXXXXX");
   int fd = mkstemp(secret_file);
-  if (fd < 0 || write(fd, BASIC_USER ":" BASIC_PW "\n", sizeof BASIC_USER ":" BASIC_PW "\n" - 1) < 0)
+  if (fd < 0 ||
+      write(fd, BASIC_USER ":" BASIC_PW "\n", sizeof BASIC_USER ":" BASIC_PW "\n" - 1) < 0)
     return 1;
   close(fd);
   httpd = th_httpd_start(NULL);
@@ -990,7 +1035,8 @@ main(void)
       cmocka_unit_test_setup_teardown(test_post_body, th_setup, th_teardown),
       cmocka_unit_test_setup_teardown(test_basic_header_query, th_setup, th_teardown),
       cmocka_unit_test_setup_teardown(test_refusals_reach_no_server, th_setup, th_teardown),
-      cmocka_unit_test_setup_teardown(test_missing_credential_and_bad_config, th_setup, th_teardown),
+      cmocka_unit_test_setup_teardown(test_missing_credential_and_bad_config, th_setup,
+                                      th_teardown),
       cmocka_unit_test_setup_teardown(test_budget_refused_before_io, th_setup, th_teardown),
       cmocka_unit_test_setup_teardown(test_hostile_encodings, th_setup, th_teardown),
       cmocka_unit_test_setup_teardown(test_hostile_header_names, th_setup, th_teardown),

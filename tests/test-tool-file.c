@@ -54,8 +54,7 @@ sbx_write(const char *path, const void *data, size_t bytes, eph_error_t *err)
 }
 
 static int
-sbx_read(const char *path, size_t max, void **data, size_t *bytes, int *truncated,
-         eph_error_t *err)
+sbx_read(const char *path, size_t max, void **data, size_t *bytes, int *truncated, eph_error_t *err)
 {
   ops_reached++;
   int fd = open_beneath(path, O_RDONLY);
@@ -95,7 +94,10 @@ sbx_list(const char *path, eph_dirent_t **entries, size_t *count, eph_error_t *e
       continue;
     v = eph_xrealloc(v, (n + 1) * sizeof *v);
     v[n].name = eph_xstrdup(de->d_name);
-    v[n].type = S_ISREG(st.st_mode) ? 'f' : S_ISDIR(st.st_mode) ? 'd' : S_ISLNK(st.st_mode) ? 'l' : '?';
+    v[n].type = S_ISREG(st.st_mode)   ? 'f'
+                : S_ISDIR(st.st_mode) ? 'd'
+                : S_ISLNK(st.st_mode) ? 'l'
+                                      : '?';
     v[n].size_bytes = (uint64_t)st.st_size;
     v[n].mtime_s = st.st_mtime;
     n++;
@@ -157,15 +159,17 @@ static const eph_plugin_slot_t *
 load(const char *cfg)
 {
   eph_error_t err = {0};
-  return th_load(&th_plugins, "tool-file", cfg ? cfg : "tool-file: { max_read_bytes = 64; max_write_bytes = 300; };",
-                 0, &err);
+  return th_load(&th_plugins, "tool-file",
+                 cfg ? cfg : "tool-file: { max_read_bytes = 64; max_write_bytes = 300; };", 0,
+                 &err);
 }
 
 static void
 test_round_trip_text_and_binary(void **state)
 {
   const eph_plugin_slot_t *s = load(NULL);
-  json_object *r = call(s, "file_write", "{\"path\":\"notes/a.txt\",\"content\":\"héllo\\nworld\"}");
+  json_object *r =
+      call(s, "file_write", "{\"path\":\"notes/a.txt\",\"content\":\"héllo\\nworld\"}");
   /* notes/ does not exist: the fake, like the guest's contract, does not create it. */
   json_object_put(r);
   r = call(s, "file_write", "{\"path\":\"a.txt\",\"content\":\"h\\u00e9llo\\nworld\"}");
@@ -262,8 +266,8 @@ static void
 test_plain_escapes_never_leave_the_plugin(void **state)
 {
   const eph_plugin_slot_t *s = load(NULL);
-  static const char *const bad[] = {"../outside.txt", "/etc/passwd", "a/../../outside.txt",
-                                    "..", "a/..", ""};
+  static const char *const bad[] = {
+      "../outside.txt", "/etc/passwd", "a/../../outside.txt", "..", "a/..", ""};
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     cleanup_free char *ra = eph_xasprintf("{\"path\":\"%s\"}", bad[i]);
     cleanup_free char *wa = eph_xasprintf("{\"path\":\"%s\",\"content\":\"x\"}", bad[i]);

@@ -68,9 +68,9 @@ static json_object *
 fetch(const eph_plugin_slot_t *s, const char *url, const char *method)
 {
   eph_error_t err = {0};
-  cleanup_free char *args =
-      method ? eph_xasprintf("{\"url\":\"%s\",\"method\":\"%s\"}", url, method)
-             : eph_xasprintf("{\"url\":\"%s\"}", url);
+  cleanup_free char *args = method
+                                ? eph_xasprintf("{\"url\":\"%s\",\"method\":\"%s\"}", url, method)
+                                : eph_xasprintf("{\"url\":\"%s\"}", url);
   json_object *r = th_call(s, "web_fetch", args, "{\"web\":true}", 0, &err);
   if (!r)
     fail_msg("web_fetch returned an error: %s", err.message);
@@ -224,14 +224,13 @@ test_redirects(void **state)
   assert_non_null(strstr(str_of(r, "error"), "169.254.169.254"));
   assert_int_equal(th_httpd_count(httpd), before + 1); /* only the first hop */
   json_object_put(r);
-  cleanup_free char *den = eph_xasprintf(
-      "http://127.0.0.1:%d/redirect?to=http%%3A%%2F%%2Fx.denied.test%%2F", port);
+  cleanup_free char *den =
+      eph_xasprintf("http://127.0.0.1:%d/redirect?to=http%%3A%%2F%%2Fx.denied.test%%2F", port);
   r = fetch(s, den, NULL);
   assert_non_null(strstr(str_of(r, "error"), "deny list"));
   json_object_put(r);
   /* A redirect loop stops at max_redirects. */
-  cleanup_free char *loop = eph_xasprintf(
-      "http://127.0.0.1:%d/redirect", port);
+  cleanup_free char *loop = eph_xasprintf("http://127.0.0.1:%d/redirect", port);
   r = fetch(s, loop, NULL);
   assert_non_null(strstr(str_of(r, "error"), "too many redirects"));
   json_object_put(r);
@@ -251,9 +250,9 @@ test_redirect_to_loopback_refused(void **state)
       "tool-web: { allow_private_addresses = true; max_redirects = 3; %s };", ports_cfg());
   const eph_plugin_slot_t *s = th_load(&th_plugins, "tool-web", cfg, 0, &err);
   size_t lo_before = th_httpd_count(httpd), priv_before = th_httpd_count(private_httpd);
-  cleanup_free char *u = eph_xasprintf(
-      "http://10.200.0.1:%d/redirect?to=http%%3A%%2F%%2F127.0.0.1%%3A%d%%2Ftext",
-      th_httpd_port(private_httpd), th_httpd_port(httpd));
+  cleanup_free char *u =
+      eph_xasprintf("http://10.200.0.1:%d/redirect?to=http%%3A%%2F%%2F127.0.0.1%%3A%d%%2Ftext",
+                    th_httpd_port(private_httpd), th_httpd_port(httpd));
   json_object *r = fetch(s, u, NULL);
   assert_non_null(str_of(r, "error"));
   assert_non_null(strstr(str_of(r, "error"), "loopback"));
@@ -261,9 +260,10 @@ test_redirect_to_loopback_refused(void **state)
   assert_int_equal(th_httpd_count(httpd), lo_before);
   json_object_put(r);
   /* The same through the IPv4-mapped IPv6 form. */
-  cleanup_free char *u6 = eph_xasprintf(
-      "http://10.200.0.1:%d/redirect?to=http%%3A%%2F%%2F%%5B%%3A%%3Affff%%3A127.0.0.1%%5D%%3A%d%%2F",
-      th_httpd_port(private_httpd), th_httpd_port(httpd));
+  cleanup_free char *u6 =
+      eph_xasprintf("http://10.200.0.1:%d/"
+                    "redirect?to=http%%3A%%2F%%2F%%5B%%3A%%3Affff%%3A127.0.0.1%%5D%%3A%d%%2F",
+                    th_httpd_port(private_httpd), th_httpd_port(httpd));
   r = fetch(s, u6, NULL);
   assert_non_null(strstr(str_of(r, "error"), "loopback"));
   assert_int_equal(th_httpd_count(httpd), lo_before);
@@ -279,8 +279,8 @@ test_redirect_to_loopback_refused(void **state)
  * 10.201.0.1 (private), 11.200.0.1 (public-looking; no packet leaves these namespaces) and
  * fd00:201::1 on its interfaces, with servers on the two IPv4 ones. Whatever
  * allow_private_addresses says, none is reachable: not directly, not in an IPv6 form that
- * carries the IPv4 (mapped, NAT64, 6to4), not as a redirect hop; while 10.200.0.1, a private address of another
- * machine, is. */
+ * carries the IPv4 (mapped, NAT64, 6to4), not as a redirect hop; while 10.200.0.1, a private
+ * address of another machine, is. */
 static void
 test_host_own_addresses_refused(void **state)
 {
@@ -303,9 +303,9 @@ test_host_own_addresses_refused(void **state)
   }
   /* A redirect from another machine to the host's own address is refused at that hop. */
   size_t priv_before = th_httpd_count(private_httpd);
-  cleanup_free char *hop = eph_xasprintf(
-      "http://10.200.0.1:%d/redirect?to=http%%3A%%2F%%2F10.201.0.1%%3A%d%%2Ftext",
-      th_httpd_port(private_httpd), sp);
+  cleanup_free char *hop =
+      eph_xasprintf("http://10.200.0.1:%d/redirect?to=http%%3A%%2F%%2F10.201.0.1%%3A%d%%2Ftext",
+                    th_httpd_port(private_httpd), sp);
   json_object *r = fetch(s, hop, NULL);
   assert_non_null(str_of(r, "error"));
   assert_non_null(strstr(str_of(r, "error"), "this host's own interfaces"));
@@ -397,8 +397,8 @@ test_zero_data_retention_hides_url(void **state)
 {
   const eph_plugin_slot_t *s = load_web(NULL);
   eph_error_t err = {0};
-  cleanup_free char *args = eph_xasprintf("{\"url\":\"http://127.0.0.1:%d/text?private=1\"}",
-                                          th_httpd_port(httpd));
+  cleanup_free char *args =
+      eph_xasprintf("{\"url\":\"http://127.0.0.1:%d/text?private=1\"}", th_httpd_port(httpd));
   json_object *r = th_call(s, "web_fetch", args, "{\"web\":true}", 1, &err);
   assert_string_equal(str_of(r, "text"), "plain text body");
   cleanup_free char *all = th_everything();
@@ -415,8 +415,8 @@ test_search(void **state)
                                            th_httpd_port(httpd));
   const eph_plugin_slot_t *s = load_web(extra);
   eph_error_t err = {0};
-  json_object *r = th_call(s, "web_search", "{\"query\":\"prime numbers & more\"}",
-                           "{\"web\":true}", 0, &err);
+  json_object *r =
+      th_call(s, "web_search", "{\"query\":\"prime numbers & more\"}", "{\"web\":true}", 0, &err);
   assert_non_null(r);
   json_object *res = NULL;
   assert_true(json_object_object_get_ex(r, "results", &res));
@@ -449,8 +449,8 @@ test_search_unconfigured_and_private(void **state)
   th_unload(&th_plugins);
   /* A loopback search_url needs search_allow_private_addresses. */
   size_t before = th_httpd_count(httpd);
-  cleanup_free char *cfg = eph_xasprintf("tool-web: { search_url = \"http://127.0.0.1:%d/search\"; };",
-                                         th_httpd_port(httpd));
+  cleanup_free char *cfg = eph_xasprintf(
+      "tool-web: { search_url = \"http://127.0.0.1:%d/search\"; };", th_httpd_port(httpd));
   s = th_load(&th_plugins, "tool-web", cfg, 0, &err);
   r = th_call(s, "web_search", "{\"query\":\"x\"}", NULL, 0, &err);
   assert_non_null(strstr(str_of(r, "error"), "loopback"));

@@ -46,8 +46,8 @@ __asan_default_options(void)
 }
 
 typedef struct guest_proc {
-  pid_t pid;   /* the helper that owns the namespaces; exits with the guest */
-  int fd;      /* our end of the stream (moved into g once opened) */
+  pid_t pid; /* the helper that owns the namespaces; exits with the guest */
+  int fd;    /* our end of the stream (moved into g once opened) */
   eph_guest_t *g;
 } guest_proc_t;
 
@@ -147,8 +147,8 @@ stop_guest(guest_proc_t *gp)
 static int
 run(guest_proc_t *gp, const char *command, uint32_t timeout_ms, eph_exec_result_t *res)
 {
-  eph_exec_request_t req = {.struct_size = sizeof req, .command = command,
-                            .timeout_ms = timeout_ms};
+  eph_exec_request_t req = {
+      .struct_size = sizeof req, .command = command, .timeout_ms = timeout_ms};
   eph_error_t err = {0};
   memset(res, 0, sizeof *res);
   int r = eph_guest_exec(gp->g, &req, res, &err);
@@ -177,8 +177,9 @@ test_hello_and_identity(void **state)
   eph_exec_result_t res;
   run(&gp, "id -u; id -g; id -G; pwd; echo \"$HOME $USER $LOGNAME $PATH\"", 0, &res);
   char want[1024];
-  snprintf(want, sizeof want, "1000\n1000\n1000\n%s\n%s worker worker /usr/local/bin:/usr/bin:/bin\n",
-           scratch, scratch);
+  snprintf(want, sizeof want,
+           "1000\n1000\n1000\n%s\n%s worker worker /usr/local/bin:/usr/bin:/bin\n", scratch,
+           scratch);
   assert_string_equal(res.stdout_text, want);
   assert_int_equal(res.exit_code, 0);
   assert_int_equal(res.reason, EPH_END_EXITED);
@@ -264,8 +265,10 @@ test_stdin_binary(void **state)
   unsigned char in[70000];
   for (size_t i = 0; i < sizeof in; i++)
     in[i] = (unsigned char)(i * 7 + i / 256);
-  eph_exec_request_t req = {.struct_size = sizeof req, .command = "cat; printf END",
-                            .stdin_data = in, .stdin_bytes = sizeof in,
+  eph_exec_request_t req = {.struct_size = sizeof req,
+                            .command = "cat; printf END",
+                            .stdin_data = in,
+                            .stdin_bytes = sizeof in,
                             .output_cap_bytes = 1 << 20};
   eph_exec_result_t res;
   eph_error_t err = {0};
@@ -299,13 +302,15 @@ test_files_round_trip(void **state)
   void *back = NULL;
   size_t got = 0;
   int truncated = -1;
-  assert_int_equal(eph_guest_read(gp.g, "dir/sub/blob.bin", n + 10, &back, &got, &truncated, &err), 0);
+  assert_int_equal(eph_guest_read(gp.g, "dir/sub/blob.bin", n + 10, &back, &got, &truncated, &err),
+                   0);
   assert_int_equal(got, n);
   assert_int_equal(truncated, 0);
   assert_memory_equal(back, data, n);
   free(back);
 
-  assert_int_equal(eph_guest_read(gp.g, "dir/sub/blob.bin", 1000, &back, &got, &truncated, &err), 0);
+  assert_int_equal(eph_guest_read(gp.g, "dir/sub/blob.bin", 1000, &back, &got, &truncated, &err),
+                   0);
   assert_int_equal(got, 1000);
   assert_int_equal(truncated, 1);
   assert_memory_equal(back, data, 1000);
@@ -332,10 +337,13 @@ test_files_round_trip(void **state)
    * (and the connection stays usable). */
   run(&gp, "ln -s /etc/passwd evil; ln -s / root; mkfifo pipe", 0, &res);
   eph_exec_result_clear(&res);
-  assert_int_equal(eph_guest_read(gp.g, "../../etc/passwd", 100, &back, &got, &truncated, &err), -EACCES);
-  assert_int_equal(eph_guest_read(gp.g, "/etc/passwd", 100, &back, &got, &truncated, &err), -EACCES);
+  assert_int_equal(eph_guest_read(gp.g, "../../etc/passwd", 100, &back, &got, &truncated, &err),
+                   -EACCES);
+  assert_int_equal(eph_guest_read(gp.g, "/etc/passwd", 100, &back, &got, &truncated, &err),
+                   -EACCES);
   assert_int_equal(eph_guest_read(gp.g, "evil", 100, &back, &got, &truncated, &err), -EACCES);
-  assert_int_equal(eph_guest_read(gp.g, "root/etc/passwd", 100, &back, &got, &truncated, &err), -EACCES);
+  assert_int_equal(eph_guest_read(gp.g, "root/etc/passwd", 100, &back, &got, &truncated, &err),
+                   -EACCES);
   assert_int_equal(eph_guest_write(gp.g, "evil", "x", 1, &err), -EACCES);
   assert_int_equal(eph_guest_read(gp.g, "pipe", 100, &back, &got, &truncated, &err), -EINVAL);
   assert_int_equal(eph_guest_read(gp.g, "missing", 100, &back, &got, &truncated, &err), -ENOENT);
@@ -393,7 +401,8 @@ test_huge_output_capped(void **state)
       .struct_size = sizeof req,
       .command = "head -c 100000 /dev/zero | tr '\\0' h; head -c 199800000 /dev/zero;"
                  " head -c 100000 /dev/zero | tr '\\0' t; echo oops >&2",
-      .output_cap_bytes = 65536, .on_output = count_output};
+      .output_cap_bytes = 65536,
+      .on_output = count_output};
   eph_exec_result_t res;
   eph_error_t err = {0};
   huge_streamed = 0;
@@ -401,8 +410,8 @@ test_huge_output_capped(void **state)
   assert_int_equal(eph_guest_exec(gp.g, &req, &res, &err), 0);
   int64_t ms = eph_now_ms() - t0;
   int64_t peak = field_kib("VmHWM:");
-  print_message("# 200 MB of output in %lld ms; client peak RSS grew %lld KiB\n",
-                (long long)ms, (long long)(peak - base));
+  print_message("# 200 MB of output in %lld ms; client peak RSS grew %lld KiB\n", (long long)ms,
+                (long long)(peak - base));
   assert_int_equal(huge_streamed, total);
   assert_int_equal(res.exit_code, 0);
   assert_int_equal(res.stdout_truncated, 1);
@@ -484,7 +493,8 @@ test_background_killed_at_shutdown(void **state)
   char needle[64];
   snprintf(needle, sizeof needle, "sleep 4321.%d", (int)getpid());
   char cmd[256];
-  snprintf(cmd, sizeof cmd, "setsid %s >/dev/null 2>&1 </dev/null & nohup sh -c '%s' >/dev/null 2>&1 & echo started",
+  snprintf(cmd, sizeof cmd,
+           "setsid %s >/dev/null 2>&1 </dev/null & nohup sh -c '%s' >/dev/null 2>&1 & echo started",
            needle, needle);
   eph_exec_result_t res;
   run(&gp, cmd, 0, &res);
@@ -785,8 +795,11 @@ tool_call(const eph_plugin_t *p, void *st, const char *args_json, int64_t deadli
   const eph_tool_ops_t *ops = p->ops;
   json_object *args = json_tokener_parse(args_json);
   assert_non_null(args);
-  eph_tool_call_t call = {.struct_size = sizeof call, .run_id = "run_test", .tool = "shell",
-                          .args = args, .deadline_ms = deadline_ms};
+  eph_tool_call_t call = {.struct_size = sizeof call,
+                          .run_id = "run_test",
+                          .tool = "shell",
+                          .args = args,
+                          .deadline_ms = deadline_ms};
   json_object *result = NULL;
   eph_error_t err = {0};
   int r = ops->call(st, &call, &result, &err);
@@ -835,15 +848,20 @@ test_shell_tool(void **state)
   guest_proc_t gp;
   start_guest(&gp);
   tool_guest = gp.g;
-  eph_host_t host = {.struct_size = sizeof host, .abi_major = EPH_ABI_MAJOR,
-                     .abi_minor = EPH_ABI_MINOR, .cfg_int = eph_cfg_int,
-                     .cfg_bool = eph_cfg_bool, .cfg_string = eph_cfg_string,
+  eph_host_t host = {.struct_size = sizeof host,
+                     .abi_major = EPH_ABI_MAJOR,
+                     .abi_minor = EPH_ABI_MINOR,
+                     .cfg_int = eph_cfg_int,
+                     .cfg_bool = eph_cfg_bool,
+                     .cfg_string = eph_cfg_string,
                      .sandbox_exec = fake_sandbox_exec,
                      .exec_result_clear = eph_exec_result_clear};
   config_t cfg;
   config_init(&cfg);
-  assert_int_equal(config_read_string(&cfg, "tool-shell: { output_cap_bytes = 100; "
-                                            "max_timeout_seconds = 2; default_timeout_seconds = 2; };"), CONFIG_TRUE);
+  assert_int_equal(config_read_string(&cfg,
+                                      "tool-shell: { output_cap_bytes = 100; "
+                                      "max_timeout_seconds = 2; default_timeout_seconds = 2; };"),
+                   CONFIG_TRUE);
   void *st = NULL;
   eph_error_t err = {0};
   assert_int_equal(p->init(&host, config_lookup(&cfg, "tool-shell"), &st, &err), 0);
@@ -887,7 +905,9 @@ test_shell_tool(void **state)
 
   /* Bytes that are not UTF-8 reach the model as U+FFFD, so the result is valid JSON. */
   r = tool_call(p, st, "{\"command\":\"printf 'a\\\\377b\\\\000c'\"}", 0);
-  assert_string_equal(jstr(r, "stdout"), "a\xef\xbf\xbd" "b\xef\xbf\xbd" "c");
+  assert_string_equal(jstr(r, "stdout"), "a\xef\xbf\xbd"
+                                         "b\xef\xbf\xbd"
+                                         "c");
   json_object_put(r);
 
   /* Bad arguments are answers for the model, not tool failures. */

@@ -30,7 +30,8 @@ th_load(eph_plugins_t *ps, const char *name, const char *config_text, int expect
         eph_error_t *err)
 {
   const char *builddir = getenv("EPH_BUILDDIR");
-  cleanup_free char *path = eph_xasprintf("%s/plugins/.libs/%s.so", builddir ? builddir : ".", name);
+  cleanup_free char *path =
+      eph_xasprintf("%s/plugins/.libs/%s.so", builddir ? builddir : ".", name);
   config_t *cfg = eph_xcalloc(1, sizeof *cfg);
   config_init(cfg);
   if (config_read_string(cfg, config_text ? config_text : "") != CONFIG_TRUE)
@@ -141,7 +142,8 @@ static enum MHD_Result
 reply(struct MHD_Connection *c, unsigned status, const char *type, const char *body, size_t len,
       const char *hname, const char *hvalue)
 {
-  struct MHD_Response *r = MHD_create_response_from_buffer(len, (void *)body, MHD_RESPMEM_MUST_COPY);
+  struct MHD_Response *r =
+      MHD_create_response_from_buffer(len, (void *)body, MHD_RESPMEM_MUST_COPY);
   MHD_add_response_header(r, "Content-Type", type);
   if (hname && hvalue)
     MHD_add_response_header(r, hname, hvalue);
@@ -177,7 +179,8 @@ handle(void *cls, struct MHD_Connection *c, const char *url, const char *method,
   json_object_object_add(rec, "url", json_object_new_string(url));
   json_object_object_add(rec, "query", query);
   json_object_object_add(rec, "headers", headers);
-  json_object_object_add(rec, "body", json_object_new_string_len(up->body ? up->body : "", (int)up->len));
+  json_object_object_add(rec, "body",
+                         json_object_new_string_len(up->body ? up->body : "", (int)up->len));
   pthread_mutex_lock(&h->lock);
   json_object_array_add(h->requests, json_object_get(rec));
   pthread_mutex_unlock(&h->lock);

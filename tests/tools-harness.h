@@ -1,5 +1,6 @@
 /* Test harness of the tool plugins: the shared fake host (mock-host.h), plugin loading
- * through the real loader, and a real HTTP server on 127.0.0.1 (libmicrohttpd) that logs every request it receives. */
+ * through the real loader, and a real HTTP server on 127.0.0.1 (libmicrohttpd) that logs every
+ * request it receives. */
 #ifndef EPH_TESTS_TOOLS_HARNESS_H
 #define EPH_TESTS_TOOLS_HARNESS_H
 

@@ -10,7 +10,9 @@ typedef struct hello {
 } hello_t;
 
 static const eph_config_key_t hello_keys[] = {
-    {.name = "greeting", .type = EPH_CFG_STRING, .default_text = "\"Hello\"",
+    {.name = "greeting",
+     .type = EPH_CFG_STRING,
+     .default_text = "\"Hello\"",
      .doc = "Word the tool greets with."},
     {0},
 };
@@ -49,8 +51,7 @@ static const eph_tool_ops_t hello_ops = {
 };
 
 static int
-hello_init(const eph_host_t *host, const config_setting_t *config, void **state,
-           eph_error_t *err)
+hello_init(const eph_host_t *host, const config_setting_t *config, void **state, eph_error_t *err)
 {
   hello_t *h = calloc(1, sizeof *h);
   if (!h)

@@ -97,7 +97,8 @@ static uint64_t
 keyed_value(const char *text, const char *key)
 {
   size_t klen = strlen(key);
-  for (const char *line = text; line && *line; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL) {
+  for (const char *line = text; line && *line;
+       line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL) {
     if (strncmp(line, key, klen) == 0 && line[klen] == ' ')
       return strtoull(line + klen + 1, NULL, 10);
   }
@@ -143,7 +144,8 @@ jail_cg_init(jail_cgroups_t *cg, const char *root, const char *parent, eph_error
   if (cg->v2) {
     char ctl[512];
     if (v2_sockets_uncharged())
-      return eph_error_set(err, ENOTSUP, "cgroup v2: the kernel was booted with "
+      return eph_error_set(err, ENOTSUP,
+                           "cgroup v2: the kernel was booted with "
                            "cgroup.memory=nosocket, so a sandbox's socket buffers would "
                            "escape memory.max; refusing to start");
     cleanup_close int rootfd = open(root, O_PATH | O_DIRECTORY | O_CLOEXEC);
@@ -153,8 +155,8 @@ jail_cg_init(jail_cgroups_t *cg, const char *root, const char *parent, eph_error
       return eph_error_set(err, errno, "%s/cgroup.controllers: %s", root, strerror(errno));
     for (const char *c = "memory\0pids\0cpu\0"; *c; c += strlen(c) + 1)
       if (!strstr(ctl, c))
-        return eph_error_set(err, ENOTSUP, "cgroup v2 root %s: controller '%s' not available",
-                             root, c);
+        return eph_error_set(err, ENOTSUP, "cgroup v2 root %s: controller '%s' not available", root,
+                             c);
     /* The root's subtree_control may already hold them; writing is idempotent. */
     int r = write_at(rootfd, "cgroup.subtree_control", "+memory +pids +cpu");
     if (r < 0)
@@ -181,8 +183,10 @@ jail_cg_init(jail_cgroups_t *cg, const char *root, const char *parent, eph_error
     if (access(path, F_OK) < 0) {
       int e = errno;
       jail_cg_fini(cg);
-      return eph_error_set(err, e, "cgroup v1 controller %s: %s (neither %s/cgroup.controllers "
-                           "nor a v1 hierarchy found)", path, strerror(e), root);
+      return eph_error_set(err, e,
+                           "cgroup v1 controller %s: %s (neither %s/cgroup.controllers "
+                           "nor a v1 hierarchy found)",
+                           path, strerror(e), root);
     }
     snprintf(path, sizeof path, "%s/%s/%s", root, v1_controllers[i], parent);
     if (mkdir(path, 0755) < 0 && errno != EEXIST) {
@@ -202,9 +206,11 @@ jail_cg_init(jail_cgroups_t *cg, const char *root, const char *parent, eph_error
   cg->kmem = exists_at(cg->parent_fd[JAIL_CG_MEMORY], "memory.kmem.limit_in_bytes");
   if (!exists_at(cg->parent_fd[JAIL_CG_MEMORY], "memory.kmem.tcp.limit_in_bytes")) {
     jail_cg_fini(cg);
-    return eph_error_set(err, ENOTSUP, "cgroup v1 %s/memory: no memory.kmem.tcp.limit_in_bytes "
+    return eph_error_set(err, ENOTSUP,
+                         "cgroup v1 %s/memory: no memory.kmem.tcp.limit_in_bytes "
                          "(kernel without CONFIG_MEMCG_KMEM?): a sandbox's TCP buffers would "
-                         "escape its memory limit; refusing to start", root);
+                         "escape its memory limit; refusing to start",
+                         root);
   }
   return 0;
 }
@@ -281,9 +287,10 @@ write_limits(jail_cgroups_t *cg, const char *name, const jail_limits_t *lim, eph
   char back[64] = "";
   if (read_at(mem, "memory.kmem.tcp.limit_in_bytes", back, sizeof back) < 0 ||
       strtoull(back, NULL, 10) != tcp)
-    return eph_error_set(err, EIO, "%s/memory.kmem.tcp.limit_in_bytes: wrote %s, read back "
-                         "'%.20s': the sandbox's TCP buffers would not be limited", where, v,
-                         back);
+    return eph_error_set(err, EIO,
+                         "%s/memory.kmem.tcp.limit_in_bytes: wrote %s, read back "
+                         "'%.20s': the sandbox's TCP buffers would not be limited",
+                         where, v, back);
 
   cleanup_close int pids = open_group(cg, JAIL_CG_PIDS, name);
   snprintf(where, sizeof where, "%s/%s", cg->parent_path[JAIL_CG_PIDS], name);
@@ -330,8 +337,8 @@ jail_cg_attach(jail_cgroups_t *cg, const char *name, pid_t pid, eph_error_t *err
     snprintf(file, sizeof file, "%s/cgroup.procs", name);
     int r = write_at(cg->parent_fd[i], file, v);
     if (r < 0)
-      return eph_error_set(err, -r, "attach pid %d to %s/%s: %s", (int)pid,
-                           cg->parent_path[i], file, strerror(-r));
+      return eph_error_set(err, -r, "attach pid %d to %s/%s: %s", (int)pid, cg->parent_path[i],
+                           file, strerror(-r));
   }
   return 0;
 }

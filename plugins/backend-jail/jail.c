@@ -52,66 +52,61 @@
 /* ------------------------------------------------------------ configuration */
 
 static const eph_config_key_t jail_keys[] = {
-  {"memory_mib", EPH_CFG_INT, "512", "MiB",
-   "Default memory limit of a sandbox (cgroup memory limit; swap accounted, so swap cannot "
-   "hide it). Must be above scratch_mib: /tmp pages are charged to it.",
-   EPH_CFG_RANGE(16, 1048576)},
-  {"max_memory_mib", EPH_CFG_INT, "4096", "MiB",
-   "Largest memory limit a request may ask for; a larger one is refused.",
-   EPH_CFG_RANGE(16, 1048576)},
-  {"pids", EPH_CFG_INT, "256", NULL,
-   "Default process and thread limit of a sandbox (cgroup pids.max), the guest included.",
-   EPH_CFG_RANGE(2, 4194304)},
-  {"max_pids", EPH_CFG_INT, "4096", NULL, "Largest process limit a request may ask for.",
-   EPH_CFG_RANGE(2, 4194304)},
-  {"cpu_percent", EPH_CFG_INT, "100", "percent",
-   "Default CPU quota (CFS quota; 100 = one core).",
-   EPH_CFG_RANGE(1, 100000)},
-  {"max_cpu_percent", EPH_CFG_INT, "200", "percent",
-   "Largest CPU quota a request may ask for.",
-   EPH_CFG_RANGE(1, 100000)},
-  {"nofile", EPH_CFG_INT, "1024", NULL,
-   "Default open files per process (RLIMIT_NOFILE given to the guest and its commands).",
-   EPH_CFG_RANGE(16, 1048576)},
-  {"max_nofile", EPH_CFG_INT, "65536", NULL, "Largest RLIMIT_NOFILE a request may ask for.",
-   EPH_CFG_RANGE(16, 1048576)},
-  {"scratch_mib", EPH_CFG_INT, "256", "MiB",
-   "Default size of the writable /tmp tmpfs that holds scratch: when full, writes fail "
-   "with ENOSPC.",
-   EPH_CFG_RANGE(1, 1048576)},
-  {"max_scratch_mib", EPH_CFG_INT, "2048", "MiB",
-   "Largest /tmp size a request may ask for.",
-   EPH_CFG_RANGE(1, 1048576)},
-  {"shm_mib", EPH_CFG_INT, "16", "MiB", "Size of the /dev/shm tmpfs.",
-   EPH_CFG_RANGE(1, 65536)},
-  {"uid_base", EPH_CFG_INT, "100000", NULL,
-   "Host uid/gid of slot 0's root; slot k maps inside ids 0..65535 to "
-   "uid_base + k*65536. At least 65536 so no sandbox id is a host user.",
-   EPH_CFG_RANGE(65536, 4294967295)},
-  {"slots", EPH_CFG_INT, "1024", NULL,
-   "How many sandboxes may exist at once on the host (each holds one id range).",
-   EPH_CFG_RANGE(1, 65536)},
-  {"cgroup_root", EPH_CFG_STRING, "\"/sys/fs/cgroup\"", NULL,
-   "Where the cgroup hierarchies are mounted; v2 is detected by cgroup.controllers there, "
-   "else v1 controllers memory, pids and cpu are expected beneath."},
-  {"cgroup_parent", EPH_CFG_STRING, "\"ephemeral\"", NULL,
-   "Name of the parent group holding one group per sandbox (named after the run id)."},
-  {"run_dir", EPH_CFG_STRING, "\"/run/ephemeral/jail\"", NULL,
-   "Host directory of the slot records (owner pid, run id) used by the start-up sweep."},
-  {"hostname", EPH_CFG_STRING, "\"ephemeral\"", NULL, "Host name inside the sandbox."},
-  {"etc_binds", EPH_CFG_LIST, "[\"alternatives\", \"ld.so.cache\", \"ssl\", \"localtime\"]",
-   NULL,
-   "Host /etc entries bound read-only (symlinks recreated) besides the generated passwd, "
-   "group, hostname, hosts and nsswitch.conf. resolv.conf and hosts are refused."},
-  {"usr_binds", EPH_CFG_LIST, "[\"bin\", \"sbin\", \"lib\", \"lib64\", \"libexec\", \"share\"]",
-   NULL,
-   "The host /usr entries bound read-only into the sandbox's otherwise empty /usr (paths "
-   "relative to /usr; a missing one is skipped). /usr is never bound whole: \"local\", "
-   "\"etc\" and anything holding /usr/local/etc (where a default install puts ephemeral's "
-   "configuration) are refused; \"local/bin\" may be added."},
-  {"guest", EPH_CFG_STRING, "\"\"", NULL,
-   "Path of the guest binary; empty = <libexec_dir>/ephemeral-guest."},
-  {0},
+    {"memory_mib", EPH_CFG_INT, "512", "MiB",
+     "Default memory limit of a sandbox (cgroup memory limit; swap accounted, so swap cannot "
+     "hide it). Must be above scratch_mib: /tmp pages are charged to it.",
+     EPH_CFG_RANGE(16, 1048576)},
+    {"max_memory_mib", EPH_CFG_INT, "4096", "MiB",
+     "Largest memory limit a request may ask for; a larger one is refused.",
+     EPH_CFG_RANGE(16, 1048576)},
+    {"pids", EPH_CFG_INT, "256", NULL,
+     "Default process and thread limit of a sandbox (cgroup pids.max), the guest included.",
+     EPH_CFG_RANGE(2, 4194304)},
+    {"max_pids", EPH_CFG_INT, "4096", NULL, "Largest process limit a request may ask for.",
+     EPH_CFG_RANGE(2, 4194304)},
+    {"cpu_percent", EPH_CFG_INT, "100", "percent", "Default CPU quota (CFS quota; 100 = one core).",
+     EPH_CFG_RANGE(1, 100000)},
+    {"max_cpu_percent", EPH_CFG_INT, "200", "percent", "Largest CPU quota a request may ask for.",
+     EPH_CFG_RANGE(1, 100000)},
+    {"nofile", EPH_CFG_INT, "1024", NULL,
+     "Default open files per process (RLIMIT_NOFILE given to the guest and its commands).",
+     EPH_CFG_RANGE(16, 1048576)},
+    {"max_nofile", EPH_CFG_INT, "65536", NULL, "Largest RLIMIT_NOFILE a request may ask for.",
+     EPH_CFG_RANGE(16, 1048576)},
+    {"scratch_mib", EPH_CFG_INT, "256", "MiB",
+     "Default size of the writable /tmp tmpfs that holds scratch: when full, writes fail "
+     "with ENOSPC.",
+     EPH_CFG_RANGE(1, 1048576)},
+    {"max_scratch_mib", EPH_CFG_INT, "2048", "MiB", "Largest /tmp size a request may ask for.",
+     EPH_CFG_RANGE(1, 1048576)},
+    {"shm_mib", EPH_CFG_INT, "16", "MiB", "Size of the /dev/shm tmpfs.", EPH_CFG_RANGE(1, 65536)},
+    {"uid_base", EPH_CFG_INT, "100000", NULL,
+     "Host uid/gid of slot 0's root; slot k maps inside ids 0..65535 to "
+     "uid_base + k*65536. At least 65536 so no sandbox id is a host user.",
+     EPH_CFG_RANGE(65536, 4294967295)},
+    {"slots", EPH_CFG_INT, "1024", NULL,
+     "How many sandboxes may exist at once on the host (each holds one id range).",
+     EPH_CFG_RANGE(1, 65536)},
+    {"cgroup_root", EPH_CFG_STRING, "\"/sys/fs/cgroup\"", NULL,
+     "Where the cgroup hierarchies are mounted; v2 is detected by cgroup.controllers there, "
+     "else v1 controllers memory, pids and cpu are expected beneath."},
+    {"cgroup_parent", EPH_CFG_STRING, "\"ephemeral\"", NULL,
+     "Name of the parent group holding one group per sandbox (named after the run id)."},
+    {"run_dir", EPH_CFG_STRING, "\"/run/ephemeral/jail\"", NULL,
+     "Host directory of the slot records (owner pid, run id) used by the start-up sweep."},
+    {"hostname", EPH_CFG_STRING, "\"ephemeral\"", NULL, "Host name inside the sandbox."},
+    {"etc_binds", EPH_CFG_LIST, "[\"alternatives\", \"ld.so.cache\", \"ssl\", \"localtime\"]", NULL,
+     "Host /etc entries bound read-only (symlinks recreated) besides the generated passwd, "
+     "group, hostname, hosts and nsswitch.conf. resolv.conf and hosts are refused."},
+    {"usr_binds", EPH_CFG_LIST, "[\"bin\", \"sbin\", \"lib\", \"lib64\", \"libexec\", \"share\"]",
+     NULL,
+     "The host /usr entries bound read-only into the sandbox's otherwise empty /usr (paths "
+     "relative to /usr; a missing one is skipped). /usr is never bound whole: \"local\", "
+     "\"etc\" and anything holding /usr/local/etc (where a default install puts ephemeral's "
+     "configuration) are refused; \"local/bin\" may be added."},
+    {"guest", EPH_CFG_STRING, "\"\"", NULL,
+     "Path of the guest binary; empty = <libexec_dir>/ephemeral-guest."},
+    {0},
 };
 
 static int
@@ -133,25 +128,28 @@ read_config(jail_t *j, const config_setting_t *c, const char **cg_root, const ch
     const char *key, *max_key;
     int64_t def, max_def;
   } lim[5] = {
-    {"memory_mib", "max_memory_mib", 512, 4096},
-    {"pids", "max_pids", 256, 4096},
-    {"cpu_percent", "max_cpu_percent", 100, 200},
-    {"nofile", "max_nofile", 1024, 65536}, /* at least 16 (its row): the guest's own floor */
-    {"scratch_mib", "max_scratch_mib", 256, 2048},
+      {"memory_mib", "max_memory_mib", 512, 4096},
+      {"pids", "max_pids", 256, 4096},
+      {"cpu_percent", "max_cpu_percent", 100, 200},
+      {"nofile", "max_nofile", 1024, 65536}, /* at least 16 (its row): the guest's own floor */
+      {"scratch_mib", "max_scratch_mib", 256, 2048},
   };
   for (int i = 0; i < 5; i++) {
     if (cfg_limit(j, c, lim[i].key, lim[i].def, &v[2 * i], err) < 0 ||
         cfg_limit(j, c, lim[i].max_key, lim[i].max_def, &v[2 * i + 1], err) < 0)
       return -err->code;
     if (v[2 * i] > v[2 * i + 1])
-      return eph_error_set(err, EPH_E_CONFIG, "backend-jail: key '%s' (%" PRId64 ") is above "
-                           "'%s' (%" PRId64 ")", lim[i].key, v[2 * i], lim[i].max_key,
-                           v[2 * i + 1]);
+      return eph_error_set(err, EPH_E_CONFIG,
+                           "backend-jail: key '%s' (%" PRId64 ") is above "
+                           "'%s' (%" PRId64 ")",
+                           lim[i].key, v[2 * i], lim[i].max_key, v[2 * i + 1]);
   }
   if (v[8] >= v[0])
-    return eph_error_set(err, EPH_E_CONFIG, "backend-jail: key 'scratch_mib' (%" PRId64 ") "
+    return eph_error_set(err, EPH_E_CONFIG,
+                         "backend-jail: key 'scratch_mib' (%" PRId64 ") "
                          "must be below 'memory_mib' (%" PRId64 "): /tmp pages count as "
-                         "memory, a full /tmp must be ENOSPC and not an OOM kill", v[8], v[0]);
+                         "memory, a full /tmp must be ENOSPC and not an OOM kill",
+                         v[8], v[0]);
   j->def = (jail_limits_t){(uint64_t)v[0] * MIB, (uint32_t)v[2], (uint32_t)v[4], (uint32_t)v[6],
                            (uint64_t)v[8] * MIB};
   j->max = (jail_limits_t){(uint64_t)v[1] * MIB, (uint32_t)v[3], (uint32_t)v[5], (uint32_t)v[7],
@@ -161,7 +159,8 @@ read_config(jail_t *j, const config_setting_t *c, const char **cg_root, const ch
       cfg_limit(j, c, "slots", 1024, &slots, err) < 0)
     return -err->code;
   if ((uint64_t)base + (uint64_t)slots * IDS_PER_SLOT > UINT32_MAX - 1ULL)
-    return eph_error_set(err, EPH_E_CONFIG, "backend-jail: uid_base + slots*65536 passes the "
+    return eph_error_set(err, EPH_E_CONFIG,
+                         "backend-jail: uid_base + slots*65536 passes the "
                          "largest uid (4294967294)");
   j->uid_base = (uint64_t)base;
   j->slots = (uint32_t)slots;
@@ -173,7 +172,8 @@ read_config(jail_t *j, const config_setting_t *c, const char **cg_root, const ch
     return -err->code;
   if (!**cg_parent || strchr(*cg_parent, '/') || **run_dir != '/' || !**hostname ||
       strlen(*hostname) > 64)
-    return eph_error_set(err, EPH_E_CONFIG, "backend-jail: cgroup_parent must be a plain "
+    return eph_error_set(err, EPH_E_CONFIG,
+                         "backend-jail: cgroup_parent must be a plain "
                          "name, run_dir an absolute path, hostname 1-64 characters");
   return 0;
 }
@@ -248,10 +248,8 @@ jail_init(const eph_host_t *host, const config_setting_t *config, void **state, 
   const char **etc_binds = NULL, **usr_binds = NULL;
   bool etc_alloc = false, usr_alloc = false;
   int64_t shm_mib;
-  int r = read_config(j, config, &cg_root, &cg_parent, &run_dir, &hostname, &guest, &shm_mib,
-                      err);
-  if (r < 0 || (r = read_list(config, "etc_binds", etc_default, &etc_binds, &etc_alloc,
-                              err)) < 0)
+  int r = read_config(j, config, &cg_root, &cg_parent, &run_dir, &hostname, &guest, &shm_mib, err);
+  if (r < 0 || (r = read_list(config, "etc_binds", etc_default, &etc_binds, &etc_alloc, err)) < 0)
     goto fail;
   if ((r = read_list(config, "usr_binds", usr_default, &usr_binds, &usr_alloc, err)) < 0) {
     if (etc_alloc)
@@ -420,17 +418,17 @@ unwatch(jail_t *j, struct eph_sandbox *sb)
 /* ------------------------------------------------------------ create */
 
 static int
-check_limits(const jail_t *j, const eph_sandbox_limits_t *in, jail_limits_t *out,
-             eph_error_t *err)
+check_limits(const jail_t *j, const eph_sandbox_limits_t *in, jail_limits_t *out, eph_error_t *err)
 {
   *out = j->def;
-#define TAKE(field, key)                                                                       \
-  if (in->field) {                                                                             \
-    if ((uint64_t)in->field > (uint64_t)j->max.field)                                          \
-      return eph_error_set(err, EINVAL, "limits." #field " %" PRIu64 " is above the operator " \
-                           "maximum (backend-jail key '" key "' = %" PRIu64 ")",                 \
-                           (uint64_t)in->field, (uint64_t)j->max.field);                       \
-    out->field = in->field;                                                                    \
+#define TAKE(field, key)                                                                           \
+  if (in->field) {                                                                                 \
+    if ((uint64_t)in->field > (uint64_t)j->max.field)                                              \
+      return eph_error_set(err, EINVAL,                                                            \
+                           "limits." #field " %" PRIu64 " is above the operator "                  \
+                           "maximum (backend-jail key '" key "' = %" PRIu64 ")",                   \
+                           (uint64_t)in->field, (uint64_t)j->max.field);                           \
+    out->field = in->field;                                                                        \
   }
   TAKE(memory_bytes, "max_memory_mib")
   TAKE(pids, "max_pids")
@@ -439,14 +437,17 @@ check_limits(const jail_t *j, const eph_sandbox_limits_t *in, jail_limits_t *out
   TAKE(scratch_bytes, "max_scratch_mib")
 #undef TAKE
   if (out->pids < 2 || out->nofile < 16)
-    return eph_error_set(err, EINVAL, "limits.pids %u / limits.nofile %u: the guest needs at "
-                         "least 2 processes and 16 files", out->pids, out->nofile);
+    return eph_error_set(err, EINVAL,
+                         "limits.pids %u / limits.nofile %u: the guest needs at "
+                         "least 2 processes and 16 files",
+                         out->pids, out->nofile);
   /* A request that lowers memory without naming scratch gets half its memory as scratch
    * rather than a refusal; one that names both must keep scratch below memory. */
   if (!in->scratch_bytes && out->scratch_bytes >= out->memory_bytes)
     out->scratch_bytes = out->memory_bytes / 2;
   if (out->scratch_bytes >= out->memory_bytes)
-    return eph_error_set(err, EINVAL, "limits.scratch_bytes %" PRIu64 " must be below "
+    return eph_error_set(err, EINVAL,
+                         "limits.scratch_bytes %" PRIu64 " must be below "
                          "limits.memory_bytes %" PRIu64 " (tmpfs pages count as memory)",
                          out->scratch_bytes, out->memory_bytes);
   return 0;
@@ -492,7 +493,8 @@ jail_network_grant(jail_t *j, const eph_sandbox_spec_t *spec, eph_error_t *err)
     return 0;
   if (spec->struct_size < offsetof(eph_sandbox_spec_t, proxy_netns_fd) + sizeof(int) ||
       spec->proxy_netns_fd < 0)
-    return eph_error_set(err, EINVAL, "network grant without the proxy's network namespace "
+    return eph_error_set(err, EINVAL,
+                         "network grant without the proxy's network namespace "
                          "(proxy_netns_fd): refused, the host's own netns is never used");
   return eph_proxy_url_parse(spec->proxy_url, &proxy, &port, err);
 }
@@ -507,9 +509,9 @@ new_boot_id(char *out, size_t size, eph_error_t *err)
     return eph_error_set(err, errno ? errno : EIO, "getrandom (boot_id): %s", strerror(errno));
   b[6] = (unsigned char)((b[6] & 0x0f) | 0x40);
   b[8] = (unsigned char)((b[8] & 0x3f) | 0x80);
-  snprintf(out, size, "%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
-           b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12],
-           b[13], b[14], b[15]);
+  snprintf(out, size, "%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0],
+           b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14],
+           b[15]);
   return 0;
 }
 
@@ -572,24 +574,22 @@ jail_create(void *state, const eph_sandbox_spec_t *spec, eph_sandbox_t **out, in
     goto fail;
   cg_made = true;
   if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, socks) < 0 ||
-      socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, go) < 0 ||
-      pipe2(errp, O_CLOEXEC) < 0) {
-    r = eph_error_set(err, errno, "sandbox %s: socketpair/pipe: %s", sb->run_id,
-                      strerror(errno));
+      socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, go) < 0 || pipe2(errp, O_CLOEXEC) < 0) {
+    r = eph_error_set(err, errno, "sandbox %s: socketpair/pipe: %s", sb->run_id, strerror(errno));
     goto fail;
   }
 
   jail_child_args_t args = {
-    .plan = &j->plan,
-    .go_fd = go[0],
-    .err_fd = errp[1],
-    .guest_fd = socks[1],
-    .exe_fd = j->exe_fd,
-    .scratch_bytes = lim.scratch_bytes,
-    .memory_bytes = lim.memory_bytes,
-    .nofile = lim.nofile,
-    .network = spec->network,
-    .close_fds = {go[1], errp[0], socks[0]},
+      .plan = &j->plan,
+      .go_fd = go[0],
+      .err_fd = errp[1],
+      .guest_fd = socks[1],
+      .exe_fd = j->exe_fd,
+      .scratch_bytes = lim.scratch_bytes,
+      .memory_bytes = lim.memory_bytes,
+      .nofile = lim.nofile,
+      .network = spec->network,
+      .close_fds = {go[1], errp[0], socks[0]},
   };
   if ((r = new_boot_id(args.boot_id, sizeof args.boot_id, err)) < 0)
     goto fail;
@@ -620,8 +620,10 @@ jail_create(void *state, const eph_sandbox_spec_t *spec, eph_sandbox_t **out, in
   if (cgfd >= 0)
     close(cgfd);
   if (pid < 0) {
-    r = eph_error_set(err, errno, "sandbox %s: clone3(new user, pid, mount, net, ipc, uts "
-                      "namespaces): %s", sb->run_id, strerror(errno));
+    r = eph_error_set(err, errno,
+                      "sandbox %s: clone3(new user, pid, mount, net, ipc, uts "
+                      "namespaces): %s",
+                      sb->run_id, strerror(errno));
     goto fail;
   }
   sb->pid = (pid_t)pid;
@@ -638,15 +640,13 @@ jail_create(void *state, const eph_sandbox_spec_t *spec, eph_sandbox_t **out, in
       (r = write_proc(sb->pid, "gid_map", map, err)) < 0) {
     goto fail;
   }
-  if (spec->network &&
-      (r = jail_veth_setup(sb->slot, sb->pid, spec->proxy_url, sb->proxy_ns_fd, sb->veth,
-                           err)) < 0) {
+  if (spec->network && (r = jail_veth_setup(sb->slot, sb->pid, spec->proxy_url, sb->proxy_ns_fd,
+                                            sb->veth, err)) < 0) {
     eph_error_wrap(err, "sandbox %s: egress network", sb->run_id);
     goto fail;
   }
   if (send(go[1], "g", 1, MSG_NOSIGNAL) != 1) {
-    r = eph_error_set(err, errno, "sandbox %s: waking the child: %s", sb->run_id,
-                      strerror(errno));
+    r = eph_error_set(err, errno, "sandbox %s: waking the child: %s", sb->run_id, strerror(errno));
     goto fail;
   }
   /* The move into the groups overlaps the child's mounts (cgroup v1 makes it wait for an
@@ -654,8 +654,7 @@ jail_create(void *state, const eph_sandbox_spec_t *spec, eph_sandbox_t **out, in
   if (!born_in_group && (r = jail_cg_attach(&j->cg, sb->run_id, sb->pid, err)) < 0)
     goto fail;
   if (send(go[1], "c", 1, MSG_NOSIGNAL) != 1) {
-    r = eph_error_set(err, errno, "sandbox %s: waking the child: %s", sb->run_id,
-                      strerror(errno));
+    r = eph_error_set(err, errno, "sandbox %s: waking the child: %s", sb->run_id, strerror(errno));
     goto fail;
   }
 
@@ -793,9 +792,10 @@ jail_destroy(void *state, eph_sandbox_t *sb, eph_sandbox_report_t *report, eph_e
   }
   int r = 0;
   if (rep.processes_left || rep.files_left)
-    r = eph_error_set(err, EBUSY, "sandbox %s: %d process(es) and %d file(s) left after "
-                      "destroy (%d listed at kill time)", sb->run_id, rep.processes_left,
-                      rep.files_left, listed);
+    r = eph_error_set(err, EBUSY,
+                      "sandbox %s: %d process(es) and %d file(s) left after "
+                      "destroy (%d listed at kill time)",
+                      sb->run_id, rep.processes_left, rep.files_left, listed);
   close(sb->pidfd);
   if (sb->proxy_ns_fd >= 0)
     close(sb->proxy_ns_fd);
@@ -806,26 +806,26 @@ jail_destroy(void *state, eph_sandbox_t *sb, eph_sandbox_report_t *report, eph_e
 /* ------------------------------------------------------------ descriptor */
 
 static const eph_backend_ops_t jail_ops = {
-  .struct_size = sizeof(eph_backend_ops_t),
-  .source = "Sandbox",
-  .noun = "sandbox",
-  .create = jail_create,
-  .stats = jail_stats,
-  .destroy = jail_destroy,
-  .sweep = jail_sweep,
+    .struct_size = sizeof(eph_backend_ops_t),
+    .source = "Sandbox",
+    .noun = "sandbox",
+    .create = jail_create,
+    .stats = jail_stats,
+    .destroy = jail_destroy,
+    .sweep = jail_sweep,
 };
 
 EPH_PLUGIN_EXPORT = {
-  .abi_major = EPH_ABI_MAJOR,
-  .abi_minor = EPH_ABI_MINOR,
-  .struct_size = sizeof(eph_plugin_t),
-  .name = "backend-jail",
-  .kind = EPH_KIND_BACKEND,
-  .version = "0.1.0",
-  .description = "Sandbox of Linux namespaces (user, pid, mount, net, ipc, uts, cgroup) with "
-                 "a tmpfs root, cgroup limits and ephemeral-guest as PID 1",
-  .config_keys = jail_keys,
-  .init = jail_init,
-  .fini = jail_fini,
-  .ops = &jail_ops,
+    .abi_major = EPH_ABI_MAJOR,
+    .abi_minor = EPH_ABI_MINOR,
+    .struct_size = sizeof(eph_plugin_t),
+    .name = "backend-jail",
+    .kind = EPH_KIND_BACKEND,
+    .version = "0.1.0",
+    .description = "Sandbox of Linux namespaces (user, pid, mount, net, ipc, uts, cgroup) with "
+                   "a tmpfs root, cgroup limits and ephemeral-guest as PID 1",
+    .config_keys = jail_keys,
+    .init = jail_init,
+    .fini = jail_fini,
+    .ops = &jail_ops,
 };

@@ -27,11 +27,11 @@ enum { JAIL_CG_MEMORY = 0, JAIL_CG_PIDS = 1, JAIL_CG_CPU = 2, JAIL_CG_N = 3 };
  * `ephemeral` parents so a create only does mkdirat/openat relative to them. */
 typedef struct jail_cgroups {
   bool v2;
-  bool memsw;                 /* v1 memory.memsw.* present (swap accounting) */
-  bool kmem;                  /* v1 memory.kmem.limit_in_bytes present */
-  bool swap_max;              /* v2 memory.swap.max present */
-  bool has_kill;              /* v2 cgroup.kill present */
-  int n_dirs;                 /* 3 (v1) or 1 (v2) */
+  bool memsw;                   /* v1 memory.memsw.* present (swap accounting) */
+  bool kmem;                    /* v1 memory.kmem.limit_in_bytes present */
+  bool swap_max;                /* v2 memory.swap.max present */
+  bool has_kill;                /* v2 cgroup.kill present */
+  int n_dirs;                   /* 3 (v1) or 1 (v2) */
   char *parent_path[JAIL_CG_N]; /* owned */
   int parent_fd[JAIL_CG_N];
 } jail_cgroups_t;
@@ -92,8 +92,7 @@ int jail_cg_clone_fd(jail_cgroups_t *cg, const char *name);
 /* Moves pid into the run's group(s). */
 int jail_cg_attach(jail_cgroups_t *cg, const char *name, pid_t pid, eph_error_t *err);
 /* Reads the counters (missing files read as 0). */
-int jail_cg_counters(jail_cgroups_t *cg, const char *name, jail_counters_t *out,
-                     eph_error_t *err);
+int jail_cg_counters(jail_cgroups_t *cg, const char *name, jail_counters_t *out, eph_error_t *err);
 /* SIGKILLs every process listed in the run's group(s) until none is left or timeout_ms
  * passed. Returns how many processes are still listed (0 = empty), or 0 when the group does
  * not exist. */
@@ -115,8 +114,8 @@ int jail_cg_list(jail_cgroups_t *cg, void (*fn)(void *opaque, const char *name),
  * and the proxy's (see veth.c for every rule). Called after the uid maps, before "go". On
  * success host_if (IFNAMSIZ bytes) names the end in the proxy's netns; on failure nothing
  * of the pair is left and host_if is "". */
-int jail_veth_setup(int slot, pid_t pid, const char *proxy_url, int proxy_ns_fd,
-                    char *host_if, eph_error_t *err);
+int jail_veth_setup(int slot, pid_t pid, const char *proxy_url, int proxy_ns_fd, char *host_if,
+                    eph_error_t *err);
 /* Deletes the pair by its end in the proxy's netns (no-op when already gone); exists: true
  * while it is still there. */
 void jail_veth_remove(int proxy_ns_fd, const char *host_if);
@@ -138,18 +137,18 @@ typedef enum jail_op_kind {
 
 typedef struct jail_op {
   jail_op_kind_t kind;
-  bool is_dir;          /* for binds: the source is a directory */
-  unsigned long keep;   /* for binds: MS_* flags of the source mount that must be kept */
-  char *source;         /* host path or symlink text; owned */
-  char *target;         /* path inside the new root, absolute ("/usr"); owned */
-  char *data;           /* JAIL_OP_FILE content; owned */
+  bool is_dir;        /* for binds: the source is a directory */
+  unsigned long keep; /* for binds: MS_* flags of the source mount that must be kept */
+  char *source;       /* host path or symlink text; owned */
+  char *target;       /* path inside the new root, absolute ("/usr"); owned */
+  char *data;         /* JAIL_OP_FILE content; owned */
   size_t bytes;
 } jail_op_t;
 
 typedef struct jail_plan {
   jail_op_t *ops;
   size_t n_ops;
-  char *newroot;        /* where the root tmpfs is mounted in the child's mount ns */
+  char *newroot; /* where the root tmpfs is mounted in the child's mount ns */
   char *hostname;
   uint32_t shm_bytes;
   unsigned char lo_msg[256]; /* RTM_NEWLINK "lo up" built once with libnl's rtnl_link */
@@ -172,23 +171,22 @@ int jail_usr_bind_check(const char *entry, eph_error_t *err);
  * /bin.. (symlinks recreated), /etc basics, /dev nodes; `etc_binds` extra /etc entries
  * (NULL-terminated). 0 or negative + err. */
 int jail_plan_build(jail_plan_t *plan, const char *hostname, uint64_t shm_bytes,
-                    const char *const *usr_binds, const char *const *etc_binds,
-                    eph_error_t *err);
+                    const char *const *usr_binds, const char *const *etc_binds, eph_error_t *err);
 void jail_plan_free(jail_plan_t *plan);
 
 /* What the child needs beyond the plan; all of it set before clone(). */
 typedef struct jail_child_args {
   const jail_plan_t *plan;
-  int go_fd;            /* socket: the parent sends one byte once maps and cgroups are set */
-  int err_fd;           /* write end, CLOEXEC: a jail_child_error_t on failure, EOF on exec */
-  int guest_fd;         /* the sandbox end of the socketpair: becomes fd JAIL_GUEST_FD */
-  int exe_fd;           /* O_PATH fd of the ephemeral-guest binary */
+  int go_fd;    /* socket: the parent sends one byte once maps and cgroups are set */
+  int err_fd;   /* write end, CLOEXEC: a jail_child_error_t on failure, EOF on exec */
+  int guest_fd; /* the sandbox end of the socketpair: becomes fd JAIL_GUEST_FD */
+  int exe_fd;   /* O_PATH fd of the ephemeral-guest binary */
   uint64_t scratch_bytes;
   uint64_t memory_bytes; /* shown as MemTotal in the sandbox's /proc/meminfo */
   char boot_id[40];      /* this sandbox's /proc/sys/kernel/random/boot_id (a UUID) */
   uint32_t nofile;
   int network;
-  int close_fds[3];     /* the parent's ends, inherited by clone: closed first */
+  int close_fds[3]; /* the parent's ends, inherited by clone: closed first */
 } jail_child_args_t;
 
 #define JAIL_GUEST_FD 3
@@ -213,8 +211,8 @@ struct eph_sandbox {
   int64_t created_ms;
   int64_t deadline_ms;
   bool deadline_hit;
-  char veth[16];    /* the egress veth pair's end in the proxy's netns, or "" */
-  int proxy_ns_fd;  /* the proxy's netns (dup of spec->proxy_netns_fd), or -1 */
+  char veth[16];   /* the egress veth pair's end in the proxy's netns, or "" */
+  int proxy_ns_fd; /* the proxy's netns (dup of spec->proxy_netns_fd), or -1 */
 };
 
 typedef struct jail {

@@ -176,8 +176,7 @@ build_lo_up(jail_plan_t *p, eph_error_t *err)
   if (r < 0 || !msg) {
     rtnl_link_put(orig);
     rtnl_link_put(change);
-    return eph_error_set(err, ENOMEM, "building the loopback netlink request: %s",
-                         nl_geterror(r));
+    return eph_error_set(err, ENOMEM, "building the loopback netlink request: %s", nl_geterror(r));
   }
   struct nlmsghdr *h = nlmsg_hdr(msg);
   h->nlmsg_flags |= NLM_F_REQUEST | NLM_F_ACK;
@@ -210,16 +209,18 @@ int
 jail_usr_bind_check(const char *entry, eph_error_t *err)
 {
   size_t n = entry ? strlen(entry) : 0;
-  bool bad = n == 0 || n > 200 || entry[0] == '/' || entry[n - 1] == '/' ||
-             strstr(entry, "//") != NULL;
+  bool bad =
+      n == 0 || n > 200 || entry[0] == '/' || entry[n - 1] == '/' || strstr(entry, "//") != NULL;
   /* No "." or ".." component anywhere: the bind stays under /usr. */
   for (const char *c = entry; !bad && c && *c; c = strchr(c, '/') ? strchr(c, '/') + 1 : NULL) {
     size_t len = strcspn(c, "/");
     bad = (len == 1 && c[0] == '.') || (len == 2 && c[0] == '.' && c[1] == '.');
   }
   if (bad)
-    return eph_error_set(err, EPH_E_CONFIG, "usr_binds: '%s' is not a relative path under /usr "
-                         "(no leading or trailing '/', no '.' or '..')", entry ? entry : "");
+    return eph_error_set(err, EPH_E_CONFIG,
+                         "usr_binds: '%s' is not a relative path under /usr "
+                         "(no leading or trailing '/', no '.' or '..')",
+                         entry ? entry : "");
   /* Configuration lives in /usr/local/etc (a default `make install` of ephemeral puts its
    * own there) and, on some systems, /usr/etc: never bound, nor any parent of them. */
   static const char *const forbidden[] = {"local/etc", "etc", NULL};
@@ -228,8 +229,10 @@ jail_usr_bind_check(const char *entry, eph_error_t *err)
     bool under = strncmp(entry, forbidden[i], fl) == 0 && (entry[fl] == '\0' || entry[fl] == '/');
     bool parent = strncmp(forbidden[i], entry, n) == 0 && forbidden[i][n] == '/';
     if (under || parent)
-      return eph_error_set(err, EPH_E_CONFIG, "usr_binds: '%s' would expose /usr/%s (host "
-                           "configuration): refused", entry, forbidden[i]);
+      return eph_error_set(err, EPH_E_CONFIG,
+                           "usr_binds: '%s' would expose /usr/%s (host "
+                           "configuration): refused",
+                           entry, forbidden[i]);
   }
   return 0;
 }
@@ -292,8 +295,10 @@ jail_plan_build(jail_plan_t *p, const char *hostname, uint64_t shm_bytes,
     char path[4096];
     if (strchr(etc_binds[i], '/') || !strcmp(etc_binds[i], "..") || !strcmp(etc_binds[i], ".") ||
         !strcmp(etc_binds[i], "resolv.conf") || !strcmp(etc_binds[i], "hosts")) {
-      eph_error_set(err, EPH_E_CONFIG, "etc_binds: '%s' is not allowed (a plain /etc entry "
-                    "other than resolv.conf and hosts)", etc_binds[i]);
+      eph_error_set(err, EPH_E_CONFIG,
+                    "etc_binds: '%s' is not allowed (a plain /etc entry "
+                    "other than resolv.conf and hosts)",
+                    etc_binds[i]);
       goto fail;
     }
     snprintf(path, sizeof path, "/etc/%s", etc_binds[i]);
@@ -481,8 +486,8 @@ mask_proc(const jail_child_args_t *a)
 {
   char meminfo[512] = "", boot_id[64] = "", kb[24] = "";
   cat_u64(kb, sizeof kb, a->memory_bytes / 1024);
-  static const char *const keys[] = {"MemTotal", "MemFree", "MemAvailable", "Buffers",
-                                     "Cached", "SwapCached", "SwapTotal", "SwapFree", NULL};
+  static const char *const keys[] = {"MemTotal",   "MemFree",   "MemAvailable", "Buffers", "Cached",
+                                     "SwapCached", "SwapTotal", "SwapFree",     NULL};
   for (size_t i = 0; keys[i]; i++) {
     cat(meminfo, sizeof meminfo, keys[i]);
     cat(meminfo, sizeof meminfo, ":");
@@ -496,10 +501,10 @@ mask_proc(const jail_child_args_t *a)
   const struct {
     const char *name, *target, *text;
   } masks[] = {
-    {"cmdline", "/proc/cmdline", ""},
-    {"boot_id", "/proc/sys/kernel/random/boot_id", boot_id},
-    {"loadavg", "/proc/loadavg", "0.00 0.00 0.00 1/1 1\n"},
-    {"meminfo", "/proc/meminfo", meminfo},
+      {"cmdline", "/proc/cmdline", ""},
+      {"boot_id", "/proc/sys/kernel/random/boot_id", boot_id},
+      {"loadavg", "/proc/loadavg", "0.00 0.00 0.00 1/1 1\n"},
+      {"meminfo", "/proc/meminfo", meminfo},
   };
   char dir[4096], src[4096], dst[4096];
   in_root(dir, sizeof dir, a->plan, "/.proc-masks");
@@ -518,8 +523,8 @@ mask_proc(const jail_child_args_t *a)
     in_root(dst, sizeof dst, a->plan, masks[i].target);
     if (mount(src, dst, NULL, MS_BIND, NULL) < 0)
       die(a, "mask (bind over)", masks[i].target);
-    if (mount(NULL, dst, NULL, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV |
-              MS_NOEXEC, NULL) < 0)
+    if (mount(NULL, dst, NULL, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC,
+              NULL) < 0)
       die(a, "mask (remount read-only)", masks[i].target);
     if (unlink(src) < 0)
       die(a, "unlink the mask of", masks[i].target);

@@ -37,8 +37,10 @@ jail_proc_start_time(pid_t pid)
     return 0;
   /* after ") ": field 3 (state) .. field 22 (starttime) */
   unsigned long long start = 0;
-  if (sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %*u %*u %*d %*d %*d %*d "
-                    "%*d %*d %llu", &start) != 1)
+  if (sscanf(p + 2,
+             "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %*u %*u %*d %*d %*d %*d "
+             "%*d %*d %llu",
+             &start) != 1)
     return 0;
   return start;
 }
@@ -151,9 +153,9 @@ typedef struct sweep_ctx {
   jail_t *j;
   const char *want; /* live_owner(): the run id looked for */
   bool found;
-  char **reaped;    /* run ids reaped so far */
+  char **reaped; /* run ids reaped so far */
   size_t n_reaped;
-  char **live;      /* run ids of live owners at the sweep's start, sorted */
+  char **live; /* run ids of live owners at the sweep's start, sorted */
   size_t n_live;
 } sweep_ctx_t;
 

@@ -80,8 +80,13 @@ host_route(struct nl_sock *sk, int ifindex, uint32_t dst, eph_error_t *err)
 
 /* ------------------------------------------------------------ inside a netns */
 
-enum { STAGE_SANDBOX_NO_V6 = 1, STAGE_PROXY_SIDE = 2, STAGE_SANDBOX_ROUTE = 3,
-       STAGE_REMOVE = 4, STAGE_EXISTS = 5 };
+enum {
+  STAGE_SANDBOX_NO_V6 = 1,
+  STAGE_PROXY_SIDE = 2,
+  STAGE_SANDBOX_ROUTE = 3,
+  STAGE_REMOVE = 4,
+  STAGE_EXISTS = 5
+};
 
 typedef struct inner {
   int ns_fd;
@@ -189,8 +194,8 @@ jail_veth_setup(int slot, pid_t pid, const char *proxy_url, int proxy_ns_fd, cha
   cleanup_close int ns_fd = open(path, O_RDONLY | O_CLOEXEC);
   if (ns_fd < 0)
     return eph_error_set(err, errno, "open %s: %s", path, strerror(errno));
-  inner_t in = {.ns_fd = ns_fd, .stage = STAGE_SANDBOX_NO_V6, .proxy = proxy, .pid = pid,
-                .host_if = name};
+  inner_t in = {
+      .ns_fd = ns_fd, .stage = STAGE_SANDBOX_NO_V6, .proxy = proxy, .pid = pid, .host_if = name};
   if ((r = in_netns(&in, err)) < 0)
     return r;
   in.ns_fd = proxy_ns_fd;

@@ -125,9 +125,10 @@ qemu_exec_copy(const qemu_t *q)
   }
   return 0;
 fail:
-  q->host->log(EPH_LOG_WARN, "backend-qemu: %s: %s; QEMU runs from %s and stays dumpable "
-               "(its own uid still keeps other microVMs out)", path, strerror(e ? e : EIO),
-               q->qemu_path);
+  q->host->log(EPH_LOG_WARN,
+               "backend-qemu: %s: %s; QEMU runs from %s and stays dumpable "
+               "(its own uid still keeps other microVMs out)",
+               path, strerror(e ? e : EIO), q->qemu_path);
   return -1;
 }
 
@@ -180,8 +181,9 @@ build_argv(const qemu_t *q, const launch_t *l, char **argv, size_t max, char sto
    * less. */
   ARG("-append");
   ARGF("%s%s panic=-1 no_timer_check init_on_free=1 i8042.noaux i8042.nokbd eph_tmp_mib=%" PRIu64
-       " eph_pids=%u %s%s%s", q->cfg.console_log ? "console=ttyS0 " : "quiet ", tsc, l->tmp_mib,
-       l->pids, l->tap_fd >= 0 ? l->net : "", l->tap_fd >= 0 ? " " : "", q->cfg.append);
+       " eph_pids=%u %s%s%s",
+       q->cfg.console_log ? "console=ttyS0 " : "quiet ", tsc, l->tmp_mib, l->pids,
+       l->tap_fd >= 0 ? l->net : "", l->tap_fd >= 0 ? " " : "", q->cfg.append);
   if (q->cfg.console_log) {
     ARG("-serial");
     ARG("stdio");
@@ -288,9 +290,9 @@ child_exec(const qemu_t *q, char **argv, const int *src, int nsrc, int log_fd, i
   /* QEMU's own mount namespace, where its binary's path shows the root-only-readable copy
    * (qemu_exec_copy): exec'd as the VM's uid, QEMU starts non-dumpable, and finds its
    * modules and firmware where it always does. Fails closed. */
-  if (exec_src && (unshare(CLONE_NEWNS) < 0 ||
-                   mount(NULL, "/", NULL, MS_REC | MS_SLAVE, NULL) < 0 ||
-                   mount(exec_src, argv[0], NULL, MS_BIND, NULL) < 0)) {
+  if (exec_src &&
+      (unshare(CLONE_NEWNS) < 0 || mount(NULL, "/", NULL, MS_REC | MS_SLAVE, NULL) < 0 ||
+       mount(exec_src, argv[0], NULL, MS_BIND, NULL) < 0)) {
     /* strerror is not async-signal-safe: the errno in digits */
     int e = errno;
     char msg[] = "backend-qemu: binding the unreadable QEMU copy failed: errno 000\n";
@@ -319,8 +321,8 @@ child_exec(const qemu_t *q, char **argv, const int *src, int nsrc, int log_fd, i
    * 767 ms (12 interleaved pairs). */
   if (slot >= 0) {
     uid_t id = (uid_t)(q->cfg.uid_base + slot);
-    if (setgroups(extra_gid != (gid_t)-1 ? 1 : 0, &extra_gid) < 0 ||
-        setresgid(id, id, id) < 0 || setresuid(id, id, id) < 0) {
+    if (setgroups(extra_gid != (gid_t)-1 ? 1 : 0, &extra_gid) < 0 || setresgid(id, id, id) < 0 ||
+        setresuid(id, id, id) < 0) {
       static const char msg[] = "backend-qemu: dropping privileges failed\n";
       (void)!write(2, msg, sizeof msg - 1);
       _exit(126);
@@ -424,13 +426,13 @@ launch_qemu(const qemu_t *q, const launch_t *l, vmproc_t *vm, int *guest_fd, int
   snprintf(path, sizeof path, "%s/vmlinuz", q->cfg.image_dir);
   cleanup_close int kfd = open(path, O_RDONLY | O_CLOEXEC);
   if (kfd < 0)
-    return eph_error_set(err, errno, "guest image: %s: %s (build it with `make guest-image`)",
-                         path, strerror(errno));
+    return eph_error_set(err, errno, "guest image: %s: %s (build it with `make guest-image`)", path,
+                         strerror(errno));
   snprintf(path, sizeof path, "%s/initrd.cpio", q->cfg.image_dir);
   cleanup_close int ifd = open(path, O_RDONLY | O_CLOEXEC);
   if (ifd < 0)
-    return eph_error_set(err, errno, "guest image: %s: %s (build it with `make guest-image`)",
-                         path, strerror(errno));
+    return eph_error_set(err, errno, "guest image: %s: %s (build it with `make guest-image`)", path,
+                         strerror(errno));
   if (access(q->qemu_path, X_OK) < 0)
     return eph_error_set(err, errno, "%s: %s (install the Debian package qemu-system-x86)",
                          q->qemu_path, strerror(errno));
@@ -445,9 +447,12 @@ launch_qemu(const qemu_t *q, const launch_t *l, vmproc_t *vm, int *guest_fd, int
       socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, lp) < 0) {
     int e = errno;
     for (int i = 0; i < 2; i++) {
-      if (gp[i] >= 0) close(gp[i]);
-      if (mp[i] >= 0) close(mp[i]);
-      if (lp[i] >= 0) close(lp[i]);
+      if (gp[i] >= 0)
+        close(gp[i]);
+      if (mp[i] >= 0)
+        close(mp[i]);
+      if (lp[i] >= 0)
+        close(lp[i]);
     }
     release_slot(q, slot);
     return eph_error_set(err, e, "socketpair: %s", strerror(e));
@@ -551,8 +556,7 @@ boot_and_hello(const qemu_t *q, const char *dir, const launch_t *l, vmproc_t *vm
       continue;
     r = eph_frame_reader_feed(&rd, *guest_fd, &hello);
     if (r < 0) {
-      r = eph_error_set(err, EPH_E_PROTOCOL, "guest stream: %s",
-                        rd.why[0] ? rd.why : strerror(-r));
+      r = eph_error_set(err, EPH_E_PROTOCOL, "guest stream: %s", rd.why[0] ? rd.why : strerror(-r));
       break;
     }
   }

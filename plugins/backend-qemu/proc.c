@@ -61,8 +61,10 @@ start_time(pid_t pid)
   char *p = strrchr(buf, ')');
   unsigned long long t = 0;
   /* after ")": state(3) ppid(4) ... starttime(22) */
-  if (!p || sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %*u %*u %*d %*d %*d "
-                          "%*d %*d %*d %llu", &t) != 1)
+  if (!p || sscanf(p + 2,
+                   "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %*u %*u %*d %*d %*d "
+                   "%*d %*d %*d %llu",
+                   &t) != 1)
     return 0;
   return t;
 }
@@ -173,7 +175,6 @@ find_in_path(const char *prog, char *out, size_t size)
     }
   }
 }
-
 
 /* Processes whose real or effective uid is `uid`; with kill_them they get SIGKILL. */
 int

@@ -65,56 +65,56 @@
 /* ------------------------------------------------------------ configuration */
 
 static const eph_config_key_t qemu_keys[] = {
-  {"qemu", EPH_CFG_STRING, "\"qemu-system-x86_64\"", NULL,
-   "The QEMU system emulator (searched in PATH unless absolute)."},
-  {"image_dir", EPH_CFG_STRING, "\"\"", NULL,
-   "Directory of the guest image (vmlinuz, initrd.cpio, image.sha256) written by "
-   "`make guest-image`; empty = <state_dir>/guest-image."},
-  {"accel", EPH_CFG_STRING, "\"auto\"", NULL,
-   "\"kvm\", \"tcg\" or \"auto\": auto uses KVM only after a bounded test boot under KVM "
-   "reached the guest's hello (verdict cached in <state_dir>/qemu/accel), else TCG."},
-  {"kvm_probe_ms", EPH_CFG_INT, "5000", "ms",
-   "How long the auto test boot under KVM may take before KVM is judged unusable."},
-  {"memory_mib", EPH_CFG_INT, "512", "MiB",
-   "Default guest RAM (-m). The read-only root lives in it (about 60 MiB), so does /tmp."},
-  {"min_memory_mib", EPH_CFG_INT, "256", "MiB",
-   "Smallest guest RAM: a smaller request is raised to it (the root must fit)."},
-  {"max_memory_mib", EPH_CFG_INT, "4096", "MiB",
-   "Largest guest RAM a request may ask for; a larger one is refused."},
-  {"max_vcpus", EPH_CFG_INT, "2", NULL,
-   "Most vCPUs (-smp); a request gets ceil(cpu_percent / 100) of them, at least one."},
-  {"scratch_mib", EPH_CFG_INT, "128", "MiB",
-   "Default size of the guest's /tmp tmpfs (holds scratch; full = ENOSPC). Passed on "
-   "the kernel command line as eph_tmp_mib."},
-  {"max_scratch_mib", EPH_CFG_INT, "2048", "MiB", "Largest /tmp a request may ask for."},
-  {"pids", EPH_CFG_INT, "256", NULL,
-   "Default process limit of the worker (RLIMIT_NPROC of uid 1000 in the guest, set by /init "
-   "from eph_pids on the kernel command line)."},
-  {"max_pids", EPH_CFG_INT, "4096", NULL, "Largest process limit a request may ask for."},
-  {"snapshot", EPH_CFG_BOOL, "true", NULL,
-   "Start sandboxes from a saved ready guest (one cold boot per image and limits, saved "
-   "under <state_dir>/qemu/snapshots) instead of booting each; false = always cold boot."},
-  {"snapshot_max_bytes", EPH_CFG_INT, "1073741824", "bytes",
-   "Most disk space the saved snapshots may take (~200 MB each): after a save, the least "
-   "recently used ones are removed until they fit, never one a sandbox is starting from. "
-   "`ephemeral snapshots list|prune` shows and trims them by hand."},
-  {"tsc_khz", EPH_CFG_INT, "0", "kHz",
-   "The host's TSC rate a cold-booting TCG guest is told (its own calibration against the "
-   "emulated timer fails now and then on a busy host); 0 = measured once (~20 ms) at the "
-   "first cold boot. Never part of a snapshot's identity."},
-  {"uid_base", EPH_CFG_INT, "68000000", NULL,
-   "When ephemeral runs as root, the QEMU of the microVM in slot k runs as uid and gid "
-   "uid_base + k, ids owning nothing: two microVMs never share one, so neither can read "
-   "the other's /proc files, ptrace it or signal it. The range must not meet a host user "
-   "or the jail's (backend-jail uid_base + slots*65536; the defaults end at 67208864)."},
-  {"slots", EPH_CFG_INT, "1024", NULL,
-   "How many microVMs (and their ids) may exist at once; slot records live in "
-   "<state_dir>/qemu/slots."},
-  {"append", EPH_CFG_STRING, "\"\"", NULL,
-   "Extra kernel command line. eph_init=PATH replaces the guest (tests use a bogus one)."},
-  {"console_log", EPH_CFG_BOOL, "false", NULL,
-   "Keep the guest kernel's console in the sandbox's qemu.log (debugging; slower boots)."},
-  {0},
+    {"qemu", EPH_CFG_STRING, "\"qemu-system-x86_64\"", NULL,
+     "The QEMU system emulator (searched in PATH unless absolute)."},
+    {"image_dir", EPH_CFG_STRING, "\"\"", NULL,
+     "Directory of the guest image (vmlinuz, initrd.cpio, image.sha256) written by "
+     "`make guest-image`; empty = <state_dir>/guest-image."},
+    {"accel", EPH_CFG_STRING, "\"auto\"", NULL,
+     "\"kvm\", \"tcg\" or \"auto\": auto uses KVM only after a bounded test boot under KVM "
+     "reached the guest's hello (verdict cached in <state_dir>/qemu/accel), else TCG."},
+    {"kvm_probe_ms", EPH_CFG_INT, "5000", "ms",
+     "How long the auto test boot under KVM may take before KVM is judged unusable."},
+    {"memory_mib", EPH_CFG_INT, "512", "MiB",
+     "Default guest RAM (-m). The read-only root lives in it (about 60 MiB), so does /tmp."},
+    {"min_memory_mib", EPH_CFG_INT, "256", "MiB",
+     "Smallest guest RAM: a smaller request is raised to it (the root must fit)."},
+    {"max_memory_mib", EPH_CFG_INT, "4096", "MiB",
+     "Largest guest RAM a request may ask for; a larger one is refused."},
+    {"max_vcpus", EPH_CFG_INT, "2", NULL,
+     "Most vCPUs (-smp); a request gets ceil(cpu_percent / 100) of them, at least one."},
+    {"scratch_mib", EPH_CFG_INT, "128", "MiB",
+     "Default size of the guest's /tmp tmpfs (holds scratch; full = ENOSPC). Passed on "
+     "the kernel command line as eph_tmp_mib."},
+    {"max_scratch_mib", EPH_CFG_INT, "2048", "MiB", "Largest /tmp a request may ask for."},
+    {"pids", EPH_CFG_INT, "256", NULL,
+     "Default process limit of the worker (RLIMIT_NPROC of uid 1000 in the guest, set by /init "
+     "from eph_pids on the kernel command line)."},
+    {"max_pids", EPH_CFG_INT, "4096", NULL, "Largest process limit a request may ask for."},
+    {"snapshot", EPH_CFG_BOOL, "true", NULL,
+     "Start sandboxes from a saved ready guest (one cold boot per image and limits, saved "
+     "under <state_dir>/qemu/snapshots) instead of booting each; false = always cold boot."},
+    {"snapshot_max_bytes", EPH_CFG_INT, "1073741824", "bytes",
+     "Most disk space the saved snapshots may take (~200 MB each): after a save, the least "
+     "recently used ones are removed until they fit, never one a sandbox is starting from. "
+     "`ephemeral snapshots list|prune` shows and trims them by hand."},
+    {"tsc_khz", EPH_CFG_INT, "0", "kHz",
+     "The host's TSC rate a cold-booting TCG guest is told (its own calibration against the "
+     "emulated timer fails now and then on a busy host); 0 = measured once (~20 ms) at the "
+     "first cold boot. Never part of a snapshot's identity."},
+    {"uid_base", EPH_CFG_INT, "68000000", NULL,
+     "When ephemeral runs as root, the QEMU of the microVM in slot k runs as uid and gid "
+     "uid_base + k, ids owning nothing: two microVMs never share one, so neither can read "
+     "the other's /proc files, ptrace it or signal it. The range must not meet a host user "
+     "or the jail's (backend-jail uid_base + slots*65536; the defaults end at 67208864)."},
+    {"slots", EPH_CFG_INT, "1024", NULL,
+     "How many microVMs (and their ids) may exist at once; slot records live in "
+     "<state_dir>/qemu/slots."},
+    {"append", EPH_CFG_STRING, "\"\"", NULL,
+     "Extra kernel command line. eph_init=PATH replaces the guest (tests use a bogus one)."},
+    {"console_log", EPH_CFG_BOOL, "false", NULL,
+     "Keep the guest kernel's console in the sandbox's qemu.log (debugging; slower boots)."},
+    {0},
 };
 
 struct eph_sandbox {
@@ -124,8 +124,8 @@ struct eph_sandbox {
   qmp_t qmp;
   int64_t created_ms, deadline_ms; /* deadline_ms: the run's (0 = none) */
   bool restored;
-  int proxy_ns_fd;     /* a dup of spec->proxy_netns_fd when the microVM has a NIC, else -1 */
-  char tap[IFNAMSIZ];  /* the NIC's tap in that netns ("" without one) */
+  int proxy_ns_fd;    /* a dup of spec->proxy_netns_fd when the microVM has a NIC, else -1 */
+  char tap[IFNAMSIZ]; /* the NIC's tap in that netns ("" without one) */
 };
 
 /* ------------------------------------------------------------ init / fini */
@@ -159,21 +159,21 @@ read_config(qemu_t *q, const config_setting_t *c, eph_error_t *err)
     return r;
   if (strcmp(k->accel, "auto") && strcmp(k->accel, "kvm") && strcmp(k->accel, "tcg"))
     return eph_error_set(err, EPH_E_CONFIG,
-                         "backend-qemu: key 'accel': \"%s\" is none of kvm, tcg, auto",
-                         k->accel);
+                         "backend-qemu: key 'accel': \"%s\" is none of kvm, tcg, auto", k->accel);
   if (k->min_memory_mib < 128 || k->memory_mib < k->min_memory_mib ||
       k->max_memory_mib < k->memory_mib)
-    return eph_error_set(err, EPH_E_CONFIG, "backend-qemu: keys 'min_memory_mib' <= "
+    return eph_error_set(err, EPH_E_CONFIG,
+                         "backend-qemu: keys 'min_memory_mib' <= "
                          "'memory_mib' <= 'max_memory_mib' (and min >= 128) do not hold");
   if (k->max_vcpus < 1 || k->max_vcpus > 64)
     return eph_error_set(err, EPH_E_CONFIG, "backend-qemu: key 'max_vcpus': 1..64");
   if (k->scratch_mib < 1 || k->max_scratch_mib < k->scratch_mib)
-    return eph_error_set(err, EPH_E_CONFIG,
-                         "backend-qemu: key 'scratch_mib': 1..max_scratch_mib");
+    return eph_error_set(err, EPH_E_CONFIG, "backend-qemu: key 'scratch_mib': 1..max_scratch_mib");
   if (k->slots < 1 || k->slots > 65536)
     return eph_error_set(err, EPH_E_CONFIG, "backend-qemu: key 'slots': 1..65536");
   if (k->uid_base < 1000 || k->uid_base + k->slots > 0xfffffffe)
-    return eph_error_set(err, EPH_E_CONFIG, "backend-qemu: key 'uid_base': 1000 .. "
+    return eph_error_set(err, EPH_E_CONFIG,
+                         "backend-qemu: key 'uid_base': 1000 .. "
                          "4294967294 - slots (a microVM must never run as root or a system id)");
   if (k->snapshot_max_bytes < 0)
     return eph_error_set(err, EPH_E_CONFIG, "backend-qemu: key 'snapshot_max_bytes': >= 0");
@@ -204,8 +204,7 @@ qemu_fini(void *state)
 }
 
 static int
-qemu_init(const eph_host_t *host, const config_setting_t *config, void **state,
-          eph_error_t *err)
+qemu_init(const eph_host_t *host, const config_setting_t *config, void **state, eph_error_t *err)
 {
   qemu_t *q = calloc(1, sizeof *q);
   if (!q)
@@ -240,7 +239,6 @@ fail:
   qemu_fini(q);
   return r;
 }
-
 
 /* The frame that gives a restored guest its own identity: fresh entropy for the kernel's
  * pool (every restored copy starts with the same CRNG state), the wall clock (frozen at
@@ -288,8 +286,7 @@ cpu_ms(pid_t pid)
   char *p = strrchr(buf, ')');
   unsigned long long ut, st;
   /* after ")": state(3) ... utime(14) stime(15) */
-  if (!p || sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut,
-                   &st) != 2)
+  if (!p || sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut, &st) != 2)
     return -1;
   long hz = sysconf(_SC_CLK_TCK);
   return hz > 0 ? (int64_t)((ut + st) * 1000ULL / (unsigned long long)hz) : -1;
@@ -305,7 +302,8 @@ add_network(const eph_sandbox_spec_t *spec, eph_sandbox_t *s, launch_t *l, eph_e
   if (!spec->network)
     return 0;
   if (spec->struct_size < offsetof(eph_sandbox_spec_t, proxy_netns_fd) + sizeof(int))
-    return eph_error_set(err, ENOTSUP, "backend-qemu: network=1 from a core without "
+    return eph_error_set(err, ENOTSUP,
+                         "backend-qemu: network=1 from a core without "
                          "proxy_netns_fd: refused");
   uint32_t proxy;
   int fd = qemu_tap_open(spec->proxy_netns_fd, spec->proxy_url, &proxy, s->tap, err);
@@ -340,8 +338,8 @@ qemu_create(void *state, const eph_sandbox_spec_t *spec, eph_sandbox_t **out, in
   *out = NULL;
   *guest_fd = -1;
   int r;
-  uint64_t mem = spec->limits.memory_bytes ? spec->limits.memory_bytes / MIB
-                                           : (uint64_t)k->memory_mib;
+  uint64_t mem =
+      spec->limits.memory_bytes ? spec->limits.memory_bytes / MIB : (uint64_t)k->memory_mib;
   if (mem > (uint64_t)k->max_memory_mib)
     return eph_error_set(err, EINVAL, "memory %" PRIu64 " MiB is above max_memory_mib %" PRId64,
                          mem, k->max_memory_mib);
@@ -374,9 +372,15 @@ qemu_create(void *state, const eph_sandbox_spec_t *spec, eph_sandbox_t **out, in
 
   char name[128];
   snprintf(name, sizeof name, "ephemeral-%s", s->run_id);
-  launch_t l = {.name = name, .memory_mib = mem, .vcpus = vcpus, .tmp_mib = tmp,
-                .pids = (unsigned)pids, .deadline_ms = spec->deadline_ms,
-                .incoming_fd = -1, .log_fd = -1, .tap_fd = -1};
+  launch_t l = {.name = name,
+                .memory_mib = mem,
+                .vcpus = vcpus,
+                .tmp_mib = tmp,
+                .pids = (unsigned)pids,
+                .deadline_ms = spec->deadline_ms,
+                .incoming_fd = -1,
+                .log_fd = -1,
+                .tap_fd = -1};
   pthread_mutex_lock(&q->lock);
   if (!q->exec_checked && geteuid() == 0 && qemu_exec_copy(q) == 0)
     snprintf(q->exec_copy, sizeof q->exec_copy, "%s/bin/qemu", q->base);
@@ -403,8 +407,10 @@ qemu_create(void *state, const eph_sandbox_spec_t *spec, eph_sandbox_t **out, in
     if ((snap_fd = snapshot_open(q, &l, deadline, &serr)) < 0) {
       snap_fd = -1;
       if (eph_now_ms() >= deadline) {
-        r = eph_error_set(err, ETIMEDOUT, "the guest sent no hello before the run deadline "
-                          "(while saving its snapshot): %s", serr.message);
+        r = eph_error_set(err, ETIMEDOUT,
+                          "the guest sent no hello before the run deadline "
+                          "(while saving its snapshot): %s",
+                          serr.message);
         goto fail;
       }
       q->host->log(EPH_LOG_WARN, "snapshot unavailable, cold boot: %s", serr.message);
@@ -446,17 +452,19 @@ qemu_create(void *state, const eph_sandbox_spec_t *spec, eph_sandbox_t **out, in
     /* Where a restore's time goes (bench/qemu-bench reads this line; the guest's answer
      * to the reseed, its new hello, is the core's "ready"). */
     int64_t now = eph_now_ms();
-    q->host->log(EPH_LOG_DEBUG, "%s: restore phases: prepare %" PRId64 " ms, QEMU start %"
-                 PRId64 " ms, incoming migration %" PRId64 " ms, resume %" PRId64 " ms, "
-                 "create %" PRId64 " ms (QEMU used %" PRId64 " ms of CPU so far)", s->run_id,
-                 t_launch - t0, t_qmp - t_launch, t_loaded - t_qmp, now - t_loaded, now - t0,
-                 cpu_ms(s->vm.qemu));
+    q->host->log(EPH_LOG_DEBUG,
+                 "%s: restore phases: prepare %" PRId64 " ms, QEMU start %" PRId64
+                 " ms, incoming migration %" PRId64 " ms, resume %" PRId64 " ms, "
+                 "create %" PRId64 " ms (QEMU used %" PRId64 " ms of CPU so far)",
+                 s->run_id, t_launch - t0, t_qmp - t_launch, t_loaded - t_qmp, now - t_loaded,
+                 now - t0, cpu_ms(s->vm.qemu));
   }
-  q->host->log(EPH_LOG_DEBUG, "%s: QEMU %d (uid %lld) started (%s, %s, %" PRIu64 " MiB, %u vCPU) "
-               "in %" PRId64 " ms", s->run_id, (int)s->vm.qemu,
+  q->host->log(EPH_LOG_DEBUG,
+               "%s: QEMU %d (uid %lld) started (%s, %s, %" PRIu64 " MiB, %u vCPU) "
+               "in %" PRId64 " ms",
+               s->run_id, (int)s->vm.qemu,
                s->vm.slot >= 0 ? (long long)(q->cfg.uid_base + s->vm.slot) : (long long)getuid(),
-               l.accel, s->restored ? "restored" : "cold boot",
-               mem, vcpus, eph_now_ms() - t0);
+               l.accel, s->restored ? "restored" : "cold boot", mem, vcpus, eph_now_ms() - t0);
   *out = s;
   *guest_fd = gfd;
   return 0;
@@ -540,8 +548,7 @@ qemu_sweep(void *state, eph_error_t *err)
   qemu_t *q = state;
   DIR *d = opendir(q->run_base);
   if (!d)
-    return errno == ENOENT ? 0 : eph_error_set(err, errno, "%s: %s", q->run_base,
-                                               strerror(errno));
+    return errno == ENOENT ? 0 : eph_error_set(err, errno, "%s: %s", q->run_base, strerror(errno));
   int reaped = 0;
   struct dirent *e;
   while ((e = readdir(d))) {
@@ -657,27 +664,27 @@ qemu_cache_prune(void *state, int64_t max_bytes, eph_cache_each_fn each, void *c
 }
 
 static const eph_backend_ops_t qemu_ops = {
-  .struct_size = sizeof(eph_backend_ops_t),
-  .source = "MicroVM",
-  .noun = "microVM",
-  .create = qemu_create,
-  .stats = qemu_stats,
-  .destroy = qemu_destroy,
-  .sweep = qemu_sweep,
-  .cache_list = qemu_cache_list,
-  .cache_prune = qemu_cache_prune,
+    .struct_size = sizeof(eph_backend_ops_t),
+    .source = "MicroVM",
+    .noun = "microVM",
+    .create = qemu_create,
+    .stats = qemu_stats,
+    .destroy = qemu_destroy,
+    .sweep = qemu_sweep,
+    .cache_list = qemu_cache_list,
+    .cache_prune = qemu_cache_prune,
 };
 
 EPH_PLUGIN_EXPORT = {
-  .abi_major = EPH_ABI_MAJOR,
-  .abi_minor = EPH_ABI_MINOR,
-  .struct_size = sizeof(eph_plugin_t),
-  .name = "backend-qemu",
-  .kind = EPH_KIND_BACKEND,
-  .version = "0.1.0",
-  .description = "QEMU microVM sandboxes (virtio-mmio, TCG or KVM, snapshot restore)",
-  .config_keys = qemu_keys,
-  .init = qemu_init,
-  .fini = qemu_fini,
-  .ops = &qemu_ops,
+    .abi_major = EPH_ABI_MAJOR,
+    .abi_minor = EPH_ABI_MINOR,
+    .struct_size = sizeof(eph_plugin_t),
+    .name = "backend-qemu",
+    .kind = EPH_KIND_BACKEND,
+    .version = "0.1.0",
+    .description = "QEMU microVM sandboxes (virtio-mmio, TCG or KVM, snapshot restore)",
+    .config_keys = qemu_keys,
+    .init = qemu_init,
+    .fini = qemu_fini,
+    .ops = &qemu_ops,
 };

@@ -38,10 +38,10 @@ typedef struct qemu {
   char *snap_dir; /* <state_dir>/qemu/snapshots */
   char *slot_dir; /* <state_dir>/qemu/slots: slot-<k> records */
   char qemu_path[PATH_MAX];
-  bool exec_checked;        /* qemu_exec_copy ran (under lock) */
-  char exec_copy[PATH_MAX]; /* a root-only-readable copy of QEMU (qemu_exec_copy), or "" */
+  bool exec_checked;              /* qemu_exec_copy ran (under lock) */
+  char exec_copy[PATH_MAX];       /* a root-only-readable copy of QEMU (qemu_exec_copy), or "" */
   unsigned long long owner_start; /* our start time, in the slot records */
-  int64_t tsc_khz;  /* host TSC rate for a cold-booting TCG guest (qemu_tsc_khz), -1 unknown */
+  int64_t tsc_khz;      /* host TSC rate for a cold-booting TCG guest (qemu_tsc_khz), -1 unknown */
   pthread_mutex_t lock; /* accel verdict, exec copy, tsc_khz */
   char accel[8];        /* resolved: "kvm" or "tcg"; "" until the first create */
 } qemu_t;
@@ -56,19 +56,19 @@ typedef struct vmproc {
 
 /* What one QEMU start needs. */
 typedef struct launch {
-  const char *name;       /* -name: "ephemeral-<run_id>" marks the process for sweep */
-  const char *accel;      /* "kvm" | "tcg" */
+  const char *name;  /* -name: "ephemeral-<run_id>" marks the process for sweep */
+  const char *accel; /* "kvm" | "tcg" */
   uint64_t memory_mib;
   unsigned vcpus;
   uint64_t tmp_mib;
   unsigned pids;
-  int incoming_fd;        /* snapshot to restore (positioned at its migration stream), or -1 */
-  int64_t tsc_khz;        /* a cold boot under TCG: the host's TSC rate for the guest, 0 none */
-  int64_t deadline_ms;    /* the keeper kills QEMU then (CLOCK_MONOTONIC ms; 0 = never) */
-  int log_fd;             /* QEMU's stdout/stderr (and the console when console_log) */
-  int tap_fd;             /* the NIC's tap (tap.c), or -1: no NIC */
-  char net[64];           /* with a tap: "eph_net=GUEST/32,PROXY" for the guest's eth0 */
-  char mac[18];           /* with a tap: the NIC's MAC, locally administered */
+  int incoming_fd;     /* snapshot to restore (positioned at its migration stream), or -1 */
+  int64_t tsc_khz;     /* a cold boot under TCG: the host's TSC rate for the guest, 0 none */
+  int64_t deadline_ms; /* the keeper kills QEMU then (CLOCK_MONOTONIC ms; 0 = never) */
+  int log_fd;          /* QEMU's stdout/stderr (and the console when console_log) */
+  int tap_fd;          /* the NIC's tap (tap.c), or -1: no NIC */
+  char net[64];        /* with a tap: "eph_net=GUEST/32,PROXY" for the guest's eth0 */
+  char mac[18];        /* with a tap: the NIC's MAC, locally administered */
 } launch_t;
 
 /* A QMP connection over a connected stream socket (one end of a socketpair whose other end
@@ -93,8 +93,8 @@ int qmp_exec(qmp_t *q, const char *cmd, json_object *args, int pass_fd, int64_t 
 
 /* Polls query-status until the VM's run state is none of `while_in` (NULL-terminated list,
  * e.g. {"inmigrate", NULL}); *state_out (optional, >= 32 bytes) gets the final state. */
-int qmp_wait_status(qmp_t *q, const char *const *while_in, int64_t deadline_ms,
-                    char *state_out, size_t state_size, eph_error_t *err);
+int qmp_wait_status(qmp_t *q, const char *const *while_in, int64_t deadline_ms, char *state_out,
+                    size_t state_size, eph_error_t *err);
 
 /* Polls query-migrate until the outgoing migration completed (0) or failed (-EIO). */
 int qmp_wait_migration(qmp_t *q, int64_t deadline_ms, uint64_t *bytes, eph_error_t *err);
@@ -154,8 +154,8 @@ int qemu_exec_copy(const qemu_t *q);
 int launch_qemu(const qemu_t *q, const launch_t *l, vmproc_t *vm, int *guest_fd, int *qmp_fd,
                 eph_error_t *err);
 int vm_stop(const qemu_t *q, vmproc_t *vm, int *left);
-int boot_and_hello(const qemu_t *q, const char *dir, const launch_t *l, vmproc_t *vm,
-                   int *guest_fd, qmp_t *qmp, int64_t deadline_ms, eph_error_t *err);
+int boot_and_hello(const qemu_t *q, const char *dir, const launch_t *l, vmproc_t *vm, int *guest_fd,
+                   qmp_t *qmp, int64_t deadline_ms, eph_error_t *err);
 const char *resolve_accel(qemu_t *q, const launch_t *base);
 int make_run_dir(const qemu_t *q, const char *run_id, char *dir, size_t size, int *log_fd,
                  eph_error_t *err);
@@ -177,8 +177,8 @@ int snapshot_list(const qemu_t *q, eph_cache_each_fn each, void *ctx, eph_error_
 /* Removes snapshots, least recently used first, until the store holds at most max_bytes
  * (< 0: snapshot_max_bytes); never one in use (a restore holds its flock) nor `keep` (a
  * file name, may be NULL). build_locked: the caller holds build.lock (else a save a crash
- * interrupted is only removed when no build runs). each (may be NULL) sees every removed one. Returns how many were
- * removed, or negative errno. */
+ * interrupted is only removed when no build runs). each (may be NULL) sees every removed one.
+ * Returns how many were removed, or negative errno. */
 int snapshot_gc(const qemu_t *q, int64_t max_bytes, const char *keep, bool build_locked,
                 eph_cache_each_fn each, void *ctx, eph_error_t *err);
 

@@ -51,8 +51,7 @@ read_message(qmp_t *q, int64_t deadline_ms, json_object **out, eph_error_t *err)
       return 0;
     }
     if (q->len == sizeof q->buf)
-      return eph_error_set(err, EPH_E_PROTOCOL, "QMP: a message over %zu bytes",
-                           sizeof q->buf);
+      return eph_error_set(err, EPH_E_PROTOCOL, "QMP: a message over %zu bytes", sizeof q->buf);
     int r = wait_readable(q->fd, deadline_ms, err);
     if (r < 0)
       return r;

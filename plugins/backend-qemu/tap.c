@@ -79,8 +79,7 @@ create_tap(tap_job_t *j, eph_error_t *err)
   ifr.ifr_flags = IFF_TAP | IFF_NO_PI;
   snprintf(ifr.ifr_name, sizeof ifr.ifr_name, "ephq%%d"); /* the kernel picks N */
   if (ioctl(fd, TUNSETIFF, &ifr) < 0) {
-    r = eph_error_set(err, errno, "backend-qemu: TUNSETIFF on /dev/net/tun: %s",
-                      strerror(errno));
+    r = eph_error_set(err, errno, "backend-qemu: TUNSETIFF on /dev/net/tun: %s", strerror(errno));
     close(fd);
     return r;
   }
@@ -117,11 +116,11 @@ in_proxy_netns(tap_job_t *j, eph_error_t *err)
 }
 
 int
-qemu_tap_open(int proxy_ns_fd, const char *proxy_url, uint32_t *proxy, char *name,
-              eph_error_t *err)
+qemu_tap_open(int proxy_ns_fd, const char *proxy_url, uint32_t *proxy, char *name, eph_error_t *err)
 {
   if (proxy_ns_fd < 0)
-    return eph_error_set(err, EINVAL, "backend-qemu: network=1 without the proxy's network "
+    return eph_error_set(err, EINVAL,
+                         "backend-qemu: network=1 without the proxy's network "
                          "namespace (proxy_netns_fd is -1)");
   int r = qemu_tap_parse_url(proxy_url, proxy, err);
   if (r < 0)

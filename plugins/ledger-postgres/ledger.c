@@ -64,29 +64,29 @@
 #include "support/ledger_common.h"
 
 static const eph_config_key_t ledger_keys[] = {
-  {"database", EPH_CFG_STRING, "(none: required)", NULL,
-   "The PostgreSQL database of the ledger: a libpq connection URI "
-   "(postgresql://user@host/db?sslmode=verify-full) or key=value string. Prefer a password "
-   "in ~/.pgpass or PGPASSFILE to one written here."},
-  {"node_name", EPH_CFG_STRING, "\"<hostname>\"", NULL,
-   "This host's name in the ledger: reservations record it, and settle_open settles only "
-   "this node's open reservations. Must differ between nodes sharing the database."},
-  {"connections", EPH_CFG_INT, "4", NULL,
-   "Connections in the plugin's pool; an operation holds one for its transaction."},
-  {"connect_timeout_s", EPH_CFG_INT, "5", "seconds",
-   "How long connecting (or reconnecting) waits for the server (a connect_timeout in the "
-   "URI wins)."},
-  {"statement_timeout_ms", EPH_CFG_INT, "10000", "ms",
-   "A statement running longer (a lock held by a stuck client) is cancelled and the "
-   "operation fails with EBUSY."},
-  {"require_tls", EPH_CFG_BOOL, "true", NULL,
-   "Refuse a `database` that reaches a host other than a Unix socket or loopback without "
-   "sslmode=verify-full: money and credentials would cross the network readable and "
-   "alterable."},
-  {"max_attempts", EPH_CFG_INT, "20", NULL,
-   "How many times a transaction aborted by a serialization failure or a deadlock is run "
-   "before the operation fails with EBUSY."},
-  {0},
+    {"database", EPH_CFG_STRING, "(none: required)", NULL,
+     "The PostgreSQL database of the ledger: a libpq connection URI "
+     "(postgresql://user@host/db?sslmode=verify-full) or key=value string. Prefer a password "
+     "in ~/.pgpass or PGPASSFILE to one written here."},
+    {"node_name", EPH_CFG_STRING, "\"<hostname>\"", NULL,
+     "This host's name in the ledger: reservations record it, and settle_open settles only "
+     "this node's open reservations. Must differ between nodes sharing the database."},
+    {"connections", EPH_CFG_INT, "4", NULL,
+     "Connections in the plugin's pool; an operation holds one for its transaction."},
+    {"connect_timeout_s", EPH_CFG_INT, "5", "seconds",
+     "How long connecting (or reconnecting) waits for the server (a connect_timeout in the "
+     "URI wins)."},
+    {"statement_timeout_ms", EPH_CFG_INT, "10000", "ms",
+     "A statement running longer (a lock held by a stuck client) is cancelled and the "
+     "operation fails with EBUSY."},
+    {"require_tls", EPH_CFG_BOOL, "true", NULL,
+     "Refuse a `database` that reaches a host other than a Unix socket or loopback without "
+     "sslmode=verify-full: money and credentials would cross the network readable and "
+     "alterable."},
+    {"max_attempts", EPH_CFG_INT, "20", NULL,
+     "How many times a transaction aborted by a serialization failure or a deadlock is run "
+     "before the operation fails with EBUSY."},
+    {0},
 };
 
 /* Reads one reservation (locked when `lock`). Returns 1 found, 0 absent, negative on error. */
@@ -117,8 +117,7 @@ reservation_get(tx_t *tx, const char *run_id, bool lock, eph_ledger_reservation_
 
 /* Reads an organisation (locked when `lock`). Returns 1 found, 0 absent, negative on error. */
 static int
-org_get(tx_t *tx, const char *org, bool lock, int64_t *credited, int64_t *balance,
-        eph_error_t *err)
+org_get(tx_t *tx, const char *org, bool lock, int64_t *credited, int64_t *balance, eph_error_t *err)
 {
   const char *p[] = {org};
   PGresult *res = q(tx, lock ? ST_ORG_LOCK : ST_ORG_GET, p, "reading the organisation", err);
@@ -137,8 +136,8 @@ org_get(tx_t *tx, const char *org, bool lock, int64_t *credited, int64_t *balanc
 }
 
 static int
-entry_add(void *ctx, const char *org, const char *run_id, const char *kind,
-          const char *category, int64_t micros, const char *memo, eph_error_t *err)
+entry_add(void *ctx, const char *org, const char *run_id, const char *kind, const char *category,
+          int64_t micros, const char *memo, eph_error_t *err)
 {
   tx_t *tx = ctx; /* void *: it is the store's entry_add (eph_ledger_store_t) */
   char t[24], m[24], memo_buf[EPH_LEDGER_MAX_MEMO_BYTES + 1];
@@ -237,8 +236,7 @@ reserve_body(tx_t *tx, void *p, eph_error_t *err)
 }
 
 static int
-ledger_reserve(void *state, const char *org, const char *run_id, int64_t micros,
-               eph_error_t *err)
+ledger_reserve(void *state, const char *org, const char *run_id, int64_t micros, eph_error_t *err)
 {
   int r = eph_ledger_check_reserve(org, run_id, micros, err);
   if (r < 0)
@@ -253,8 +251,7 @@ charge_body(tx_t *tx, void *p, eph_error_t *err)
   op_arg_t *a = p;
   eph_ledger_reservation_t res;
   int r = reservation_get(tx, a->run_id, true, &res, err);
-  if (r < 0 ||
-      (r = eph_ledger_charge_fits(a->run_id, a->category, a->micros, r, &res.t, err)) < 0)
+  if (r < 0 || (r = eph_ledger_charge_fits(a->run_id, a->category, a->micros, r, &res.t, err)) < 0)
     return r;
   return entry_add(tx, res.org, a->run_id, "charge", a->category, a->micros, a->memo, err);
 }
@@ -272,8 +269,7 @@ ledger_charge(void *state, const char *run_id, eph_cost_t category, int64_t micr
 }
 
 static int
-store_reservation_get(void *tx, const char *run_id, eph_ledger_reservation_t *out,
-                      eph_error_t *err)
+store_reservation_get(void *tx, const char *run_id, eph_ledger_reservation_t *out, eph_error_t *err)
 {
   return reservation_get(tx, run_id, true, out, err); /* locked: the settle writes it */
 }
@@ -355,8 +351,8 @@ ledger_settle_open(void *state, eph_error_t *err)
   int settled = run_tx(l, 0, NULL, settle_open_body, NULL, err);
   if (settled > 0 && l->host && l->host->log)
     l->host->log(EPH_LOG_WARN,
-                 "settled %d reservation(s) node '%s' left open in an earlier process",
-                 settled, l->node);
+                 "settled %d reservation(s) node '%s' left open in an earlier process", settled,
+                 l->node);
   return settled;
 }
 
@@ -399,8 +395,7 @@ ledger_close(ledger_t *l)
 }
 
 static int
-ledger_init(const eph_host_t *host, const config_setting_t *config, void **state,
-            eph_error_t *err)
+ledger_init(const eph_host_t *host, const config_setting_t *config, void **state, eph_error_t *err)
 {
   const char *db = NULL, *node = NULL;
   int64_t conns = 4, connect_s = 5, stmt_ms = 10000, attempts = 20;
@@ -410,19 +405,18 @@ ledger_init(const eph_host_t *host, const config_setting_t *config, void **state
     return r;
   if (host->cfg_string && (r = host->cfg_string(config, "node_name", NULL, &node, err)) < 0)
     return r;
-  if (host->cfg_int && ((r = host->cfg_int(config, "connections", 4, &conns, err)) < 0 ||
-                        (r = host->cfg_int(config, "connect_timeout_s", 5, &connect_s, err)) < 0 ||
-                        (r = host->cfg_int(config, "statement_timeout_ms", 10000, &stmt_ms,
-                                           err)) < 0 ||
-                        (r = host->cfg_int(config, "max_attempts", 20, &attempts, err)) < 0))
+  if (host->cfg_int &&
+      ((r = host->cfg_int(config, "connections", 4, &conns, err)) < 0 ||
+       (r = host->cfg_int(config, "connect_timeout_s", 5, &connect_s, err)) < 0 ||
+       (r = host->cfg_int(config, "statement_timeout_ms", 10000, &stmt_ms, err)) < 0 ||
+       (r = host->cfg_int(config, "max_attempts", 20, &attempts, err)) < 0))
     return r;
-  if (host->cfg_bool &&
-      (r = host->cfg_bool(config, "require_tls", 1, &require_tls, err)) < 0)
+  if (host->cfg_bool && (r = host->cfg_bool(config, "require_tls", 1, &require_tls, err)) < 0)
     return r;
   if (!db || !*db)
     return eph_error_set(err, EPH_E_CONFIG,
                          PLUGIN ": key 'database' is not set: give the ledger's PostgreSQL "
-                         "database as a libpq URI (postgresql://user@host/dbname)");
+                                "database as a libpq URI (postgresql://user@host/dbname)");
   if (require_tls && (r = check_transport(db, err)) < 0)
     return r;
   if (conns < 1 || conns > 64)
@@ -434,8 +428,7 @@ ledger_init(const eph_host_t *host, const config_setting_t *config, void **state
                          connect_s);
   if (stmt_ms < 0 || stmt_ms > INT_MAX)
     return eph_error_set(err, EPH_E_CONFIG,
-                         PLUGIN ": key 'statement_timeout_ms': %" PRId64 " out of range",
-                         stmt_ms);
+                         PLUGIN ": key 'statement_timeout_ms': %" PRId64 " out of range", stmt_ms);
   if (attempts < 1 || attempts > 1000)
     return eph_error_set(err, EPH_E_CONFIG,
                          PLUGIN ": key 'max_attempts': %" PRId64 " is not within 1..1000",
@@ -464,7 +457,7 @@ ledger_init(const eph_host_t *host, const config_setting_t *config, void **state
     /* Not echoed: a malformed URI may still hold a password. */
     return eph_error_set(err, EPH_E_CONFIG,
                          PLUGIN ": key 'database': not a libpq connection URI or key=value "
-                         "string");
+                                "string");
   }
   if (node && *node) {
     eph_error_t why = {0};
@@ -493,27 +486,27 @@ ledger_fini(void *state)
 }
 
 static const eph_ledger_ops_t ledger_ops = {
-  .struct_size = sizeof(eph_ledger_ops_t),
-  .credit = ledger_credit,
-  .balance = ledger_balance,
-  .reserve = ledger_reserve,
-  .charge = ledger_charge,
-  .settle = ledger_settle,
-  .totals = ledger_totals,
-  .settle_open = ledger_settle_open,
-  .probe = ledger_probe,
+    .struct_size = sizeof(eph_ledger_ops_t),
+    .credit = ledger_credit,
+    .balance = ledger_balance,
+    .reserve = ledger_reserve,
+    .charge = ledger_charge,
+    .settle = ledger_settle,
+    .totals = ledger_totals,
+    .settle_open = ledger_settle_open,
+    .probe = ledger_probe,
 };
 
 EPH_PLUGIN_EXPORT = {
-  .abi_major = EPH_ABI_MAJOR,
-  .abi_minor = EPH_ABI_MINOR,
-  .struct_size = sizeof(eph_plugin_t),
-  .name = PLUGIN,
-  .kind = EPH_KIND_LEDGER,
-  .version = "0.1.0",
-  .description = "Append-only ledger of organisations, reservations and charges in PostgreSQL",
-  .config_keys = ledger_keys,
-  .init = ledger_init,
-  .fini = ledger_fini,
-  .ops = &ledger_ops,
+    .abi_major = EPH_ABI_MAJOR,
+    .abi_minor = EPH_ABI_MINOR,
+    .struct_size = sizeof(eph_plugin_t),
+    .name = PLUGIN,
+    .kind = EPH_KIND_LEDGER,
+    .version = "0.1.0",
+    .description = "Append-only ledger of organisations, reservations and charges in PostgreSQL",
+    .config_keys = ledger_keys,
+    .init = ledger_init,
+    .fini = ledger_fini,
+    .ops = &ledger_ops,
 };

@@ -67,92 +67,91 @@
 #define SCHEMA_VERSION 2
 
 static const char schema_v1[] =
-  "CREATE TABLE organisations ("
-  "  org TEXT PRIMARY KEY NOT NULL,"
-  "  credited_micros INTEGER NOT NULL DEFAULT 0"
-  "    CHECK (typeof(credited_micros) = 'integer' AND credited_micros >= 0),"
-  "  balance_micros INTEGER NOT NULL DEFAULT 0"
-  "    CHECK (typeof(balance_micros) = 'integer' AND balance_micros >= 0),"
-  "  created_us INTEGER NOT NULL"
-  ");"
-  "CREATE TABLE reservations ("
-  "  run_id TEXT PRIMARY KEY NOT NULL,"
-  "  org TEXT NOT NULL REFERENCES organisations(org),"
-  "  reserved_micros INTEGER NOT NULL"
-  "    CHECK (typeof(reserved_micros) = 'integer' AND reserved_micros > 0),"
-  "  billed_micros INTEGER NOT NULL DEFAULT 0 CHECK (typeof(billed_micros) = 'integer'),"
-  "  model_micros INTEGER NOT NULL DEFAULT 0 CHECK (typeof(model_micros) = 'integer'),"
-  "  web_micros INTEGER NOT NULL DEFAULT 0 CHECK (typeof(web_micros) = 'integer'),"
-  "  compute_micros INTEGER NOT NULL DEFAULT 0 CHECK (typeof(compute_micros) = 'integer'),"
-  "  released_micros INTEGER NOT NULL DEFAULT 0 CHECK (typeof(released_micros) = 'integer'),"
-  "  settled INTEGER NOT NULL DEFAULT 0 CHECK (settled IN (0, 1)),"
-  "  CHECK (billed_micros >= 0 AND billed_micros <= reserved_micros),"
-  "  CHECK (billed_micros = model_micros + web_micros + compute_micros),"
-  "  CHECK ((settled = 0 AND released_micros = 0) OR"
-  "         (settled = 1 AND billed_micros + released_micros = reserved_micros))"
-  ");"
-  "CREATE INDEX reservations_open ON reservations(settled) WHERE settled = 0;"
-  "CREATE TABLE entries ("
-  "  seq INTEGER PRIMARY KEY AUTOINCREMENT,"
-  "  t_us INTEGER NOT NULL,"
-  "  org TEXT NOT NULL REFERENCES organisations(org),"
-  "  run_id TEXT,"
-  "  kind TEXT NOT NULL CHECK (kind IN ('credit', 'reserve', 'charge', 'settle')),"
-  "  category TEXT CHECK (category IN ('model', 'web', 'compute')),"
-  "  micros INTEGER NOT NULL CHECK (typeof(micros) = 'integer' AND micros >= 0),"
-  "  memo TEXT,"
-  "  CHECK ((kind = 'charge') = (category IS NOT NULL)),"
-  "  CHECK ((kind = 'credit') = (run_id IS NULL)),"
-  "  CHECK (kind NOT IN ('credit', 'reserve') OR micros > 0)"
-  ");"
-  "CREATE INDEX entries_run ON entries(run_id) WHERE run_id IS NOT NULL;"
-  /* The journal is append-only. */
-  "CREATE TRIGGER entries_no_update BEFORE UPDATE ON entries BEGIN"
-  "  SELECT RAISE(ABORT, 'ledger entries are append-only: UPDATE refused');"
-  "END;"
-  "CREATE TRIGGER entries_no_delete BEFORE DELETE ON entries BEGIN"
-  "  SELECT RAISE(ABORT, 'ledger entries are append-only: DELETE refused');"
-  "END;"
-  /* Derived state, maintained by the same INSERT. */
-  "CREATE TRIGGER entries_credit AFTER INSERT ON entries WHEN NEW.kind = 'credit' BEGIN"
-  "  UPDATE organisations SET credited_micros = credited_micros + NEW.micros,"
-  "    balance_micros = balance_micros + NEW.micros WHERE org = NEW.org;"
-  "END;"
-  "CREATE TRIGGER entries_reserve AFTER INSERT ON entries WHEN NEW.kind = 'reserve' BEGIN"
-  "  INSERT INTO reservations(run_id, org, reserved_micros)"
-  "    VALUES (NEW.run_id, NEW.org, NEW.micros);"
-  "  UPDATE organisations SET balance_micros = balance_micros - NEW.micros"
-  "    WHERE org = NEW.org;"
-  "END;"
-  "CREATE TRIGGER entries_charge AFTER INSERT ON entries WHEN NEW.kind = 'charge' BEGIN"
-  "  SELECT RAISE(ABORT, 'ledger: charge on a missing or settled reservation')"
-  "    WHERE NOT EXISTS (SELECT 1 FROM reservations"
-  "                      WHERE run_id = NEW.run_id AND org = NEW.org AND settled = 0);"
-  "  UPDATE reservations SET billed_micros = billed_micros + NEW.micros,"
-  "    model_micros = model_micros + (CASE NEW.category WHEN 'model' THEN NEW.micros ELSE 0 END),"
-  "    web_micros = web_micros + (CASE NEW.category WHEN 'web' THEN NEW.micros ELSE 0 END),"
-  "    compute_micros = compute_micros"
-  "      + (CASE NEW.category WHEN 'compute' THEN NEW.micros ELSE 0 END)"
-  "    WHERE run_id = NEW.run_id;"
-  "END;"
-  "CREATE TRIGGER entries_settle AFTER INSERT ON entries WHEN NEW.kind = 'settle' BEGIN"
-  "  SELECT RAISE(ABORT, 'ledger: settle must release exactly reserved - billed')"
-  "    WHERE NOT EXISTS (SELECT 1 FROM reservations"
-  "                      WHERE run_id = NEW.run_id AND org = NEW.org AND settled = 0"
-  "                        AND reserved_micros - billed_micros = NEW.micros);"
-  "  UPDATE reservations SET settled = 1, released_micros = NEW.micros"
-  "    WHERE run_id = NEW.run_id;"
-  "  UPDATE organisations SET balance_micros = balance_micros + NEW.micros"
-  "    WHERE org = NEW.org;"
-  "END;";
+    "CREATE TABLE organisations ("
+    "  org TEXT PRIMARY KEY NOT NULL,"
+    "  credited_micros INTEGER NOT NULL DEFAULT 0"
+    "    CHECK (typeof(credited_micros) = 'integer' AND credited_micros >= 0),"
+    "  balance_micros INTEGER NOT NULL DEFAULT 0"
+    "    CHECK (typeof(balance_micros) = 'integer' AND balance_micros >= 0),"
+    "  created_us INTEGER NOT NULL"
+    ");"
+    "CREATE TABLE reservations ("
+    "  run_id TEXT PRIMARY KEY NOT NULL,"
+    "  org TEXT NOT NULL REFERENCES organisations(org),"
+    "  reserved_micros INTEGER NOT NULL"
+    "    CHECK (typeof(reserved_micros) = 'integer' AND reserved_micros > 0),"
+    "  billed_micros INTEGER NOT NULL DEFAULT 0 CHECK (typeof(billed_micros) = 'integer'),"
+    "  model_micros INTEGER NOT NULL DEFAULT 0 CHECK (typeof(model_micros) = 'integer'),"
+    "  web_micros INTEGER NOT NULL DEFAULT 0 CHECK (typeof(web_micros) = 'integer'),"
+    "  compute_micros INTEGER NOT NULL DEFAULT 0 CHECK (typeof(compute_micros) = 'integer'),"
+    "  released_micros INTEGER NOT NULL DEFAULT 0 CHECK (typeof(released_micros) = 'integer'),"
+    "  settled INTEGER NOT NULL DEFAULT 0 CHECK (settled IN (0, 1)),"
+    "  CHECK (billed_micros >= 0 AND billed_micros <= reserved_micros),"
+    "  CHECK (billed_micros = model_micros + web_micros + compute_micros),"
+    "  CHECK ((settled = 0 AND released_micros = 0) OR"
+    "         (settled = 1 AND billed_micros + released_micros = reserved_micros))"
+    ");"
+    "CREATE INDEX reservations_open ON reservations(settled) WHERE settled = 0;"
+    "CREATE TABLE entries ("
+    "  seq INTEGER PRIMARY KEY AUTOINCREMENT,"
+    "  t_us INTEGER NOT NULL,"
+    "  org TEXT NOT NULL REFERENCES organisations(org),"
+    "  run_id TEXT,"
+    "  kind TEXT NOT NULL CHECK (kind IN ('credit', 'reserve', 'charge', 'settle')),"
+    "  category TEXT CHECK (category IN ('model', 'web', 'compute')),"
+    "  micros INTEGER NOT NULL CHECK (typeof(micros) = 'integer' AND micros >= 0),"
+    "  memo TEXT,"
+    "  CHECK ((kind = 'charge') = (category IS NOT NULL)),"
+    "  CHECK ((kind = 'credit') = (run_id IS NULL)),"
+    "  CHECK (kind NOT IN ('credit', 'reserve') OR micros > 0)"
+    ");"
+    "CREATE INDEX entries_run ON entries(run_id) WHERE run_id IS NOT NULL;"
+    /* The journal is append-only. */
+    "CREATE TRIGGER entries_no_update BEFORE UPDATE ON entries BEGIN"
+    "  SELECT RAISE(ABORT, 'ledger entries are append-only: UPDATE refused');"
+    "END;"
+    "CREATE TRIGGER entries_no_delete BEFORE DELETE ON entries BEGIN"
+    "  SELECT RAISE(ABORT, 'ledger entries are append-only: DELETE refused');"
+    "END;"
+    /* Derived state, maintained by the same INSERT. */
+    "CREATE TRIGGER entries_credit AFTER INSERT ON entries WHEN NEW.kind = 'credit' BEGIN"
+    "  UPDATE organisations SET credited_micros = credited_micros + NEW.micros,"
+    "    balance_micros = balance_micros + NEW.micros WHERE org = NEW.org;"
+    "END;"
+    "CREATE TRIGGER entries_reserve AFTER INSERT ON entries WHEN NEW.kind = 'reserve' BEGIN"
+    "  INSERT INTO reservations(run_id, org, reserved_micros)"
+    "    VALUES (NEW.run_id, NEW.org, NEW.micros);"
+    "  UPDATE organisations SET balance_micros = balance_micros - NEW.micros"
+    "    WHERE org = NEW.org;"
+    "END;"
+    "CREATE TRIGGER entries_charge AFTER INSERT ON entries WHEN NEW.kind = 'charge' BEGIN"
+    "  SELECT RAISE(ABORT, 'ledger: charge on a missing or settled reservation')"
+    "    WHERE NOT EXISTS (SELECT 1 FROM reservations"
+    "                      WHERE run_id = NEW.run_id AND org = NEW.org AND settled = 0);"
+    "  UPDATE reservations SET billed_micros = billed_micros + NEW.micros,"
+    "    model_micros = model_micros + (CASE NEW.category WHEN 'model' THEN NEW.micros ELSE 0 END),"
+    "    web_micros = web_micros + (CASE NEW.category WHEN 'web' THEN NEW.micros ELSE 0 END),"
+    "    compute_micros = compute_micros"
+    "      + (CASE NEW.category WHEN 'compute' THEN NEW.micros ELSE 0 END)"
+    "    WHERE run_id = NEW.run_id;"
+    "END;"
+    "CREATE TRIGGER entries_settle AFTER INSERT ON entries WHEN NEW.kind = 'settle' BEGIN"
+    "  SELECT RAISE(ABORT, 'ledger: settle must release exactly reserved - billed')"
+    "    WHERE NOT EXISTS (SELECT 1 FROM reservations"
+    "                      WHERE run_id = NEW.run_id AND org = NEW.org AND settled = 0"
+    "                        AND reserved_micros - billed_micros = NEW.micros);"
+    "  UPDATE reservations SET settled = 1, released_micros = NEW.micros"
+    "    WHERE run_id = NEW.run_id;"
+    "  UPDATE organisations SET balance_micros = balance_micros + NEW.micros"
+    "    WHERE org = NEW.org;"
+    "END;";
 
 /* v2: one row the health probe rewrites, so "can the ledger commit?" is answered by a
  * real commit without touching the journal. */
-static const char schema_v2[] =
-  "CREATE TABLE probe ("
-  "  id INTEGER PRIMARY KEY CHECK (id = 1),"
-  "  t_us INTEGER NOT NULL"
-  ");";
+static const char schema_v2[] = "CREATE TABLE probe ("
+                                "  id INTEGER PRIMARY KEY CHECK (id = 1),"
+                                "  t_us INTEGER NOT NULL"
+                                ");";
 
 /* A charge commits without fsync while the WAL was fsync()ed less than this long ago. */
 #define CHARGE_SYNC_US 1000000
@@ -171,19 +170,19 @@ enum {
 };
 
 static const char *const statement_sql[ST_COUNT] = {
-  [ST_BEGIN] = "BEGIN IMMEDIATE",
-  [ST_COMMIT] = "COMMIT",
-  [ST_ROLLBACK] = "ROLLBACK",
-  [ST_ORG_ENSURE] = "INSERT INTO organisations(org, created_us) VALUES (?1, ?2)"
-                    " ON CONFLICT(org) DO NOTHING",
-  [ST_ORG_GET] = "SELECT credited_micros, balance_micros FROM organisations WHERE org = ?1",
-  [ST_RES_GET] = "SELECT org, reserved_micros, billed_micros, released_micros, model_micros,"
-                 " web_micros, compute_micros, settled FROM reservations WHERE run_id = ?1",
-  [ST_ENTRY_ADD] = "INSERT INTO entries(t_us, org, run_id, kind, category, micros, memo)"
-                   " VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-  [ST_OPEN_LIST] = "SELECT run_id FROM reservations WHERE settled = 0 ORDER BY run_id",
-  [ST_PROBE] = "INSERT INTO probe(id, t_us) VALUES (1, ?1)"
-               " ON CONFLICT(id) DO UPDATE SET t_us = excluded.t_us",
+    [ST_BEGIN] = "BEGIN IMMEDIATE",
+    [ST_COMMIT] = "COMMIT",
+    [ST_ROLLBACK] = "ROLLBACK",
+    [ST_ORG_ENSURE] = "INSERT INTO organisations(org, created_us) VALUES (?1, ?2)"
+                      " ON CONFLICT(org) DO NOTHING",
+    [ST_ORG_GET] = "SELECT credited_micros, balance_micros FROM organisations WHERE org = ?1",
+    [ST_RES_GET] = "SELECT org, reserved_micros, billed_micros, released_micros, model_micros,"
+                   " web_micros, compute_micros, settled FROM reservations WHERE run_id = ?1",
+    [ST_ENTRY_ADD] = "INSERT INTO entries(t_us, org, run_id, kind, category, micros, memo)"
+                     " VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+    [ST_OPEN_LIST] = "SELECT run_id FROM reservations WHERE settled = 0 ORDER BY run_id",
+    [ST_PROBE] = "INSERT INTO probe(id, t_us) VALUES (1, ?1)"
+                 " ON CONFLICT(id) DO UPDATE SET t_us = excluded.t_us",
 };
 
 typedef struct ledger {
@@ -198,18 +197,18 @@ typedef struct ledger {
 } ledger_t;
 
 static const eph_config_key_t ledger_keys[] = {
-  {"path", EPH_CFG_STRING, "\"<state_dir>/ledger.sqlite\"", NULL,
-   "The ledger's SQLite file. A relative path is taken relative to the state directory."},
-  {"busy_timeout_ms", EPH_CFG_INT, "5000", "ms",
-   "How long an operation waits for another process holding the file's write lock before "
-   "failing with EBUSY."},
-  {"synchronous", EPH_CFG_STRING, "\"full\"", NULL,
-   "\"full\": credits, reservations and settlements are fsync()ed and survive power loss; "
-   "charges are group-committed (fsync()ed at least once a second: a power cut may roll back "
-   "the last second of charges, less than one compute meter interval). \"normal\": "
-   "faster, survives a crash of the process but the last entries of any kind may roll back "
-   "after an OS crash or power cut."},
-  {0},
+    {"path", EPH_CFG_STRING, "\"<state_dir>/ledger.sqlite\"", NULL,
+     "The ledger's SQLite file. A relative path is taken relative to the state directory."},
+    {"busy_timeout_ms", EPH_CFG_INT, "5000", "ms",
+     "How long an operation waits for another process holding the file's write lock before "
+     "failing with EBUSY."},
+    {"synchronous", EPH_CFG_STRING, "\"full\"", NULL,
+     "\"full\": credits, reservations and settlements are fsync()ed and survive power loss; "
+     "charges are group-committed (fsync()ed at least once a second: a power cut may roll back "
+     "the last second of charges, less than one compute meter interval). \"normal\": "
+     "faster, survives a crash of the process but the last entries of any kind may roll back "
+     "after an OS crash or power cut."},
+    {0},
 };
 
 /* A CHECK or trigger refusing an entry the C checks let through (a bug or a foreign writer)
@@ -354,8 +353,8 @@ org_get(ledger_t *l, const char *org, int64_t *credited, int64_t *balance, eph_e
 }
 
 static int
-entry_add(void *ctx, const char *org, const char *run_id, const char *kind,
-          const char *category, int64_t micros, const char *memo, eph_error_t *err)
+entry_add(void *ctx, const char *org, const char *run_id, const char *kind, const char *category,
+          int64_t micros, const char *memo, eph_error_t *err)
 {
   ledger_t *l = ctx; /* void *: it is the store's entry_add (eph_ledger_store_t) */
   sqlite3_stmt *s = l->st[ST_ENTRY_ADD];
@@ -420,8 +419,7 @@ ledger_balance(void *state, const char *org, int64_t *micros, eph_error_t *err)
 }
 
 static int
-ledger_reserve(void *state, const char *org, const char *run_id, int64_t micros,
-               eph_error_t *err)
+ledger_reserve(void *state, const char *org, const char *run_id, int64_t micros, eph_error_t *err)
 {
   ledger_t *l = state;
   int r = eph_ledger_check_reserve(org, run_id, micros, err);
@@ -468,8 +466,7 @@ ledger_charge(void *state, const char *run_id, eph_cost_t category, int64_t micr
 }
 
 static int
-store_reservation_get(void *l, const char *run_id, eph_ledger_reservation_t *out,
-                      eph_error_t *err)
+store_reservation_get(void *l, const char *run_id, eph_ledger_reservation_t *out, eph_error_t *err)
 {
   return reservation_get(l, run_id, out, err);
 }
@@ -604,8 +601,7 @@ ledger_close(ledger_t *l)
 }
 
 static int
-ledger_init(const eph_host_t *host, const config_setting_t *config, void **state,
-            eph_error_t *err)
+ledger_init(const eph_host_t *host, const config_setting_t *config, void **state, eph_error_t *err)
 {
   const char *path = NULL, *sync = NULL;
   int64_t busy_ms = 5000;
@@ -614,19 +610,18 @@ ledger_init(const eph_host_t *host, const config_setting_t *config, void **state
     return r;
   if (host->cfg_int && (r = host->cfg_int(config, "busy_timeout_ms", 5000, &busy_ms, err)) < 0)
     return r;
-  if (host->cfg_string &&
-      (r = host->cfg_string(config, "synchronous", "full", &sync, err)) < 0)
+  if (host->cfg_string && (r = host->cfg_string(config, "synchronous", "full", &sync, err)) < 0)
     return r;
   if (!sync)
     sync = "full";
   if (strcasecmp(sync, "full") != 0 && strcasecmp(sync, "normal") != 0)
     return eph_error_set(err, EPH_E_CONFIG,
                          "ledger-sqlite: key 'synchronous': \"%s\" is neither \"full\" nor "
-                         "\"normal\"", sync);
+                         "\"normal\"",
+                         sync);
   if (busy_ms < 0 || busy_ms > INT_MAX)
     return eph_error_set(err, EPH_E_CONFIG,
-                         "ledger-sqlite: key 'busy_timeout_ms': %" PRId64 " out of range",
-                         busy_ms);
+                         "ledger-sqlite: key 'busy_timeout_ms': %" PRId64 " out of range", busy_ms);
 
   ledger_t *l = calloc(1, sizeof *l);
   if (!l)
@@ -635,8 +630,8 @@ ledger_init(const eph_host_t *host, const config_setting_t *config, void **state
   l->host = host;
   if (path && path[0] == '/')
     l->path = strdup(path);
-  else if (host->state_dir && asprintf(&l->path, "%s/%s", host->state_dir,
-                                       path && *path ? path : "ledger.sqlite") < 0)
+  else if (host->state_dir &&
+           asprintf(&l->path, "%s/%s", host->state_dir, path && *path ? path : "ledger.sqlite") < 0)
     l->path = NULL;
   if (!l->path) {
     ledger_close(l);
@@ -645,12 +640,13 @@ ledger_init(const eph_host_t *host, const config_setting_t *config, void **state
   }
 
   eph_sqlite_open_options_t so = {
-    .what = "ledger", .busy_timeout_ms = (int)busy_ms,
-    .synchronous = strcasecmp(sync, "full") == 0 ? "FULL" : "NORMAL",
-    .damaged_hint = "restore it from a backup",
-    /* FULL: credits, reservations and settlements are fsync()ed at commit (a settlement
-     * syncs every charge before it too), so the close-time checkpoint adds nothing. */
-    .no_checkpoint_on_close = strcasecmp(sync, "full") == 0};
+      .what = "ledger",
+      .busy_timeout_ms = (int)busy_ms,
+      .synchronous = strcasecmp(sync, "full") == 0 ? "FULL" : "NORMAL",
+      .damaged_hint = "restore it from a backup",
+      /* FULL: credits, reservations and settlements are fsync()ed at commit (a settlement
+       * syncs every charge before it too), so the close-time checkpoint adds nothing. */
+      .no_checkpoint_on_close = strcasecmp(sync, "full") == 0};
   if ((r = eph_sqlite_open(l->path, &so, &l->db, err)) < 0) {
     ledger_close(l);
     return r;
@@ -677,27 +673,27 @@ ledger_fini(void *state)
 }
 
 static const eph_ledger_ops_t ledger_ops = {
-  .struct_size = sizeof(eph_ledger_ops_t),
-  .credit = ledger_credit,
-  .balance = ledger_balance,
-  .reserve = ledger_reserve,
-  .charge = ledger_charge,
-  .settle = ledger_settle,
-  .totals = ledger_totals,
-  .settle_open = ledger_settle_open,
-  .probe = ledger_probe,
+    .struct_size = sizeof(eph_ledger_ops_t),
+    .credit = ledger_credit,
+    .balance = ledger_balance,
+    .reserve = ledger_reserve,
+    .charge = ledger_charge,
+    .settle = ledger_settle,
+    .totals = ledger_totals,
+    .settle_open = ledger_settle_open,
+    .probe = ledger_probe,
 };
 
 EPH_PLUGIN_EXPORT = {
-  .abi_major = EPH_ABI_MAJOR,
-  .abi_minor = EPH_ABI_MINOR,
-  .struct_size = sizeof(eph_plugin_t),
-  .name = "ledger-sqlite",
-  .kind = EPH_KIND_LEDGER,
-  .version = "0.1.0",
-  .description = "Append-only ledger of organisations, reservations and charges in SQLite",
-  .config_keys = ledger_keys,
-  .init = ledger_init,
-  .fini = ledger_fini,
-  .ops = &ledger_ops,
+    .abi_major = EPH_ABI_MAJOR,
+    .abi_minor = EPH_ABI_MINOR,
+    .struct_size = sizeof(eph_plugin_t),
+    .name = "ledger-sqlite",
+    .kind = EPH_KIND_LEDGER,
+    .version = "0.1.0",
+    .description = "Append-only ledger of organisations, reservations and charges in SQLite",
+    .config_keys = ledger_keys,
+    .init = ledger_init,
+    .fini = ledger_fini,
+    .ops = &ledger_ops,
 };

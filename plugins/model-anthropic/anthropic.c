@@ -32,47 +32,47 @@
 #include "support/model_messages.h"
 
 static const eph_config_key_t anthropic_keys[] = {
-  {"base_url", EPH_CFG_STRING, "\"https://api.anthropic.com/v1\"", NULL,
-   "Base URL of the Anthropic API; requests go to {base_url}/messages. Plain http is "
-   "refused unless the host is a loopback address or allow_plain_http is set."},
-  {"api_key_file", EPH_CFG_STRING, "\"\"", NULL,
-   "File holding the API key (surrounding whitespace ignored). Takes precedence over "
-   "api_key_env. Should be mode 0600; a group- or world-readable file is warned about."},
-  {"api_key_env", EPH_CFG_STRING, "\"ANTHROPIC_API_KEY\"", NULL,
-   "Environment variable of the host process holding the API key (sent as x-api-key), "
-   "used when api_key_file is empty."},
-  {"strip_prefix", EPH_CFG_STRING, "\"anthropic/\"", NULL,
-   "Provider prefix of the models this plugin serves, removed before sending "
-   "(\"anthropic/claude-sonnet-4-5\" is sent as \"claude-sonnet-4-5\")."},
-  {"anthropic_version", EPH_CFG_STRING, "\"2023-06-01\"", NULL,
-   "Value of the anthropic-version header (the API version the plugin speaks)."},
-  {"stream", EPH_CFG_BOOL, "false", NULL,
-   "Ask for a Server-Sent Events stream (stream: true). The streamed message is assembled "
-   "into the same result as a non-streamed one; a stream cut short is an error."},
-  {"prompt_cache", EPH_CFG_BOOL, "true", NULL,
-   "Mark the tools and the conversation so far with cache_control (ephemeral) on every "
-   "call: the next call of the run reads that prefix from Anthropic's prompt cache. Cache "
-   "writes and reads are billed at their own prices (pricing.models)."},
-  {"max_continuations", EPH_CFG_INT, "3", NULL,
-   "How many times one call continues a turn the API paused (stop_reason pause_turn)."},
-  {"connect_timeout_ms", EPH_CFG_INT, "10000", "ms",
-   "Connection set-up timeout of one attempt (never past the call's deadline)."},
-  {"timeout_ms", EPH_CFG_INT, "120000", "ms",
-   "Whole-attempt timeout (a stream included); a timed-out attempt is retried if the "
-   "deadline allows and no stream had started."},
-  {"max_retries", EPH_CFG_INT, "3", NULL,
-   "Retries after a 408, 409, 429, 529 (overloaded) or other 5xx answer or a transient "
-   "transport failure."},
-  {"backoff_initial_ms", EPH_CFG_INT, "500", "ms",
-   "First retry delay; it doubles on each retry (full jitter: a random delay between half "
-   "and all of it). A retry-after header replaces it."},
-  {"backoff_max_ms", EPH_CFG_INT, "20000", "ms", "Cap of the computed retry delay."},
-  {"max_response_bytes", EPH_CFG_INT, "8388608", "bytes",
-   "Largest response body (or whole stream) accepted, at most 1 GiB; a longer one is a "
-   "protocol error."},
-  {"allow_plain_http", EPH_CFG_BOOL, "false", NULL,
-   "Allow an http:// base_url to a non-loopback host (the API key would travel in clear)."},
-  {0},
+    {"base_url", EPH_CFG_STRING, "\"https://api.anthropic.com/v1\"", NULL,
+     "Base URL of the Anthropic API; requests go to {base_url}/messages. Plain http is "
+     "refused unless the host is a loopback address or allow_plain_http is set."},
+    {"api_key_file", EPH_CFG_STRING, "\"\"", NULL,
+     "File holding the API key (surrounding whitespace ignored). Takes precedence over "
+     "api_key_env. Should be mode 0600; a group- or world-readable file is warned about."},
+    {"api_key_env", EPH_CFG_STRING, "\"ANTHROPIC_API_KEY\"", NULL,
+     "Environment variable of the host process holding the API key (sent as x-api-key), "
+     "used when api_key_file is empty."},
+    {"strip_prefix", EPH_CFG_STRING, "\"anthropic/\"", NULL,
+     "Provider prefix of the models this plugin serves, removed before sending "
+     "(\"anthropic/claude-sonnet-4-5\" is sent as \"claude-sonnet-4-5\")."},
+    {"anthropic_version", EPH_CFG_STRING, "\"2023-06-01\"", NULL,
+     "Value of the anthropic-version header (the API version the plugin speaks)."},
+    {"stream", EPH_CFG_BOOL, "false", NULL,
+     "Ask for a Server-Sent Events stream (stream: true). The streamed message is assembled "
+     "into the same result as a non-streamed one; a stream cut short is an error."},
+    {"prompt_cache", EPH_CFG_BOOL, "true", NULL,
+     "Mark the tools and the conversation so far with cache_control (ephemeral) on every "
+     "call: the next call of the run reads that prefix from Anthropic's prompt cache. Cache "
+     "writes and reads are billed at their own prices (pricing.models)."},
+    {"max_continuations", EPH_CFG_INT, "3", NULL,
+     "How many times one call continues a turn the API paused (stop_reason pause_turn)."},
+    {"connect_timeout_ms", EPH_CFG_INT, "10000", "ms",
+     "Connection set-up timeout of one attempt (never past the call's deadline)."},
+    {"timeout_ms", EPH_CFG_INT, "120000", "ms",
+     "Whole-attempt timeout (a stream included); a timed-out attempt is retried if the "
+     "deadline allows and no stream had started."},
+    {"max_retries", EPH_CFG_INT, "3", NULL,
+     "Retries after a 408, 409, 429, 529 (overloaded) or other 5xx answer or a transient "
+     "transport failure."},
+    {"backoff_initial_ms", EPH_CFG_INT, "500", "ms",
+     "First retry delay; it doubles on each retry (full jitter: a random delay between half "
+     "and all of it). A retry-after header replaces it."},
+    {"backoff_max_ms", EPH_CFG_INT, "20000", "ms", "Cap of the computed retry delay."},
+    {"max_response_bytes", EPH_CFG_INT, "8388608", "bytes",
+     "Largest response body (or whole stream) accepted, at most 1 GiB; a longer one is a "
+     "protocol error."},
+    {"allow_plain_http", EPH_CFG_BOOL, "false", NULL,
+     "Allow an http:// base_url to a non-loopback host (the API key would travel in clear)."},
+    {0},
 };
 
 typedef struct anthropic {
@@ -232,9 +232,9 @@ static int
 post_once(anthropic_t *s, const eph_model_request_t *req, json_object *extra,
           const struct curl_slist *headers, eph_model_response_t *resp, eph_error_t *err)
 {
-  json_object *body = eph_messages_request(req->model + strlen(s->prefix), req->messages,
-                                           req->tools, req->max_output_tokens, s->stream, extra,
-                                           err);
+  json_object *body =
+      eph_messages_request(req->model + strlen(s->prefix), req->messages, req->tools,
+                           req->max_output_tokens, s->stream, extra, err);
   if (!body)
     return err && err->code ? -err->code : -EINVAL;
   if (s->prompt_cache)
@@ -278,14 +278,12 @@ join(eph_model_response_t *into, eph_model_response_t *next, const char *where)
   json_object_object_get_ex(into->raw, "usage", &ua);
   json_object_object_get_ex(next->raw, "usage", &ub);
   if (ua && ub) {
-    json_object_object_foreach(ub, k, v)
-    {
+    json_object_object_foreach(ub, k, v) {
       json_object *old = NULL;
       if (json_object_is_type(v, json_type_int) && json_object_object_get_ex(ua, k, &old) &&
           json_object_is_type(old, json_type_int))
-        json_object_object_add(ua, k,
-                               json_object_new_int64(json_object_get_int64(old) +
-                                                     json_object_get_int64(v)));
+        json_object_object_add(
+            ua, k, json_object_new_int64(json_object_get_int64(old) + json_object_get_int64(v)));
     }
   }
   json_object *sr = NULL;
@@ -324,9 +322,8 @@ anthropic_complete(void *state, const eph_model_request_t *req, eph_model_respon
 
   r = post_once(s, req, NULL, headers, resp, err);
   json_object *extra = NULL;
-  for (int64_t k = 0; r == 0 && strcmp(resp->finish_reason, "pause_turn") == 0 &&
-                      k < s->max_continuations;
-       k++) {
+  for (int64_t k = 0;
+       r == 0 && strcmp(resp->finish_reason, "pause_turn") == 0 && k < s->max_continuations; k++) {
     json_object *content = NULL;
     json_object_object_get_ex(resp->raw, "content", &content);
     if (!extra)
@@ -359,22 +356,22 @@ anthropic_complete(void *state, const eph_model_request_t *req, eph_model_respon
 }
 
 static const eph_model_ops_t anthropic_ops = {
-  .struct_size = sizeof(eph_model_ops_t),
-  .complete = anthropic_complete,
-  .serves = anthropic_serves,
-  .ready = anthropic_ready,
+    .struct_size = sizeof(eph_model_ops_t),
+    .complete = anthropic_complete,
+    .serves = anthropic_serves,
+    .ready = anthropic_ready,
 };
 
 EPH_PLUGIN_EXPORT = {
-  .abi_major = EPH_ABI_MAJOR,
-  .abi_minor = EPH_ABI_MINOR,
-  .struct_size = sizeof(eph_plugin_t),
-  .name = "model-anthropic",
-  .kind = EPH_KIND_MODEL,
-  .version = PACKAGE_VERSION,
-  .description = "Anthropic Messages API with tool use and streaming (libcurl)",
-  .config_keys = anthropic_keys,
-  .init = anthropic_init,
-  .fini = anthropic_fini,
-  .ops = &anthropic_ops,
+    .abi_major = EPH_ABI_MAJOR,
+    .abi_minor = EPH_ABI_MINOR,
+    .struct_size = sizeof(eph_plugin_t),
+    .name = "model-anthropic",
+    .kind = EPH_KIND_MODEL,
+    .version = PACKAGE_VERSION,
+    .description = "Anthropic Messages API with tool use and streaming (libcurl)",
+    .config_keys = anthropic_keys,
+    .init = anthropic_init,
+    .fini = anthropic_fini,
+    .ops = &anthropic_ops,
 };

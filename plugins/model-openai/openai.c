@@ -36,54 +36,54 @@
 #define MAX_PROVIDERS 32
 
 static const eph_config_key_t openai_keys[] = {
-  {"base_url", EPH_CFG_STRING, "\"https://api.openai.com/v1\"", NULL,
-   "Base URL of the OpenAI-compatible API; requests go to {base_url}/chat/completions "
-   "(api \"chat\") or {base_url}/responses (api \"responses\"). Plain http is refused unless "
-   "the host is a loopback address or allow_plain_http is set."},
-  {"api", EPH_CFG_STRING, "\"chat\"", NULL,
-   "Wire API: \"chat\" (Chat Completions) or \"responses\" (the Responses API: input items, "
-   "function_call / function_call_output items, store = false)."},
-  {"stream", EPH_CFG_BOOL, "false", NULL,
-   "Ask for a Server-Sent Events stream (stream: true; Chat Completions with "
-   "stream_options.include_usage). The streamed answer is assembled into the same result "
-   "as a non-streamed one; a stream cut short is an error, never a partial answer."},
-  {"api_key_file", EPH_CFG_STRING, "\"\"", NULL,
-   "File holding the API key (surrounding whitespace ignored). Takes precedence over "
-   "api_key_env. Should be mode 0600; a group- or world-readable file is warned about."},
-  {"api_key_env", EPH_CFG_STRING, "\"OPENAI_API_KEY\"", NULL,
-   "Environment variable of the host process holding the API key, used when api_key_file "
-   "is empty. With both empty no Authorization header is sent (local servers)."},
-  {"strip_prefix", EPH_CFG_STRING, "\"openai/\"", NULL,
-   "Provider prefix of the models this block serves, removed from the request's model name "
-   "before it is sent (\"openai/gpt-6-luna\" is sent as \"gpt-6-luna\"). \"\" serves every "
-   "model name no other provider claims."},
-  {"max_tokens_field", EPH_CFG_STRING, "\"max_completion_tokens\"", NULL,
-   "Chat Completions body field carrying the output-token cap: \"max_completion_tokens\" "
-   "(OpenAI), \"max_tokens\" (older compatible servers) or \"\" to send none. The Responses "
-   "API always uses max_output_tokens."},
-  {"providers", EPH_CFG_LIST, "()", NULL,
-   "Operator-defined OpenAI-compatible providers, each a group: prefix (required, e.g. "
-   "\"local/\": \"local/qwen3\" is sent as \"qwen3\"), base_url (required), api, stream, "
-   "api_key_file, api_key_env (default \"\": no key), max_tokens_field, allow_plain_http, "
-   "each as for the block itself. The retry and timeout keys of the block apply. Prices "
-   "are per full model name in the core's pricing.models."},
-  {"connect_timeout_ms", EPH_CFG_INT, "10000", "ms",
-   "Connection set-up timeout of one attempt (never past the call's deadline)."},
-  {"timeout_ms", EPH_CFG_INT, "120000", "ms",
-   "Whole-attempt timeout (a stream included); a timed-out attempt is retried if the "
-   "deadline allows and no stream had started."},
-  {"max_retries", EPH_CFG_INT, "3", NULL,
-   "Retries after a 408, 409, 429 or 5xx answer or a transient transport failure."},
-  {"backoff_initial_ms", EPH_CFG_INT, "500", "ms",
-   "First retry delay; it doubles on each retry (full jitter: a random delay between half "
-   "and all of it). A Retry-After header replaces it."},
-  {"backoff_max_ms", EPH_CFG_INT, "20000", "ms", "Cap of the computed retry delay."},
-  {"max_response_bytes", EPH_CFG_INT, "8388608", "bytes",
-   "Largest response body (or whole stream) accepted, at most 1 GiB; a longer one is a "
-   "protocol error."},
-  {"allow_plain_http", EPH_CFG_BOOL, "false", NULL,
-   "Allow an http:// base_url to a non-loopback host (the API key would travel in clear)."},
-  {0},
+    {"base_url", EPH_CFG_STRING, "\"https://api.openai.com/v1\"", NULL,
+     "Base URL of the OpenAI-compatible API; requests go to {base_url}/chat/completions "
+     "(api \"chat\") or {base_url}/responses (api \"responses\"). Plain http is refused unless "
+     "the host is a loopback address or allow_plain_http is set."},
+    {"api", EPH_CFG_STRING, "\"chat\"", NULL,
+     "Wire API: \"chat\" (Chat Completions) or \"responses\" (the Responses API: input items, "
+     "function_call / function_call_output items, store = false)."},
+    {"stream", EPH_CFG_BOOL, "false", NULL,
+     "Ask for a Server-Sent Events stream (stream: true; Chat Completions with "
+     "stream_options.include_usage). The streamed answer is assembled into the same result "
+     "as a non-streamed one; a stream cut short is an error, never a partial answer."},
+    {"api_key_file", EPH_CFG_STRING, "\"\"", NULL,
+     "File holding the API key (surrounding whitespace ignored). Takes precedence over "
+     "api_key_env. Should be mode 0600; a group- or world-readable file is warned about."},
+    {"api_key_env", EPH_CFG_STRING, "\"OPENAI_API_KEY\"", NULL,
+     "Environment variable of the host process holding the API key, used when api_key_file "
+     "is empty. With both empty no Authorization header is sent (local servers)."},
+    {"strip_prefix", EPH_CFG_STRING, "\"openai/\"", NULL,
+     "Provider prefix of the models this block serves, removed from the request's model name "
+     "before it is sent (\"openai/gpt-6-luna\" is sent as \"gpt-6-luna\"). \"\" serves every "
+     "model name no other provider claims."},
+    {"max_tokens_field", EPH_CFG_STRING, "\"max_completion_tokens\"", NULL,
+     "Chat Completions body field carrying the output-token cap: \"max_completion_tokens\" "
+     "(OpenAI), \"max_tokens\" (older compatible servers) or \"\" to send none. The Responses "
+     "API always uses max_output_tokens."},
+    {"providers", EPH_CFG_LIST, "()", NULL,
+     "Operator-defined OpenAI-compatible providers, each a group: prefix (required, e.g. "
+     "\"local/\": \"local/qwen3\" is sent as \"qwen3\"), base_url (required), api, stream, "
+     "api_key_file, api_key_env (default \"\": no key), max_tokens_field, allow_plain_http, "
+     "each as for the block itself. The retry and timeout keys of the block apply. Prices "
+     "are per full model name in the core's pricing.models."},
+    {"connect_timeout_ms", EPH_CFG_INT, "10000", "ms",
+     "Connection set-up timeout of one attempt (never past the call's deadline)."},
+    {"timeout_ms", EPH_CFG_INT, "120000", "ms",
+     "Whole-attempt timeout (a stream included); a timed-out attempt is retried if the "
+     "deadline allows and no stream had started."},
+    {"max_retries", EPH_CFG_INT, "3", NULL,
+     "Retries after a 408, 409, 429 or 5xx answer or a transient transport failure."},
+    {"backoff_initial_ms", EPH_CFG_INT, "500", "ms",
+     "First retry delay; it doubles on each retry (full jitter: a random delay between half "
+     "and all of it). A Retry-After header replaces it."},
+    {"backoff_max_ms", EPH_CFG_INT, "20000", "ms", "Cap of the computed retry delay."},
+    {"max_response_bytes", EPH_CFG_INT, "8388608", "bytes",
+     "Largest response body (or whole stream) accepted, at most 1 GiB; a longer one is a "
+     "protocol error."},
+    {"allow_plain_http", EPH_CFG_BOOL, "false", NULL,
+     "Allow an http:// base_url to a non-loopback host (the API key would travel in clear)."},
+    {0},
 };
 
 enum { API_CHAT, API_RESPONSES };
@@ -134,8 +134,8 @@ openai_fini(void *state)
 
 /* Reads one provider from block (the plugin's block itself when top-level). */
 static int
-provider_init(openai_t *s, provider_t *p, const config_setting_t *block, bool top,
-              const char *name, eph_error_t *err)
+provider_init(openai_t *s, provider_t *p, const config_setting_t *block, bool top, const char *name,
+              eph_error_t *err)
 {
   const eph_host_t *host = s->host;
   const char *base_url, *key_file, *key_env, *prefix, *mt_field, *api;
@@ -209,14 +209,15 @@ openai_init(const eph_host_t *host, const config_setting_t *config, void **state
     char name[64];
     snprintf(name, sizeof name, "model-openai providers[%d]", i);
     if (!config_setting_is_group(b)) {
-      r = eph_error_set(err, EPH_E_CONFIG, "%s:%d: %s: not a group { prefix = ...; base_url = ...; }",
+      r = eph_error_set(err, EPH_E_CONFIG,
+                        "%s:%d: %s: not a group { prefix = ...; base_url = ...; }",
                         config_setting_source_file(b) ? config_setting_source_file(b) : "config",
                         config_setting_source_line(b), name);
       goto fail;
     }
     /* A misspelt key would silently fall back to its default (no key, another API). */
-    static const char *const known[] = {"prefix",           "base_url", "api",
-                                        "stream",           "api_key_file", "api_key_env",
+    static const char *const known[] = {"prefix",           "base_url",        "api",
+                                        "stream",           "api_key_file",    "api_key_env",
                                         "max_tokens_field", "allow_plain_http"};
     for (int k = 0; k < config_setting_length(b); k++) {
       config_setting_t *m = config_setting_get_elem(b, (unsigned)k);
@@ -256,8 +257,7 @@ route(const openai_t *s, const char *model)
   const provider_t *best = NULL;
   for (size_t i = 0; i < s->n; i++) {
     size_t n = strlen(s->providers[i].prefix);
-    if (strncmp(model, s->providers[i].prefix, n) == 0 &&
-        (!best || n > strlen(best->prefix)))
+    if (strncmp(model, s->providers[i].prefix, n) == 0 && (!best || n > strlen(best->prefix)))
       best = &s->providers[i];
   }
   return best;
@@ -290,8 +290,7 @@ static char *
 build_body(const provider_t *p, const eph_model_request_t *req, eph_error_t *err)
 {
   json_object *body = json_object_new_object();
-  json_object_object_add(body, "model",
-                         json_object_new_string(req->model + strlen(p->prefix)));
+  json_object_object_add(body, "model", json_object_new_string(req->model + strlen(p->prefix)));
   bool tools = req->tools && json_object_is_type(req->tools, json_type_array) &&
                json_object_array_length(req->tools) > 0;
   if (p->api == API_CHAT) {
@@ -374,7 +373,7 @@ on_done(void *opaque, const char *body, size_t len, int64_t latency_ms, eph_erro
   if (!root)
     return err && err->code ? -err->code : -EPH_E_PROTOCOL;
   int r = c->p->api == API_CHAT ? eph_chat_parse_response(root, c->p->url, c->resp, err)
-                            : eph_responses_parse(root, c->p->url, c->resp, err);
+                                : eph_responses_parse(root, c->p->url, c->resp, err);
   if (r < 0) {
     json_object_put(root);
     return r;
@@ -439,23 +438,23 @@ openai_complete(void *state, const eph_model_request_t *req, eph_model_response_
 }
 
 static const eph_model_ops_t openai_ops = {
-  .struct_size = sizeof(eph_model_ops_t),
-  .complete = openai_complete,
-  .serves = openai_serves,
-  .ready = openai_ready,
+    .struct_size = sizeof(eph_model_ops_t),
+    .complete = openai_complete,
+    .serves = openai_serves,
+    .ready = openai_ready,
 };
 
 EPH_PLUGIN_EXPORT = {
-  .abi_major = EPH_ABI_MAJOR,
-  .abi_minor = EPH_ABI_MINOR,
-  .struct_size = sizeof(eph_plugin_t),
-  .name = "model-openai",
-  .kind = EPH_KIND_MODEL,
-  .version = PACKAGE_VERSION,
-  .description = "OpenAI and OpenAI-compatible providers (Chat Completions, Responses; "
-                 "streaming) with tool calling (libcurl)",
-  .config_keys = openai_keys,
-  .init = openai_init,
-  .fini = openai_fini,
-  .ops = &openai_ops,
+    .abi_major = EPH_ABI_MAJOR,
+    .abi_minor = EPH_ABI_MINOR,
+    .struct_size = sizeof(eph_plugin_t),
+    .name = "model-openai",
+    .kind = EPH_KIND_MODEL,
+    .version = PACKAGE_VERSION,
+    .description = "OpenAI and OpenAI-compatible providers (Chat Completions, Responses; "
+                   "streaming) with tool calling (libcurl)",
+    .config_keys = openai_keys,
+    .init = openai_init,
+    .fini = openai_fini,
+    .ops = &openai_ops,
 };

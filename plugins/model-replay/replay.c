@@ -49,15 +49,15 @@
 #define TRANSCRIPT_MAX_BYTES (64u << 20)
 
 static const eph_config_key_t replay_keys[] = {
-  {"transcript", EPH_CFG_STRING, "\"\"", NULL,
-   "Transcript replayed when the request's model is not \"replay:PATH\": JSONL, one "
-   "recorded response body per line (Chat Completions, Responses API or Anthropic Messages, "
-   "as --record writes them). A relative path is looked up under the data "
-   "directory first, then the current directory."},
-  {"pace", EPH_CFG_BOOL, "false", NULL,
-   "Sleep each line's recorded x_latency_ms before answering, so a replay keeps the "
-   "original run's timing (never past the call's deadline)."},
-  {0},
+    {"transcript", EPH_CFG_STRING, "\"\"", NULL,
+     "Transcript replayed when the request's model is not \"replay:PATH\": JSONL, one "
+     "recorded response body per line (Chat Completions, Responses API or Anthropic Messages, "
+     "as --record writes them). A relative path is looked up under the data "
+     "directory first, then the current directory."},
+    {"pace", EPH_CFG_BOOL, "false", NULL,
+     "Sleep each line's recorded x_latency_ms before answering, so a replay keeps the "
+     "original run's timing (never past the call's deadline)."},
+    {0},
 };
 
 typedef struct replay {
@@ -303,8 +303,7 @@ compare_assistant(json_object *live, json_object *rec, size_t k, const char *whe
 /* Every tool call of the assistant message at index `at` must be answered by a tool message
  * carrying its id before the next assistant message. */
 static int
-check_tool_results(json_object *messages, size_t at, size_t k, const char *where,
-                   eph_error_t *err)
+check_tool_results(json_object *messages, size_t at, size_t k, const char *where, eph_error_t *err)
 {
   json_object *calls = tool_calls_of(json_object_array_get_idx(messages, at));
   size_t total = json_object_array_length(messages);
@@ -374,8 +373,8 @@ expand_ref(const char *ref, size_t len, json_object *messages, const char *where
   unsigned long n = 0, line = 0;
   int consumed = 0, tail = 0;
   if (len >= sizeof spec)
-    return eph_error_set(err, EPH_E_PROTOCOL, "%s: template {{%.*s...}} is too long", where,
-                         32, ref);
+    return eph_error_set(err, EPH_E_PROTOCOL, "%s: template {{%.*s...}} is too long", where, 32,
+                         ref);
   memcpy(spec, ref, len);
   spec[len] = '\0';
   bool ok = sscanf(spec, "call_%lu.%63[A-Za-z0-9_]%n", &n, field, &consumed) == 2 && n > 0;
@@ -416,8 +415,8 @@ expand_ref(const char *ref, size_t len, json_object *messages, const char *where
     if (!text || (!nl && tlen == 0)) {
       json_object_put(result);
       return eph_error_set(err, EPH_E_DIVERGED,
-                           "%s: the answer quotes {{%s}} but that output has fewer lines",
-                           where, spec);
+                           "%s: the answer quotes {{%s}} but that output has fewer lines", where,
+                           spec);
     }
     if (nl)
       tlen = (size_t)(nl - text);
@@ -561,8 +560,8 @@ replay_answer(replay_t *s, const transcript_t *t, const eph_model_request_t *req
   resp->raw = json_object_get(t->lines[k]);
   if (s->host && s->host->log)
     s->host->log(EPH_LOG_DEBUG, "replayed %s (%llu+%llu tokens, %s)", where,
-                 (unsigned long long)resp->input_tokens,
-                 (unsigned long long)resp->output_tokens, resp->finish_reason);
+                 (unsigned long long)resp->input_tokens, (unsigned long long)resp->output_tokens,
+                 resp->finish_reason);
   return 0;
 }
 
@@ -581,8 +580,8 @@ replay_complete(void *state, const eph_model_request_t *req, eph_model_response_
   if (req->model && strncmp(req->model, MODEL_PREFIX, strlen(MODEL_PREFIX)) == 0) {
     path = req->model + strlen(MODEL_PREFIX);
     if (!*path)
-      return eph_error_set(err, EINVAL, "model \"%s\": no transcript path after \"%s\"",
-                           req->model, MODEL_PREFIX);
+      return eph_error_set(err, EINVAL, "model \"%s\": no transcript path after \"%s\"", req->model,
+                           MODEL_PREFIX);
   } else {
     path = s->transcript;
     if (!path)
@@ -673,21 +672,21 @@ replay_init(const eph_host_t *host, const config_setting_t *config, void **state
 }
 
 static const eph_model_ops_t replay_ops = {
-  .struct_size = sizeof(eph_model_ops_t),
-  .complete = replay_complete,
-  .ready = replay_ready,
+    .struct_size = sizeof(eph_model_ops_t),
+    .complete = replay_complete,
+    .ready = replay_ready,
 };
 
 EPH_PLUGIN_EXPORT = {
-  .abi_major = EPH_ABI_MAJOR,
-  .abi_minor = EPH_ABI_MINOR,
-  .struct_size = sizeof(eph_plugin_t),
-  .name = "model-replay",
-  .kind = EPH_KIND_MODEL,
-  .version = PACKAGE_VERSION,
-  .description = "Replays a recorded Chat Completions transcript (JSONL) with divergence checks",
-  .config_keys = replay_keys,
-  .init = replay_init,
-  .fini = replay_fini,
-  .ops = &replay_ops,
+    .abi_major = EPH_ABI_MAJOR,
+    .abi_minor = EPH_ABI_MINOR,
+    .struct_size = sizeof(eph_plugin_t),
+    .name = "model-replay",
+    .kind = EPH_KIND_MODEL,
+    .version = PACKAGE_VERSION,
+    .description = "Replays a recorded Chat Completions transcript (JSONL) with divergence checks",
+    .config_keys = replay_keys,
+    .init = replay_init,
+    .fini = replay_fini,
+    .ops = &replay_ops,
 };

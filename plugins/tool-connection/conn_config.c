@@ -165,16 +165,31 @@ valid_token(const char *s)
 static bool
 header_never_allowed(const conn_t *c, const char *name)
 {
-  static const char *const no[] = {
-      "authorization", "cookie", "host", "content-length", "transfer-encoding", "connection",
-      "upgrade", "te", "trailer", "keep-alive", "expect", "forwarded", "via",
-      "accept-encoding", "content-encoding", "range", "if-range", "x-http-method",
-      "x-method", "x-host", NULL};
+  static const char *const no[] = {"authorization",
+                                   "cookie",
+                                   "host",
+                                   "content-length",
+                                   "transfer-encoding",
+                                   "connection",
+                                   "upgrade",
+                                   "te",
+                                   "trailer",
+                                   "keep-alive",
+                                   "expect",
+                                   "forwarded",
+                                   "via",
+                                   "accept-encoding",
+                                   "content-encoding",
+                                   "range",
+                                   "if-range",
+                                   "x-http-method",
+                                   "x-method",
+                                   "x-host",
+                                   NULL};
   for (size_t i = 0; no[i]; i++)
     if (strcasecmp(name, no[i]) == 0)
       return true;
-  static const char *const prefix[] = {"proxy-", "x-forwarded-", "x-original-", "x-rewrite-",
-                                       NULL};
+  static const char *const prefix[] = {"proxy-", "x-forwarded-", "x-original-", "x-rewrite-", NULL};
   for (size_t i = 0; prefix[i]; i++)
     if (strncasecmp(name, prefix[i], strlen(prefix[i])) == 0)
       return true;
@@ -185,8 +200,8 @@ header_never_allowed(const conn_t *c, const char *name)
 
 /* The caller headers a connection lets through when its config has no allowed_headers. */
 static const char *const default_allowed_headers[] = {
-    "accept",   "accept-language",   "content-type",  "user-agent",
-    "if-match", "if-none-match",     "if-modified-since", "if-unmodified-since", NULL};
+    "accept",        "accept-language",   "content-type",        "user-agent", "if-match",
+    "if-none-match", "if-modified-since", "if-unmodified-since", NULL};
 
 bool
 header_allowed(const conn_t *c, const char *name)
@@ -225,18 +240,16 @@ conn_load(const eph_host_t *host, const config_setting_t *g, conn_t *c, eph_erro
   } else if (strcmp(apply, "query") == 0) {
     c->apply = APPLY_QUERY;
     if (!config_setting_lookup_string(g, "query_param", &qp) || !*qp || strpbrk(qp, "&=#?/ "))
-      return cfg_fail(g, err, "connection '%s': apply = \"query\" needs a valid query_param",
-                      name);
+      return cfg_fail(g, err, "connection '%s': apply = \"query\" needs a valid query_param", name);
     c->query_param = strdup(qp);
   } else
-    return cfg_fail(g, err, "connection '%s': apply must be bearer, basic, header or query",
-                    name);
+    return cfg_fail(g, err, "connection '%s': apply must be bearer, basic, header or query", name);
   if ((r = str_list(g, "methods", 1, false, &c->methods, &c->n_methods, err)) < 0 ||
       (r = str_list(g, "path_prefixes", 0, false, &c->prefixes, &c->n_prefixes, err)) < 0)
     return r;
   if (config_setting_get_member(g, "allowed_headers")) {
-    if ((r = str_list(g, "allowed_headers", -1, true, &c->allowed_headers,
-                      &c->n_allowed_headers, err)) < 0)
+    if ((r = str_list(g, "allowed_headers", -1, true, &c->allowed_headers, &c->n_allowed_headers,
+                      err)) < 0)
       return r;
   } else {
     /* The default list, minus the credential's own header should it be one of them. */
@@ -258,7 +271,8 @@ conn_load(const eph_host_t *host, const config_setting_t *g, conn_t *c, eph_erro
                       "connection '%s': header '%s' cannot be in allowed_headers: it is not a "
                       "header name, or it carries credentials, belongs to the transport, "
                       "changes the response's encoding or range, or overrides the method or "
-                      "URL the broker checked", name, c->allowed_headers[i]);
+                      "URL the broker checked",
+                      name, c->allowed_headers[i]);
   for (size_t i = 0; i < c->n_prefixes; i++)
     if (c->prefixes[i][0] != '/')
       return cfg_fail(g, err, "connection '%s': every path prefix must start with '/'", name);
@@ -274,8 +288,10 @@ conn_load(const eph_host_t *host, const config_setting_t *g, conn_t *c, eph_erro
       curl_url_get(u, CURLUPART_FRAGMENT, &frag, 0) == CURLUE_OK ||
       curl_url_get(u, CURLUPART_USER, &user, 0) == CURLUE_OK ||
       curl_url_get(u, CURLUPART_PATH, &path, 0) != CURLUE_OK)
-    r = cfg_fail(g, err, "connection '%s': base_url must be an http(s) URL without query, "
-                         "fragment or credentials", name);
+    r = cfg_fail(g, err,
+                 "connection '%s': base_url must be an http(s) URL without query, "
+                 "fragment or credentials",
+                 name);
   if (r == 0) {
     size_t n = strlen(path);
     while (n > 0 && path[n - 1] == '/')
@@ -337,9 +353,10 @@ conn_load(const eph_host_t *host, const config_setting_t *g, conn_t *c, eph_erro
     if (r < 0)
       return eph_error_set(err, ENOMEM, "out of memory");
     if (sl < 16)
-      host->log(EPH_LOG_WARN, "connection '%s': the credential is %zu bytes long: too short "
-                              "to be scrubbed reliably from responses (encoded forms of fewer "
-                              "than 8 characters and credentials under 4 are not matched)",
+      host->log(EPH_LOG_WARN,
+                "connection '%s': the credential is %zu bytes long: too short "
+                "to be scrubbed reliably from responses (encoded forms of fewer "
+                "than 8 characters and credentials under 4 are not matched)",
                 name, sl);
   }
   return 0;

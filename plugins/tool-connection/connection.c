@@ -45,7 +45,8 @@ static const eph_config_key_t broker_keys[] = {
     {"max_response_bytes", EPH_CFG_INT, "1048576", "bytes",
      "Response body bytes kept, at most 1073741824. The broker reads a little further (about "
      "32 times the credential's length) so that a form of the credential the cut falls into "
-     "is scrubbed whole before the body is cut here.", EPH_CFG_RANGE(1, 1073741824)},
+     "is scrubbed whole before the body is cut here.",
+     EPH_CFG_RANGE(1, 1073741824)},
     {"timeout_ms", EPH_CFG_INT, "30000", "milliseconds", "Time limit of one request.",
      EPH_CFG_RANGE(1, INT64_MAX)},
     {"price_micros_per_request", EPH_CFG_INT, "0", "micros",
@@ -194,9 +195,8 @@ before_request(void *opaque, const char *method, const char *url, int hop, eph_e
   req_ctx_t *x = opaque;
   const eph_host_t *host = x->b->host;
   int r;
-  if (x->b->price_micros > 0 &&
-      (r = host->charge(x->call->run, EPH_COST_WEB, x->b->price_micros, "connection_request",
-                        err)) < 0)
+  if (x->b->price_micros > 0 && (r = host->charge(x->call->run, EPH_COST_WEB, x->b->price_micros,
+                                                  "connection_request", err)) < 0)
     return r;
   cleanup_json json_object *data = json_object_new_object();
   json_object_object_add(data, "connection", json_object_new_string(x->c->name));
@@ -272,8 +272,8 @@ emit_dropped(broker_t *b, const eph_tool_call_t *call, const conn_t *c, const ch
                  n == 1 ? "" : "s", names ? names : "?") < 0)
       text = NULL;
   }
-  b->host->emit(call->run, "Connection", "header_dropped", text ? text : "headers dropped",
-                data, &ignore);
+  b->host->emit(call->run, "Connection", "header_dropped", text ? text : "headers dropped", data,
+                &ignore);
 }
 
 static int
@@ -282,17 +282,18 @@ broker_call(void *state, const eph_tool_call_t *call, json_object **result, eph_
   broker_t *b = state;
   if (strcmp(call->tool, "connection_request") != 0)
     return eph_error_set(err, EINVAL, "tool-connection has no tool '%s'", call->tool);
-  const char *name = eph_json_get_string(call->args, "connection"), *m = eph_json_get_string(call->args, "method"),
+  const char *name = eph_json_get_string(call->args, "connection"),
+             *m = eph_json_get_string(call->args, "method"),
              *path = eph_json_get_string(call->args, "path");
   if (!name || !m || !path) {
-    *result = eph_error_result("arguments 'connection', 'method' and 'path' (strings) are required");
+    *result =
+        eph_error_result("arguments 'connection', 'method' and 'path' (strings) are required");
     return 0;
   }
   const conn_t *c = find_conn(b, name);
   json_object *grant = find_grant(call->grants, name);
   if (!c || !grant) {
-    *result = refuse(b, call, NULL, "not_granted",
-                     "this run is not granted that connection");
+    *result = refuse(b, call, NULL, "not_granted", "this run is not granted that connection");
     return 0;
   }
   char method[16];
@@ -319,10 +320,11 @@ broker_call(void *state, const eph_tool_call_t *call, json_object **result, eph_
     const char *q = strchr(path, '?');
     size_t ql = strlen(c->query_param);
     for (const char *p = q; p && *p; p = strchr(p + 1, '&'))
-      if (strncmp(p + 1, c->query_param, ql) == 0 && (p[1 + ql] == '=' || p[1 + ql] == '&' ||
-                                                     p[1 + ql] == 0)) {
-        *result = refuse(b, call, c, "header", "the query parameter carrying the credential "
-                                               "is set by the broker");
+      if (strncmp(p + 1, c->query_param, ql) == 0 &&
+          (p[1 + ql] == '=' || p[1 + ql] == '&' || p[1 + ql] == 0)) {
+        *result = refuse(b, call, c, "header",
+                         "the query parameter carrying the credential "
+                         "is set by the broker");
         return 0;
       }
   }
@@ -343,8 +345,10 @@ broker_call(void *state, const eph_tool_call_t *call, json_object **result, eph_
     if (json_object_get_string_len(jb) > 0 &&
         (strcmp(method, "GET") == 0 || strcmp(method, "HEAD") == 0)) {
       char msg[128];
-      snprintf(msg, sizeof msg, "a %s request cannot carry a body: drop 'body' or use a method "
-                                "that takes one", method);
+      snprintf(msg, sizeof msg,
+               "a %s request cannot carry a body: drop 'body' or use a method "
+               "that takes one",
+               method);
       *result = refuse(b, call, c, "body", msg);
       return 0;
     }
@@ -362,8 +366,7 @@ broker_call(void *state, const eph_tool_call_t *call, json_object **result, eph_
       *result = eph_error_result("argument 'headers' must be an object of strings");
       return 0;
     }
-    json_object_object_foreach(jh, hk, hv)
-    {
+    json_object_object_foreach(jh, hk, hv) {
       const char *v = json_object_get_string(hv);
       if (!valid_token(hk) || !json_object_is_type(hv, json_type_string) || strpbrk(v, "\r\n")) {
         curl_slist_free_all(hdrs);
@@ -435,8 +438,8 @@ broker_call(void *state, const eph_tool_call_t *call, json_object **result, eph_
     cleanup_free char *h1 = NULL, *h2 = NULL;
     int p1 = 0, p2 = 0;
     eph_error_t ig = {0};
-    if (eph_net_url_host(c->base_url, &h1, &p1, &ig) < 0 || eph_net_url_host(url, &h2, &p2, &ig) < 0 ||
-        strcmp(h1, h2) != 0 || p1 != p2) {
+    if (eph_net_url_host(c->base_url, &h1, &p1, &ig) < 0 ||
+        eph_net_url_host(url, &h2, &p2, &ig) < 0 || strcmp(h1, h2) != 0 || p1 != p2) {
       explicit_bzero(url, strlen(url));
       curl_slist_free_all(hdrs);
       if (cred_line) {
@@ -495,8 +498,7 @@ broker_call(void *state, const eph_tool_call_t *call, json_object **result, eph_
   json_object_object_add(res, "status", json_object_new_int((int)resp.status));
   json_object *outh = json_object_new_object();
   bool clean = true;
-  json_object_object_foreach(resp.headers, rk, rv)
-  {
+  json_object_object_foreach(resp.headers, rk, rv) {
     if (strcasecmp(rk, "set-cookie") == 0)
       continue; /* session material of the connection, not the run's */
     cleanup_free char *k = scrub_str(c, rk);
@@ -568,8 +570,7 @@ broker_fini(void *state)
 }
 
 static int
-broker_init(const eph_host_t *host, const config_setting_t *config, void **state,
-            eph_error_t *err)
+broker_init(const eph_host_t *host, const config_setting_t *config, void **state, eph_error_t *err)
 {
   if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK)
     return eph_error_set(err, EIO, "curl_global_init failed");

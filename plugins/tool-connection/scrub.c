@@ -119,15 +119,13 @@ unescape_at(const char *s, size_t n, size_t i, unsigned char *out, size_t *out_n
   static const struct {
     const char *name;
     char ch;
-  } named[] = {{"amp", '&'},    {"lt", '<'},     {"gt", '>'},     {"quot", '"'},
-               {"apos", '\''},  {"sol", '/'},    {"bsol", '\\'},  {"plus", '+'},
-               {"equals", '='}, {"colon", ':'},  {"semi", ';'},   {"comma", ','},
-               {"period", '.'}, {"num", '#'},    {"excl", '!'},   {"quest", '?'},
-               {"lowbar", '_'}, {"dollar", '$'}, {"percnt", '%'}, {"commat", '@'},
-               {"lsqb", '['},   {"rsqb", ']'},   {"lcub", '{'},   {"rcub", '}'},
-               {"verbar", '|'}, {"grave", '`'},  {"hat", '^'},    {"ast", '*'},
-               {"lpar", '('},   {"rpar", ')'},   {"tilde", '~'},  {"hyphen", '-'},
-               {"dash", '-'},   {"nbsp", ' '}};
+  } named[] = {{"amp", '&'},   {"lt", '<'},     {"gt", '>'},     {"quot", '"'},   {"apos", '\''},
+               {"sol", '/'},   {"bsol", '\\'},  {"plus", '+'},   {"equals", '='}, {"colon", ':'},
+               {"semi", ';'},  {"comma", ','},  {"period", '.'}, {"num", '#'},    {"excl", '!'},
+               {"quest", '?'}, {"lowbar", '_'}, {"dollar", '$'}, {"percnt", '%'}, {"commat", '@'},
+               {"lsqb", '['},  {"rsqb", ']'},   {"lcub", '{'},   {"rcub", '}'},   {"verbar", '|'},
+               {"grave", '`'}, {"hat", '^'},    {"ast", '*'},    {"lpar", '('},   {"rpar", ')'},
+               {"tilde", '~'}, {"hyphen", '-'}, {"dash", '-'},   {"nbsp", ' '}};
   const char *p = s + i;
   size_t left = n - i, k;
   uint32_t cp;

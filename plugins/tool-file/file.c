@@ -40,16 +40,14 @@ static const eph_tool_def_t file_tools[] = {
      "\"max_bytes\":{\"type\":\"integer\",\"minimum\":1}},"
      "\"required\":[\"path\"],\"additionalProperties\":false}",
      EPH_PERM_FILES},
-    {"file_write",
-     "Write (create or replace) a file in the scratch directory.",
+    {"file_write", "Write (create or replace) a file in the scratch directory.",
      "{\"type\":\"object\",\"properties\":{"
      "\"path\":{\"type\":\"string\",\"description\":\"relative to scratch\"},"
      "\"content\":{\"type\":\"string\"},"
      "\"encoding\":{\"type\":\"string\",\"enum\":[\"utf-8\",\"base64\"]}},"
      "\"required\":[\"path\",\"content\"],\"additionalProperties\":false}",
      EPH_PERM_FILES},
-    {"file_list",
-     "List a directory in the scratch directory (default: scratch itself).",
+    {"file_list", "List a directory in the scratch directory (default: scratch itself).",
      "{\"type\":\"object\",\"properties\":{"
      "\"path\":{\"type\":\"string\",\"description\":\"relative to scratch\"}},"
      "\"additionalProperties\":false}",
@@ -199,7 +197,8 @@ confirm_size(files_t *f, const eph_tool_call_t *call, const char *path, uint64_t
 static int
 do_write(files_t *f, const eph_tool_call_t *call, json_object **result, eph_error_t *err)
 {
-  const char *path = eph_json_get_string(call->args, "path"), *enc = eph_json_get_string(call->args, "encoding"), *why;
+  const char *path = eph_json_get_string(call->args, "path"),
+             *enc = eph_json_get_string(call->args, "encoding"), *why;
   json_object *jc = NULL;
   if (!path || !json_object_object_get_ex(call->args, "content", &jc) ||
       !json_object_is_type(jc, json_type_string)) {

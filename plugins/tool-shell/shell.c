@@ -26,10 +26,12 @@ static const eph_config_key_t shell_keys[] = {
      "process group is killed when it passes."},
     {"max_timeout_seconds", EPH_CFG_INT, "600", "seconds",
      "Largest timeout_seconds a model may ask for; larger requests are lowered to it. The "
-     "run's own deadline still cuts every command short.", EPH_CFG_RANGE(1, 86400)},
+     "run's own deadline still cuts every command short.",
+     EPH_CFG_RANGE(1, 86400)},
     {"output_cap_bytes", EPH_CFG_INT, "16384", "bytes",
      "Output returned to the model per stream: the first and last halves are kept and the "
-     "middle is replaced by a line \"[... N bytes dropped ...]\".", EPH_CFG_RANGE(64, 16777216)},
+     "middle is replaced by a line \"[... N bytes dropped ...]\".",
+     EPH_CFG_RANGE(64, 16777216)},
     {0},
 };
 
@@ -51,21 +53,21 @@ static const eph_tool_def_t shell_tools[] = {
 };
 
 static int
-shell_init(const eph_host_t *host, const config_setting_t *config, void **state,
-           eph_error_t *err)
+shell_init(const eph_host_t *host, const config_setting_t *config, void **state, eph_error_t *err)
 {
   shell_state_t s = {.host = host};
   int r;
-  if ((r = host->cfg_int(config, "default_timeout_seconds", DEFAULT_TIMEOUT_S,
-                         &s.default_timeout_s, err)) < 0 ||
-      (r = host->cfg_int(config, "max_timeout_seconds", MAX_TIMEOUT_S, &s.max_timeout_s,
+  if ((r = host->cfg_int(config, "default_timeout_seconds", DEFAULT_TIMEOUT_S, &s.default_timeout_s,
                          err)) < 0 ||
+      (r = host->cfg_int(config, "max_timeout_seconds", MAX_TIMEOUT_S, &s.max_timeout_s, err)) <
+          0 ||
       (r = host->cfg_int(config, "output_cap_bytes", DEFAULT_OUTPUT_CAP, &s.output_cap_bytes,
                          err)) < 0)
     return r;
   if (s.default_timeout_s < 1 || s.default_timeout_s > s.max_timeout_s)
-    return eph_error_set(err, EPH_E_CONFIG,
-                         "tool-shell: default_timeout_seconds must be within 1..max_timeout_seconds");
+    return eph_error_set(
+        err, EPH_E_CONFIG,
+        "tool-shell: default_timeout_seconds must be within 1..max_timeout_seconds");
   shell_state_t *p = malloc(sizeof *p);
   if (!p)
     return eph_error_set(err, ENOMEM, "tool-shell: out of memory");
@@ -219,10 +221,10 @@ shell_call(void *state, const eph_tool_call_t *call, json_object **result, eph_e
   if (res.signal)
     json_object_object_add(o, "signal", json_object_new_int(res.signal));
   json_object_object_add(o, "reason", json_object_new_string(eph_end_reason_name(res.reason)));
-  json_object_object_add(o, "stdout", utf8_string(res.stdout_text ? res.stdout_text : "",
-                                                  res.stdout_bytes));
-  json_object_object_add(o, "stderr", utf8_string(res.stderr_text ? res.stderr_text : "",
-                                                  res.stderr_bytes));
+  json_object_object_add(o, "stdout",
+                         utf8_string(res.stdout_text ? res.stdout_text : "", res.stdout_bytes));
+  json_object_object_add(o, "stderr",
+                         utf8_string(res.stderr_text ? res.stderr_text : "", res.stderr_bytes));
   json_object_object_add(o, "stdout_truncated", json_object_new_boolean(res.stdout_truncated));
   json_object_object_add(o, "stderr_truncated", json_object_new_boolean(res.stderr_truncated));
   json_object_object_add(o, "duration_ms", json_object_new_int64(res.duration_ms));

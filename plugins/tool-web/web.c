@@ -52,11 +52,11 @@ static const eph_config_key_t web_keys[] = {
     {"max_response_bytes", EPH_CFG_INT, "2097152", "bytes",
      "Response body bytes read at most; the transfer stops there.", EPH_CFG_RANGE(1, INT64_MAX)},
     {"max_text_bytes", EPH_CFG_INT, "65536", "bytes",
-     "Text bytes handed to the model at most (after HTML reduction).",
-     EPH_CFG_RANGE(1, INT64_MAX)},
+     "Text bytes handed to the model at most (after HTML reduction).", EPH_CFG_RANGE(1, INT64_MAX)},
     {"timeout_ms", EPH_CFG_INT, "20000", "milliseconds",
      "Time limit of one web_fetch or web_search, redirects included (the run deadline also "
-     "applies).", EPH_CFG_RANGE(1, INT64_MAX)},
+     "applies).",
+     EPH_CFG_RANGE(1, INT64_MAX)},
     {"max_redirects", EPH_CFG_INT, "5", NULL, "Redirects followed at most; each is re-checked.",
      EPH_CFG_RANGE(0, INT64_MAX)},
     {"price_micros_per_request", EPH_CFG_INT, "1000", "micros",
@@ -157,13 +157,13 @@ name_in(const xmlChar *name, const char *const *list)
 static void
 walk(text_t *t, xmlNode *n)
 {
-  static const char *const skip[] = {"script", "style", "noscript", "template", "svg",
-                                     "iframe", "object", "head", NULL};
-  static const char *const para[] = {"p", "h1", "h2", "h3", "h4", "h5", "h6", "pre",
+  static const char *const skip[] = {"script", "style",  "noscript", "template", "svg",
+                                     "iframe", "object", "head",     NULL};
+  static const char *const para[] = {"p",          "h1",    "h2", "h3", "h4", "h5", "h6", "pre",
                                      "blockquote", "table", "ul", "ol", "dl", "hr", NULL};
-  static const char *const line[] = {"br", "div", "li", "tr", "dt", "dd", "section",
-                                     "article", "header", "footer", "nav", "main", "aside",
-                                     "form", "title", "td", "th", NULL};
+  static const char *const line[] = {"br",      "div",     "li",     "tr",     "dt",  "dd",
+                                     "section", "article", "header", "footer", "nav", "main",
+                                     "aside",   "form",    "title",  "td",     "th",  NULL};
   for (; n && !t->full; n = n->next) {
     if (n->type == XML_TEXT_NODE || n->type == XML_CDATA_SECTION_NODE) {
       if (n->content)
@@ -273,10 +273,10 @@ static json_object *
 refused(web_t *w, const eph_tool_call_t *call, const char *kind, const eph_error_t *e)
 {
   eph_error_t ignore = {0};
-  const char *reason = e->code == EPH_E_BUDGET ? "budget_exhausted"
+  const char *reason = e->code == EPH_E_BUDGET   ? "budget_exhausted"
                        : e->code == EPH_E_DENIED ? "denied"
-                       : e->code == ETIMEDOUT   ? "timeout"
-                                                : "failed";
+                       : e->code == ETIMEDOUT    ? "timeout"
+                                                 : "failed";
   cleanup_json json_object *data = json_object_new_object();
   json_object_object_add(data, "reason", json_object_new_string(reason));
   /* The message names the host or address: withheld under zero data retention. */
@@ -383,7 +383,8 @@ do_fetch(web_t *w, const eph_tool_call_t *call, json_object **result, eph_error_
     json_object_object_add(res, "text", json_object_new_string(""));
   }
   json_object_object_add(res, "body_bytes", json_object_new_int64((int64_t)resp.body_bytes));
-  json_object_object_add(res, "truncated", json_object_new_boolean(resp.truncated || text_truncated));
+  json_object_object_add(res, "truncated",
+                         json_object_new_boolean(resp.truncated || text_truncated));
   eph_net_response_clear(&resp);
   *result = res;
   return 0;
@@ -440,9 +441,8 @@ do_search(web_t *w, const eph_tool_call_t *call, json_object **result, eph_error
     return 0;
   }
   json_tokener *tok = json_tokener_new();
-  json_object *doc = tok ? json_tokener_parse_ex(tok, resp.body ? resp.body : "",
-                                                 (int)resp.body_bytes)
-                         : NULL;
+  json_object *doc =
+      tok ? json_tokener_parse_ex(tok, resp.body ? resp.body : "", (int)resp.body_bytes) : NULL;
   if (tok)
     json_tokener_free(tok);
   eph_net_response_clear(&resp);
@@ -455,8 +455,7 @@ do_search(web_t *w, const eph_tool_call_t *call, json_object **result, eph_error
   }
   json_object *out = json_object_new_array();
   size_t n = json_object_array_length(list);
-  for (size_t i = 0; i < n && (int64_t)json_object_array_length(out) < w->search_max_results;
-       i++) {
+  for (size_t i = 0; i < n && (int64_t)json_object_array_length(out) < w->search_max_results; i++) {
     json_object *it = json_object_array_get_idx(list, i), *v;
     if (!json_object_is_type(it, json_type_object))
       continue;

@@ -9,13 +9,37 @@
 
 #include <json-c/json.h>
 
-static inline void eph_freep(void *p) { free(*(void **)p); }
-static inline void eph_closep(int *fd) { if (*fd >= 0) close(*fd); }
-static inline void eph_json_putp(json_object **o) { if (*o) json_object_put(*o); }
+static inline void
+eph_freep(void *p)
+{
+  free(*(void **)p);
+}
+static inline void
+eph_closep(int *fd)
+{
+  if (*fd >= 0)
+    close(*fd);
+}
+static inline void
+eph_json_putp(json_object **o)
+{
+  if (*o)
+    json_object_put(*o);
+}
 #define cleanup_free __attribute__((cleanup(eph_freep)))
 #define cleanup_close __attribute__((cleanup(eph_closep)))
 #define cleanup_json __attribute__((cleanup(eph_json_putp)))
-#define steal_pointer(pp) ({ __typeof__(*(pp)) _p = *(pp); *(pp) = NULL; _p; })
-#define steal_fd(fdp) ({ int _fd = *(fdp); *(fdp) = -1; _fd; })
+#define steal_pointer(pp)                                                                          \
+  ({                                                                                               \
+    __typeof__(*(pp)) _p = *(pp);                                                                  \
+    *(pp) = NULL;                                                                                  \
+    _p;                                                                                            \
+  })
+#define steal_fd(fdp)                                                                              \
+  ({                                                                                               \
+    int _fd = *(fdp);                                                                              \
+    *(fdp) = -1;                                                                                   \
+    _fd;                                                                                           \
+  })
 
 #endif

@@ -44,8 +44,7 @@ normalise_domain(const char *s)
 }
 
 static int
-load_list(const config_setting_t *block, const char *key, char ***out, size_t *n,
-          eph_error_t *err)
+load_list(const config_setting_t *block, const char *key, char ***out, size_t *n, eph_error_t *err)
 {
   *out = NULL;
   *n = 0;
@@ -105,8 +104,8 @@ load_ports(const config_setting_t *block, int **out, size_t *n, eph_error_t *err
     if (port < 1 || port > 65535) {
       free(v);
       return eph_error_set(err, EPH_E_CONFIG,
-                           "%s:%d: key 'allowed_ports': element %d is not a port 1..65535",
-                           file, config_setting_source_line(l), i);
+                           "%s:%d: key 'allowed_ports': element %d is not a port 1..65535", file,
+                           config_setting_source_line(l), i);
     }
     v[i] = (int)port;
   }
@@ -198,7 +197,8 @@ eph_net_port_refusal(const eph_net_policy_t *p, int port)
 static const char *
 v4_refusal(const eph_net_policy_t *p, uint32_t a /* host order */)
 {
-#define IN_NET(net, bits) ((bits) == 0 || (a >> (32 - (bits))) == ((uint32_t)(net) >> (32 - (bits))))
+#define IN_NET(net, bits)                                                                          \
+  ((bits) == 0 || (a >> (32 - (bits))) == ((uint32_t)(net) >> (32 - (bits))))
   if (IN_NET(0x7f000000, 8))
     return p->allow_loopback ? NULL : "loopback address";
   if (IN_NET(0x00000000, 8))
@@ -354,8 +354,9 @@ eph_net_host_address_refusal(const eph_net_policy_t *p, const struct sockaddr *s
 static void
 addr_text(const struct sockaddr *sa, char *out, size_t size)
 {
-  const void *a = sa->sa_family == AF_INET6 ? (const void *)&((const struct sockaddr_in6 *)sa)->sin6_addr
-                                            : (const void *)&((const struct sockaddr_in *)sa)->sin_addr;
+  const void *a = sa->sa_family == AF_INET6
+                      ? (const void *)&((const struct sockaddr_in6 *)sa)->sin6_addr
+                      : (const void *)&((const struct sockaddr_in *)sa)->sin_addr;
   if (!inet_ntop(sa->sa_family, a, out, (socklen_t)size))
     snprintf(out, size, "?");
 }
@@ -574,16 +575,15 @@ on_header(char *data, size_t size, size_t nmemb, void *opaque)
       return 0;
     json_object_object_add(h->resp->headers, name, json_object_new_string(joined));
   } else {
-    json_object_object_add(h->resp->headers, name,
-                           json_object_new_string_len(v, (int)(end - v)));
+    json_object_object_add(h->resp->headers, name, json_object_new_string_len(v, (int)(end - v)));
   }
   return n;
 }
 
 static int
-do_hop(const eph_net_policy_t *p, const eph_net_request_t *req, const char *url,
-       const char *method, int send_body, int hop_no, int64_t end_ms, eph_net_response_t *resp,
-       char **redirect_to, eph_error_t *err)
+do_hop(const eph_net_policy_t *p, const eph_net_request_t *req, const char *url, const char *method,
+       int send_body, int hop_no, int64_t end_ms, eph_net_response_t *resp, char **redirect_to,
+       eph_error_t *err)
 {
   cleanup_free char *host = NULL;
   int port = 0, r;

@@ -89,15 +89,15 @@ int eph_net_resolve_checked(const eph_net_policy_t *p, const char *host, int por
 
 /* One request; all pointers borrowed for the call. */
 typedef struct eph_net_request {
-  const char *url;            /* absolute http:// or https:// URL */
-  const char *method;         /* "GET", "HEAD", ...; upper case */
+  const char *url;                  /* absolute http:// or https:// URL */
+  const char *method;               /* "GET", "HEAD", ...; upper case */
   const struct curl_slist *headers; /* extra request headers, or NULL */
-  const void *body;           /* request body, or NULL */
+  const void *body;                 /* request body, or NULL */
   size_t body_bytes;
-  size_t max_response_bytes;  /* body bytes kept; the transfer stops there (truncated) */
-  int64_t timeout_ms;         /* whole request including redirects */
-  int max_redirects;          /* 0: a 3xx is returned as it is */
-  int check_domains;          /* apply the policy's domain and port lists to every hop */
+  size_t max_response_bytes; /* body bytes kept; the transfer stops there (truncated) */
+  int64_t timeout_ms;        /* whole request including redirects */
+  int max_redirects;         /* 0: a 3xx is returned as it is */
+  int check_domains;         /* apply the policy's domain and port lists to every hop */
   /* Called after a hop's URL and domain checks and before any of its I/O (name
    * resolution included): to charge and emit. A negative return aborts the request with
    * that error. hop 0 is the first request. */
@@ -109,23 +109,23 @@ typedef struct eph_net_request {
 /* What came back. Strings owned by the response; eph_net_response_clear() frees them. */
 typedef struct eph_net_response {
   long status;
-  char *content_type;    /* or NULL */
-  char *final_url;       /* URL of the last hop */
-  char *location;        /* Location of an unfollowed 3xx, or NULL */
-  json_object *headers;  /* {"lower-case-name": "value", ...} of the last hop */
-  char *body;            /* NUL-terminated for convenience; body_bytes excludes the NUL */
+  char *content_type;   /* or NULL */
+  char *final_url;      /* URL of the last hop */
+  char *location;       /* Location of an unfollowed 3xx, or NULL */
+  json_object *headers; /* {"lower-case-name": "value", ...} of the last hop */
+  char *body;           /* NUL-terminated for convenience; body_bytes excludes the NUL */
   size_t body_bytes;
-  int truncated;         /* the body passed max_response_bytes */
-  int redirects;         /* how many were followed */
-  char addr[64];         /* the address of the last hop's connection */
+  int truncated; /* the body passed max_response_bytes */
+  int redirects; /* how many were followed */
+  char addr[64]; /* the address of the last hop's connection */
 } eph_net_response_t;
 
 /* Performs the request under policy p. Errors (nothing in *resp to use): -EPH_E_DENIED (a
  * host or address refused; message says which), -EINVAL (not an http(s) URL, credentials
  * in the URL), -EPH_E_UPSTREAM (transfer failed, too many redirects), -ETIMEDOUT, or what
  * before_request returned. An HTTP error status is a success with resp->status set. */
-int eph_net_fetch(const eph_net_policy_t *p, const eph_net_request_t *req,
-                  eph_net_response_t *resp, eph_error_t *err);
+int eph_net_fetch(const eph_net_policy_t *p, const eph_net_request_t *req, eph_net_response_t *resp,
+                  eph_error_t *err);
 void eph_net_response_clear(eph_net_response_t *r);
 
 /* eph_net_fetch() within what is left of a caller's deadline: left_ms > 0 becomes the

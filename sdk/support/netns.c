@@ -23,16 +23,18 @@ eph_proxy_url_parse(const char *url, uint32_t *proxy_addr, uint16_t *port, eph_e
   unsigned p = 0;
   int used = 0;
   struct in_addr in;
-  if (!url || sscanf(url, "http://%15[0-9.]:%5u%n", addr, &p, &used) != 2 || url[used] ||
-      p < 1 || p > 65535 || inet_pton(AF_INET, addr, &in) != 1)
+  if (!url || sscanf(url, "http://%15[0-9.]:%5u%n", addr, &p, &used) != 2 || url[used] || p < 1 ||
+      p > 65535 || inet_pton(AF_INET, addr, &in) != 1)
     return eph_error_set(err, EINVAL, "proxy_url '%s': expected http://A.B.C.D:PORT",
                          url ? url : "(null)");
   *proxy_addr = ntohl(in.s_addr);
   if (port)
     *port = (uint16_t)p;
   if ((*proxy_addr & 3) != 1)
-    return eph_error_set(err, EINVAL, "proxy_url '%s': the address must be the first host of "
-                         "a /30 (x.x.x.4k+1): the sandbox's end takes the next one", url);
+    return eph_error_set(err, EINVAL,
+                         "proxy_url '%s': the address must be the first host of "
+                         "a /30 (x.x.x.4k+1): the sandbox's end takes the next one",
+                         url);
   return 0;
 }
 
@@ -50,8 +52,7 @@ job_main(void *p)
   job_t *j = p;
   /* Only this thread changes netns; it ends right after, so nothing else runs in it. */
   if (setns(j->ns_fd, CLONE_NEWNET) < 0)
-    j->r = eph_error_set(&j->err, errno, "setns into a network namespace: %s",
-                         strerror(errno));
+    j->r = eph_error_set(&j->err, errno, "setns into a network namespace: %s", strerror(errno));
   else
     j->r = j->fn(j->arg, &j->err);
   return NULL;

@@ -13,16 +13,14 @@
 /* Parses the spec's proxy_url "http://A.B.C.D:PORT": *proxy_addr (host byte order) must be
  * the first host of a /30 (x.x.x.4k+1), since the sandbox's end takes the next one.
  * port may be NULL. Returns 0 or -EINVAL naming the URL. */
-int eph_proxy_url_parse(const char *url, uint32_t *proxy_addr, uint16_t *port,
-                        eph_error_t *err);
+int eph_proxy_url_parse(const char *url, uint32_t *proxy_addr, uint16_t *port, eph_error_t *err);
 
 /* Runs fn(arg, err) on a short-lived thread that setns()es into the network namespace
  * ns_fd first: a netlink socket, a tun device and /proc/sys/net belong to the netns of the
  * thread that opens them, and only that thread ever changes netns. Returns what fn
  * returned (err filled by fn, may be NULL), or a negative errno when the thread could not
  * be made or could not enter the namespace. */
-int eph_netns_run(int ns_fd, int (*fn)(void *arg, eph_error_t *err), void *arg,
-                  eph_error_t *err);
+int eph_netns_run(int ns_fd, int (*fn)(void *arg, eph_error_t *err), void *arg, eph_error_t *err);
 
 /* Writes value to a /proc/sys file; optional: a missing file is not an error. */
 int eph_sysctl_write(const char *path, const char *value, bool optional, eph_error_t *err);
@@ -37,8 +35,8 @@ int eph_ipv6_disable(const char *const *ifs, eph_error_t *err);
 int eph_nl_route_connect(struct nl_sock **sk, const char *ifname, eph_error_t *err);
 
 /* addr/prefix (IPv4, host byte order) on the interface. */
-int eph_nl_addr_add(struct nl_sock *sk, int ifindex, uint32_t addr, int prefix,
-                    const char *ifname, eph_error_t *err);
+int eph_nl_addr_add(struct nl_sock *sk, int ifindex, uint32_t addr, int prefix, const char *ifname,
+                    eph_error_t *err);
 
 /* IFF_UP on the interface. */
 int eph_nl_link_up(struct nl_sock *sk, int ifindex, const char *ifname, eph_error_t *err);

@@ -18,23 +18,21 @@ eph_sqlite_errno(int rc)
   case SQLITE_FULL:
     return ENOSPC;
   case SQLITE_CONSTRAINT:
-    return rc == SQLITE_CONSTRAINT_PRIMARYKEY || rc == SQLITE_CONSTRAINT_UNIQUE ? EEXIST
-                                                                                 : EINVAL;
+    return rc == SQLITE_CONSTRAINT_PRIMARYKEY || rc == SQLITE_CONSTRAINT_UNIQUE ? EEXIST : EINVAL;
   default:
     return EIO;
   }
 }
 
 int
-eph_sqlite_exec(sqlite3 *db, const char *path, const char *sql, const char *what,
-                eph_error_t *err)
+eph_sqlite_exec(sqlite3 *db, const char *path, const char *sql, const char *what, eph_error_t *err)
 {
   char *msg = NULL;
   int rc = sqlite3_exec(db, sql, NULL, NULL, &msg);
   if (rc == SQLITE_OK)
     return 0;
-  int r = eph_error_set(err, eph_sqlite_errno(sqlite3_extended_errcode(db)), "%s: %s: %s",
-                        path, what, msg ? msg : sqlite3_errstr(rc));
+  int r = eph_error_set(err, eph_sqlite_errno(sqlite3_extended_errcode(db)), "%s: %s: %s", path,
+                        what, msg ? msg : sqlite3_errstr(rc));
   sqlite3_free(msg);
   return r;
 }
@@ -46,8 +44,8 @@ eph_sqlite_prepare_all(sqlite3 *db, const char *path, const char *const *sql, si
   for (size_t i = 0; i < n; i++) {
     int rc = sqlite3_prepare_v3(db, sql[i], -1, SQLITE_PREPARE_PERSISTENT, &st[i], NULL);
     if (rc != SQLITE_OK) {
-      int r = eph_error_set(err, eph_sqlite_errno(sqlite3_extended_errcode(db)),
-                            "%s: %s: %s", path, sql[i], sqlite3_errmsg(db));
+      int r = eph_error_set(err, eph_sqlite_errno(sqlite3_extended_errcode(db)), "%s: %s: %s", path,
+                            sql[i], sqlite3_errmsg(db));
       eph_sqlite_finalize_all(st, n);
       return r;
     }
@@ -74,7 +72,8 @@ eph_sqlite_migrate(sqlite3 *db, const char *path, const char *const *migrations,
   else if (version > n)
     r = eph_error_set(err, EPH_E_CONFIG,
                       "%s: schema version %d is newer than this %s's (%d); refusing to "
-                      "touch it", path, version, owner, n);
+                      "touch it",
+                      path, version, owner, n);
   for (int v = version; r >= 0 && v < n; v++) {
     char what[64], pragma[48];
     snprintf(what, sizeof what, "migrating the schema to version %d", v + 1);
@@ -162,8 +161,7 @@ eph_sqlite_open(const char *path, const eph_sqlite_open_options_t *opt, sqlite3 
   int r = 0;
   /* NOMUTEX: the caller's own mutex serialises every use of the connection. */
   int rc = sqlite3_open_v2(path, &db,
-                           SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX,
-                           NULL);
+                           SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX, NULL);
   if (rc != SQLITE_OK) {
     r = eph_error_set(err, EIO, "%s: opening the %s: %s", path, what,
                       db ? sqlite3_errmsg(db) : sqlite3_errstr(rc));
@@ -194,8 +192,8 @@ eph_sqlite_open(const char *path, const eph_sqlite_open_options_t *opt, sqlite3 
    * (a damaged API-key page reads as "no such key", a damaged ledger as wrong balances). */
   char why[256];
   if (eph_sqlite_quick_check(db, why, sizeof why) < 0) {
-    r = eph_error_set(err, EIO, "%s: the %s file is damaged (PRAGMA quick_check: %s)%s%s",
-                      path, what, why, opt->damaged_hint ? "; " : "",
+    r = eph_error_set(err, EIO, "%s: the %s file is damaged (PRAGMA quick_check: %s)%s%s", path,
+                      what, why, opt->damaged_hint ? "; " : "",
                       opt->damaged_hint ? opt->damaged_hint : "");
     goto fail;
   }

@@ -21,10 +21,10 @@ int eph_sqlite_errno(int rc);
 
 /* How to open a file. */
 typedef struct eph_sqlite_open_options {
-  const char *what;        /* for messages: "store", "ledger" */
-  int busy_timeout_ms;     /* wait for another process's lock (0: not at all) */
-  const char *synchronous; /* "FULL" or "NORMAL" (NULL: "NORMAL") */
-  bool owner_only;         /* chmod 0600 the file (SQLite gives -wal and -shm its mode) */
+  const char *what;         /* for messages: "store", "ledger" */
+  int busy_timeout_ms;      /* wait for another process's lock (0: not at all) */
+  const char *synchronous;  /* "FULL" or "NORMAL" (NULL: "NORMAL") */
+  bool owner_only;          /* chmod 0600 the file (SQLite gives -wal and -shm its mode) */
   const char *damaged_hint; /* appended to the "damaged" refusal: what the operator does */
   /* No checkpoint when the connection closes (SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE): only for
    * a file whose commits are fsync()ed themselves (synchronous FULL), where the close-time

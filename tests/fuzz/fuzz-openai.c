@@ -93,8 +93,8 @@ parse_body(ctx_t *c, const attempt_t *a)
     if (!root) {
       char ex[120];
       eph_mhttp_excerpt(a->body ? a->body : "", a->len, ex, sizeof ex);
-      eph_error_set(&err, EPH_E_PROTOCOL, "model call to %s: body is not valid JSON (%s): %s",
-                    url, why, ex);
+      eph_error_set(&err, EPH_E_PROTOCOL, "model call to %s: body is not valid JSON (%s): %s", url,
+                    why, ex);
     }
   }
   }
@@ -134,11 +134,14 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
   eph_messages_stream_reset(&c.messages);
 
   eph_error_t err = {0};
-  eph_mhttp_call_t call = {.url = url, .key = key, .on_event = stream ? fuzz_event : NULL,
-                           .opaque = &c};
+  eph_mhttp_call_t call = {
+      .url = url, .key = key, .on_event = stream ? fuzz_event : NULL, .opaque = &c};
   /* status_known as on_body sets it from the status: 1 a 2xx stream, 2 a buffered body. */
-  attempt_t a = {.call = &call, .limit = 1 << 20, .retry_after_ms = -1,
-                 .status_known = stream ? 1 : 2, .err = &err};
+  attempt_t a = {.call = &call,
+                 .limit = 1 << 20,
+                 .retry_after_ms = -1,
+                 .status_known = stream ? 1 : 2,
+                 .err = &err};
 
   const uint8_t *body = data;
   size_t body_len = size;

@@ -54,8 +54,8 @@ extern "C" {
 /* Declares the descriptor with default visibility; build plugins with
  * -fvisibility=hidden so nothing else leaks. Usage:
  *   EPH_PLUGIN_EXPORT = { .abi_major = EPH_ABI_MAJOR, ... };                          */
-#define EPH_PLUGIN_EXPORT \
-  __attribute__((visibility("default"))) extern const eph_plugin_t eph_plugin; \
+#define EPH_PLUGIN_EXPORT                                                                          \
+  __attribute__((visibility("default"))) extern const eph_plugin_t eph_plugin;                     \
   const eph_plugin_t eph_plugin
 
 /* ---------------------------------------------------------------- errors */
@@ -63,13 +63,13 @@ extern "C" {
 /* Error codes beyond errno. */
 enum {
   EPH_E_BASE = 1000,
-  EPH_E_DENIED = 1001,        /* the gate refused the call */
-  EPH_E_INSUFFICIENT = 1002,  /* organisation balance below the requested reservation */
-  EPH_E_BUDGET = 1003,        /* a charge would pass the reservation (budget exhausted) */
-  EPH_E_DIVERGED = 1004,      /* a replayed transcript does not match the live run */
-  EPH_E_PROTOCOL = 1005,      /* a peer broke the guest or model protocol */
-  EPH_E_CONFIG = 1006,        /* invalid configuration */
-  EPH_E_UPSTREAM = 1007,      /* a remote service (model API, web) answered with an error */
+  EPH_E_DENIED = 1001,       /* the gate refused the call */
+  EPH_E_INSUFFICIENT = 1002, /* organisation balance below the requested reservation */
+  EPH_E_BUDGET = 1003,       /* a charge would pass the reservation (budget exhausted) */
+  EPH_E_DIVERGED = 1004,     /* a replayed transcript does not match the live run */
+  EPH_E_PROTOCOL = 1005,     /* a peer broke the guest or model protocol */
+  EPH_E_CONFIG = 1006,       /* invalid configuration */
+  EPH_E_UPSTREAM = 1007,     /* a remote service (model API, web) answered with an error */
 };
 
 #define EPH_ERROR_MESSAGE_BYTES 1024
@@ -155,10 +155,10 @@ typedef enum eph_log_level {
 
 typedef enum eph_config_type {
   EPH_CFG_BOOL = 1,
-  EPH_CFG_INT = 2,    /* 64-bit integer */
+  EPH_CFG_INT = 2, /* 64-bit integer */
   EPH_CFG_STRING = 3,
-  EPH_CFG_LIST = 4,   /* list or array of strings */
-  EPH_CFG_GROUP = 5,  /* a nested group; its keys: see eph_config_key_t.keys */
+  EPH_CFG_LIST = 4,  /* list or array of strings */
+  EPH_CFG_GROUP = 5, /* a nested group; its keys: see eph_config_key_t.keys */
 } eph_config_type_t;
 
 /* One documented configuration key. A plugin lists every key its block accepts in a table
@@ -216,8 +216,8 @@ typedef enum eph_end_reason {
 static inline const char *
 eph_end_reason_name(eph_end_reason_t r)
 {
-  static const char *const names[] = {"exited", "timeout", "oom", "pids_exhausted",
-                                      "disk_full", "killed"};
+  static const char *const names[] = {"exited",         "timeout",   "oom",
+                                      "pids_exhausted", "disk_full", "killed"};
   return (unsigned)r < sizeof names / sizeof names[0] ? names[r] : "unknown";
 }
 
@@ -228,9 +228,9 @@ typedef struct eph_exec_request {
   uint32_t struct_size;
   const char *command;
   const char *const *argv;
-  const char *const *env;  /* "K=V" strings added to the worker's base env, or NULL */
-  const char *cwd;         /* absolute path inside the sandbox, or NULL for scratch */
-  const void *stdin_data;  /* bytes fed to stdin then closed; NULL = /dev/null */
+  const char *const *env; /* "K=V" strings added to the worker's base env, or NULL */
+  const char *cwd;        /* absolute path inside the sandbox, or NULL for scratch */
+  const void *stdin_data; /* bytes fed to stdin then closed; NULL = /dev/null */
   size_t stdin_bytes;
   uint32_t timeout_ms;     /* per-command timeout; 0 = the backend default */
   size_t output_cap_bytes; /* per stream head+tail kept; 0 = the default */
@@ -245,11 +245,11 @@ typedef struct eph_exec_request {
  * a marker line "[... N bytes dropped ...]" and the tail, and *_truncated is set. */
 typedef struct eph_exec_result {
   uint32_t struct_size;
-  int exit_code;           /* valid when signal == 0 */
-  int signal;              /* terminating signal, or 0 */
+  int exit_code; /* valid when signal == 0 */
+  int signal;    /* terminating signal, or 0 */
   eph_end_reason_t reason;
   char *stdout_text;
-  size_t stdout_bytes;     /* bytes of stdout_text */
+  size_t stdout_bytes; /* bytes of stdout_text */
   int stdout_truncated;
   uint64_t stdout_dropped_bytes;
   char *stderr_text;
@@ -261,8 +261,8 @@ typedef struct eph_exec_result {
 
 /* A directory entry from host->sandbox_list(). */
 typedef struct eph_dirent {
-  char *name;     /* owned by the array */
-  char type;      /* 'f' file, 'd' directory, 'l' symlink, '?' other */
+  char *name; /* owned by the array */
+  char type;  /* 'f' file, 'd' directory, 'l' symlink, '?' other */
   uint64_t size_bytes;
   int64_t mtime_s;
 } eph_dirent_t;
@@ -346,7 +346,7 @@ typedef struct eph_plugin {
   uint32_t struct_size; /* sizeof(eph_plugin_t) at build time */
   const char *name;     /* unique, [a-z0-9-]+, e.g. "backend-jail" */
   eph_kind_t kind;
-  const char *version;  /* the plugin's own version, e.g. "0.1.0" */
+  const char *version; /* the plugin's own version, e.g. "0.1.0" */
   const char *description;
   const eph_config_key_t *config_keys; /* keys of its block, {0}-terminated; NULL = none */
 
@@ -384,14 +384,14 @@ typedef struct eph_tool_def {
 /* One tool call, as the gate passed it. All borrowed for the duration of the call. */
 typedef struct eph_tool_call {
   uint32_t struct_size;
-  const char *run_id;   /* "run_" + 32 hex */
-  const char *tool;     /* which of the plugin's tools */
-  json_object *args;    /* the arguments object the model sent (validated as an object) */
-  json_object *grants;  /* the run's permission table: {"shell":bool,"web":bool,
-                           "files":bool,"connections":[{"name":..,"methods":[..]}]} */
+  const char *run_id;      /* "run_" + 32 hex */
+  const char *tool;        /* which of the plugin's tools */
+  json_object *args;       /* the arguments object the model sent (validated as an object) */
+  json_object *grants;     /* the run's permission table: {"shell":bool,"web":bool,
+                              "files":bool,"connections":[{"name":..,"methods":[..]}]} */
   int zero_data_retention; /* when set, never log or emit argument or result content */
-  int64_t deadline_ms;  /* run deadline, CLOCK_MONOTONIC ms */
-  eph_run_t *run;       /* for host services */
+  int64_t deadline_ms;     /* run deadline, CLOCK_MONOTONIC ms */
+  eph_run_t *run;          /* for host services */
 } eph_tool_call_t;
 
 typedef struct eph_tool_ops {
@@ -425,11 +425,11 @@ typedef struct eph_sandbox_limits {
 /* What the core asks of a backend. Borrowed for the duration of create(). */
 typedef struct eph_sandbox_spec {
   uint32_t struct_size;
-  const char *run_id;           /* names the sandbox; unique per host */
+  const char *run_id; /* names the sandbox; unique per host */
   eph_sandbox_limits_t limits;
-  int64_t deadline_ms;          /* CLOCK_MONOTONIC ms: the backend kills everything by then */
-  int network;                  /* 0: loopback only; 1: one egress route to proxy_url */
-  const char *proxy_url;        /* "http://ADDR:PORT" the sandbox may reach when network=1 */
+  int64_t deadline_ms;   /* CLOCK_MONOTONIC ms: the backend kills everything by then */
+  int network;           /* 0: loopback only; 1: one egress route to proxy_url */
+  const char *proxy_url; /* "http://ADDR:PORT" the sandbox may reach when network=1 */
   /* (minor 1) With network=1: an fd of the network namespace holding the proxy's listening
    * socket and nothing else; the backend puts the host end of the sandbox's link there,
    * never in the host's own netns. Borrowed: the backend dup()s what it keeps. A backend
@@ -442,12 +442,12 @@ typedef struct eph_sandbox eph_sandbox_t; /* opaque: the backend's sandbox */
 /* What destroy() verified. */
 typedef struct eph_sandbox_report {
   uint32_t struct_size;
-  int processes_left;       /* processes of the sandbox still alive after destroy (want 0) */
-  int files_left;           /* files of the sandbox still on disk after destroy (want 0) */
-  int64_t lifetime_ms;      /* from create() to destroyed */
+  int processes_left;  /* processes of the sandbox still alive after destroy (want 0) */
+  int files_left;      /* files of the sandbox still on disk after destroy (want 0) */
+  int64_t lifetime_ms; /* from create() to destroyed */
   uint64_t memory_peak_bytes;
-  uint64_t oom_kills;       /* OOM kills seen during the sandbox's life */
-  uint64_t pids_refused;    /* forks refused by the process limit */
+  uint64_t oom_kills;    /* OOM kills seen during the sandbox's life */
+  uint64_t pids_refused; /* forks refused by the process limit */
 } eph_sandbox_report_t;
 
 /* One entry of a backend's cache: what it keeps between sandboxes to start them faster (a
@@ -473,8 +473,8 @@ typedef struct eph_backend_ops {
    * stream to it in *guest_fd (owned by the caller, close()d after destroy). Blocks until
    * the guest process exists, not until its hello (the core reads that). On failure
    * nothing of the sandbox is left. */
-  int (*create)(void *state, const eph_sandbox_spec_t *spec, eph_sandbox_t **sandbox,
-                int *guest_fd, eph_error_t *err);
+  int (*create)(void *state, const eph_sandbox_spec_t *spec, eph_sandbox_t **sandbox, int *guest_fd,
+                eph_error_t *err);
   /* Counters so far (oom kills, refused forks, memory peak): lets the core name why a
    * command was killed. May be NULL. */
   int (*stats)(void *state, eph_sandbox_t *sandbox, eph_sandbox_report_t *out, eph_error_t *err);
@@ -520,7 +520,7 @@ typedef struct eph_model_request {
 } eph_model_request_t;
 
 /* True when req (sized by the caller) carries on_delta. */
-#define EPH_MODEL_REQUEST_HAS_DELTA(req)                                                         \
+#define EPH_MODEL_REQUEST_HAS_DELTA(req)                                                           \
   ((req)->struct_size >= offsetof(eph_model_request_t, delta_opaque) + sizeof(void *))
 
 /* One model answer. Filled by the plugin; owned by the caller, released with
@@ -532,7 +532,7 @@ typedef struct eph_model_response {
                            "arguments"}}]} */
   json_object *raw;     /* the whole response body as received (for --record), or NULL */
   char finish_reason[32];
-  uint64_t input_tokens;  /* every prompt token, the cached ones included */
+  uint64_t input_tokens; /* every prompt token, the cached ones included */
   uint64_t output_tokens;
   /* ABI 1.x addition (a plugin writes them only when struct_size covers them): of
    * input_tokens, those read from the provider's prompt cache and those written to it,
@@ -550,12 +550,12 @@ typedef struct eph_model_response {
 } eph_model_response_t;
 
 /* True when resp (sized by the caller) has room for the replay provenance. */
-#define EPH_MODEL_RESPONSE_HAS_REPLAY(resp)                                                      \
-  ((resp)->struct_size >= offsetof(eph_model_response_t, recorded_model) +                     \
+#define EPH_MODEL_RESPONSE_HAS_REPLAY(resp)                                                        \
+  ((resp)->struct_size >= offsetof(eph_model_response_t, recorded_model) +                         \
                               sizeof(((eph_model_response_t *)0)->recorded_model))
 
 /* True when resp (sized by the caller) has room for the cache token counts. */
-#define EPH_MODEL_RESPONSE_HAS_CACHE(resp)                                                       \
+#define EPH_MODEL_RESPONSE_HAS_CACHE(resp)                                                         \
   ((resp)->struct_size >= offsetof(eph_model_response_t, cache_write_tokens) + sizeof(uint64_t))
 
 static inline void
@@ -599,7 +599,7 @@ typedef struct eph_model_ops {
 /* Per-run totals. */
 typedef struct eph_ledger_totals {
   int64_t reserved_micros;
-  int64_t billed_micros; /* model + web + compute */
+  int64_t billed_micros;   /* model + web + compute */
   int64_t released_micros; /* 0 until settled */
   int64_t model_micros, web_micros, compute_micros;
   int settled;
