@@ -645,13 +645,19 @@ jail_create(void *state, const eph_sandbox_spec_t *spec, eph_sandbox_t **out, in
     eph_error_wrap(err, "sandbox %s: egress network", sb->run_id);
     goto fail;
   }
+  /* cgroup v1 lets a process other than root move a task only while the task has its
+   * uid: after the 'g' the child becomes root of its user namespace (another host uid), so
+   * a daemon running as its own user (the packaged unit) moves it first. Root may move it
+   * any time: then the move overlaps the child's mounts (v1 makes it wait for an RCU grace
+   * period) and the child goes no further than its mounts before the 'c'. */
+  bool move_first = !born_in_group && geteuid() != 0;
+  if (move_first && (r = jail_cg_attach(&j->cg, sb->run_id, sb->pid, err)) < 0)
+    goto fail;
   if (send(go[1], "g", 1, MSG_NOSIGNAL) != 1) {
     r = eph_error_set(err, errno, "sandbox %s: waking the child: %s", sb->run_id, strerror(errno));
     goto fail;
   }
-  /* The move into the groups overlaps the child's mounts (cgroup v1 makes it wait for an
-   * RCU grace period); the child goes no further than its mounts before the 'c'. */
-  if (!born_in_group && (r = jail_cg_attach(&j->cg, sb->run_id, sb->pid, err)) < 0)
+  if (!born_in_group && !move_first && (r = jail_cg_attach(&j->cg, sb->run_id, sb->pid, err)) < 0)
     goto fail;
   if (send(go[1], "c", 1, MSG_NOSIGNAL) != 1) {
     r = eph_error_set(err, errno, "sandbox %s: waking the child: %s", sb->run_id, strerror(errno));
