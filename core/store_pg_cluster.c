@@ -11,6 +11,16 @@
 
 /* ---------------------------------------------------------------- cluster */
 
+/* The run ids a statement returned (its first column) as a JSON array of strings. */
+static json_object *
+run_ids(const PGresult *res)
+{
+  json_object *arr = json_object_new_array();
+  for (int i = 0; i < PQntuples(res); i++)
+    json_object_array_add(arr, json_object_new_string(PQgetvalue(res, i, 0)));
+  return arr;
+}
+
 int
 eph_pg_cancel_request(eph_store_t *base, const char *run_id, eph_error_t *err)
 {
@@ -40,13 +50,9 @@ eph_pg_cancels_pending(eph_store_t *base, json_object **out, eph_error_t *err)
                  "SELECT c.run_id FROM run_cancels c JOIN runs r ON r.id = c.run_id"
                  " WHERE r.status IN ('queued', 'running')",
                  0, NULL, "reading cancel requests", &r, err);
-  if (r < 0)
-    return r;
-  json_object *arr = json_object_new_array();
-  for (int i = 0; i < PQntuples(res); i++)
-    json_object_array_add(arr, json_object_new_string(PQgetvalue(res, i, 0)));
-  *out = arr;
-  return 0;
+  if (r >= 0)
+    *out = run_ids(res);
+  return r;
 }
 
 int
@@ -90,13 +96,9 @@ eph_pg_leases_take_expired(eph_store_t *base, json_object **out, eph_error_t *er
                  "  AND EXISTS (SELECT 1 FROM q))"
                  " SELECT id FROM t",
                  3, v, "taking over expired leases", &r, err);
-  if (r < 0)
-    return r;
-  json_object *arr = json_object_new_array();
-  for (int i = 0; i < PQntuples(res); i++)
-    json_object_array_add(arr, json_object_new_string(PQgetvalue(res, i, 0)));
-  *out = arr;
-  return 0;
+  if (r >= 0)
+    *out = run_ids(res);
+  return r;
 }
 
 /* ---------------------------------------------------------------- the shared queue */
