@@ -113,18 +113,20 @@ void guest_send_error(guest_t *g, json_object *req, int err_no, const char *mess
 void guest_op_exec(guest_t *g, json_object *req, int64_t id);
 /* Writes what the pipe takes of the running command's pending stdin. */
 void guest_feed_stdin(job_t *j);
-/* Reads one chunk of the running command's stream (1 stdout, 2 stderr) and sends it; false
- * at end of stream. */
+/* Reads one chunk of the running command's stream (1 stdout, 2 stderr) and sends it. Returns
+ * false at end of stream or when nothing is available (the fd is non-blocking). */
 bool guest_forward_chunk(guest_t *g, int stream);
-/* Sends the running command's "exit" once it was reaped and both outputs reached EOF. */
+/* Called when the command's main process was reaped: forwards what its pipes still hold,
+ * closes them and sends the "exit". */
 void guest_finish_job(guest_t *g);
 /* Reaps every exited child (orphans included), noting the command's status. */
 void guest_reap(guest_t *g);
-/* Kills every process of the sandbox but the guest itself. */
+/* Kills every process of the sandbox but the guest itself, then reaps them (bounded); never
+ * kill(-1) outside a pid namespace (see exec.c). */
 void guest_kill_everything(guest_t *g);
 /* nftw() callback removing one entry (the run directory's tree, depth first). */
 int guest_rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw);
-/* Kills everything, removes the run directory and exits (or powers off as PID 1). */
+/* Kills everything, removes the run directory and exits (with --vm: powers off). */
 __attribute__((noreturn)) void guest_shutdown_and_exit(guest_t *g, int code);
 
 #endif
