@@ -71,6 +71,22 @@ append_events(sse_t *s, json_object *events, bool from_store)
   s->off = 0;
 }
 
+/* When the keep-alive deadline has passed: queues an SSE comment as the next output (so a
+ * quiet stream is not closed by a proxy) and returns true. */
+static bool
+keepalive_due(sse_t *s, int64_t now)
+{
+  if (!s->keepalive_at || now < s->keepalive_at)
+    return false;
+  s->keepalive_at = 0;
+  static const char ka[] = ": keep-alive\n\n";
+  free(s->buf);
+  s->buf = eph_xstrdup(ka);
+  s->len = sizeof ka - 1;
+  s->off = 0;
+  return true;
+}
+
 static ssize_t
 sse_read(void *cls, uint64_t pos, char *out, size_t max)
 {
@@ -102,15 +118,8 @@ sse_read(void *cls, uint64_t pos, char *out, size_t max)
       if (got || s->done)
         continue;
       int64_t now = eph_now_ms();
-      if (s->keepalive_at && now >= s->keepalive_at) {
-        s->keepalive_at = 0;
-        static const char ka[] = ": keep-alive\n\n";
-        free(s->buf);
-        s->buf = eph_xstrdup(ka);
-        s->len = sizeof ka - 1;
-        s->off = 0;
+      if (keepalive_due(s, now))
         continue;
-      }
       if (!s->keepalive_at)
         s->keepalive_at = now + SSE_KEEPALIVE_MS;
       pthread_mutex_lock(&srv->lock);
@@ -136,15 +145,8 @@ sse_read(void *cls, uint64_t pos, char *out, size_t max)
       continue;
     }
     int64_t now = eph_now_ms();
-    if (s->keepalive_at && now >= s->keepalive_at) {
-      s->keepalive_at = 0;
-      static const char ka[] = ": keep-alive\n\n";
-      free(s->buf);
-      s->buf = eph_xstrdup(ka);
-      s->len = sizeof ka - 1;
-      s->off = 0;
+    if (keepalive_due(s, now))
       continue;
-    }
     pthread_mutex_lock(&srv->lock);
     if (srv->stopping) {
       pthread_mutex_unlock(&srv->lock);

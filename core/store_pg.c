@@ -17,8 +17,7 @@
 #include <openssl/crypto.h>
 
 #include "log.h"
-#include "pq_api.h"
-#include "store_int.h"
+#include "store_pg_int.h"
 #include "util.h"
 
 /* Advisory lock key serialising migrations across nodes: "ephemera" in ASCII. */
@@ -27,150 +26,6 @@
 /* Migrations (core/store_pg_schema.c): entry i brings eph_schema.version from i to i + 1. */
 #define SCHEMA_VERSION eph_store_pg_schema_version
 #define migrations eph_store_pg_migrations
-
-typedef struct pg_store {
-  eph_store_t base; /* first: see store_int.h */
-  PGconn *conn;
-  pthread_mutex_t lock; /* one connection, one user at a time */
-  eph_store_t *local;   /* node-local SQLite for eph_store_with_db, or NULL */
-  char *node;           /* this node's name, or NULL (no leases) */
-  int64_t lease_us;
-} pg_store_t;
-
-#define PG(x) ((pg_store_t *)(x))
-
-/* A result freed when it goes out of scope. */
-static inline void
-pqclearp(PGresult **r)
-{
-  if (*r)
-    PQclear(*r);
-}
-#define cleanup_pgresult __attribute__((cleanup(pqclearp)))
-
-/* Decimal text of an int64 parameter. */
-typedef struct {
-  char s[24];
-} i64s_t;
-static i64s_t
-i64s(int64_t v)
-{
-  i64s_t o;
-  snprintf(o.s, sizeof o.s, "%" PRId64, v);
-  return o;
-}
-
-static int64_t
-get_i64(const PGresult *res, int row, int col)
-{
-  return strtoll(PQgetvalue(res, row, col), NULL, 10);
-}
-
-static char *
-get_dup(const PGresult *res, int row, int col)
-{
-  return PQgetisnull(res, row, col) ? NULL : eph_xstrdup(PQgetvalue(res, row, col));
-}
-
-/* A stored JSON text column as an object (NULL column -> JSON null). */
-static json_object *
-get_json(const PGresult *res, int row, int col)
-{
-  return PQgetisnull(res, row, col) ? NULL : json_tokener_parse(PQgetvalue(res, row, col));
-}
-
-static const char *
-json_text(json_object *v)
-{
-  return v ? json_object_to_json_string_ext(v, JSON_C_TO_STRING_PLAIN) : NULL;
-}
-
-/* Maps a failed result (or a lost connection) to an errno and fills err naming the target
- * and the operation; a lost or failing server is a fault reported by health checks. */
-static int
-pg_error(pg_store_t *s, const PGresult *res, const char *what, eph_error_t *err)
-{
-  const char *state = res ? PQresultErrorField(res, PG_DIAG_SQLSTATE) : NULL;
-  const char *msg =
-      res && *PQresultErrorMessage(res) ? PQresultErrorMessage(res) : PQerrorMessage(s->conn);
-  char clean[400];
-  snprintf(clean, sizeof clean, "%s", msg ? msg : "unknown error");
-  clean[strcspn(clean, "\n")] = '\0';
-  int code = EIO;
-  bool fault = true;
-  if (state) {
-    fault = false;
-    if (strcmp(state, "23505") == 0)
-      code = EEXIST;
-    else if (strncmp(state, "23", 2) == 0 || strcmp(state, "P0001") == 0)
-      code = EINVAL; /* a constraint or the ZDR trigger */
-    else if (strcmp(state, "40001") == 0 || strcmp(state, "40P01") == 0 ||
-             strcmp(state, "55P03") == 0 || strcmp(state, "57014") == 0)
-      code = EBUSY;
-    else if (strcmp(state, "53100") == 0)
-      code = ENOSPC, fault = true;
-    else if (strncmp(state, "08", 2) == 0 || strncmp(state, "57", 2) == 0 ||
-             strncmp(state, "53", 2) == 0 || strncmp(state, "58", 2) == 0 ||
-             strncmp(state, "XX", 2) == 0)
-      fault = true;
-  }
-  int r = eph_error_set(err, code, "%s: %s: %s", s->base.path, what, clean);
-  if (fault) {
-    char m[sizeof s->base.fault];
-    snprintf(m, sizeof m, "%s: %s: %s", s->base.path, what, clean);
-    eph_store_fault_set(&s->base, false, m);
-  }
-  return r;
-}
-
-/* Runs one parameterised statement with the lock held; text parameters (lens/fmts NULL)
- * unless given. On success returns the result (the caller clears it) and clears a fault;
- * on failure NULL with *r set. A connection the server closed is reset and the statement
- * retried once. */
-static PGresult *
-pg_exec(pg_store_t *s, const char *sql, int n, const char *const *vals, const int *lens,
-        const int *fmts, int binary_result, const char *what, int *r, eph_error_t *err)
-{
-  for (int attempt = 0;; attempt++) {
-    PGresult *res = PQexecParams(s->conn, sql, n, NULL, vals, lens, fmts, binary_result);
-    ExecStatusType st = res ? PQresultStatus(res) : PGRES_FATAL_ERROR;
-    if (st == PGRES_COMMAND_OK || st == PGRES_TUPLES_OK) {
-      eph_store_fault_clear(&s->base);
-      *r = 0;
-      return res;
-    }
-    if (attempt == 0 && PQstatus(s->conn) == CONNECTION_BAD) {
-      PQclear(res);
-      PQreset(s->conn);
-      if (PQstatus(s->conn) == CONNECTION_OK) {
-        eph_info("%s: reconnected", s->base.path);
-        continue;
-      }
-      *r = pg_error(s, NULL, what, err);
-      return NULL;
-    }
-    *r = pg_error(s, res, what, err);
-    PQclear(res);
-    return NULL;
-  }
-}
-
-/* pg_exec taking the lock itself, for the one-statement operations. */
-static PGresult *
-pg_run(pg_store_t *s, const char *sql, int n, const char *const *vals, const char *what, int *r,
-       eph_error_t *err)
-{
-  pthread_mutex_lock(&s->lock);
-  PGresult *res = pg_exec(s, sql, n, vals, NULL, NULL, 0, what, r, err);
-  pthread_mutex_unlock(&s->lock);
-  return res;
-}
-
-static int
-affected(const PGresult *res)
-{
-  return atoi(PQcmdTuples((PGresult *)res));
-}
 
 /* ---------------------------------------------------------------- organisations */
 
@@ -181,10 +36,10 @@ pg_org_create(eph_store_t *base, const char *org, eph_error_t *err)
   i64s_t now = i64s(eph_wall_us());
   const char *v[] = {org, now.s};
   cleanup_pgresult PGresult *res =
-      pg_run(PG(base),
-             "INSERT INTO organisations(id, created_at_us) VALUES ($1, $2)"
-             " ON CONFLICT (id) DO NOTHING",
-             2, v, "creating the organisation", &r, err);
+      eph_pg_run(PG(base),
+                 "INSERT INTO organisations(id, created_at_us) VALUES ($1, $2)"
+                 " ON CONFLICT (id) DO NOTHING",
+                 2, v, "creating the organisation", &r, err);
   return r;
 }
 
@@ -197,11 +52,11 @@ pg_member_add(eph_store_t *base, const char *org, const char *member, const char
   const char *v[] = {org, member, role, now.s};
   /* One statement: no member row for an organisation that does not exist. */
   cleanup_pgresult PGresult *res =
-      pg_run(PG(base),
-             "INSERT INTO members(org, member, role, created_at_us)"
-             " SELECT $1, $2, $3, $4 WHERE EXISTS (SELECT 1 FROM organisations WHERE id = $1)"
-             " ON CONFLICT (org, member) DO UPDATE SET role = excluded.role",
-             4, v, "adding the member", &r, err);
+      eph_pg_run(PG(base),
+                 "INSERT INTO members(org, member, role, created_at_us)"
+                 " SELECT $1, $2, $3, $4 WHERE EXISTS (SELECT 1 FROM organisations WHERE id = $1)"
+                 " ON CONFLICT (org, member) DO UPDATE SET role = excluded.role",
+                 4, v, "adding the member", &r, err);
   if (r >= 0 && affected(res) == 0)
     r = eph_error_set(err, ENOENT, "organisation '%s' does not exist", org);
   return r;
@@ -224,10 +79,10 @@ pg_key_insert(eph_store_t *base, const char *org, const char *name, const char *
   pg_store_t *s = PG(base);
   pthread_mutex_lock(&s->lock);
   cleanup_pgresult PGresult *res =
-      pg_exec(s,
-              "INSERT INTO api_keys(id, org, name, sha256, created_at_us)"
-              " VALUES ($1, $2, $3, $4, $5)",
-              5, v, lens, fmts, 0, "storing the API key", &r, err);
+      eph_pg_exec(s,
+                  "INSERT INTO api_keys(id, org, name, sha256, created_at_us)"
+                  " VALUES ($1, $2, $3, $4, $5)",
+                  5, v, lens, fmts, 0, "storing the API key", &r, err);
   pthread_mutex_unlock(&s->lock);
   if (r == -EEXIST)
     r = eph_error_set(err, EEXIST, "organisation '%s' already has an active key named '%s'", org,
@@ -246,9 +101,9 @@ pg_key_lookup(eph_store_t *base, const unsigned char md[32], char **id_out, char
   pthread_mutex_lock(&s->lock);
   /* Binary results: sha256 comes back as its 32 bytes, the text columns as their bytes
    * (NUL-terminated by libpq). */
-  cleanup_pgresult PGresult *res =
-      pg_exec(s, "SELECT id, org, sha256 FROM api_keys WHERE sha256 = $1 AND revoked_at_us IS NULL",
-              1, v, lens, fmts, 1, "looking up the API key", &r, err);
+  cleanup_pgresult PGresult *res = eph_pg_exec(
+      s, "SELECT id, org, sha256 FROM api_keys WHERE sha256 = $1 AND revoked_at_us IS NULL", 1, v,
+      lens, fmts, 1, "looking up the API key", &r, err);
   pthread_mutex_unlock(&s->lock);
   if (r < 0)
     return r;
@@ -268,10 +123,10 @@ pg_key_revoke(eph_store_t *base, const char *key_id_or_name, const char *org, ep
   i64s_t now = i64s(eph_wall_us());
   const char *v[] = {key_id_or_name, org, now.s};
   cleanup_pgresult PGresult *res =
-      pg_run(PG(base),
-             "UPDATE api_keys SET revoked_at_us = $3"
-             " WHERE org = $2 AND (id = $1 OR name = $1) AND revoked_at_us IS NULL",
-             3, v, "revoking the API key", &r, err);
+      eph_pg_run(PG(base),
+                 "UPDATE api_keys SET revoked_at_us = $3"
+                 " WHERE org = $2 AND (id = $1 OR name = $1) AND revoked_at_us IS NULL",
+                 3, v, "revoking the API key", &r, err);
   if (r >= 0 && affected(res) == 0)
     r = eph_error_set(err, ENOENT, "organisation '%s' has no active key '%s'", org, key_id_or_name);
   return r;
@@ -283,10 +138,10 @@ pg_key_list(eph_store_t *base, const char *org, json_object **out, eph_error_t *
   int r;
   const char *v[] = {org};
   cleanup_pgresult PGresult *res =
-      pg_run(PG(base),
-             "SELECT id, name, created_at_us, revoked_at_us FROM api_keys"
-             " WHERE org = $1 ORDER BY created_at_us DESC, id DESC",
-             1, v, "listing API keys", &r, err);
+      eph_pg_run(PG(base),
+                 "SELECT id, name, created_at_us, revoked_at_us FROM api_keys"
+                 " WHERE org = $1 ORDER BY created_at_us DESC, id DESC",
+                 1, v, "listing API keys", &r, err);
   if (r < 0)
     return r;
   json_object *arr = json_object_new_array();
@@ -323,11 +178,11 @@ pg_run_insert(eph_store_t *base, const char *id, const char *org, const char *st
                      s->node ? lease.s : NULL};
   /* The inserting node holds the run from the start: a node dying before its first
    * heartbeat still leaves a lease that expires. */
-  cleanup_pgresult PGresult *res =
-      pg_run(s,
-             "INSERT INTO runs(id, org, status, created_at_us, updated_at_us, zdr, request, node,"
-             " lease_expires_us) VALUES ($1, $2, $3, $4, $4, $5, $6, $7, $8)",
-             8, v, "inserting the run", &r, err);
+  cleanup_pgresult PGresult *res = eph_pg_run(
+      s,
+      "INSERT INTO runs(id, org, status, created_at_us, updated_at_us, zdr, request, node,"
+      " lease_expires_us) VALUES ($1, $2, $3, $4, $4, $5, $6, $7, $8)",
+      8, v, "inserting the run", &r, err);
   return r;
 }
 
@@ -340,11 +195,11 @@ pg_run_update(eph_store_t *base, const char *id, const char *status, json_object
   const char *v[] = {id, status, json_text(output), json_text(usage), now.s};
   /* output is kept NULL under zdr whatever is bound. */
   cleanup_pgresult PGresult *res =
-      pg_run(PG(base),
-             "UPDATE runs SET status = coalesce($2, status),"
-             " output = CASE WHEN zdr THEN NULL ELSE coalesce($3, output) END,"
-             " usage = coalesce($4, usage), updated_at_us = $5 WHERE id = $1",
-             5, v, "updating the run", &r, err);
+      eph_pg_run(PG(base),
+                 "UPDATE runs SET status = coalesce($2, status),"
+                 " output = CASE WHEN zdr THEN NULL ELSE coalesce($3, output) END,"
+                 " usage = coalesce($4, usage), updated_at_us = $5 WHERE id = $1",
+                 5, v, "updating the run", &r, err);
   if (r >= 0 && affected(res) == 0)
     r = eph_error_set(err, ENOENT, "run %s does not exist", id);
   return r;
@@ -376,10 +231,10 @@ pg_run_get(eph_store_t *base, const char *id, json_object **out, eph_error_t *er
   int r;
   const char *v[] = {id};
   cleanup_pgresult PGresult *res =
-      pg_run(PG(base),
-             "SELECT id, org, status, created_at_us, updated_at_us, zdr, request, output, usage"
-             " FROM runs WHERE id = $1",
-             1, v, "reading the run", &r, err);
+      eph_pg_run(PG(base),
+                 "SELECT id, org, status, created_at_us, updated_at_us, zdr, request, output, usage"
+                 " FROM runs WHERE id = $1",
+                 1, v, "reading the run", &r, err);
   if (r >= 0 && PQntuples(res) == 1)
     *out = run_from_row(res, 0, true);
   return r;
@@ -393,17 +248,17 @@ pg_run_list(eph_store_t *base, const char *org, int limit, int64_t after_us, con
   i64s_t lim = i64s(limit + 1), after = i64s(after_us);
   const char *v[] = {org, lim.s, after.s, after_id};
   cleanup_pgresult PGresult *res =
-      after_id ? pg_run(PG(base),
-                        "SELECT id, org, status, created_at_us, updated_at_us, zdr, NULL, NULL,"
-                        " usage FROM runs WHERE org = $1"
-                        " AND (created_at_us < $3 OR (created_at_us = $3 AND id < $4))"
-                        " ORDER BY created_at_us DESC, id DESC LIMIT $2",
-                        4, v, "listing runs", &r, err)
-               : pg_run(PG(base),
-                        "SELECT id, org, status, created_at_us, updated_at_us, zdr, NULL, NULL,"
-                        " usage FROM runs WHERE org = $1"
-                        " ORDER BY created_at_us DESC, id DESC LIMIT $2",
-                        2, v, "listing runs", &r, err);
+      after_id ? eph_pg_run(PG(base),
+                            "SELECT id, org, status, created_at_us, updated_at_us, zdr, NULL, NULL,"
+                            " usage FROM runs WHERE org = $1"
+                            " AND (created_at_us < $3 OR (created_at_us = $3 AND id < $4))"
+                            " ORDER BY created_at_us DESC, id DESC LIMIT $2",
+                            4, v, "listing runs", &r, err)
+               : eph_pg_run(PG(base),
+                            "SELECT id, org, status, created_at_us, updated_at_us, zdr, NULL, NULL,"
+                            " usage FROM runs WHERE org = $1"
+                            " ORDER BY created_at_us DESC, id DESC LIMIT $2",
+                            2, v, "listing runs", &r, err);
   if (r < 0)
     return r;
   json_object *arr = json_object_new_array();
@@ -427,12 +282,12 @@ pg_event_append(eph_store_t *base, const char *run_id, int64_t seq, int64_t t_ms
    * run, and announces the event to every node following the run (channel eph_events,
    * payload the run id; delivered at commit). */
   cleanup_pgresult PGresult *res =
-      pg_run(PG(base),
-             "WITH ins AS (INSERT INTO events(run_id, seq, t_ms, source, kind, text, data)"
-             " SELECT id, $2, $3, $4, $5, $6, CASE WHEN zdr THEN NULL ELSE $7 END"
-             " FROM runs WHERE id = $1 RETURNING run_id)"
-             " SELECT pg_notify('eph_events', run_id) FROM ins",
-             7, v, "appending the event", &r, err);
+      eph_pg_run(PG(base),
+                 "WITH ins AS (INSERT INTO events(run_id, seq, t_ms, source, kind, text, data)"
+                 " SELECT id, $2, $3, $4, $5, $6, CASE WHEN zdr THEN NULL ELSE $7 END"
+                 " FROM runs WHERE id = $1 RETURNING run_id)"
+                 " SELECT pg_notify('eph_events', run_id) FROM ins",
+                 7, v, "appending the event", &r, err);
   if (r >= 0 && PQntuples(res) == 0)
     r = eph_error_set(err, ENOENT, "run %s does not exist", run_id);
   return r;
@@ -445,10 +300,11 @@ pg_events_since(eph_store_t *base, const char *run_id, int64_t since_seq, int li
   int r;
   i64s_t since = i64s(since_seq), lim = i64s(limit);
   const char *v[] = {run_id, since.s, limit ? lim.s : NULL}; /* LIMIT NULL: no limit */
-  cleanup_pgresult PGresult *res = pg_run(PG(base),
-                                          "SELECT seq, t_ms, source, kind, text, data FROM events"
-                                          " WHERE run_id = $1 AND seq > $2 ORDER BY seq LIMIT $3",
-                                          3, v, "reading events", &r, err);
+  cleanup_pgresult PGresult *res =
+      eph_pg_run(PG(base),
+                 "SELECT seq, t_ms, source, kind, text, data FROM events"
+                 " WHERE run_id = $1 AND seq > $2 ORDER BY seq LIMIT $3",
+                 3, v, "reading events", &r, err);
   if (r < 0)
     return r;
   json_object *arr = json_object_new_array();
@@ -483,19 +339,19 @@ pg_idem_claim(eph_store_t *base, const char *org, const char *key, const char *b
     int r;
     {
       const char *v[] = {org, key, expired.s};
-      cleanup_pgresult PGresult *res =
-          pg_run(s, "DELETE FROM idempotency WHERE org = $1 AND key = $2 AND created_at_us < $3", 3,
-                 v, "forgetting an expired idempotency key", &r, err);
+      cleanup_pgresult PGresult *res = eph_pg_run(
+          s, "DELETE FROM idempotency WHERE org = $1 AND key = $2 AND created_at_us < $3", 3, v,
+          "forgetting an expired idempotency key", &r, err);
       if (r < 0)
         return r;
     }
     {
       const char *v[] = {org, key, body_sha256_hex, new_run_id, now_s.s};
       cleanup_pgresult PGresult *res =
-          pg_run(s,
-                 "INSERT INTO idempotency(org, key, body_sha256, run_id, created_at_us)"
-                 " VALUES ($1, $2, $3, $4, $5) ON CONFLICT (org, key) DO NOTHING",
-                 5, v, "claiming the idempotency key", &r, err);
+          eph_pg_run(s,
+                     "INSERT INTO idempotency(org, key, body_sha256, run_id, created_at_us)"
+                     " VALUES ($1, $2, $3, $4, $5) ON CONFLICT (org, key) DO NOTHING",
+                     5, v, "claiming the idempotency key", &r, err);
       if (r < 0)
         return r;
       if (affected(res) == 1)
@@ -503,8 +359,8 @@ pg_idem_claim(eph_store_t *base, const char *org, const char *key, const char *b
     }
     const char *v[] = {org, key};
     cleanup_pgresult PGresult *res =
-        pg_run(s, "SELECT body_sha256, run_id FROM idempotency WHERE org = $1 AND key = $2", 2, v,
-               "reading the idempotency key", &r, err);
+        eph_pg_run(s, "SELECT body_sha256, run_id FROM idempotency WHERE org = $1 AND key = $2", 2,
+                   v, "reading the idempotency key", &r, err);
     if (r < 0)
       return r;
     if (PQntuples(res) == 0)
@@ -525,198 +381,8 @@ pg_idem_release(eph_store_t *base, const char *org, const char *key, const char 
   int r;
   const char *v[] = {org, key, run_id};
   cleanup_pgresult PGresult *res =
-      pg_run(PG(base), "DELETE FROM idempotency WHERE org = $1 AND key = $2 AND run_id = $3", 3, v,
-             "releasing the idempotency key", &r, err);
-  return r;
-}
-
-/* ---------------------------------------------------------------- cluster */
-
-static int
-pg_cancel_request(eph_store_t *base, const char *run_id, eph_error_t *err)
-{
-  int r;
-  i64s_t now = i64s(eph_wall_us());
-  const char *v[] = {run_id, now.s};
-  /* Only for a run that exists; announced on channel eph_cancels (delivered at commit). */
-  cleanup_pgresult PGresult *res =
-      pg_run(PG(base),
-             "WITH ins AS (INSERT INTO run_cancels(run_id, requested_at_us)"
-             " SELECT id, $2 FROM runs WHERE id = $1 ON CONFLICT (run_id) DO NOTHING"
-             " RETURNING run_id)"
-             " SELECT pg_notify('eph_cancels', run_id) FROM ins"
-             " UNION ALL SELECT NULL FROM runs WHERE id = $1",
-             2, v, "requesting a cancel", &r, err);
-  if (r >= 0 && PQntuples(res) == 0)
-    r = eph_error_set(err, ENOENT, "run %s does not exist", run_id);
-  return r;
-}
-
-static int
-pg_cancels_pending(eph_store_t *base, json_object **out, eph_error_t *err)
-{
-  int r;
-  cleanup_pgresult PGresult *res =
-      pg_run(PG(base),
-             "SELECT c.run_id FROM run_cancels c JOIN runs r ON r.id = c.run_id"
-             " WHERE r.status IN ('queued', 'running')",
-             0, NULL, "reading cancel requests", &r, err);
-  if (r < 0)
-    return r;
-  json_object *arr = json_object_new_array();
-  for (int i = 0; i < PQntuples(res); i++)
-    json_object_array_add(arr, json_object_new_string(PQgetvalue(res, i, 0)));
-  *out = arr;
-  return 0;
-}
-
-static int
-pg_leases_renew(eph_store_t *base, json_object *ids, eph_error_t *err)
-{
-  pg_store_t *s = PG(base);
-  if (!s->node)
-    return eph_error_set(err, ENOTSUP, "%s: no node_name: no leases", base->path);
-  int r;
-  i64s_t until = i64s(eph_wall_us() + s->lease_us);
-  /* The ids travel as one JSON parameter, expanded by the server: no SQL is built. */
-  const char *v[] = {s->node, until.s, json_text(ids)};
-  cleanup_pgresult PGresult *res =
-      pg_run(s,
-             "UPDATE runs SET lease_expires_us = $2 WHERE node = $1"
-             " AND status IN ('queued', 'running')"
-             " AND id IN (SELECT jsonb_array_elements_text($3::jsonb))",
-             3, v, "renewing leases", &r, err);
-  return r;
-}
-
-static int
-pg_leases_take_expired(eph_store_t *base, json_object **out, eph_error_t *err)
-{
-  pg_store_t *s = PG(base);
-  if (!s->node)
-    return eph_error_set(err, ENOTSUP, "%s: no node_name: no leases", base->path);
-  int r;
-  int64_t now = eph_wall_us();
-  i64s_t now_s = i64s(now), until = i64s(now + s->lease_us);
-  const char *v[] = {s->node, until.s, now_s.s};
-  /* Conditional: a second node updating the same row waits for the first, then re-checks
-   * the WHERE against the new lease and skips it. Exactly one node takes each run. */
-  cleanup_pgresult PGresult *res =
-      pg_run(s,
-             "WITH t AS (UPDATE runs SET node = $1, lease_expires_us = $2"
-             "  WHERE status IN ('queued', 'running') AND lease_expires_us < $3 RETURNING id),"
-             /* A dead node's local_only queued runs (zero data retention) end with it. */
-             " q AS (DELETE FROM run_queue WHERE run_id IN (SELECT id FROM t) RETURNING 1),"
-             " d AS (UPDATE run_queue_length SET n = n - (SELECT count(*) FROM q) WHERE id = 1"
-             "  AND EXISTS (SELECT 1 FROM q))"
-             " SELECT id FROM t",
-             3, v, "taking over expired leases", &r, err);
-  if (r < 0)
-    return r;
-  json_object *arr = json_object_new_array();
-  for (int i = 0; i < PQntuples(res); i++)
-    json_object_array_add(arr, json_object_new_string(PQgetvalue(res, i, 0)));
-  *out = arr;
-  return 0;
-}
-
-/* ---------------------------------------------------------------- the shared queue */
-
-static int
-pg_queue_push(eph_store_t *base, const char *run_id, int64_t reserved_micros, bool local_only,
-              int max_queued, eph_error_t *err)
-{
-  pg_store_t *s = PG(base);
-  if (!s->node)
-    return eph_error_set(err, ENOTSUP, "%s: no node_name: no shared queue", base->path);
-  int r;
-  i64s_t reserved = i64s(reserved_micros), bound = i64s(max_queued), now = i64s(eph_wall_us());
-  const char *v[] = {run_id, s->node, local_only ? "true" : "false", reserved.s, bound.s, now.s};
-  /* The counter's row lock orders pushes: a second node's UPDATE waits for the first and
-   * re-checks n < bound against its new value, so the bound holds across nodes. */
-  cleanup_pgresult PGresult *res =
-      pg_run(s,
-             "WITH run AS (SELECT id FROM runs WHERE id = $1 AND status = 'queued'),"
-             " gate AS (UPDATE run_queue_length SET n = n + 1"
-             "  WHERE id = 1 AND n < $5 AND EXISTS (SELECT 1 FROM run) RETURNING n),"
-             " ins AS (INSERT INTO run_queue(run_id, admitted_by, local_only, reserved_micros,"
-             "  queued_at_us) SELECT $1, $2, $3, $4, $6 FROM gate RETURNING run_id),"
-             " rel AS (UPDATE runs SET node = NULL, lease_expires_us = NULL"
-             "  WHERE id IN (SELECT run_id FROM ins) AND NOT $3::boolean)"
-             " SELECT (SELECT count(*) FROM run), (SELECT count(*) FROM ins)",
-             6, v, "queueing the run", &r, err);
-  if (r < 0)
-    return r;
-  if (get_i64(res, 0, 0) == 0)
-    return eph_error_set(err, ENOENT, "run %s has no queued row", run_id);
-  if (get_i64(res, 0, 1) == 0)
-    return eph_error_set(err, EAGAIN, "the shared run queue is full (%d queued)", max_queued);
-  return 0;
-}
-
-static int
-pg_queue_claim(eph_store_t *base, json_object **out, eph_error_t *err)
-{
-  pg_store_t *s = PG(base);
-  if (!s->node)
-    return eph_error_set(err, ENOTSUP, "%s: no node_name: no shared queue", base->path);
-  int r;
-  i64s_t until = i64s(eph_wall_us() + s->lease_us);
-  const char *v[] = {s->node, until.s};
-  /* SKIP LOCKED: nodes claiming at once take different rows instead of waiting for each
-   * other; the row leaves the queue and the run gets this node and a lease in the same
-   * statement, so a claimed run always has a holder (and a lease that can expire). */
-  cleanup_pgresult PGresult *res =
-      pg_run(s,
-             "WITH c AS (DELETE FROM run_queue WHERE run_id = ("
-             "  SELECT run_id FROM run_queue WHERE NOT local_only OR admitted_by = $1"
-             "  ORDER BY queued_at_us, run_id LIMIT 1 FOR UPDATE SKIP LOCKED)"
-             "  RETURNING run_id, reserved_micros, local_only),"
-             " d AS (UPDATE run_queue_length SET n = n - (SELECT count(*) FROM c) WHERE id = 1"
-             "  AND EXISTS (SELECT 1 FROM c)),"
-             " u AS (UPDATE runs SET node = $1, lease_expires_us = $2 FROM c"
-             "  WHERE runs.id = c.run_id RETURNING runs.id, runs.org, runs.request, runs.zdr,"
-             "  runs.created_at_us)"
-             " SELECT u.id, u.org, u.request, u.zdr, u.created_at_us, c.reserved_micros,"
-             "  c.local_only FROM u JOIN c ON c.run_id = u.id",
-             2, v, "claiming a queued run", &r, err);
-  if (r < 0 || PQntuples(res) == 0)
-    return r;
-  json_object *o = json_object_new_object();
-  json_object_object_add(o, "id", json_object_new_string(PQgetvalue(res, 0, 0)));
-  json_object_object_add(o, "org", json_object_new_string(PQgetvalue(res, 0, 1)));
-  json_object_object_add(o, "request", get_json(res, 0, 2));
-  json_object_object_add(o, "zdr", json_object_new_boolean(PQgetvalue(res, 0, 3)[0] == 't'));
-  json_object_object_add(o, "created_at_us", json_object_new_int64(get_i64(res, 0, 4)));
-  json_object_object_add(o, "reserved_micros", json_object_new_int64(get_i64(res, 0, 5)));
-  json_object_object_add(o, "local_only", json_object_new_boolean(PQgetvalue(res, 0, 6)[0] == 't'));
-  *out = o;
-  return 0;
-}
-
-static int
-pg_queue_remove(eph_store_t *base, const char *run_id, eph_error_t *err)
-{
-  int r;
-  const char *v[] = {run_id};
-  cleanup_pgresult PGresult *res =
-      pg_run(PG(base),
-             "WITH c AS (DELETE FROM run_queue WHERE run_id = $1 RETURNING run_id),"
-             " d AS (UPDATE run_queue_length SET n = n - 1 WHERE id = 1"
-             "  AND EXISTS (SELECT 1 FROM c))"
-             " SELECT count(*) FROM c",
-             1, v, "removing a queued run", &r, err);
-  return r < 0 ? r : (int)get_i64(res, 0, 0);
-}
-
-static int
-pg_queue_length(eph_store_t *base, int64_t *n, eph_error_t *err)
-{
-  int r;
-  cleanup_pgresult PGresult *res = pg_run(PG(base), "SELECT n FROM run_queue_length WHERE id = 1",
-                                          0, NULL, "reading the queue's length", &r, err);
-  if (r >= 0)
-    *n = get_i64(res, 0, 0);
+      eph_pg_run(PG(base), "DELETE FROM idempotency WHERE org = $1 AND key = $2 AND run_id = $3", 3,
+                 v, "releasing the idempotency key", &r, err);
   return r;
 }
 
@@ -731,27 +397,27 @@ pg_purge(eph_store_t *base, int64_t runs_before_us, int64_t idem_before_us, eph_
     /* Queued runs purged with their rows leave the queue's count too. */
     const char *v[] = {runs.s};
     cleanup_pgresult PGresult *res =
-        pg_run(PG(base),
-               "WITH q AS (DELETE FROM run_queue WHERE run_id IN"
-               "  (SELECT id FROM runs WHERE created_at_us < $1) RETURNING 1)"
-               " UPDATE run_queue_length SET n = n - (SELECT count(*) FROM q) WHERE id = 1"
-               "  AND EXISTS (SELECT 1 FROM q)",
-               1, v, "purging queued runs", &r, err);
+        eph_pg_run(PG(base),
+                   "WITH q AS (DELETE FROM run_queue WHERE run_id IN"
+                   "  (SELECT id FROM runs WHERE created_at_us < $1) RETURNING 1)"
+                   " UPDATE run_queue_length SET n = n - (SELECT count(*) FROM q) WHERE id = 1"
+                   "  AND EXISTS (SELECT 1 FROM q)",
+                   1, v, "purging queued runs", &r, err);
     if (r < 0)
       return r;
   }
   {
     const char *v[] = {runs.s};
-    cleanup_pgresult PGresult *res = pg_run(PG(base), "DELETE FROM runs WHERE created_at_us < $1",
-                                            1, v, "purging runs", &r, err);
+    cleanup_pgresult PGresult *res = eph_pg_run(
+        PG(base), "DELETE FROM runs WHERE created_at_us < $1", 1, v, "purging runs", &r, err);
     if (r < 0)
       return r;
     deleted = affected(res); /* events go with them: ON DELETE CASCADE */
   }
   const char *v[] = {idem.s};
   cleanup_pgresult PGresult *res =
-      pg_run(PG(base), "DELETE FROM idempotency WHERE created_at_us < $1", 1, v,
-             "purging idempotency keys", &r, err);
+      eph_pg_run(PG(base), "DELETE FROM idempotency WHERE created_at_us < $1", 1, v,
+                 "purging idempotency keys", &r, err);
   return r < 0 ? r : deleted;
 }
 
@@ -761,10 +427,11 @@ pg_probe(eph_store_t *base, eph_error_t *err)
   int r;
   i64s_t now = i64s(eph_wall_us());
   const char *v[] = {now.s};
-  cleanup_pgresult PGresult *res = pg_run(PG(base),
-                                          "INSERT INTO probe(id, t_us) VALUES (1, $1)"
-                                          " ON CONFLICT (id) DO UPDATE SET t_us = excluded.t_us",
-                                          1, v, "health probe", &r, err);
+  cleanup_pgresult PGresult *res =
+      eph_pg_run(PG(base),
+                 "INSERT INTO probe(id, t_us) VALUES (1, $1)"
+                 " ON CONFLICT (id) DO UPDATE SET t_us = excluded.t_us",
+                 1, v, "health probe", &r, err);
   return r;
 }
 
@@ -814,14 +481,14 @@ static const eph_store_ops_t pg_ops = {
     .idem_release = pg_idem_release,
     .purge = pg_purge,
     .probe = pg_probe,
-    .cancel_request = pg_cancel_request,
-    .cancels_pending = pg_cancels_pending,
-    .queue_push = pg_queue_push,
-    .queue_claim = pg_queue_claim,
-    .queue_remove = pg_queue_remove,
-    .queue_length = pg_queue_length,
-    .leases_renew = pg_leases_renew,
-    .leases_take_expired = pg_leases_take_expired,
+    .cancel_request = eph_pg_cancel_request,
+    .cancels_pending = eph_pg_cancels_pending,
+    .queue_push = eph_pg_queue_push,
+    .queue_claim = eph_pg_queue_claim,
+    .queue_remove = eph_pg_queue_remove,
+    .queue_length = eph_pg_queue_length,
+    .leases_renew = eph_pg_leases_renew,
+    .leases_take_expired = eph_pg_leases_take_expired,
     .with_db = pg_with_db,
 };
 
@@ -864,7 +531,7 @@ exec_plain(pg_store_t *s, const char *sql, const char *what, eph_error_t *err)
   ExecStatusType st = res ? PQresultStatus(res) : PGRES_FATAL_ERROR;
   if (st == PGRES_COMMAND_OK || st == PGRES_TUPLES_OK)
     return 0;
-  return pg_error(s, res, what, err);
+  return eph_pg_error(s, res, what, err);
 }
 
 /* Migrates the schema forward in one transaction holding a transaction-scoped advisory
@@ -887,7 +554,7 @@ migrate(pg_store_t *s, eph_error_t *err)
     if (res && PQresultStatus(res) == PGRES_TUPLES_OK && PQntuples(res) == 1)
       version = atoi(PQgetvalue(res, 0, 0));
     else
-      r = pg_error(s, res, "reading the schema version", err);
+      r = eph_pg_error(s, res, "reading the schema version", err);
   }
   if (r >= 0 && version > SCHEMA_VERSION)
     r = eph_error_set(err, EPH_E_CONFIG,

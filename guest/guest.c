@@ -1,7 +1,7 @@
 /* ephemeral-guest: PID 1 inside every sandbox (jail or microVM).
  *
  * It speaks the guest protocol (guest/PROTOCOL.md) on one byte stream to the host, runs
- * the host's commands as the worker (see worker.c for how a child becomes the worker),
+ * the host's commands as the worker (exec.c; see worker.c for how a child becomes the worker),
  * streams their output, enforces per-command timeouts, reaps every orphan, and on shutdown
  * or when the host goes away kills every process of the sandbox and exits.
  *
@@ -48,48 +48,9 @@
 
 #define DEFAULT_TIMEOUT_MS 300000u
 #define DEFAULT_NOFILE 1024
-#define MAX_ENV 256
-#define MAX_ARGV 4096
-#define ENOSPC_CARRY 32
 
-static const char *const enospc_words[] = {"No space left on device", "ENOSPC"};
-
-typedef struct job {
-  int64_t id;
-  pid_t pid; /* the command's main process, leader of its own session and group */
-  bool reaped;
-  int status;
-  int out_fd, err_fd, in_fd; /* guest ends; -1 once closed */
-  unsigned char *stdin_buf;
-  size_t stdin_len, stdin_off;
-  int64_t start_ms, deadline_ms;
-  uint64_t bytes[3]; /* per stream, index 1 and 2 */
-  bool timed_out, killed, enospc_seen;
-  uint64_t oom_kills_before; /* --vm: the kernel's oom_kill count when the command started */
-  char carry[ENOSPC_CARRY];
-  size_t carry_len;
-} job_t;
-
-typedef struct guest {
-  int ctl;
-  eph_frame_reader_t rd;
-  int sigfd;
-  bool pid1, vm;
-  uid_t uid;
-  gid_t gid;
-  char rundir[PATH_MAX];
-  char scratch[PATH_MAX + 16];
-  const char *tmp; /* where run directories are made (--tmp) */
-  guest_fs_t fs;
-  uint32_t default_timeout_ms;
-  rlim_t nofile;
-  scmp_filter_ctx filter;
-  job_t *job;
-  unsigned char chunk[EPH_PROTO_OUTPUT_CHUNK_BYTES];
-} guest_t;
-
-static void
-logmsg(const char *fmt, ...)
+void
+guest_log(const char *fmt, ...)
 {
   va_list ap;
   va_start(ap, fmt);
@@ -99,34 +60,31 @@ logmsg(const char *fmt, ...)
   va_end(ap);
 }
 
-static int64_t
-now_ms(void)
+int64_t
+guest_now_ms(void)
 {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-static void shutdown_and_exit(guest_t *g, int code) __attribute__((noreturn));
-
-/* Sends a frame. The host going away (EPIPE or any write error) ends the sandbox. */
-static void
-send_frame(guest_t *g, json_object *obj)
+void
+guest_send_frame(guest_t *g, json_object *obj)
 {
   int r = eph_proto_write_frame(g->ctl, obj);
   json_object_put(obj);
   if (r == -EMSGSIZE) {
-    logmsg("dropping a reply over the frame limit");
+    guest_log("dropping a reply over the frame limit");
     return;
   }
   if (r < 0) {
-    logmsg("control stream: %s; shutting down", strerror(-r));
-    shutdown_and_exit(g, 1);
+    guest_log("control stream: %s; shutting down", strerror(-r));
+    guest_shutdown_and_exit(g, 1);
   }
 }
 
-static json_object *
-new_msg(const char *type, int64_t id, bool with_id)
+json_object *
+guest_new_msg(const char *type, int64_t id, bool with_id)
 {
   json_object *o = json_object_new_object();
   json_object_object_add(o, "type", json_object_new_string(type));
@@ -135,10 +93,10 @@ new_msg(const char *type, int64_t id, bool with_id)
   return o;
 }
 
-static void
-send_error(guest_t *g, json_object *req, int err_no, const char *message, bool fatal)
+void
+guest_send_error(guest_t *g, json_object *req, int err_no, const char *message, bool fatal)
 {
-  json_object *o = new_msg("error", 0, false);
+  json_object *o = guest_new_msg("error", 0, false);
   json_object *id;
   if (req && json_object_object_get_ex(req, "id", &id))
     json_object_object_add(o, "id", json_object_get(id));
@@ -146,519 +104,8 @@ send_error(guest_t *g, json_object *req, int err_no, const char *message, bool f
   json_object_object_add(o, "message", json_object_new_string(message));
   if (fatal)
     json_object_object_add(o, "fatal", json_object_new_boolean(true));
-  send_frame(g, o);
+  guest_send_frame(g, o);
 }
-
-/* ---------------------------------------------------------------- processes */
-
-/* --vm: the whole kernel is the sandbox's, so its OOM kill counter (/proc/vmstat
- * oom_kill) says whether the memory limit ended a command. 0 when unreadable. */
-static uint64_t
-oom_kills(void)
-{
-  FILE *f = fopen("/proc/vmstat", "re");
-  char line[128];
-  unsigned long long n = 0;
-  while (f && fgets(line, sizeof line, f))
-    if (sscanf(line, "oom_kill %llu", &n) == 1)
-      break;
-  if (f)
-    fclose(f);
-  return n;
-}
-
-static void
-job_free(job_t *j)
-{
-  if (!j)
-    return;
-  if (j->out_fd >= 0)
-    close(j->out_fd);
-  if (j->err_fd >= 0)
-    close(j->err_fd);
-  if (j->in_fd >= 0)
-    close(j->in_fd);
-  free(j->stdin_buf);
-  free(j);
-}
-
-/* Reaps every exited child: the running command's main process and any orphan the kernel
- * handed to us (PID 1 or subreaper). */
-static void
-reap(guest_t *g)
-{
-  int st;
-  pid_t pid;
-  while ((pid = waitpid(-1, &st, WNOHANG)) > 0) {
-    if (g->job && !g->job->reaped && pid == g->job->pid) {
-      g->job->reaped = true;
-      g->job->status = st;
-    }
-  }
-}
-
-/* Kills every process but ourselves, then reaps until none is left (bounded: 5 s).
- * As PID 1 of a pid namespace kill(-1) reaches exactly the sandbox. Outside one (a test
- * without a pid namespace) we are a subreaper and kill our descendants generation by
- * generation through /proc/self/task/<pid>/children: never kill(-1), which would reach
- * the host. */
-static void
-kill_everything(guest_t *g)
-{
-  if (g->job && !g->job->reaped)
-    kill(-g->job->pid, SIGKILL);
-  int64_t end = now_ms() + 5000;
-  char path[64];
-  snprintf(path, sizeof path, "/proc/self/task/%d/children", (int)getpid());
-  for (;;) {
-    bool any = false;
-    /* kill(-1) cannot say when everything is gone: in a microVM it also "signals" the
-     * kernel threads and so always succeeds. Orphans are re-parented to us (PID 1 or
-     * subreaper), so our children list is the truth in both cases. */
-    if (g->pid1)
-      kill(-1, SIGKILL);
-    FILE *f = fopen(path, "re");
-    if (f) {
-      int child;
-      while (fscanf(f, "%d", &child) == 1) {
-        kill(child, SIGKILL);
-        any = true;
-      }
-      fclose(f);
-    }
-    int st;
-    pid_t pid;
-    while ((pid = waitpid(-1, &st, WNOHANG)) > 0) {
-      any = true;
-      if (g->job && !g->job->reaped && pid == g->job->pid) {
-        g->job->reaped = true;
-        g->job->status = st;
-      }
-    }
-    if (!any || now_ms() > end)
-      break;
-    usleep(2000);
-  }
-}
-
-static int
-rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
-{
-  (void)st;
-  (void)flag;
-  (void)ftw;
-  remove(path);
-  return 0;
-}
-
-static void
-shutdown_and_exit(guest_t *g, int code)
-{
-  kill_everything(g);
-  /* No worker process is left, so nothing can race the removal (FTW_PHYS: symlinks are
-   * removed, never followed). */
-  if (g->rundir[0])
-    nftw(g->rundir, rm_entry, 16, FTW_DEPTH | FTW_PHYS | FTW_MOUNT);
-  if (g->vm) {
-    sync();
-    reboot(RB_POWER_OFF);
-  }
-  _exit(code);
-}
-
-/* ---------------------------------------------------------------- exec */
-
-static void
-scan_enospc(job_t *j, const unsigned char *data, size_t n)
-{
-  if (j->enospc_seen)
-    return;
-  for (size_t w = 0; w < 2 && !j->enospc_seen; w++)
-    if (memmem(data, n, enospc_words[w], strlen(enospc_words[w])))
-      j->enospc_seen = true;
-  /* Words split across two chunks: search the seam. */
-  char seam[2 * ENOSPC_CARRY];
-  size_t take = n < ENOSPC_CARRY ? n : ENOSPC_CARRY;
-  memcpy(seam, j->carry, j->carry_len);
-  memcpy(seam + j->carry_len, data, take);
-  for (size_t w = 0; w < 2 && !j->enospc_seen; w++)
-    if (memmem(seam, j->carry_len + take, enospc_words[w], strlen(enospc_words[w])))
-      j->enospc_seen = true;
-  size_t keep = ENOSPC_CARRY - 1;
-  if (n >= keep) {
-    memcpy(j->carry, data + n - keep, keep);
-    j->carry_len = keep;
-  } else {
-    size_t total = j->carry_len + n;
-    char tmp[2 * ENOSPC_CARRY];
-    memcpy(tmp, j->carry, j->carry_len);
-    memcpy(tmp + j->carry_len, data, n);
-    size_t from = total > keep ? total - keep : 0;
-    memcpy(j->carry, tmp + from, total - from);
-    j->carry_len = total - from;
-  }
-}
-
-/* Reads one chunk of a command's stream and forwards it. Returns false at end of stream
- * or when nothing is available (the fd is non-blocking). */
-static bool
-forward_chunk(guest_t *g, int stream)
-{
-  job_t *j = g->job;
-  int *fd = stream == 1 ? &j->out_fd : &j->err_fd;
-  ssize_t n = read(*fd, g->chunk, sizeof g->chunk);
-  if (n < 0 && (errno == EINTR || errno == EAGAIN))
-    return false;
-  if (n <= 0) {
-    close(*fd);
-    *fd = -1;
-    return false;
-  }
-  j->bytes[stream] += (uint64_t)n;
-  if (stream == 2)
-    scan_enospc(j, g->chunk, (size_t)n);
-  json_object *o = new_msg("output", j->id, true);
-  json_object_object_add(o, "stream", json_object_new_int(stream));
-  if (eph_proto_add_b64(o, "data", g->chunk, (size_t)n) < 0) {
-    json_object_put(o);
-    logmsg("out of memory forwarding output");
-    shutdown_and_exit(g, 1);
-  }
-  send_frame(g, o);
-  return true;
-}
-
-static bool
-scratch_full(const guest_t *g)
-{
-  struct statvfs sv;
-  return statvfs(g->scratch, &sv) == 0 && sv.f_bavail == 0 && sv.f_blocks > 0;
-}
-
-/* Called when the main process was reaped: takes what its pipes still hold (everything it
- * wrote before exiting is already there), closes them even if a background process keeps
- * them open, and reports the end. */
-static void
-finish_job(guest_t *g)
-{
-  job_t *j = g->job;
-  for (int s = 1; s <= 2; s++) {
-    int *fd = s == 1 ? &j->out_fd : &j->err_fd;
-    while (*fd >= 0 && forward_chunk(g, s))
-      ;
-    if (*fd >= 0) {
-      close(*fd);
-      *fd = -1;
-    }
-  }
-  json_object *o = new_msg("exit", j->id, true);
-  const char *reason = "exited";
-  int st = j->status;
-  if (WIFSIGNALED(st)) {
-    json_object_object_add(o, "signal", json_object_new_int(WTERMSIG(st)));
-  } else {
-    json_object_object_add(o, "exit_code", json_object_new_int(WEXITSTATUS(st)));
-  }
-  bool failed = WIFSIGNALED(st) || WEXITSTATUS(st) != 0;
-  if (j->killed)
-    reason = "killed";
-  else if (j->timed_out)
-    reason = "timeout";
-  else if (failed && (j->enospc_seen || scratch_full(g)))
-    reason = "disk_full";
-  else if (g->vm && failed && oom_kills() > j->oom_kills_before)
-    reason = "oom";
-  json_object_object_add(o, "reason", json_object_new_string(reason));
-  json_object_object_add(o, "duration_ms", json_object_new_int64(now_ms() - j->start_ms));
-  json_object_object_add(o, "stdout_bytes", json_object_new_int64((int64_t)j->bytes[1]));
-  json_object_object_add(o, "stderr_bytes", json_object_new_int64((int64_t)j->bytes[2]));
-  json_object_object_add(o, "stdout_dropped", json_object_new_int64(0));
-  json_object_object_add(o, "stderr_dropped", json_object_new_int64(0));
-  g->job = NULL;
-  job_free(j);
-  send_frame(g, o);
-}
-
-static void
-strv_free(char **v)
-{
-  if (!v)
-    return;
-  for (char **p = v; *p; p++)
-    free(*p);
-  free(v);
-}
-
-/* A NULL-terminated heap copy of a JSON array of strings (at most max), or NULL + why. */
-static char **
-strv_from_json(json_object *arr, size_t max, const char **why)
-{
-  if (!json_object_is_type(arr, json_type_array)) {
-    *why = "must be an array of strings";
-    return NULL;
-  }
-  size_t n = json_object_array_length(arr);
-  if (n > max) {
-    *why = "too many entries";
-    return NULL;
-  }
-  char **v = calloc(n + 1, sizeof *v);
-  if (!v) {
-    *why = "out of memory";
-    return NULL;
-  }
-  for (size_t i = 0; i < n; i++) {
-    json_object *e = json_object_array_get_idx(arr, i);
-    if (!json_object_is_type(e, json_type_string) ||
-        strlen(json_object_get_string(e)) != (size_t)json_object_get_string_len(e)) {
-      *why = "entries must be strings without NUL bytes";
-      strv_free(v);
-      return NULL;
-    }
-    v[i] = strdup(json_object_get_string(e));
-  }
-  return v;
-}
-
-/* The worker's environment: the fixed base, then the request's K=V entries (a request
- * entry replaces a base entry with the same key). */
-static char **
-build_env(guest_t *g, json_object *req, const char **why)
-{
-  char **extra = NULL;
-  json_object *envj;
-  if (json_object_object_get_ex(req, "env", &envj) && !json_object_is_type(envj, json_type_null)) {
-    extra = strv_from_json(envj, MAX_ENV, why);
-    if (!extra)
-      return NULL;
-    for (char **p = extra; *p; p++) {
-      char *eq = strchr(*p, '=');
-      if (!eq || eq == *p) {
-        *why = "entries must look like KEY=VALUE";
-        strv_free(extra);
-        return NULL;
-      }
-    }
-  }
-  char *base[8];
-  size_t nb = 0;
-  if (asprintf(&base[nb++], "HOME=%s", g->scratch) < 0)
-    base[nb - 1] = NULL;
-  base[nb++] = strdup("PATH=/usr/local/bin:/usr/bin:/bin");
-  base[nb++] = strdup("USER=worker");
-  base[nb++] = strdup("LOGNAME=worker");
-  base[nb++] = strdup("SHELL=/bin/sh");
-  base[nb++] = strdup("LANG=C.UTF-8");
-  size_t ne = 0;
-  while (extra && extra[ne])
-    ne++;
-  char **env = calloc(nb + ne + 1, sizeof *env);
-  size_t n = 0;
-  for (size_t i = 0; i < nb; i++) {
-    size_t klen = strchr(base[i], '=') - base[i] + 1;
-    bool overridden = false;
-    for (size_t k = 0; k < ne; k++)
-      if (strncmp(extra[k], base[i], klen) == 0)
-        overridden = true;
-    if (overridden)
-      free(base[i]);
-    else
-      env[n++] = base[i];
-  }
-  for (size_t k = 0; k < ne; k++)
-    env[n++] = extra[k];
-  free(extra); /* the strings moved into env */
-  return env;
-}
-
-static void
-close_pair(int p[2])
-{
-  for (int i = 0; i < 2; i++)
-    if (p[i] >= 0) {
-      close(p[i]);
-      p[i] = -1;
-    }
-}
-
-static void
-op_exec(guest_t *g, json_object *req, int64_t id)
-{
-  if (g->job) {
-    send_error(g, req, EBUSY, "exec: a command is already running", false);
-    return;
-  }
-  const char *command = eph_proto_str(req, "command");
-  json_object *argvj = NULL;
-  bool has_argv = json_object_object_get_ex(req, "argv", &argvj);
-  const char *why = NULL;
-  char **argv = NULL, **envp = NULL;
-  void *stdin_data = NULL;
-  size_t stdin_len = 0;
-  int outp[2] = {-1, -1}, errp[2] = {-1, -1}, inp[2] = {-1, -1}, stp[2] = {-1, -1};
-  char msg[512];
-
-  if ((command != NULL) == has_argv) {
-    send_error(g, req, EINVAL, "exec: exactly one of 'command' (string) or 'argv' is required",
-               false);
-    return;
-  }
-  if (command) {
-    argv = calloc(4, sizeof *argv);
-    argv[0] = strdup("/bin/sh");
-    argv[1] = strdup("-c");
-    argv[2] = strdup(command);
-  } else if (!(argv = strv_from_json(argvj, MAX_ARGV, &why)) || !argv[0]) {
-    snprintf(msg, sizeof msg, "exec: 'argv' %s", why ? why : "must not be empty");
-    send_error(g, req, EINVAL, msg, false);
-    goto out;
-  }
-  if (!(envp = build_env(g, req, &why))) {
-    snprintf(msg, sizeof msg, "exec: 'env' %s", why);
-    send_error(g, req, EINVAL, msg, false);
-    goto out;
-  }
-  const char *cwd = eph_proto_str(req, "cwd");
-  if (!cwd)
-    cwd = g->scratch;
-  if (cwd[0] != '/') {
-    send_error(g, req, EINVAL, "exec: 'cwd' must be an absolute path", false);
-    goto out;
-  }
-  int r = eph_proto_get_b64(req, "stdin", EPH_PROTO_MAX_DATA_BYTES, &stdin_data, &stdin_len);
-  if (r < 0) {
-    send_error(g, req, -r, "exec: 'stdin' must be base64 of at most 524288 bytes", false);
-    goto out;
-  }
-  int64_t timeout_ms = 0, nofile = (int64_t)g->nofile;
-  if (eph_proto_int(req, "timeout_ms", &timeout_ms) &&
-      (timeout_ms < 0 || timeout_ms > 7 * 24 * 3600 * 1000LL)) {
-    send_error(g, req, EINVAL, "exec: 'timeout_ms' outside 0..604800000", false);
-    goto out;
-  }
-  if (timeout_ms == 0)
-    timeout_ms = g->default_timeout_ms;
-  if (eph_proto_int(req, "nofile", &nofile) && nofile <= 0) {
-    send_error(g, req, EINVAL, "exec: 'nofile' must be positive", false);
-    goto out;
-  }
-  if ((rlim_t)nofile > g->nofile) /* the host may lower the guest's ceiling, never raise it */
-    nofile = (int64_t)g->nofile;
-
-  if (pipe2(outp, O_CLOEXEC) < 0 || pipe2(errp, O_CLOEXEC) < 0 || pipe2(inp, O_CLOEXEC) < 0 ||
-      pipe2(stp, O_CLOEXEC) < 0) {
-    snprintf(msg, sizeof msg, "exec: pipe: %s", strerror(errno));
-    send_error(g, req, errno, msg, false);
-    goto out;
-  }
-  /* Bigger pipes, fewer and larger output frames; failure only costs speed. */
-  (void)fcntl(outp[1], F_SETPIPE_SZ, (int)EPH_PROTO_OUTPUT_CHUNK_BYTES);
-  (void)fcntl(errp[1], F_SETPIPE_SZ, (int)EPH_PROTO_OUTPUT_CHUNK_BYTES);
-  guest_worker_spec_t spec = {
-      .uid = g->uid,
-      .gid = g->gid,
-      .cwd = cwd,
-      .argv = argv,
-      .envp = envp,
-      .stdin_fd = inp[0],
-      .stdout_fd = outp[1],
-      .stderr_fd = errp[1],
-      .status_fd = stp[1],
-      .nofile = (rlim_t)nofile,
-      .filter = g->filter,
-  };
-  int64_t start = now_ms();
-  pid_t pid = fork();
-  if (pid == 0)
-    guest_worker_exec(&spec);
-  if (pid < 0) {
-    int e = errno;
-    if (e == EAGAIN) {
-      /* The process limit refused the command itself: an end, not a broken sandbox. */
-      json_object *o = new_msg("exit", id, true);
-      json_object_object_add(o, "exit_code", json_object_new_int(126));
-      json_object_object_add(o, "reason", json_object_new_string("pids_exhausted"));
-      json_object_object_add(o, "duration_ms", json_object_new_int64(0));
-      send_frame(g, o);
-    } else {
-      snprintf(msg, sizeof msg, "exec: fork: %s", strerror(e));
-      send_error(g, req, e, msg, false);
-    }
-    goto out;
-  }
-  close(outp[1]);
-  close(errp[1]);
-  close(inp[0]);
-  close(stp[1]);
-  outp[1] = errp[1] = inp[0] = stp[1] = -1;
-  /* The status pipe closes on a successful execve (CLOEXEC) or carries why set-up failed;
-   * the child makes no blocking call before either. */
-  char status[256];
-  ssize_t sn;
-  size_t got = 0;
-  while ((sn = read(stp[0], status + got, sizeof status - 1 - got)) != 0) {
-    if (sn < 0 && errno == EINTR)
-      continue;
-    if (sn < 0)
-      break;
-    got += (size_t)sn;
-    if (got == sizeof status - 1)
-      break;
-  }
-  if (got > 0) {
-    status[got] = '\0';
-    snprintf(msg, sizeof msg, "exec: worker set-up failed at %s", status);
-    kill(-pid, SIGKILL);
-    send_error(g, req, EPERM, msg, false);
-    goto out; /* the child is reaped by the SIGCHLD loop */
-  }
-  job_t *j = calloc(1, sizeof *j);
-  j->id = id;
-  j->pid = pid;
-  j->out_fd = outp[0];
-  j->err_fd = errp[0];
-  j->in_fd = inp[1];
-  outp[0] = errp[0] = inp[1] = -1;
-  fcntl(j->out_fd, F_SETFL, O_NONBLOCK);
-  fcntl(j->err_fd, F_SETFL, O_NONBLOCK);
-  fcntl(j->in_fd, F_SETFL, O_NONBLOCK);
-  j->stdin_buf = stdin_data;
-  j->stdin_len = stdin_len;
-  stdin_data = NULL;
-  if (j->stdin_len == 0) {
-    close(j->in_fd);
-    j->in_fd = -1;
-  }
-  j->start_ms = start;
-  if (g->vm)
-    j->oom_kills_before = oom_kills();
-  j->deadline_ms = start + timeout_ms;
-  g->job = j;
-out:
-  close_pair(outp);
-  close_pair(errp);
-  close_pair(inp);
-  close_pair(stp);
-  strv_free(argv);
-  strv_free(envp);
-  free(stdin_data);
-}
-
-static void
-feed_stdin(job_t *j)
-{
-  ssize_t w = write(j->in_fd, j->stdin_buf + j->stdin_off, j->stdin_len - j->stdin_off);
-  if (w < 0 && (errno == EAGAIN || errno == EINTR))
-    return;
-  if (w > 0)
-    j->stdin_off += (size_t)w;
-  if (w <= 0 || j->stdin_off == j->stdin_len) { /* EPIPE: the command does not read it */
-    close(j->in_fd);
-    j->in_fd = -1;
-  }
-}
-
-/* ---------------------------------------------------------------- dispatch */
 
 static void
 op_kill(guest_t *g, json_object *req)
@@ -689,12 +136,12 @@ static void
 op_shutdown(guest_t *g, json_object *req, int64_t id)
 {
   (void)req;
-  kill_everything(g);
+  guest_kill_everything(g);
   if (g->rundir[0])
-    nftw(g->rundir, rm_entry, 16, FTW_DEPTH | FTW_PHYS | FTW_MOUNT);
+    nftw(g->rundir, guest_rm_entry, 16, FTW_DEPTH | FTW_PHYS | FTW_MOUNT);
   g->rundir[0] = '\0';
-  send_frame(g, new_msg("bye", id, true));
-  shutdown_and_exit(g, 0);
+  guest_send_frame(g, guest_new_msg("bye", id, true));
+  guest_shutdown_and_exit(g, 0);
 }
 
 static int make_scratch(guest_t *g, const char *tmp);
@@ -710,7 +157,7 @@ op_reseed(guest_t *g, json_object *req, int64_t id)
 {
   (void)id;
   if (g->job) {
-    send_error(g, req, EBUSY, "reseed while a command runs", false);
+    guest_send_error(g, req, EBUSY, "reseed while a command runs", false);
     return;
   }
   void *seed = NULL;
@@ -718,8 +165,8 @@ op_reseed(guest_t *g, json_object *req, int64_t id)
   int r = eph_proto_get_b64(req, "entropy", 4096, &seed, &n);
   if (r < 0 || n < 32) {
     free(seed);
-    send_error(g, req, r < 0 ? -r : EINVAL, "reseed: 'entropy' must be 32..4096 bytes", true);
-    shutdown_and_exit(g, 1);
+    guest_send_error(g, req, r < 0 ? -r : EINVAL, "reseed: 'entropy' must be 32..4096 bytes", true);
+    guest_shutdown_and_exit(g, 1);
   }
   struct rand_pool_info *info = malloc(sizeof *info + n);
   int fd = open("/dev/urandom", O_WRONLY | O_CLOEXEC);
@@ -739,17 +186,17 @@ op_reseed(guest_t *g, json_object *req, int64_t id)
   free(info);
   free(seed);
   if (!ok) {
-    send_error(g, req, e ? e : EIO, "reseed: adding entropy failed", true);
-    shutdown_and_exit(g, 1);
+    guest_send_error(g, req, e ? e : EIO, "reseed: adding entropy failed", true);
+    guest_shutdown_and_exit(g, 1);
   }
   int64_t ns;
   if (eph_proto_int(req, "realtime_ns", &ns) && ns > 0) {
     struct timespec ts = {.tv_sec = ns / 1000000000LL, .tv_nsec = ns % 1000000000LL};
     if (clock_settime(CLOCK_REALTIME, &ts) < 0)
-      logmsg("reseed: clock_settime: %s", strerror(errno));
+      guest_log("reseed: clock_settime: %s", strerror(errno));
   }
   if (g->rundir[0])
-    nftw(g->rundir, rm_entry, 16, FTW_DEPTH | FTW_PHYS | FTW_MOUNT);
+    nftw(g->rundir, guest_rm_entry, 16, FTW_DEPTH | FTW_PHYS | FTW_MOUNT);
   g->rundir[0] = '\0';
   if (g->fs.scratch_fd >= 0)
     close(g->fs.scratch_fd);
@@ -758,8 +205,8 @@ op_reseed(guest_t *g, json_object *req, int64_t id)
   if (r < 0) {
     char why[256];
     snprintf(why, sizeof why, "reseed: new scratch in %s: %s", g->tmp, strerror(-r));
-    send_error(g, NULL, -r, why, true);
-    shutdown_and_exit(g, 1);
+    guest_send_error(g, NULL, -r, why, true);
+    guest_shutdown_and_exit(g, 1);
   }
   send_hello(g);
 }
@@ -769,19 +216,19 @@ handle_frame(guest_t *g, json_object *req)
 {
   const char *type = eph_proto_str(req, "type");
   if (!type) {
-    send_error(g, req, EPROTO, "frame without a string 'type'", true);
-    shutdown_and_exit(g, 1);
+    guest_send_error(g, req, EPROTO, "frame without a string 'type'", true);
+    guest_shutdown_and_exit(g, 1);
   }
   int64_t id = 0;
   json_object *idv;
   if (json_object_object_get_ex(req, "id", &idv) && !json_object_is_type(idv, json_type_int)) {
-    send_error(g, NULL, EINVAL, "'id' must be an integer", false);
+    guest_send_error(g, NULL, EINVAL, "'id' must be an integer", false);
     return;
   }
   eph_proto_int(req, "id", &id);
 
   if (strcmp(type, "exec") == 0) {
-    op_exec(g, req, id);
+    guest_op_exec(g, req, id);
   } else if (strcmp(type, "kill") == 0) {
     op_kill(g, req);
   } else if (strcmp(type, "shutdown") == 0) {
@@ -789,7 +236,7 @@ handle_frame(guest_t *g, json_object *req)
   } else if (strcmp(type, "reseed") == 0) {
     op_reseed(g, req, id);
   } else if (strcmp(type, "ping") == 0) {
-    send_frame(g, new_msg("pong", id, true));
+    guest_send_frame(g, guest_new_msg("pong", id, true));
   } else if (!strcmp(type, "write_file") || !strcmp(type, "read_file") ||
              !strcmp(type, "list_dir")) {
     int err_no = 0;
@@ -798,13 +245,13 @@ handle_frame(guest_t *g, json_object *req)
                          : type[0] == 'r' ? guest_fs_read(&g->fs, req, &err_no, why, sizeof why)
                                           : guest_fs_list(&g->fs, req, &err_no, why, sizeof why);
     if (reply)
-      send_frame(g, reply);
+      guest_send_frame(g, reply);
     else
-      send_error(g, req, err_no, why, false);
+      guest_send_error(g, req, err_no, why, false);
   } else {
     char msg[160];
     snprintf(msg, sizeof msg, "unknown request type '%.64s'", type);
-    send_error(g, req, EINVAL, msg, false);
+    guest_send_error(g, req, EINVAL, msg, false);
   }
 }
 
@@ -826,38 +273,38 @@ loop(guest_t *g)
       if (j->in_fd >= 0)
         p[i_in = n++] = (struct pollfd){.fd = j->in_fd, .events = POLLOUT};
       if (!j->reaped && !j->timed_out) {
-        int64_t left = j->deadline_ms - now_ms();
+        int64_t left = j->deadline_ms - guest_now_ms();
         timeout = left < 0 ? 0 : left > INT_MAX ? INT_MAX : (int)left;
       }
     }
     if (poll(p, (nfds_t)n, timeout) < 0) {
       if (errno == EINTR)
         continue;
-      logmsg("poll: %s", strerror(errno));
-      shutdown_and_exit(g, 1);
+      guest_log("poll: %s", strerror(errno));
+      guest_shutdown_and_exit(g, 1);
     }
     if (p[1].revents) {
       struct signalfd_siginfo si;
       while (read(g->sigfd, &si, sizeof si) == (ssize_t)sizeof si) {
         if (si.ssi_signo != SIGCHLD) {
-          logmsg("signal %u: shutting down", si.ssi_signo);
-          shutdown_and_exit(g, 0);
+          guest_log("signal %u: shutting down", si.ssi_signo);
+          guest_shutdown_and_exit(g, 0);
         }
       }
-      reap(g);
+      guest_reap(g);
     }
     if (j && i_out >= 0 && p[i_out].revents)
-      forward_chunk(g, 1);
+      guest_forward_chunk(g, 1);
     if (j && i_err >= 0 && p[i_err].revents)
-      forward_chunk(g, 2);
+      guest_forward_chunk(g, 2);
     if (j && i_in >= 0 && j->in_fd >= 0 && p[i_in].revents)
-      feed_stdin(j);
-    if (j && !j->reaped && !j->timed_out && now_ms() >= j->deadline_ms) {
+      guest_feed_stdin(j);
+    if (j && !j->reaped && !j->timed_out && guest_now_ms() >= j->deadline_ms) {
       j->timed_out = true;
       kill(-j->pid, SIGKILL);
     }
     if (g->job && g->job->reaped)
-      finish_job(g);
+      guest_finish_job(g);
     if (p[0].revents) {
       json_object *req = NULL;
       int r = eph_frame_reader_feed(&g->rd, g->ctl, &req);
@@ -865,14 +312,14 @@ loop(guest_t *g)
         handle_frame(g, req);
         json_object_put(req);
       } else if (r == -EPIPE) {
-        logmsg("the host closed the control stream; shutting down");
-        shutdown_and_exit(g, 0);
+        guest_log("the host closed the control stream; shutting down");
+        guest_shutdown_and_exit(g, 0);
       } else if (r < 0) {
         char msg[256];
         snprintf(msg, sizeof msg, "%s", g->rd.why[0] ? g->rd.why : strerror(-r));
-        logmsg("control stream: %s; ending the session", msg);
-        send_error(g, NULL, -r, msg, true);
-        shutdown_and_exit(g, 1);
+        guest_log("control stream: %s; ending the session", msg);
+        guest_send_error(g, NULL, -r, msg, true);
+        guest_shutdown_and_exit(g, 1);
       }
     }
   }
@@ -900,12 +347,12 @@ vm_setup(const char *hostname, uint64_t tmp_mib)
     mkdir(mounts[i].dir, 0755);
     if (mount(mounts[i].src, mounts[i].dir, mounts[i].type, mounts[i].flags, mounts[i].data) < 0 &&
         errno != EBUSY) {
-      logmsg("mount %s on %s: %s", mounts[i].type, mounts[i].dir, strerror(errno));
+      guest_log("mount %s on %s: %s", mounts[i].type, mounts[i].dir, strerror(errno));
       return -errno;
     }
   }
   if (sethostname(hostname, strlen(hostname)) < 0) {
-    logmsg("sethostname: %s", strerror(errno));
+    guest_log("sethostname: %s", strerror(errno));
     return -errno;
   }
   return 0;
@@ -939,7 +386,7 @@ vm_net(const char *spec)
   struct in_addr a, p;
   if (sscanf(spec, "%15[0-9.]/32,%15[0-9.]%n", addr, gw, &used) != 2 || spec[used] ||
       inet_pton(AF_INET, addr, &a) != 1 || inet_pton(AF_INET, gw, &p) != 1) {
-    logmsg("--net '%s': expected ADDR/32,PROXY", spec);
+    guest_log("--net '%s': expected ADDR/32,PROXY", spec);
     return -EINVAL;
   }
   static const char *const v6[] = {"all", "default", "lo", "eth0", NULL};
@@ -948,13 +395,13 @@ vm_net(const char *spec)
     snprintf(path, sizeof path, "/proc/sys/net/ipv6/conf/%s/disable_ipv6", v6[i]);
     int r = write_sysctl(path, "1");
     if (r < 0) {
-      logmsg("%s: %s", path, strerror(-r));
+      guest_log("%s: %s", path, strerror(-r));
       return r;
     }
   }
   int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
   if (fd < 0) {
-    logmsg("socket: %s", strerror(errno));
+    guest_log("socket: %s", strerror(errno));
     return -errno;
   }
   struct ifreq ifr;
@@ -998,7 +445,7 @@ vm_net(const char *spec)
   int e = errno;
   close(fd);
   if (r < 0) {
-    logmsg("%s: %s", step, strerror(e));
+    guest_log("%s: %s", step, strerror(e));
     return -e;
   }
   return 0;
@@ -1037,7 +484,7 @@ make_scratch(guest_t *g, const char *tmp)
   snprintf(g->rundir, sizeof g->rundir, "%s/ephemeral-run-XXXXXX", tmp);
   if (!mkdtemp(g->rundir)) {
     int e = errno;
-    logmsg("mkdtemp in %s: %s", tmp, strerror(e));
+    guest_log("mkdtemp in %s: %s", tmp, strerror(e));
     g->rundir[0] = '\0';
     return -e;
   }
@@ -1045,7 +492,7 @@ make_scratch(guest_t *g, const char *tmp)
   if (chmod(g->rundir, 0755) < 0 || mkdir(g->scratch, 0700) < 0 ||
       chown(g->scratch, g->uid, g->gid) < 0) {
     int e = errno;
-    logmsg("creating %s: %s", g->scratch, strerror(e));
+    guest_log("creating %s: %s", g->scratch, strerror(e));
     return -e;
   }
   g->fs.scratch_fd = open(g->scratch, O_PATH | O_DIRECTORY | O_CLOEXEC);
@@ -1062,7 +509,7 @@ send_hello(guest_t *g)
 {
   struct utsname u;
   uname(&u);
-  json_object *hello = new_msg("hello", 0, false);
+  json_object *hello = guest_new_msg("hello", 0, false);
   json_object_object_add(hello, "version", json_object_new_int(EPH_PROTO_VERSION));
   json_object_object_add(hello, "kernel", json_object_new_string(u.release));
   json_object_object_add(hello, "scratch", json_object_new_string(g->scratch));
@@ -1070,7 +517,7 @@ send_hello(guest_t *g)
   json_object_object_add(hello, "gid", json_object_new_int((int)g->gid));
   json_object_object_add(hello, "pid1", json_object_new_boolean(g->pid1));
   json_object_object_add(hello, "max_frame_bytes", json_object_new_int(EPH_PROTO_MAX_FRAME_BYTES));
-  send_frame(g, hello);
+  guest_send_frame(g, hello);
 }
 
 static void
@@ -1099,7 +546,7 @@ num_arg(const char *opt, const char *s, long long min, long long max)
   errno = 0;
   long long v = strtoll(s, &end, 10);
   if (errno || *end || v < min || v > max) {
-    logmsg("%s: '%s' is not a number within %lld..%lld", opt, s, min, max);
+    guest_log("%s: '%s' is not a number within %lld..%lld", opt, s, min, max);
     exit(2);
   }
   return v;
@@ -1192,22 +639,22 @@ main(int argc, char **argv)
     prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
 
   if (net && !g.vm) {
-    logmsg("--net needs --vm (the jail's network is set up by the host)");
+    guest_log("--net needs --vm (the jail's network is set up by the host)");
     return 2;
   }
   if (g.vm && (vm_setup(hostname, (uint64_t)tmp_mib) < 0 || (net && vm_net(net) < 0)))
-    shutdown_and_exit(&g, 1);
+    guest_shutdown_and_exit(&g, 1);
   for (int fd = 0; fd < 3; fd++)
     if (fcntl(fd, F_GETFD) < 0 && open("/dev/null", O_RDWR) != fd)
       break;
   if (device) {
     g.ctl = open_device(device);
     if (g.ctl < 0) {
-      logmsg("%s: %s", device, strerror(-g.ctl));
-      shutdown_and_exit(&g, 1);
+      guest_log("%s: %s", device, strerror(-g.ctl));
+      guest_shutdown_and_exit(&g, 1);
     }
   } else if (fcntl(g.ctl, F_SETFD, FD_CLOEXEC) < 0) {
-    logmsg("--fd %d: %s", g.ctl, strerror(errno));
+    guest_log("--fd %d: %s", g.ctl, strerror(errno));
     return 1;
   }
 
@@ -1221,22 +668,22 @@ main(int argc, char **argv)
   sigprocmask(SIG_BLOCK, &mask, NULL);
   g.sigfd = signalfd(-1, &mask, SFD_NONBLOCK | SFD_CLOEXEC);
   if (g.sigfd < 0) {
-    logmsg("signalfd: %s", strerror(errno));
-    shutdown_and_exit(&g, 1);
+    guest_log("signalfd: %s", strerror(errno));
+    guest_shutdown_and_exit(&g, 1);
   }
 
   char why[256] = "";
   g.filter = guest_seccomp_build(why, sizeof why);
   if (!g.filter) {
-    logmsg("%s", why);
-    send_error(&g, NULL, EIO, why, true);
-    shutdown_and_exit(&g, 1);
+    guest_log("%s", why);
+    guest_send_error(&g, NULL, EIO, why, true);
+    guest_shutdown_and_exit(&g, 1);
   }
   int r = make_scratch(&g, tmp);
   if (r < 0) {
     snprintf(why, sizeof why, "creating the scratch directory in %s: %s", tmp, strerror(-r));
-    send_error(&g, NULL, -r, why, true);
-    shutdown_and_exit(&g, 1);
+    guest_send_error(&g, NULL, -r, why, true);
+    guest_shutdown_and_exit(&g, 1);
   }
 
   send_hello(&g);

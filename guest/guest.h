@@ -1,15 +1,20 @@
-/* Internal interface of ephemeral-guest between its event loop (guest.c), the worker
- * start-up (worker.c) and the file operations (files.c). Not installed. */
+/* Internal interface of ephemeral-guest between its event loop (guest.c), the commands
+ * (exec.c), the worker start-up (worker.c) and the file operations (files.c). Not installed. */
 #ifndef EPH_GUEST_H
 #define EPH_GUEST_H
 
+#include <ftw.h>
+#include <limits.h>
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <sys/resource.h>
 #include <sys/types.h>
 
 #include <json-c/json.h>
 #include <seccomp.h>
+
+#include "protocol.h"
 
 /* What the forked child needs to become the worker and exec the command. Everything is
  * prepared by the parent before fork() so the child only makes system calls. */
@@ -51,5 +56,77 @@ json_object *guest_fs_read(const guest_fs_t *fs, json_object *req, int *err_no, 
                            size_t why_size);
 json_object *guest_fs_list(const guest_fs_t *fs, json_object *req, int *err_no, char *why,
                            size_t why_size);
+
+/* ---------------------------------------------------------------- the event loop's state
+ * Shared by the protocol loop and start-up (guest.c) and the commands (exec.c). */
+
+#define ENOSPC_CARRY 32
+
+typedef struct job {
+  int64_t id;
+  pid_t pid; /* the command's main process, leader of its own session and group */
+  bool reaped;
+  int status;
+  int out_fd, err_fd, in_fd; /* guest ends; -1 once closed */
+  unsigned char *stdin_buf;
+  size_t stdin_len, stdin_off;
+  int64_t start_ms, deadline_ms;
+  uint64_t bytes[3]; /* per stream, index 1 and 2 */
+  bool timed_out, killed, enospc_seen;
+  uint64_t oom_kills_before; /* --vm: the kernel's oom_kill count when the command started */
+  char carry[ENOSPC_CARRY];
+  size_t carry_len;
+} job_t;
+
+typedef struct guest {
+  int ctl;
+  eph_frame_reader_t rd;
+  int sigfd;
+  bool pid1, vm;
+  uid_t uid;
+  gid_t gid;
+  char rundir[PATH_MAX];
+  char scratch[PATH_MAX + 16];
+  const char *tmp; /* where run directories are made (--tmp) */
+  guest_fs_t fs;
+  uint32_t default_timeout_ms;
+  rlim_t nofile;
+  scmp_filter_ctx filter;
+  job_t *job;
+  unsigned char chunk[EPH_PROTO_OUTPUT_CHUNK_BYTES];
+} guest_t;
+
+/* A line "ephemeral-guest: ..." on stderr (the console or the jail's log). */
+void guest_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* CLOCK_MONOTONIC in milliseconds. */
+int64_t guest_now_ms(void);
+/* Sends a frame and frees obj. The host going away (EPIPE or any write error) ends the
+ * sandbox; a reply over the frame limit is dropped with a log line. */
+void guest_send_frame(guest_t *g, json_object *obj);
+/* A new message {"type": type} with "id" when with_id; owned by the caller. */
+json_object *guest_new_msg(const char *type, int64_t id, bool with_id);
+/* Sends an "error" reply to req (its id, if any) with errno, message and, if fatal, "fatal". */
+void guest_send_error(guest_t *g, json_object *req, int err_no, const char *message, bool fatal);
+
+/* The commands (exec.c). */
+/* Starts the command of an "exec" request as the worker; replies "error" when it cannot. */
+void guest_op_exec(guest_t *g, json_object *req, int64_t id);
+/* Writes what the pipe takes of the running command's pending stdin. */
+void guest_feed_stdin(job_t *j);
+/* Reads one chunk of the running command's stream (1 stdout, 2 stderr) and sends it. Returns
+ * false at end of stream or when nothing is available (the fd is non-blocking). */
+bool guest_forward_chunk(guest_t *g, int stream);
+/* Called when the command's main process was reaped: forwards what its pipes still hold,
+ * closes them and sends the "exit". */
+void guest_finish_job(guest_t *g);
+/* Reaps every exited child (orphans included), noting the command's status. */
+void guest_reap(guest_t *g);
+/* Kills every process of the sandbox but the guest itself, then reaps them (bounded); never
+ * kill(-1) outside a pid namespace (see exec.c). */
+void guest_kill_everything(guest_t *g);
+/* nftw() callback removing one entry (the run directory's tree, depth first). */
+int guest_rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw);
+/* Kills everything, removes the run directory and exits (with --vm: powers off). */
+__attribute__((noreturn)) void guest_shutdown_and_exit(guest_t *g, int code);
 
 #endif

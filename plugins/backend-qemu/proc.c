@@ -101,10 +101,10 @@ cmdline_has(pid_t pid, const char *arg)
   return false;
 }
 
-/* Processes whose command line carries `-name <name>` (name = "ephemeral-<run_id>"). With
- * kill_them they get SIGKILL. */
-int
-count_named(const char *name, bool kill_them)
+/* Counts the live processes (PID 1 and zombies aside) that `match` accepts; with kill_them
+ * they get SIGKILL. */
+static int
+scan_processes(bool (*match)(pid_t pid, const void *arg), const void *arg, bool kill_them)
 {
   DIR *d = opendir("/proc");
   if (!d)
@@ -114,7 +114,7 @@ count_named(const char *name, bool kill_them)
   while ((e = readdir(d))) {
     char *end;
     long pid = strtol(e->d_name, &end, 10);
-    if (*end || pid <= 1 || !cmdline_has((pid_t)pid, name) || !alive((pid_t)pid))
+    if (*end || pid <= 1 || !match((pid_t)pid, arg) || !alive((pid_t)pid))
       continue;
     n++;
     if (kill_them)
@@ -122,6 +122,20 @@ count_named(const char *name, bool kill_them)
   }
   closedir(d);
   return n;
+}
+
+static bool
+match_name(pid_t pid, const void *name)
+{
+  return cmdline_has(pid, name);
+}
+
+/* Processes whose command line carries `-name <name>` (name = "ephemeral-<run_id>"). With
+ * kill_them they get SIGKILL. */
+int
+count_named(const char *name, bool kill_them)
+{
+  return scan_processes(match_name, name, kill_them);
 }
 
 int
@@ -176,35 +190,24 @@ find_in_path(const char *prog, char *out, size_t size)
   }
 }
 
+static bool
+match_uid(pid_t pid, const void *arg)
+{
+  unsigned long uid = *(const uid_t *)arg;
+  char path[64], buf[4096];
+  snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+  if (!read_small(path, buf, sizeof buf))
+    return false;
+  const char *u = strstr(buf, "\nUid:");
+  unsigned long ru, eu;
+  return u && sscanf(u + 5, "%lu %lu", &ru, &eu) == 2 && (ru == uid || eu == uid);
+}
+
 /* Processes whose real or effective uid is `uid`; with kill_them they get SIGKILL. */
 int
 uid_processes(uid_t uid, bool kill_them)
 {
-  DIR *d = opendir("/proc");
-  if (!d)
-    return 0;
-  int n = 0;
-  struct dirent *e;
-  while ((e = readdir(d))) {
-    char *end;
-    long pid = strtol(e->d_name, &end, 10);
-    if (*end || pid <= 1)
-      continue;
-    char path[64], buf[4096];
-    snprintf(path, sizeof path, "/proc/%ld/status", pid);
-    if (!read_small(path, buf, sizeof buf))
-      continue;
-    const char *u = strstr(buf, "\nUid:");
-    unsigned long ru, eu;
-    if (!u || sscanf(u + 5, "%lu %lu", &ru, &eu) != 2 || (ru != uid && eu != uid) ||
-        !alive((pid_t)pid))
-      continue;
-    n++;
-    if (kill_them)
-      kill((pid_t)pid, SIGKILL);
-  }
-  closedir(d);
-  return n;
+  return scan_processes(match_uid, &uid, kill_them);
 }
 
 /* The last lines of QEMU's log, for an error message. */

@@ -378,16 +378,25 @@ report(int dfd, const snap_entry_t *s, eph_cache_each_fn each, void *ctx)
   each(ctx, &e);
 }
 
+/* Opens the store into *dfd and scans it (see scan()); a store not made yet is empty, with
+ * *dfd left -1. */
+static int
+open_scan(const qemu_t *q, int *dfd, snap_entry_t **out, size_t *count, eph_error_t *err)
+{
+  *dfd = open(q->snap_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (*dfd < 0)
+    return errno == ENOENT ? 0 : eph_error_set(err, errno, "%s: %s", q->snap_dir, strerror(errno));
+  return scan(q, *dfd, out, count, err);
+}
+
 int
 snapshot_list(const qemu_t *q, eph_cache_each_fn each, void *ctx, eph_error_t *err)
 {
-  cleanup_close int dfd = open(q->snap_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd < 0)
-    return errno == ENOENT ? 0 : eph_error_set(err, errno, "%s: %s", q->snap_dir, strerror(errno));
+  cleanup_close int dfd = -1;
   cleanup_free snap_entry_t *v = NULL;
   size_t n = 0;
-  int r = scan(q, dfd, &v, &n, err);
-  if (r < 0)
+  int r = open_scan(q, &dfd, &v, &n, err);
+  if (r < 0 || dfd < 0)
     return r;
   for (size_t i = 0; i < n; i++)
     report(dfd, &v[i], each, ctx);
@@ -400,13 +409,11 @@ snapshot_gc(const qemu_t *q, int64_t max_bytes, const char *keep, bool build_loc
 {
   if (max_bytes < 0)
     max_bytes = q->cfg.snapshot_max_bytes;
-  cleanup_close int dfd = open(q->snap_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd < 0)
-    return errno == ENOENT ? 0 : eph_error_set(err, errno, "%s: %s", q->snap_dir, strerror(errno));
+  cleanup_close int dfd = -1;
   cleanup_free snap_entry_t *v = NULL;
   size_t n = 0;
-  int r = scan(q, dfd, &v, &n, err);
-  if (r < 0)
+  int r = open_scan(q, &dfd, &v, &n, err);
+  if (r < 0 || dfd < 0)
     return r;
   uint64_t total = 0;
   for (size_t i = 0; i < n; i++)

@@ -1,0 +1,108 @@
+/* What the PostgreSQL store's units share (store_pg.c: open, migrations and the records;
+ * store_pg_cluster.c: what nodes coordinate through; store_pg_conn.c: running a statement).
+ * Not included outside core/store_pg*.c. */
+#ifndef EPH_CORE_STORE_PG_INT_H
+#define EPH_CORE_STORE_PG_INT_H
+
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "pq_api.h"
+#include "store_int.h"
+#include "util.h"
+
+typedef struct pg_store {
+  eph_store_t base; /* first: see store_int.h */
+  PGconn *conn;
+  pthread_mutex_t lock; /* one connection, one user at a time */
+  eph_store_t *local;   /* node-local SQLite for eph_store_with_db, or NULL */
+  char *node;           /* this node's name, or NULL (no leases) */
+  int64_t lease_us;
+} pg_store_t;
+
+#define PG(x) ((pg_store_t *)(x))
+
+/* A result freed when it goes out of scope. */
+static inline void
+pqclearp(PGresult **r)
+{
+  if (*r)
+    PQclear(*r);
+}
+#define cleanup_pgresult __attribute__((cleanup(pqclearp)))
+
+/* Decimal text of an int64 parameter. */
+typedef struct {
+  char s[24];
+} i64s_t;
+static inline i64s_t
+i64s(int64_t v)
+{
+  i64s_t o;
+  snprintf(o.s, sizeof o.s, "%" PRId64, v);
+  return o;
+}
+
+static inline int64_t
+get_i64(const PGresult *res, int row, int col)
+{
+  return strtoll(PQgetvalue(res, row, col), NULL, 10);
+}
+
+static inline char *
+get_dup(const PGresult *res, int row, int col)
+{
+  return PQgetisnull(res, row, col) ? NULL : eph_xstrdup(PQgetvalue(res, row, col));
+}
+
+/* A stored JSON text column as an object (NULL column -> JSON null). */
+static inline json_object *
+get_json(const PGresult *res, int row, int col)
+{
+  return PQgetisnull(res, row, col) ? NULL : json_tokener_parse(PQgetvalue(res, row, col));
+}
+
+static inline const char *
+json_text(json_object *v)
+{
+  return v ? json_object_to_json_string_ext(v, JSON_C_TO_STRING_PLAIN) : NULL;
+}
+
+static inline int
+affected(const PGresult *res)
+{
+  return atoi(PQcmdTuples((PGresult *)res));
+}
+
+/* Maps a failed result (or, res NULL, a lost connection) to an errno and fills err naming
+ * the target and the operation ("what"); a lost or failing server sets the store's fault.
+ * Returns the negative errno. */
+int eph_pg_error(pg_store_t *s, const PGresult *res, const char *what, eph_error_t *err);
+
+/* Runs one parameterised statement; the caller holds s->lock. Text parameters when lens and
+ * fmts are NULL. Returns the result (the caller PQclear()s it) with *r = 0, or NULL with *r
+ * the negative errno and err filled. A connection the server closed is reset and the
+ * statement retried once. */
+PGresult *eph_pg_exec(pg_store_t *s, const char *sql, int n, const char *const *vals,
+                      const int *lens, const int *fmts, int binary_result, const char *what, int *r,
+                      eph_error_t *err);
+
+/* eph_pg_exec taking s->lock itself, for the one-statement operations. */
+PGresult *eph_pg_run(pg_store_t *s, const char *sql, int n, const char *const *vals,
+                     const char *what, int *r, eph_error_t *err);
+
+/* The cluster operations of eph_store_ops_t (store_pg_cluster.c); their contracts are those
+ * of store.h's eph_store_cancel_request, eph_store_queue_push, eph_store_leases_renew, ... */
+int eph_pg_cancel_request(eph_store_t *base, const char *run_id, eph_error_t *err);
+int eph_pg_cancels_pending(eph_store_t *base, json_object **out, eph_error_t *err);
+int eph_pg_leases_renew(eph_store_t *base, json_object *ids, eph_error_t *err);
+int eph_pg_leases_take_expired(eph_store_t *base, json_object **out, eph_error_t *err);
+int eph_pg_queue_push(eph_store_t *base, const char *run_id, int64_t reserved_micros,
+                      bool local_only, int max_queued, eph_error_t *err);
+int eph_pg_queue_claim(eph_store_t *base, json_object **out, eph_error_t *err);
+int eph_pg_queue_remove(eph_store_t *base, const char *run_id, eph_error_t *err);
+int eph_pg_queue_length(eph_store_t *base, int64_t *n, eph_error_t *err);
+
+#endif
