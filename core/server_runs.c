@@ -720,6 +720,37 @@ eph_srv_runs_list(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req)
 
 /* Cancels a run live on this node: a queued one is abandoned, a running one told to stop.
  * False when it has already ended (nothing to cancel). */
+/* Under srv->lock: takes a queued l out of the memory queue. */
+static void
+unqueue_locked(eph_server_t *srv, live_t *l)
+{
+  for (live_t **p = &srv->queue_head, *prev = NULL; *p; prev = *p, p = &(*p)->queue_next)
+    if (*p == l) {
+      *p = l->queue_next;
+      if (srv->queue_tail == l)
+        srv->queue_tail = prev;
+      break;
+    }
+  l->queue_next = NULL;
+  l->queued = false;
+  srv->queued--;
+}
+
+bool
+eph_srv_unqueue_live(eph_server_t *srv, live_t *l, const char *reason)
+{
+  pthread_mutex_lock(&srv->lock);
+  bool queued = l->queued;
+  if (queued)
+    unqueue_locked(srv, l);
+  pthread_mutex_unlock(&srv->lock);
+  if (!queued)
+    return false;
+  eph_run_abandon(l->run, reason);
+  finished(srv, l);
+  return true;
+}
+
 bool
 eph_srv_cancel_live(eph_server_t *srv, live_t *l)
 {
@@ -727,16 +758,7 @@ eph_srv_cancel_live(eph_server_t *srv, live_t *l)
   {
     pthread_mutex_lock(&srv->lock);
     if (l->queued) {
-      for (live_t **p = &srv->queue_head, *prev = NULL; *p; prev = *p, p = &(*p)->queue_next)
-        if (*p == l) {
-          *p = l->queue_next;
-          if (srv->queue_tail == l)
-            srv->queue_tail = prev;
-          break;
-        }
-      l->queue_next = NULL;
-      l->queued = false;
-      srv->queued--;
+      unqueue_locked(srv, l);
       abandon = true;
     } else if (l->settled || eph_run_settled(l->run) ||
                eph_run_status(l->run) >= EPH_RUN_SUCCEEDED) {
