@@ -366,9 +366,24 @@ eph_srv_runs_create(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req
     }
     /* Zero data retention on a cluster: the request's content exists only in this node's
      * memory, so the run waits in its memory queue and only it executes it; it is counted
-     * in the shared queue (local_only) so the cluster's bound includes it. */
-    if (zdr && eph_store_queue_push(srv->store, run_id, 0, true, INT32_MAX, &err) < 0)
+     * in the shared queue (local_only) so the cluster's bound includes it. The push checks
+     * the bound again, atomically across nodes: another node may have filled the queue
+     * since the check above. Then the run is refused as a non-ZDR one is (ended
+     * queue_full, reservation released), unless a worker here already took it. */
+    int pr =
+        zdr ? eph_store_queue_push(srv->store, run_id, 0, true, srv->opt.max_queued_runs, &err) : 0;
+    if (pr == -EAGAIN) {
+      live_t *l = eph_srv_live_get(srv, run_id);
+      bool refused = l && eph_srv_unqueue_live(srv, l, "queue_full");
+      eph_srv_live_put(l);
+      if (refused) {
+        json_object_put(req->created);
+        req->created = NULL;
+        goto queue_full;
+      }
+    } else if (pr < 0) {
       eph_warn("run %s: counting it in the shared queue: %s", run_id, err.message);
+    }
   }
   claim_unmark(srv, run_id, &mark); /* the row is stored */
   pthread_mutex_unlock(&srv->admit);

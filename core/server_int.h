@@ -179,6 +179,9 @@ void eph_srv_live_put(live_t *l);
 /* Cancels a run live on this node (queued: abandoned; running: told to stop). False when
  * it has already ended. server_runs.c. */
 bool eph_srv_cancel_live(eph_server_t *srv, live_t *l);
+/* Takes a run still waiting in this node's memory queue out of it and ends it cancelled
+ * with `reason`, settled. False (nothing done) when a worker already took it. */
+bool eph_srv_unqueue_live(eph_server_t *srv, live_t *l, const char *reason);
 
 /* Cluster duties run by the ticker (server_cluster.c); a no-op unless the store is
  * PostgreSQL. */

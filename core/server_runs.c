@@ -197,11 +197,30 @@ finished(eph_server_t *srv, live_t *l)
 /* How often an idle worker looks at the cluster's shared queue. */
 #define SHARED_QUEUE_POLL_MS 200
 
+/* Whether a cancel was requested for run ID (eph_store_cancel_request, on any node). An
+ * unreadable answer counts as no (the ticker's poll still sees the request later). */
+static bool
+cancel_requested(eph_server_t *srv, const char *id)
+{
+  cleanup_json json_object *ids = NULL;
+  eph_error_t err = {0};
+  if (eph_store_cancels_pending(srv->store, &ids, &err) < 0) {
+    eph_warn("run %s: reading cancel requests: %s", id, err.message);
+    return false;
+  }
+  for (size_t i = 0; i < json_object_array_length(ids); i++)
+    if (strcmp(json_object_get_string(json_object_array_get_idx(ids, i)), id) == 0)
+      return true;
+  return false;
+}
+
 /* A run claimed from the shared queue made live here, running: in the table with a ref for
  * the worker. NULL when nothing was claimed (or it could not be recorded: then it is ended
- * and settled). srv->lock not held. */
+ * and settled). *cancelled: a cancel was requested while it waited in the shared queue
+ * (nobody held it to act on it then), so the worker abandons it instead of starting it.
+ * srv->lock not held. */
 static live_t *
-claim_live(eph_server_t *srv)
+claim_live(eph_server_t *srv, bool *cancelled)
 {
   char *org = NULL;
   eph_run_t *run = eph_srv_cluster_claim(srv, &org);
@@ -217,6 +236,7 @@ claim_live(eph_server_t *srv)
   eph_error_t err = {0};
   /* Its row and `reserved` event (seq 1) were stored by the admitting node. */
   eph_runstore_adopt(srv->store, run, &obs, 1, &err);
+  *cancelled = cancel_requested(srv, l->id);
   pthread_mutex_lock(&srv->lock);
   unsigned b = bucket_of(l->id);
   l->bucket_next = srv->table[b];
@@ -236,6 +256,7 @@ worker_main(void *arg)
   pthread_mutex_lock(&srv->lock);
   for (;;) {
     live_t *l = NULL;
+    bool cancelled = false;
     while (!srv->queue_head && !srv->stopping) {
       if (!srv->shared_queue || srv->draining) {
         pthread_cond_wait(&srv->cond, &srv->lock);
@@ -244,7 +265,7 @@ worker_main(void *arg)
       /* Idle on a cluster: take a run any node admitted (polled; a local admission of a
        * zero-data-retention run still wakes this worker at once). */
       pthread_mutex_unlock(&srv->lock);
-      l = claim_live(srv);
+      l = claim_live(srv, &cancelled);
       pthread_mutex_lock(&srv->lock);
       if (l || srv->queue_head || srv->stopping)
         break;
@@ -279,7 +300,10 @@ worker_main(void *arg)
      * (local_only) for its bound: it leaves the count as it starts. */
     if (local_only && eph_store_queue_remove(srv->store, l->id, &err) < 0)
       eph_warn("run %s: leaving the shared queue: %s", l->id, err.message);
-    eph_run_execute(l->run);
+    if (cancelled)
+      eph_run_abandon(l->run, "cancelled"); /* cancelled while in the shared queue */
+    else
+      eph_run_execute(l->run);
     finished(srv, l);
     eph_srv_live_put(l);
     pthread_mutex_lock(&srv->lock);
@@ -696,6 +720,37 @@ eph_srv_runs_list(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req)
 
 /* Cancels a run live on this node: a queued one is abandoned, a running one told to stop.
  * False when it has already ended (nothing to cancel). */
+/* Under srv->lock: takes a queued l out of the memory queue. */
+static void
+unqueue_locked(eph_server_t *srv, live_t *l)
+{
+  for (live_t **p = &srv->queue_head, *prev = NULL; *p; prev = *p, p = &(*p)->queue_next)
+    if (*p == l) {
+      *p = l->queue_next;
+      if (srv->queue_tail == l)
+        srv->queue_tail = prev;
+      break;
+    }
+  l->queue_next = NULL;
+  l->queued = false;
+  srv->queued--;
+}
+
+bool
+eph_srv_unqueue_live(eph_server_t *srv, live_t *l, const char *reason)
+{
+  pthread_mutex_lock(&srv->lock);
+  bool queued = l->queued;
+  if (queued)
+    unqueue_locked(srv, l);
+  pthread_mutex_unlock(&srv->lock);
+  if (!queued)
+    return false;
+  eph_run_abandon(l->run, reason);
+  finished(srv, l);
+  return true;
+}
+
 bool
 eph_srv_cancel_live(eph_server_t *srv, live_t *l)
 {
@@ -703,16 +758,7 @@ eph_srv_cancel_live(eph_server_t *srv, live_t *l)
   {
     pthread_mutex_lock(&srv->lock);
     if (l->queued) {
-      for (live_t **p = &srv->queue_head, *prev = NULL; *p; prev = *p, p = &(*p)->queue_next)
-        if (*p == l) {
-          *p = l->queue_next;
-          if (srv->queue_tail == l)
-            srv->queue_tail = prev;
-          break;
-        }
-      l->queue_next = NULL;
-      l->queued = false;
-      srv->queued--;
+      unqueue_locked(srv, l);
       abandon = true;
     } else if (l->settled || eph_run_settled(l->run) ||
                eph_run_status(l->run) >= EPH_RUN_SUCCEEDED) {

@@ -146,7 +146,10 @@ eph_pg_queue_claim(eph_store_t *base, json_object **out, eph_error_t *err)
   const char *v[] = {s->node, until.s};
   /* SKIP LOCKED: nodes claiming at once take different rows instead of waiting for each
    * other; the row leaves the queue and the run gets this node and a lease in the same
-   * statement, so a claimed run always has a holder (and a lease that can expire). */
+   * statement, so a claimed run always has a holder (and a lease that can expire). A row
+   * whose run is no longer queued (a push committed whose answer was lost: the retry
+   * failed and the admitting node ended the run) is dropped, never claimed: an ended run
+   * is not run again. */
   cleanup_pgresult PGresult *res =
       eph_pg_run(s,
                  "WITH c AS (DELETE FROM run_queue WHERE run_id = ("
@@ -156,7 +159,8 @@ eph_pg_queue_claim(eph_store_t *base, json_object **out, eph_error_t *err)
                  " d AS (UPDATE run_queue_length SET n = n - (SELECT count(*) FROM c) WHERE id = 1"
                  "  AND EXISTS (SELECT 1 FROM c)),"
                  " u AS (UPDATE runs SET node = $1, lease_expires_us = $2 FROM c"
-                 "  WHERE runs.id = c.run_id RETURNING runs.id, runs.org, runs.request, runs.zdr,"
+                 "  WHERE runs.id = c.run_id AND runs.status = 'queued'"
+                 "  RETURNING runs.id, runs.org, runs.request, runs.zdr,"
                  "  runs.created_at_us)"
                  " SELECT u.id, u.org, u.request, u.zdr, u.created_at_us, c.reserved_micros,"
                  "  c.local_only FROM u JOIN c ON c.run_id = u.id",
