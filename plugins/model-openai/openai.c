@@ -67,22 +67,7 @@ static const eph_config_key_t openai_keys[] = {
      "api_key_file, api_key_env (default \"\": no key), max_tokens_field, allow_plain_http, "
      "each as for the block itself. The retry and timeout keys of the block apply. Prices "
      "are per full model name in the core's pricing.models."},
-    {"connect_timeout_ms", EPH_CFG_INT, "10000", "ms",
-     "Connection set-up timeout of one attempt (never past the call's deadline)."},
-    {"timeout_ms", EPH_CFG_INT, "120000", "ms",
-     "Whole-attempt timeout (a stream included); a timed-out attempt is retried if the "
-     "deadline allows and no stream had started."},
-    {"max_retries", EPH_CFG_INT, "3", NULL,
-     "Retries after a 408, 409, 429 or 5xx answer or a transient transport failure."},
-    {"backoff_initial_ms", EPH_CFG_INT, "500", "ms",
-     "First retry delay; it doubles on each retry (full jitter: a random delay between half "
-     "and all of it). A Retry-After header replaces it."},
-    {"backoff_max_ms", EPH_CFG_INT, "20000", "ms", "Cap of the computed retry delay."},
-    {"max_response_bytes", EPH_CFG_INT, "8388608", "bytes",
-     "Largest response body (or whole stream) accepted, at most 1 GiB; a longer one is a "
-     "protocol error."},
-    {"allow_plain_http", EPH_CFG_BOOL, "false", NULL,
-     "Allow an http:// base_url to a non-loopback host (the API key would travel in clear)."},
+    EPH_MHTTP_POLICY_KEYS("408, 409, 429 or 5xx"),
     {0},
 };
 

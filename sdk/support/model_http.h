@@ -21,6 +21,30 @@ typedef struct eph_mhttp_policy {
   int64_t max_response_bytes; /* a body, or a whole stream, longer than this is refused */
 } eph_mhttp_policy_t;
 
+/* The key rows of the keys eph_mhttp_policy_read() reads, plus allow_plain_http, for a
+ * provider plugin's key table (one copy of their defaults and docs): expand before the
+ * table's {0}. retry_answers names the HTTP answers the provider retries, e.g.
+ * "408, 409, 429 or 5xx". */
+/* clang-format off */
+#define EPH_MHTTP_POLICY_KEYS(retry_answers)                                                       \
+  {"connect_timeout_ms", EPH_CFG_INT, "10000", "ms",                                               \
+   "Connection set-up timeout of one attempt (never past the call's deadline)."},                  \
+  {"timeout_ms", EPH_CFG_INT, "120000", "ms",                                                      \
+   "Whole-attempt timeout (a stream included); a timed-out attempt is retried if the "             \
+   "deadline allows and no stream had started."},                                                  \
+  {"max_retries", EPH_CFG_INT, "3", NULL,                                                          \
+   "Retries after a " retry_answers " answer or a transient transport failure."},                  \
+  {"backoff_initial_ms", EPH_CFG_INT, "500", "ms",                                                 \
+   "First retry delay; it doubles on each retry (full jitter: a random delay between half "        \
+   "and all of it). A Retry-After header replaces it."},                                           \
+  {"backoff_max_ms", EPH_CFG_INT, "20000", "ms", "Cap of the computed retry delay."},              \
+  {"max_response_bytes", EPH_CFG_INT, "8388608", "bytes",                                          \
+   "Largest response body (or whole stream) accepted, at most 1 GiB; a longer one is a "           \
+   "protocol error."},                                                                             \
+  {"allow_plain_http", EPH_CFG_BOOL, "false", NULL,                                                \
+   "Allow an http:// base_url to a non-loopback host (the API key would travel in clear)."}
+/* clang-format on */
+
 /* Reads the policy keys (connect_timeout_ms, timeout_ms, max_retries, backoff_initial_ms,
  * backoff_max_ms, max_response_bytes) from config with the documented defaults; each must
  * be positive (max_retries >= 0). */
