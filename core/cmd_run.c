@@ -298,6 +298,16 @@ signal_thread(void *arg)
   return NULL;
 }
 
+/* sigwait is a cancellation point: the thread ends there, holding nothing. */
+static void
+signal_thread_stop(pthread_t thr, bool up)
+{
+  if (!up)
+    return;
+  pthread_cancel(thr);
+  pthread_join(thr, NULL);
+}
+
 int
 eph_cmd_run(eph_ctx_t *ctx, int argc, char **argv)
 {
@@ -405,16 +415,18 @@ eph_cmd_run(eph_ctx_t *ctx, int argc, char **argv)
   if (retention > 0 && eph_store_purge(store, (int)retention, &err) < 0)
     eph_warn("purging runs older than %lld days: %s", (long long)retention, err.message);
 
-  /* Signals go to one thread that cancels the run; the run's own threads never see them. */
-  sigset_t set;
+  /* Signals go to one thread that cancels the run; the run's own threads never see them.
+   * The set is static: the thread reads it at every sigwait. The thread is cancelled and
+   * joined before returning so that no thread of ours outlives the command: LeakSanitizer's
+   * exit-time scan of a thread parked in sigwait crashed the CLI (losing its output). */
+  static sigset_t set;
   sigemptyset(&set);
   sigaddset(&set, SIGINT);
   sigaddset(&set, SIGTERM);
   sigaddset(&set, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &set, NULL);
   pthread_t sigthr;
-  pthread_create(&sigthr, NULL, signal_thread, &set);
-  pthread_detach(sigthr);
+  bool sigthr_up = pthread_create(&sigthr, NULL, signal_thread, &set) == 0;
 
   eph_run_options_t opt = {
       .org = org,
@@ -427,6 +439,7 @@ eph_cmd_run(eph_ctx_t *ctx, int argc, char **argv)
     eph_request_free(&req);
     eph_store_close(store);
     eph_error("%s", err.message);
+    signal_thread_stop(sigthr, sigthr_up);
     return err.code == EPH_E_INSUFFICIENT ? 4 : (err.code == EINVAL ? 2 : 1);
   }
   /* Before attaching: attaching replays the events so far (Queued) to the printer. */
@@ -450,11 +463,13 @@ eph_cmd_run(eph_ctx_t *ctx, int argc, char **argv)
     eph_run_abandon(run, "host_error");
     eph_run_free(run);
     eph_store_close(store);
+    signal_thread_stop(sigthr, sigthr_up);
     return 1;
   }
   current_run = run;
   eph_run_status_t status = eph_run_execute(run);
   current_run = NULL;
+  signal_thread_stop(sigthr, sigthr_up);
   json_object *obj = eph_run_to_json(run, json);
   if (json)
     printf("%s\n", json_object_to_json_string_ext(obj, JSON_C_TO_STRING_PRETTY |
