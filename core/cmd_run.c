@@ -44,15 +44,12 @@ shown(const char *s)
     s = "";
   size_t n = strlen(s);
   char *out = eph_xmalloc(n * 4 + 1), *o = out;
-  for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-    bool c1 = p[0] == 0xc2 && p[1] >= 0x80 && p[1] <= 0x9f;
-    if ((*p < 0x20 && *p != '\n' && *p != '\t') || *p == 0x7f || c1) {
-      o += sprintf(o, "\\x%02x", *p);
-      if (c1)
-        o += sprintf(o, "\\x%02x", *++p);
-    } else {
-      *o++ = (char)*p;
-    }
+  for (const unsigned char *p = (const unsigned char *)s; *p;) {
+    size_t c = *p == '\n' || *p == '\t' ? 0 : eph_control_len(p);
+    if (!c)
+      *o++ = (char)*p++;
+    for (; c > 0; c--)
+      o += sprintf(o, "\\x%02x", *p++);
   }
   *o = '\0';
   return out;

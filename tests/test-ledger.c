@@ -431,6 +431,19 @@ test_same_errors_for_bad_input(void **st)
   assert_int_equal(f->ops->totals(f->state, "run_absent", &(eph_ledger_totals_t){0}, &err),
                    -ENOENT);
   assert_string_equal(err.message, "totals: run run_absent has no reservation");
+  /* Control characters in a name (an escape sequence that would rewrite what an operator's
+   * terminal shows, a newline that splits a log line) are refused: C0, DEL and C1 (CSI). */
+  err = (eph_error_t){0};
+  assert_int_equal(f->ops->credit(f->state, "acme\x1b[2J", 5, &err), -EINVAL);
+  assert_string_equal(err.message, "organisation: contains a control character (byte 4)");
+  err = (eph_error_t){0};
+  assert_int_equal(f->ops->reserve(f->state, "acme", "run_\nx", 100, &err), -EINVAL);
+  assert_string_equal(err.message, "run_id: contains a control character (byte 4)");
+  err = (eph_error_t){0};
+  assert_int_equal(f->ops->credit(f->state, "ac\xc2\x9bme", 5, &err), -EINVAL);
+  assert_string_equal(err.message, "organisation: contains a control character (byte 2)");
+  err = (eph_error_t){0};
+  assert_int_equal(f->ops->credit(f->state, "acme\x7f", 5, &err), -EINVAL);
 
   assert_int_equal(f->ops->reserve(f->state, "acme", "run_memo", 100, &err), 0);
   assert_int_equal(f->ops->charge(f->state, "run_memo", EPH_COST_WEB, 1,
@@ -438,6 +451,9 @@ test_same_errors_for_bad_input(void **st)
                                   "b\xe2\x82",
                                   &err),
                    0);
+  /* A memo's controls: ESC and C1 CSI become '?', a newline or tab a space. */
+  assert_int_equal(
+      f->ops->charge(f->state, "run_memo", EPH_COST_WEB, 1, "ls -l\n\x1b[2J\xc2\x9bx\ty", &err), 0);
   /* 255 ASCII bytes then a 3-byte character: the character does not fit in 256 bytes. */
   char long_memo[300];
   memset(long_memo, 'x', 255);
@@ -445,6 +461,8 @@ test_same_errors_for_bad_input(void **st)
   assert_int_equal(f->ops->charge(f->state, "run_memo", EPH_COST_WEB, 1, long_memo, &err), 0);
   raw_t *db = raw_open(f);
   assert_int_equal(raw_int(db, "SELECT count(*) FROM entries WHERE memo = ?1", "a?b??"), 1);
+  assert_int_equal(raw_int(db, "SELECT count(*) FROM entries WHERE memo = ?1", "ls -l ?[2J?x y"),
+                   1);
   assert_int_equal(raw_int(db,
                            "SELECT count(*) FROM entries WHERE kind = 'charge'"
                            " AND length(memo) = 255",

@@ -46,6 +46,12 @@ eph_ledger_check_name(const char *what, const char *s, eph_error_t *err)
   /* PostgreSQL refuses invalid UTF-8 in text and SQLite stores it: refused here for both. */
   if (!eph_utf8_is_text((const unsigned char *)s, n))
     return eph_error_set(err, EINVAL, "%s: not valid UTF-8", what);
+  /* A name is shown in statements, logs and terminals: a control character there could
+   * rewrite what an operator reads (an escape sequence) or split a log line. */
+  for (const unsigned char *p = (const unsigned char *)s; *p; p++)
+    if (eph_control_len(p))
+      return eph_error_set(err, EINVAL, "%s: contains a control character (byte %zu)", what,
+                           (size_t)(p - (const unsigned char *)s));
   return 0;
 }
 
@@ -66,14 +72,21 @@ eph_ledger_memo_clean(const char *memo, char out[EPH_LEDGER_MAX_MEMO_BYTES + 1])
   size_t o = 0;
   const unsigned char *p = (const unsigned char *)memo;
   while (*p) {
-    size_t n = utf8_seq(p);
-    const unsigned char *from = n ? p : (const unsigned char *)"?";
-    size_t w = n ? n : 1;
-    if (o + w > EPH_LEDGER_MAX_MEMO_BYTES)
+    size_t n = utf8_seq(p), c = eph_control_len(p);
+    /* Controls (a command's tab or newline included) become a space or '?', as an invalid
+     * byte does: the memo is shown in statements and on terminals. */
+    const unsigned char *from = p;
+    size_t take = n, put = n;
+    if (c || !n) {
+      from = (const unsigned char *)(c && (*p == '\t' || *p == '\n') ? " " : "?");
+      take = c ? c : 1;
+      put = 1;
+    }
+    if (o + put > EPH_LEDGER_MAX_MEMO_BYTES)
       break;
-    memcpy(out + o, from, w);
-    o += w;
-    p += w;
+    memcpy(out + o, from, put);
+    o += put;
+    p += take;
   }
   out[o] = '\0';
 }

@@ -27,12 +27,13 @@ int64_t eph_ledger_wall_us(void);
 const char *eph_ledger_cost_name(eph_cost_t c);
 
 /* A name (`what`: "organisation", "run_id", "node_name"): not empty, at most
- * EPH_LEDGER_MAX_NAME_BYTES, valid UTF-8. -EINVAL "<what>: ..." otherwise. */
+ * EPH_LEDGER_MAX_NAME_BYTES, valid UTF-8, no control character (eph_control_len).
+ * -EINVAL "<what>: ..." otherwise. */
 int eph_ledger_check_name(const char *what, const char *s, eph_error_t *err);
 
 /* The memo as stored: at most EPH_LEDGER_MAX_MEMO_BYTES, cut at a character boundary, each
- * byte that does not start a valid UTF-8 sequence replaced by '?' (a memo is a note; it must
- * never make a charge fail). */
+ * byte that does not start a valid UTF-8 sequence and each control character replaced by
+ * '?' (a tab or newline by a space): a memo is a note; it must never make a charge fail. */
 void eph_ledger_memo_clean(const char *memo, char out[EPH_LEDGER_MAX_MEMO_BYTES + 1]);
 
 /* The arguments of each operation, checked before any transaction. check_charge sets *cat

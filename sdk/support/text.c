@@ -44,6 +44,14 @@ eph_utf8_is_text(const unsigned char *s, size_t bytes)
 }
 
 size_t
+eph_control_len(const unsigned char *p)
+{
+  if (p[0] < 0x20 || p[0] == 0x7f)
+    return 1;
+  return p[0] == 0xc2 && p[1] >= 0x80 && p[1] <= 0x9f ? 2 : 0;
+}
+
+size_t
 eph_utf8_clip(const char *s, size_t bytes)
 {
   size_t i = bytes;

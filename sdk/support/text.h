@@ -12,6 +12,12 @@
  * without NUL: safe to hand over as a JSON string. */
 bool eph_utf8_is_text(const unsigned char *s, size_t bytes);
 
+/* The length in bytes (1 or 2) of the control character p starts with, 0 when it starts
+ * none: a C0 control (U+0000..U+001F), DEL (U+007F) or a C1 control (U+0080..U+009F, UTF-8
+ * C2 80..C2 9F; a CSI alone is C2 9B). p must be NUL-terminated. One definition for every
+ * place that keeps controls away from a terminal or out of a stored name (ECMA-48 sets). */
+size_t eph_control_len(const unsigned char *p);
+
 /* Length of the longest prefix of s[0..bytes) that does not end inside a UTF-8 sequence
  * (so a truncated text stays valid). */
 size_t eph_utf8_clip(const char *s, size_t bytes);
