@@ -23,7 +23,7 @@ eph_cmd_doctor(eph_ctx_t *ctx, int argc, char **argv)
   }
   eph_store_t *store = NULL;
   eph_error_t err = {0};
-  if (eph_store_open_ctx(ctx, NULL, false, &store, &err) < 0)
+  if (eph_store_open_ctx(ctx, &(eph_store_options_t){.check_whole = true}, false, &store, &err) < 0)
     store = NULL;
   bool healthy = false;
   cleanup_json json_object *report =

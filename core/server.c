@@ -616,7 +616,8 @@ eph_server_start(eph_ctx_t *ctx, const eph_server_options_t *opt, eph_server_t *
   srv->limits.plugins = &ctx->plugins;
   srv->replay_models = strcmp(conf->model_plugin, "model-replay") == 0;
 
-  eph_store_options_t so = {.idempotency_hours = opt->idempotency_hours};
+  /* The daemon opens once: the whole file is checked, however large. */
+  eph_store_options_t so = {.idempotency_hours = opt->idempotency_hours, .check_whole = true};
   if ((r = eph_store_open_ctx(ctx, &so, true, &srv->store, err)) < 0)
     goto fail;
   if ((r = eph_webhooks_start(ctx, srv->store, &srv->webhooks, err)) < 0)

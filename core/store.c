@@ -90,7 +90,8 @@ eph_store_open(const char *path, const eph_store_options_t *opt, eph_store_t **o
                            .busy_timeout_ms = busy_ms,
                            .local_path = opt ? opt->local_path : NULL,
                            .node_name = opt ? opt->node_name : NULL,
-                           .lease_seconds = opt ? opt->lease_seconds : 0};
+                           .lease_seconds = opt ? opt->lease_seconds : 0,
+                           .check_whole = opt && opt->check_whole};
   if (eph_store_target_is_pg(path)) {
 #ifdef HAVE_LIBPQ
     return eph_store_pg_open(path, &o, out, err);

@@ -77,6 +77,11 @@ typedef struct eph_store_options {
    * eph_store_leases_renew; NULL/0: runs get no lease (the CLI, tests). */
   const char *node_name;
   int lease_seconds;
+  /* SQLite only: PRAGMA quick_check the whole file at open whatever its size (the daemon
+   * at start, `ephemeral doctor`). false: a file past EPH_SQLITE_CHECK_WHOLE_MAX_BYTES has
+   * only its keys, organisations and members checked (sdk/support/sqlite.h), so a CLI
+   * command stays fast as history grows. */
+  bool check_whole;
 } eph_store_options_t;
 
 /* Opens (creating or migrating) the store at path: an SQLite file, or a PostgreSQL

@@ -687,7 +687,12 @@ eph_store_sqlite_open(const char *path, const eph_store_options_t *opt, eph_stor
                       (int64_t)opt->idempotency_hours * 3600 * 1000000);
   pthread_mutex_init(&s->lock, NULL);
   /* History and key hashes: owner-only. */
+  /* Checked at every open: what authenticates and authorises (history is checked whole by
+   * the daemon at start and by `ephemeral doctor`; see check_whole). */
+  static const char *const small_tables[] = {"organisations", "members", "api_keys", "probe", NULL};
   eph_sqlite_open_options_t so = {.what = "store",
+                                  .check_tables = small_tables,
+                                  .check_whole = opt->check_whole,
                                   .busy_timeout_ms = busy_ms,
                                   .synchronous = "NORMAL",
                                   .owner_only = true,

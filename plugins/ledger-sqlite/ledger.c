@@ -639,8 +639,12 @@ ledger_init(const eph_host_t *host, const config_setting_t *config, void **state
                          "ledger-sqlite: no path configured and no state directory");
   }
 
+  /* Checked at every open however large the file grows: balances and open reservations. The
+   * append-only journal (entries) is read back only by statements and settle_open. */
+  static const char *const small_tables[] = {"organisations", "reservations", "probe", NULL};
   eph_sqlite_open_options_t so = {
       .what = "ledger",
+      .check_tables = small_tables,
       .busy_timeout_ms = (int)busy_ms,
       .synchronous = strcasecmp(sync, "full") == 0 ? "FULL" : "NORMAL",
       .damaged_hint = "restore it from a backup",
