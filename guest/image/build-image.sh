@@ -184,6 +184,10 @@ find . -not -path './home/worker*' -exec chown -h 0:0 {} +
 find . -print | sed 's|^\./||; /^\.$/d' | sort |
   cpio --quiet -o -H newc --reproducible > "$work/initrd.cpio"
 
+# Two builds at once (two test runs, two checkouts) share $out: each builds in its own
+# $work and installs under this lock, so neither renames the other's half-installed files.
+exec 9>"$out/.install.lock"
+flock 9
 install -m 0644 "$work/vmlinuz" "$out/vmlinuz.new"
 install -m 0644 "$work/initrd.cpio" "$out/initrd.cpio.new"
 mv -f "$out/vmlinuz.new" "$out/vmlinuz"
@@ -193,6 +197,7 @@ sha256sum < "$guest_bin" | cut -d' ' -f1 > "$out/guest.sha256"  # lets tests spo
 ( cd "$out" && sha256sum vmlinuz initrd.cpio kernel-release > image.sha256 )
 # snapshots of an older image are stale now
 rm -rf "$state_dir/qemu/snapshots"
+exec 9>&-
 
 end=$(date +%s.%N)
 ksize=$(stat -c %s "$out/vmlinuz")
