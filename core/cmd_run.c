@@ -352,6 +352,11 @@ eph_cmd_run(eph_ctx_t *ctx, int argc, char **argv)
   }
   const char *path = argv[optind];
   eph_error_t err = {0};
+  /* The daemon refuses to start on what `config check` refuses; a run does too. */
+  if (eph_ctx_check_selected(ctx, &err) < 0) {
+    eph_error("%s", err.message);
+    return 2;
+  }
   cleanup_free char *body = NULL;
   size_t len = 0;
   if (eph_read_file(strcmp(path, "-") == 0 ? "/dev/stdin" : path, REQUEST_MAX_BYTES, &body, &len,

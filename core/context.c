@@ -137,13 +137,9 @@ eph_ctx_check_selected(eph_ctx_t *ctx, eph_error_t *err)
     cleanup_free char *where = core_key_where(ctx, "backend");
     return eph_error_set(err, ENOENT, "%sbackend: %s", where, e.message);
   }
-  const char *model_plugin = eph_config_values(&ctx->config)->model_plugin;
-  const eph_plugin_slot_t *m = eph_plugins_find(&ctx->plugins, model_plugin);
-  if (!m || m->desc->kind != EPH_KIND_MODEL) {
+  if (!eph_ctx_model_plugin(ctx, &e)) {
     cleanup_free char *where = core_key_where(ctx, "model_plugin");
-    return eph_error_set(err, ENOENT,
-                         "%smodel_plugin: '%s' is not a loaded model plugin (enable it in conf.d)",
-                         where, model_plugin);
+    return eph_error_set(err, ENOENT, "%s%s", where, e.message);
   }
   /* A narrowed sandbox policy left in a plugin block by an upgrade: refuse, naming it. */
   return eph_egress_check_config(&ctx->config, err);

@@ -67,6 +67,13 @@ const eph_plugin_slot_t *eph_ctx_backend(eph_ctx_t *ctx, const char *name, eph_e
  * the plugin is not loaded. Defined in models.c. */
 const eph_plugin_slot_t *eph_ctx_model(eph_ctx_t *ctx, const char *model, eph_error_t *err);
 
+/* The plugin core key `model_plugin` names, or NULL with err (ENOENT) "model_plugin: 'X' is
+ * not a loaded model plugin (enable it in conf.d)". Routing by prefix can serve a run
+ * without it, so the places that judge a configuration (config check, the daemon's start,
+ * `run`, health and doctor) ask this first: a misspelt name is refused everywhere, not only
+ * where the default is needed. Defined in models.c. */
+const eph_plugin_slot_t *eph_ctx_model_plugin(eph_ctx_t *ctx, eph_error_t *err);
+
 /* CLI subcommands: argv[0] is the subcommand name; return the process exit code. */
 int eph_cmd_exec(eph_ctx_t *ctx, int argc, char **argv);
 

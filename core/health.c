@@ -66,7 +66,9 @@ eph_health_check(eph_ctx_t *ctx, eph_store_t *store, const char *store_error, bo
   err = (eph_error_t){0};
   const char *model = NULL;
   const eph_plugin_slot_t *m = NULL;
-  if ((model = eph_config_values(&ctx->config)->default_model))
+  if (!eph_ctx_model_plugin(ctx, &err))
+    ; /* a misspelt model_plugin: degraded, even if the default model routes elsewhere */
+  else if ((model = eph_config_values(&ctx->config)->default_model))
     if (!(m = eph_ctx_model(ctx, model, &err)))
       eph_error_wrap(&err, "default_model '%s'", model);
   int r = m ? 0 : -1;

@@ -12,6 +12,20 @@
 #include "log.h"
 
 const eph_plugin_slot_t *
+eph_ctx_model_plugin(eph_ctx_t *ctx, eph_error_t *err)
+{
+  const char *model_plugin = eph_config_values(&ctx->config)->model_plugin;
+  const eph_plugin_slot_t *m = eph_plugins_find(&ctx->plugins, model_plugin);
+  if (!m || m->desc->kind != EPH_KIND_MODEL) {
+    eph_error_set(err, ENOENT,
+                  "model_plugin: '%s' is not a loaded model plugin (enable it in conf.d)",
+                  model_plugin);
+    return NULL;
+  }
+  return m;
+}
+
+const eph_plugin_slot_t *
 eph_ctx_model(eph_ctx_t *ctx, const char *model, eph_error_t *err)
 {
   const char *model_plugin = NULL;
