@@ -5,8 +5,11 @@
 # prints it. Figures only: nothing here passes or fails on speed.
 #
 #   1. `ephemeral exec -- true` (whole command)  vs  bwrap --unshare-all --die-with-parent
-#      --ro-bind / / true; and callgrind instructions of each (ours up to the sandbox's
-#      clone3, which valgrind does not implement; bwrap's parent process)
+#      --ro-bind / / true: wall-clock, and CPU per command (perf stat task-clock, every
+#      process of the command, when perf works); callgrind instructions of each (ours up to
+#      the sandbox's clone3, which valgrind does not implement; bwrap's parent process),
+#      ours split into the dynamic linker before main(), the configuration and the
+#      backend plugin's dlopen() and init
 #   2. a run's cost per shell call (a replayed run of 100 `true` calls minus one of 1 call,
 #      per call)  vs  the same calls (`sh -c true`) in a loop inside one bwrap sandbox
 #   3. concurrent runs of the example (examples/sandbox-proof, replayed), N = 1, 4, 16:
@@ -19,7 +22,8 @@
 # Usage: bench/run-bench.sh   as root, from the build tree (EPH_BUILDDIR, EPH_SRCDIR override).
 # BENCH_TOOLS: where bare-mhd, http-bench and ledger-bench are (default: EPH_BUILDDIR/bench),
 # so an older build tree can be measured with this tree's tools. BENCH_QUICK=1 halves the
-# rounds; BENCH_NO_QEMU=1 skips bench/qemu-bench.
+# rounds; BENCH_NO_QEMU=1 skips bench/qemu-bench; BENCH_ONLY=exec measures only figure 1
+# (seconds, for a change to the CLI's start-up).
 set -u
 top=$(cd "$(dirname "$0")/.." && pwd)
 EPH_BUILDDIR=${EPH_BUILDDIR:-$(pwd)}
@@ -98,7 +102,35 @@ if command -v valgrind >/dev/null; then
        sed -n 's/.*Collected : \([0-9]*\).*/\1/p' | head -1)
   row 'start-up instructions to the sandbox clone (callgrind), M' "$(awk "BEGIN{printf \"%.2f\", ${ci:-0}/1e6}")" \
     'bwrap parent, M' "$(awk "BEGIN{printf \"%.2f\", ${cb:-0}/1e6}")" "$(ratio "${ci:-0}" "${cb:-1}")"
+  # Where ours go: inclusive counts of the dynamic linker's start-up (dl_main, before
+  # main()), the configuration (eph_config_load) and the backend's dlopen() and init
+  # (eph_plugin_load_file).
+  # (Its status is not ours to check: under valgrind the sandbox's clone3 fails.)
+  valgrind --tool=callgrind --callgrind-out-file="$tmp/cg.out" "$EPHEMERAL" exec -- true >/dev/null 2>&1
+  if command -v callgrind_annotate >/dev/null && [ -s "$tmp/cg.out" ]; then
+    callgrind_annotate --inclusive=yes "$tmp/cg.out" 2>/dev/null >"$tmp/cg.txt"
+    part() { sed -n "s/^ *\([0-9,]*\) .*[:/]$1 \[.*/\1/p" "$tmp/cg.txt" | head -1 | tr -d ,; }
+    dl=$(part 'rtld.c:dl_main'); cf=$(part 'eph_config_load'); be=$(part 'eph_plugin_load_file')
+    m() { awk "BEGIN{printf \"%.2f\", ${1:-0}/1e6}"; }
+    row 'of which: dynamic linker before main() / config / backend dlopen+init, M' \
+      "$(m "$dl") / $(m "$cf") / $(m "$be")" 'bwrap parent, M' "$(m "$cb")" \
+      "rest $(m "$(( ${ci:-0} - ${dl:-0} - ${cf:-0} - ${be:-0} ))") M"
+  fi
 fi
+if perf stat -x, -e task-clock -o "$tmp/perf.probe" true 2>/dev/null; then
+  : >"$tmp/cpu"; : >"$tmp/cpub"
+  for i in $(seq "$ROUNDS"); do
+    perf stat -x, -e task-clock -o "$tmp/p1" "$EPHEMERAL" exec -- true >/dev/null 2>&1
+    perf stat -x, -e task-clock -o "$tmp/p2" bwrap --unshare-all --die-with-parent --ro-bind / / true
+    sed -n 's/^\([0-9.]*\),msec,task-clock.*/\1/p' "$tmp/p1" >>"$tmp/cpu"
+    sed -n 's/^\([0-9.]*\),msec,task-clock.*/\1/p' "$tmp/p2" >>"$tmp/cpub"
+  done
+  row '`exec -- true`, CPU ms per command (perf stat task-clock)' "$(stats "$tmp/cpu")" \
+    'bwrap `true`, CPU ms' "$(stats "$tmp/cpub")" "$(ratio "$(med "$tmp/cpu")" "$(med "$tmp/cpub")") bwrap"
+fi
+
+others=""
+if [ "${BENCH_ONLY:-}" != exec ]; then
 
 echo "== 2. a run's cost per shell call vs a loop in one bwrap"
 transcript 100 "$tmp/t100.jsonl"
@@ -199,6 +231,8 @@ fi
 if [ -x "$TOOLS/ledger-bench" ]; then
   others="$others"$'\n'"### bench/ledger-bench"$'\n```\n'"$(timeout 120 "$TOOLS/ledger-bench" 2>&1 | tail -20)"$'\n```'
 fi
+
+fi # BENCH_ONLY
 
 mkdir -p "$(dirname "$OUT")"
 {

@@ -7,7 +7,7 @@
 #include <inttypes.h>
 #include <string.h>
 
-#include <sqlite3.h>
+#include "support/sqlite_api.h"
 
 #include "sqlrow.h"
 #include "util.h"

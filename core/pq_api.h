@@ -12,6 +12,8 @@
 
 #include <ephemeral/plugin.h>
 
+#include "support/lazylib.h"
+
 #define EPH_PQ_FUNCTIONS(X)                                                                        \
   X(PQclear)                                                                                       \
   X(PQcmdTuples)                                                                                   \
@@ -34,16 +36,13 @@
   X(PQsetNoticeProcessor)                                                                          \
   X(PQstatus)
 
-#define EPH_PQ_FIELD(f) __typeof__(f) *f;
-typedef struct eph_pq_api {
-  EPH_PQ_FUNCTIONS(EPH_PQ_FIELD)
-} eph_pq_api_t;
-#undef EPH_PQ_FIELD
+EPH_LAZYLIB_API(eph_pq_api_t, EPH_PQ_FUNCTIONS);
 
 /* Filled by the first successful eph_pq_load(); read-only afterwards. */
 extern eph_pq_api_t eph_pq_api;
 
-/* 0 once libpq (libpq.so.5) is loaded and bound; else -ELIBACC, err names why. */
+/* 0 once libpq (EPH_SONAME_PQ, e.g. libpq.so.5) is loaded and bound; else -ELIBACC, err names why.
+ */
 int eph_pq_load(eph_error_t *err);
 
 #ifndef EPH_PQ_API_IMPLEMENTATION

@@ -9,7 +9,7 @@
 #include <stdint.h>
 
 #include <json-c/json.h>
-#include <sqlite3.h>
+#include "support/sqlite_api.h"
 
 /* Binds text v to parameter i, or SQL NULL when v is NULL (copied: SQLITE_TRANSIENT). */
 void eph_sqlrow_bind_text(sqlite3_stmt *st, int i, const char *v);

@@ -10,9 +10,6 @@
 #include <stdio.h>
 #include <string.h>
 
-#include <openssl/crypto.h>
-#include <openssl/evp.h>
-
 #include "log.h"
 #include "store_int.h"
 #include "util.h"
@@ -50,6 +47,9 @@ eph_sha256_hex(const void *data, size_t bytes, char out[65], eph_error_t *err)
 {
   unsigned char md[EVP_MAX_MD_SIZE];
   unsigned int n = 0;
+  int r = eph_crypto_load(err);
+  if (r < 0)
+    return r;
   if (EVP_Digest(data, bytes, md, &n, EVP_sha256(), NULL) != 1 || n != 32)
     return eph_error_set(err, EIO, "SHA-256: OpenSSL EVP_Digest failed");
   for (unsigned i = 0; i < n; i++)
@@ -86,6 +86,10 @@ eph_store_open(const char *path, const eph_store_options_t *opt, eph_store_t **o
                          idem_hours);
   if (busy_ms < 0)
     return eph_error_set(err, EINVAL, "store: busy_timeout_ms %d is negative", busy_ms);
+  /* Either store's key and idempotency code calls libcrypto through its table. */
+  int r = eph_crypto_load(err);
+  if (r < 0)
+    return eph_error_wrap(err, "store");
   eph_store_options_t o = {.idempotency_hours = idem_hours,
                            .busy_timeout_ms = busy_ms,
                            .local_path = opt ? opt->local_path : NULL,
@@ -139,6 +143,9 @@ static int
 key_hash(const char *key, unsigned char md[32], eph_error_t *err)
 {
   unsigned int n = 0;
+  int r = eph_crypto_load(err);
+  if (r < 0)
+    return r;
   if (EVP_Digest(key, strlen(key), md, &n, EVP_sha256(), NULL) != 1 || n != 32)
     return eph_error_set(err, EIO, "SHA-256: OpenSSL EVP_Digest failed");
   return 0;

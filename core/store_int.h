@@ -13,6 +13,9 @@
 #include <pthread.h>
 
 #include "store.h"
+/* libcrypto bound on first use: eph_store_open() loads it, so an open store's code may call
+ * SHA-256, CRYPTO_memcmp and OPENSSL_cleanse through the table. */
+#include "support/crypto_api.h"
 
 #define EPH_STORE_MAX_ID_BYTES 128
 #define EPH_STORE_KEY_PREFIX "eph_"

@@ -11,9 +11,6 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include <openssl/crypto.h>
-#include <sqlite3.h>
-
 #include "support/sqlite.h"
 
 #include "log.h"

@@ -8,7 +8,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include <sqlite3.h>
+#include "support/sqlite_api.h"
 
 #include "log.h"
 #include "sqlrow.h"

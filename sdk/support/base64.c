@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <openssl/evp.h>
+#include "crypto_api.h"
 
 /* Index of c in the standard alphabet, or -1. */
 static int
@@ -45,6 +45,8 @@ eph_base64_decode_into(const char *in, size_t in_bytes, void *out, size_t out_si
     return -EINVAL;
   if (in_bytes == 0)
     return 0;
+  if (eph_crypto_load(NULL) < 0)
+    return -ELIBACC;
   int n = EVP_DecodeBlock(out, (const unsigned char *)in, (int)in_bytes);
   if (n < 0)
     return -EINVAL;
@@ -74,7 +76,7 @@ eph_base64_decode(const char *in, size_t in_bytes, unsigned char **out, size_t *
 char *
 eph_base64_encode(const void *in, size_t in_bytes)
 {
-  if (in_bytes > (size_t)INT32_MAX / 4 * 3)
+  if (in_bytes > (size_t)INT32_MAX / 4 * 3 || eph_crypto_load(NULL) < 0)
     return NULL;
   char *out = malloc(eph_base64_encoded_bytes(in_bytes) + 1);
   if (!out)

@@ -23,16 +23,16 @@ eph_base64_encoded_bytes(size_t in_bytes)
 
 /* Decodes in_bytes of strict base64 (above). *out is heap memory owned by the caller
  * (NUL-terminated for convenience; *out_bytes excludes the NUL). Returns 0, -EINVAL on
- * invalid input, -ENOMEM. */
+ * invalid input, -ENOMEM, -ELIBACC when libcrypto cannot be loaded (crypto_api.h). */
 int eph_base64_decode(const char *in, size_t in_bytes, unsigned char **out, size_t *out_bytes);
 
 /* The same into a caller's buffer of out_size bytes, which must hold in_bytes / 4 * 3
- * (else -ENOBUFS). Returns the decoded byte count or -EINVAL. */
+ * (else -ENOBUFS). Returns the decoded byte count, -EINVAL or -ELIBACC. */
 ssize_t eph_base64_decode_into(const char *in, size_t in_bytes, void *out, size_t out_size);
 
 /* Encodes in_bytes; returns a NUL-terminated heap string owned by the caller (of
  * eph_base64_encoded_bytes(in_bytes) characters), or NULL when out of memory or in_bytes
- * is over 1.5 GiB (OpenSSL's int lengths). */
+ * is over 1.5 GiB (OpenSSL's int lengths) or libcrypto cannot be loaded. */
 char *eph_base64_encode(const void *in, size_t in_bytes);
 
 #endif

@@ -16,6 +16,8 @@
 
 #include <ephemeral/plugin.h>
 
+#include "lazylib.h"
+
 #define EPH_CURL_FUNCTIONS(X)                                                                      \
   X(curl_easy_cleanup)                                                                             \
   X(curl_easy_getinfo)                                                                             \
@@ -31,16 +33,13 @@
   X(curl_url_get)                                                                                  \
   X(curl_url_set)
 
-#define EPH_CURL_FIELD(f) __typeof__(f) *f;
-typedef struct eph_curl_api {
-  EPH_CURL_FUNCTIONS(EPH_CURL_FIELD)
-} eph_curl_api_t;
-#undef EPH_CURL_FIELD
+EPH_LAZYLIB_API(eph_curl_api_t, EPH_CURL_FUNCTIONS);
 
 /* Filled by the first successful eph_curl_load(); read-only afterwards. */
 extern eph_curl_api_t eph_curl_api;
 
-/* 0 once libcurl (libcurl.so.4) is loaded and bound; else -ELIBACC, err names why. */
+/* 0 once libcurl (EPH_SONAME_CURL, e.g. libcurl.so.4) is loaded and bound; else -ELIBACC, err names
+ * why. */
 int eph_curl_load(eph_error_t *err);
 
 #ifndef EPH_CURL_API_IMPLEMENTATION

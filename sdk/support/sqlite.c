@@ -193,7 +193,10 @@ eph_sqlite_open(const char *path, const eph_sqlite_open_options_t *opt, sqlite3 
   const char *sync = opt->synchronous ? opt->synchronous : "NORMAL";
   sqlite3 *db = NULL;
   *out = NULL;
-  int r = 0;
+  /* The one way in to SQLite: every other call needs the handle made here (sqlite_api.h). */
+  int r = eph_sqlite_load(err);
+  if (r < 0)
+    return eph_error_wrap(err, "%s: opening the %s", path, what);
   /* NOMUTEX: the caller's own mutex serialises every use of the connection. */
   int rc = sqlite3_open_v2(path, &db,
                            SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX, NULL);

@@ -9,7 +9,8 @@
 #include <stdint.h>
 
 #include <ephemeral/plugin.h>
-#include <sqlite3.h>
+
+#include "sqlite_api.h" /* libsqlite3 bound on first use: eph_sqlite_open() loads it */
 
 /* The errno value of an (extended) SQLite result code:
  *   SQLITE_BUSY, SQLITE_LOCKED                      EBUSY  (another writer; retry later)
