@@ -22,7 +22,7 @@
 #   ("| figure | ephemeral | peer | peer figure | ratio |"); they are printed too.
 # Knobs: BENCH_CLUSTER_ROUNDS (default 5 admission rounds, node rounds = (it + 1) / 2),
 #   BENCH_ADMIT_N (runs posted per admission round, 60), BENCH_CLUSTER_RUNS (runs per
-#   node-count measurement, 12), BENCH_CLUSTER_WORKERS (server.max_concurrent_runs of each
+#   node-count measurement, 16), BENCH_CLUSTER_WORKERS (server.max_concurrent_runs of each
 #   node, 2). BENCH_ADMIT_PROFILE=FILE: after the admission rounds, every statement the
 #   server runs for 10 more admissions (log_statement, log_duration) is copied to FILE: the
 #   round trips and commits behind the figure (docs/cluster.md, "Performance").
@@ -35,7 +35,7 @@ EPH_SRCDIR=${EPH_SRCDIR:-$top}
 ROWS=${1:-/dev/null}
 ROUNDS=${BENCH_CLUSTER_ROUNDS:-5}
 ADMIT_N=${BENCH_ADMIT_N:-60}
-RUNS=${BENCH_CLUSTER_RUNS:-12}
+RUNS=${BENCH_CLUSTER_RUNS:-16}
 WORKERS=${BENCH_CLUSTER_WORKERS:-2}
 . "$EPH_SRCDIR/tests/tap.sh" >/dev/null
 . "$EPH_SRCDIR/tests/daemon-lib.sh"
