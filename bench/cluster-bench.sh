@@ -195,11 +195,11 @@ for r in $(seq "$NROUNDS"); do
       if [ "$i" -le "$n" ]; then [ -n "${PIDS[n$i]:-}" ] || start "n$i" || exit 1
       else stop_node "n$i"; fi
     done
-    urls=""
-    for i in $(seq "$n"); do urls="$urls ${URLS[n$i]}"; done
+    node_urls=""
+    for i in $(seq "$n"); do node_urls="$node_urls ${URLS[n$i]}"; done
     total=$((total + RUNS))
     a=$(ns)
-    posts "$urls" "$RUNS" "$tmp/codes" "$KEY"
+    posts "$node_urls" "$RUNS" "$tmp/codes" "$KEY"
     [ "$(grep -c '^201$' "$tmp/codes")" = "$RUNS" ] ||
       { echo "cluster-bench: POSTs not all 201: $(sort "$tmp/codes" | uniq -c | tr '\n' ' ')"; exit 1; }
     for _ in $(seq 6000); do
