@@ -26,6 +26,9 @@
 #   node, 2). BENCH_ADMIT_PROFILE=FILE: after the admission rounds, every statement the
 #   server runs for 10 more admissions (log_statement, log_duration) is copied to FILE: the
 #   round trips and commits behind the figure (docs/cluster.md, "Performance").
+#   BENCH_ADMIT_OTHER=PATH: a third daemon, PATH (the ephemerald of another build, e.g.
+#   the code before a change), on PostgreSQL in the same interleaved admission rounds:
+#   before and after side by side.
 #   Figures only: nothing here passes or fails on speed.
 set -u
 [ -n "${EPH_TEST_DATABASE:-}" ] || { echo "cluster-bench: run it under tests/with-pg"; exit 1; }
@@ -88,9 +91,12 @@ $server"
       -e "s|^  # node_name = .*|  node_name = \"$name\";|" "$dir/cfg/conf.d/$(basename "$pgconf")"
   fi
 }
-start() { # start NAME: the daemon of $tmp/NAME
+start() { # start NAME [EPHEMERALD]: the daemon of $tmp/NAME
   CFG=$tmp/$1/cfg/ephemeral.conf STATE=$tmp/$1/state DLOG=$tmp/$1/daemon.log
-  daemon_start || return 1
+  local this=$EPHEMERALD
+  EPHEMERALD=${2:-$this}
+  daemon_start || { EPHEMERALD=$this; return 1; }
+  EPHEMERALD=$this
   PIDS[$1]=$DPID URLS[$1]=$URL
   DPID=
 }
@@ -123,12 +129,22 @@ eph orgs credit bench 1000000000000 >/dev/null
 CFG=$tmp/pg/cfg/ephemeral.conf STATE=$tmp/pg/state
 KEYS[1]=$(eph --database "$ADB" keys create --org bench --name bench 2>/dev/null)
 eph --database "$ADB" orgs credit bench 1000000000000 >/dev/null
+names=(sqlite pg)
+if [ -n "${BENCH_ADMIT_OTHER:-}" ]; then
+  ODB=$(newdb eph_bench_admit_other) || exit 1
+  config "$tmp/other" "$ODB" "$srv"
+  CFG=$tmp/other/cfg/ephemeral.conf STATE=$tmp/other/state
+  KEYS[2]=$(eph --database "$ODB" keys create --org bench --name bench 2>/dev/null)
+  eph --database "$ODB" orgs credit bench 1000000000000 >/dev/null
+  start other "$BENCH_ADMIT_OTHER" || exit 1
+  names+=(other)
+  : >"$tmp/a.other"
+fi
 start sqlite && start pg || exit 1
 # The one worker of each: a run sleeping in its sandbox for the whole bench.
 sed 's/sleep 30; echo woke/sleep 900/' "$EPH_SRCDIR/tests/transcripts/sleep.jsonl" >"$tmp/sleep.jsonl"
 block='{"prompt":"block","model":"replay:'$tmp'/sleep.jsonl","shell":true,"timeout_seconds":900,"max_cost_micros":40000}'
-names=(sqlite pg)
-for k in 0 1; do
+for k in "${!names[@]}"; do
   u=${URLS[${names[$k]}]}
   rid=$(curl -sS -X POST "$u/v1/runs" -H "Authorization: Bearer ${KEYS[$k]}" -H "Content-Type: application/json" -d "$block" |
     python3 -c 'import json,sys; print(json.load(sys.stdin)["id"])')
@@ -141,7 +157,7 @@ for k in 0 1; do
 done
 : >"$tmp/a.sqlite"; : >"$tmp/a.pg"
 for r in $(seq "$ROUNDS"); do
-  order="0 1"; [ $((r % 2)) = 0 ] && order="1 0"
+  order="${!names[*]}"; [ $((r % 2)) = 0 ] && order=$(printf '%s\n' "${!names[@]}" | tac | tr '\n' ' ')
   for k in $order; do
     a=$(ns)
     posts "${URLS[${names[$k]}]}" "$ADMIT_N" "$tmp/codes" "${KEYS[$k]}"
@@ -154,6 +170,9 @@ done
 row 'POST /v1/runs admissions/s, PostgreSQL (store + ledger-postgres)' "$(stats "$tmp/a.pg")" \
   'SQLite (store + ledger-sqlite)' "$(stats "$tmp/a.sqlite")" \
   "$(ratio "$(med "$tmp/a.pg")" "$(med "$tmp/a.sqlite")") SQLite"
+[ -n "${BENCH_ADMIT_OTHER:-}" ] &&
+  row "POST /v1/runs admissions/s, PostgreSQL, $BENCH_ADMIT_OTHER" "$(stats "$tmp/a.other")" \
+    'this build on PostgreSQL' "$(stats "$tmp/a.pg")" "$(ratio "$(med "$tmp/a.other")" "$(med "$tmp/a.pg")") this build"
 if [ -n "${BENCH_ADMIT_PROFILE:-}" ]; then
   # The statements behind one admission: every statement the server runs while 10 runs are
   # admitted, logged with its connection (store or ledger pool) and duration.
