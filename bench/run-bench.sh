@@ -18,12 +18,18 @@
 #   5. GET /v1/runs/{id} of an ended run  vs  bench/bare-mhd serving the same bytes (and
 #      GET /v1/health), req/s over keep-alive connections (bench/http-bench)
 #   6. bench/qemu-bench and bench/ledger-bench (other helpers' benches), when built
+#   7. issue 15's cluster figures (bench/cluster-bench.sh, on a throw-away PostgreSQL of
+#      tests/with-pg): POST /v1/runs admissions/s on PostgreSQL vs SQLite, and runs/s of the
+#      example with 2 and 3 nodes sharing one database as a ratio to one node
 #
 # Usage: bench/run-bench.sh   as root, from the build tree (EPH_BUILDDIR, EPH_SRCDIR override).
 # BENCH_TOOLS: where bare-mhd, http-bench and ledger-bench are (default: EPH_BUILDDIR/bench),
 # so an older build tree can be measured with this tree's tools. BENCH_QUICK=1 halves the
 # rounds; BENCH_NO_QEMU=1 skips bench/qemu-bench; BENCH_ONLY=exec measures only figure 1
-# (seconds, for a change to the CLI's start-up).
+# (seconds, for a change to the CLI's start-up); BENCH_NO_CLUSTER=1 skips section 7 (its
+# own knobs, BENCH_CLUSTER_ROUNDS, BENCH_ADMIT_N, BENCH_CLUSTER_RUNS, are in its header) and
+# ledger-bench's ledger-postgres column (run under tests/with-pg otherwise);
+# BENCH_LEDGER_ROUNDS: ledger-bench's rounds (default 3).
 set -u
 top=$(cd "$(dirname "$0")/.." && pwd)
 EPH_BUILDDIR=${EPH_BUILDDIR:-$(pwd)}
@@ -229,7 +235,21 @@ if [ -x "$EPH_SRCDIR/bench/qemu-bench" ] && [ -z "${BENCH_NO_QEMU:-}" ]; then
   others="$others"$'\n'"### bench/qemu-bench"$'\n```\n'"$(timeout 150 sh "$EPH_SRCDIR/bench/qemu-bench" "${BENCH_QEMU_N:-3}" 2>&1 | tail -20)"$'\n```'
 fi
 if [ -x "$TOOLS/ledger-bench" ]; then
-  others="$others"$'\n'"### bench/ledger-bench"$'\n```\n'"$(timeout 120 "$TOOLS/ledger-bench" 2>&1 | tail -20)"$'\n```'
+  # Under tests/with-pg (when PostgreSQL is installed) ledger-postgres is measured beside
+  # ledger-sqlite; without it only ledger-sqlite.
+  withpg=
+  [ -z "${BENCH_NO_CLUSTER:-}" ] && [ -x "$EPH_SRCDIR/tests/with-pg" ] &&
+    ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && withpg=$EPH_SRCDIR/tests/with-pg
+  others="$others"$'\n'"### bench/ledger-bench"$'\n```\n'"$(timeout 120 $withpg "$TOOLS/ledger-bench" --rounds "${BENCH_LEDGER_ROUNDS:-3}" 2>&1 | tail -20)"$'\n```'
+fi
+
+echo "== 7. cluster: admissions on PostgreSQL vs SQLite, runs/s with 1, 2, 3 nodes"
+if [ -z "${BENCH_NO_CLUSTER:-}" ] && [ -x "$EPH_SRCDIR/tests/with-pg" ]; then
+  : >"$tmp/cluster-rows"
+  [ "${BENCH_QUICK:-}" = 1 ] && export BENCH_CLUSTER_ROUNDS=${BENCH_CLUSTER_ROUNDS:-3}
+  (cd "$EPH_BUILDDIR" && timeout 150 "$EPH_SRCDIR/tests/with-pg" \
+    bash "$EPH_SRCDIR/bench/cluster-bench.sh" "$tmp/cluster-rows") 2>&1 | sed 's/^/  /'
+  while IFS= read -r line; do rows+=("$line"); done <"$tmp/cluster-rows"
 fi
 
 fi # BENCH_ONLY
