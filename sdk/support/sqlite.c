@@ -163,22 +163,20 @@ eph_sqlite_quick_check_tables(sqlite3 *db, const char *const *tables, char *buf,
     return -1;
   for (; tables && *tables; tables++) {
     /* A table an older schema does not have yet is skipped (quick_check would fail with
-     * "no such table"); the names are the caller's constants, never input. */
-    char *sql =
-        sqlite3_mprintf("SELECT 1 FROM sqlite_schema WHERE type = 'table' AND name = %Q", *tables);
+     * "no such table"). */
     sqlite3_stmt *st = NULL;
-    int exists = sql && sqlite3_prepare_v2(db, sql, -1, &st, NULL) == SQLITE_OK &&
-                 sqlite3_step(st) == SQLITE_ROW;
+    int exists =
+        sqlite3_prepare_v2(db, "SELECT 1 FROM sqlite_schema WHERE type = 'table' AND name = ?1",
+                           -1, &st, NULL) == SQLITE_OK &&
+        sqlite3_bind_text(st, 1, *tables, -1, SQLITE_STATIC) == SQLITE_OK &&
+        sqlite3_step(st) == SQLITE_ROW;
     sqlite3_finalize(st);
-    sqlite3_free(sql);
     if (!exists)
       continue;
-    sql = sqlite3_mprintf("PRAGMA quick_check(%Q)", *tables);
-    int r = sql ? quick_check_sql(db, sql, buf, size) : -1;
-    if (!sql)
-      snprintf(buf, size, "out of memory");
-    sqlite3_free(sql);
-    if (r < 0)
+    /* The names are the caller's constants (identifiers), never input. */
+    char sql[128];
+    snprintf(sql, sizeof sql, "PRAGMA quick_check(\"%s\")", *tables);
+    if (quick_check_sql(db, sql, buf, size) < 0)
       return -1;
   }
   return 0;
