@@ -67,8 +67,8 @@ cell(const PGresult *res, int row, int col)
 }
 
 int
-eph_pg_query(eph_store_t *base, const char *sql, int n, const char *const *vals,
-             json_object **rows, int *changes, const char *what, eph_error_t *err)
+eph_pg_query(eph_store_t *base, const char *sql, int n, const char *const *vals, json_object **rows,
+             int *changes, const char *what, eph_error_t *err)
 {
   int r;
   cleanup_pgresult PGresult *res =
