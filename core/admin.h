@@ -1,11 +1,15 @@
 /*
  * The admin side of the store: which API keys are admin keys, the audit trail of admin
- * actions, and an organisation's usage over a period. The tables are the store's (migration
- * 3 -> 4 in core/store.c: api_keys.admin, audit); the statements are here, run through
- * eph_store_with_db. Used by `ephemeral keys create --admin` and ephemerald's /v1/admin/
+ * actions, and an organisation's usage over a period. The tables are the store's (SQLite:
+ * migration 3 -> 4 in core/store_sqlite_schema.c, api_keys.admin and audit; PostgreSQL:
+ * api_keys.admin since 0 -> 1 and audit since 4 -> 5 in core/store_pg_schema.c); the
+ * statements are here, run through eph_store_with_db on SQLite and eph_store_with_pg on
+ * PostgreSQL, where every node of a cluster reads the same marks and the same trail
+ * (docs/cluster.md). Used by `ephemeral keys create --admin` and ephemerald's /v1/admin/
  * routes (core/server_admin.c).
  *
- * Errors: negative errno with err filled (-ENOENT for an unknown key, -EIO for SQLite).
+ * Errors: negative errno with err filled (-ENOENT for an unknown key, -EIO for SQLite, the
+ * errors of eph_store_pg_query for PostgreSQL).
  */
 #ifndef EPH_ADMIN_H
 #define EPH_ADMIN_H

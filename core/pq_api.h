@@ -24,10 +24,13 @@
   X(PQexec)                                                                                        \
   X(PQexecParams)                                                                                  \
   X(PQfinish)                                                                                      \
+  X(PQfname)                                                                                       \
   X(PQfreemem)                                                                                     \
+  X(PQftype)                                                                                       \
   X(PQgetisnull)                                                                                   \
   X(PQgetlength)                                                                                   \
   X(PQgetvalue)                                                                                    \
+  X(PQnfields)                                                                                     \
   X(PQntuples)                                                                                     \
   X(PQreset)                                                                                       \
   X(PQresultErrorField)                                                                            \
@@ -55,10 +58,13 @@ int eph_pq_load(eph_error_t *err);
 #define PQexec (eph_pq_api.PQexec)
 #define PQexecParams (eph_pq_api.PQexecParams)
 #define PQfinish (eph_pq_api.PQfinish)
+#define PQfname (eph_pq_api.PQfname)
 #define PQfreemem (eph_pq_api.PQfreemem)
+#define PQftype (eph_pq_api.PQftype)
 #define PQgetisnull (eph_pq_api.PQgetisnull)
 #define PQgetlength (eph_pq_api.PQgetlength)
 #define PQgetvalue (eph_pq_api.PQgetvalue)
+#define PQnfields (eph_pq_api.PQnfields)
 #define PQntuples (eph_pq_api.PQntuples)
 #define PQreset (eph_pq_api.PQreset)
 #define PQresultErrorField (eph_pq_api.PQresultErrorField)

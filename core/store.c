@@ -6,6 +6,7 @@
 #include "store.h"
 
 #include <errno.h>
+#include <stdarg.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
@@ -549,4 +550,47 @@ eph_store_with_db(eph_store_t *s, int (*fn)(struct sqlite3 *db, void *opaque, ep
     return eph_error_set(
         err, ENOTSUP, "%s: this store keeps no node-local tables (webhooks, admin audit)", s->path);
   return s->ops->with_db(s, fn, opaque, err);
+}
+
+int
+eph_store_with_pg(eph_store_t *s, bool transaction,
+                  int (*fn)(eph_store_t *store, void *opaque, eph_error_t *err), void *opaque,
+                  eph_error_t *err)
+{
+  if (!s->ops->with_pg)
+    return eph_error_set(err, ENOTSUP, "%s: not a PostgreSQL store", s->path);
+  return s->ops->with_pg(s, transaction, fn, opaque, err);
+}
+
+#define PG_QUERY_MAX_PARAMS 16
+
+int
+eph_store_pg_query(eph_store_t *s, json_object **rows, int *changes, const char *what,
+                   eph_error_t *err, const char *sql, const char *types, ...)
+{
+  size_t n = strlen(types);
+  if (!s->ops->pg_query || n > PG_QUERY_MAX_PARAMS)
+    return eph_error_set(err, s->ops->pg_query ? EINVAL : ENOTSUP,
+                         "%s: %s: not a PostgreSQL store, or over %d parameters", s->path, what,
+                         PG_QUERY_MAX_PARAMS);
+  /* Integers as decimal text: the statements compare them with BIGINT columns. */
+  char num[PG_QUERY_MAX_PARAMS][24];
+  const char *vals[PG_QUERY_MAX_PARAMS];
+  va_list ap;
+  va_start(ap, types);
+  for (size_t i = 0; i < n; i++) {
+    if (types[i] == 't') {
+      vals[i] = va_arg(ap, const char *);
+      continue;
+    }
+    int64_t v = va_arg(ap, int64_t);
+    snprintf(num[i], sizeof num[i], "%" PRId64, v);
+    vals[i] = types[i] == 'n' && v <= 0 ? NULL : num[i];
+  }
+  va_end(ap);
+  if (rows)
+    *rows = NULL;
+  if (changes)
+    *changes = 0;
+  return s->ops->pg_query(s, sql, (int)n, vals, rows, changes, what, err);
 }

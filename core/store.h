@@ -69,8 +69,9 @@ typedef struct eph_store_options {
   int idempotency_hours;
   /* How long another process may hold the write lock before a call fails, ms. Default 5000. */
   int busy_timeout_ms;
-  /* PostgreSQL only: an SQLite file for the tables other modules reach through
-   * eph_store_with_db (webhooks, admin audit). NULL: those calls fail with -ENOTSUP. */
+  /* PostgreSQL only: an SQLite file lent by eph_store_with_db (node-local tables). The
+   * core's webhooks and admin audit no longer use it: they are in PostgreSQL
+   * (eph_store_with_pg). NULL: eph_store_with_db fails with -ENOTSUP. */
   const char *local_path;
   /* PostgreSQL only: this node's name and lease (docs/cluster.md). A run inserted by this
    * store carries node_name and a lease of lease_seconds, renewed with
@@ -276,12 +277,36 @@ int eph_store_queue_length(eph_store_t *store, int64_t *n, eph_error_t *err);
  * comment), for a module that keeps its own tables in this file (core/webhook.c: the
  * migration creating them is here, the statements there). fn must not call back into the
  * store. Returns what fn returned. On PostgreSQL: fn runs on the node-local SQLite file
- * named by eph_store_options_t.local_path (webhooks and the admin audit stay per node, see
- * docs/cluster.md), or the call fails with -ENOTSUP when none was given. */
+ * named by eph_store_options_t.local_path, or the call fails with -ENOTSUP when none was
+ * given; the core's own modules use eph_store_with_pg there instead (their tables are
+ * shared by the cluster, docs/cluster.md). */
 struct sqlite3;
 int eph_store_with_db(eph_store_t *store,
                       int (*fn)(struct sqlite3 *db, void *opaque, eph_error_t *err), void *opaque,
                       eph_error_t *err);
+
+/* The PostgreSQL counterpart of eph_store_with_db, for the same modules' tables when they
+ * are shared by a cluster (admin keys and audit in core/admin.c, webhooks and their
+ * deliveries in core/webhook_queue.c; the migration creating them is in
+ * core/store_pg_schema.c): runs fn(store, opaque, err) holding the store's one connection
+ * (so fn must not call any other eph_store_* function than eph_store_pg_query), inside one
+ * transaction when `transaction` (committed when fn returns >= 0, rolled back otherwise).
+ * Returns what fn returned, or the COMMIT's error. -ENOTSUP on SQLite (use
+ * eph_store_with_db there). */
+int eph_store_with_pg(eph_store_t *store, bool transaction,
+                      int (*fn)(eph_store_t *store, void *opaque, eph_error_t *err), void *opaque,
+                      eph_error_t *err);
+
+/* One statement, only inside eph_store_with_pg's fn. Parameters $1, $2, ... are bound from
+ * the arguments, one letter of `types` each (as eph_sqlrow_prepare): 't' a const char *
+ * (NULL: SQL NULL), 'i' an int64_t, 'n' an int64_t bound as NULL when it is not positive.
+ * rows (optional): a new JSON array owned by the caller, one object per row keyed by the
+ * column names: SQL NULL as null, integer columns (int2/4/8) as int64, boolean as boolean,
+ * anything else as its text. changes (optional): the rows the statement affected. what
+ * names the operation in messages. 0, or -EEXIST (a unique index), -EINVAL (a constraint),
+ * -EBUSY (a lock or serialisation conflict), -EIO, with err naming the database. */
+int eph_store_pg_query(eph_store_t *store, json_object **rows, int *changes, const char *what,
+                       eph_error_t *err, const char *sql, const char *types, ...);
 
 /* The file's path, or the PostgreSQL target without its password (borrowed, lives as long
  * as the store). */

@@ -68,6 +68,13 @@ typedef struct eph_store_ops {
   int (*queue_claim)(eph_store_t *s, json_object **out, eph_error_t *err);
   int (*queue_remove)(eph_store_t *s, const char *run_id, eph_error_t *err);
   int (*queue_length)(eph_store_t *s, int64_t *n, eph_error_t *err);
+  /* PostgreSQL only (NULL elsewhere): eph_store_with_pg, and one statement inside it with
+   * its n parameters already text (NULL: SQL NULL). */
+  int (*with_pg)(eph_store_t *s, bool transaction,
+                 int (*fn)(eph_store_t *s, void *opaque, eph_error_t *err), void *opaque,
+                 eph_error_t *err);
+  int (*pg_query)(eph_store_t *s, const char *sql, int n, const char *const *vals,
+                  json_object **rows, int *changes, const char *what, eph_error_t *err);
   /* NULL when the implementation has no SQLite connection to lend. */
   int (*with_db)(eph_store_t *s, int (*fn)(struct sqlite3 *db, void *opaque, eph_error_t *err),
                  void *opaque, eph_error_t *err);

@@ -490,6 +490,8 @@ static const eph_store_ops_t pg_ops = {
     .leases_renew = eph_pg_leases_renew,
     .leases_take_expired = eph_pg_leases_take_expired,
     .with_db = pg_with_db,
+    .with_pg = eph_pg_with_pg,
+    .pg_query = eph_pg_query,
 };
 
 /* ---------------------------------------------------------------- open, migrations */

@@ -105,4 +105,11 @@ int eph_pg_queue_claim(eph_store_t *base, json_object **out, eph_error_t *err);
 int eph_pg_queue_remove(eph_store_t *base, const char *run_id, eph_error_t *err);
 int eph_pg_queue_length(eph_store_t *base, int64_t *n, eph_error_t *err);
 
+/* eph_store_with_pg and one statement inside it (store_pg_sql.c); contracts in store.h. */
+int eph_pg_with_pg(eph_store_t *base, bool transaction,
+                   int (*fn)(eph_store_t *s, void *opaque, eph_error_t *err), void *opaque,
+                   eph_error_t *err);
+int eph_pg_query(eph_store_t *base, const char *sql, int n, const char *const *vals,
+                 json_object **rows, int *changes, const char *what, eph_error_t *err);
+
 #endif

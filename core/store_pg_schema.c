@@ -100,6 +100,56 @@ const char *const eph_store_pg_migrations[] = {
     "  n BIGINT NOT NULL CHECK (n >= 0)"
     ");"
     "INSERT INTO run_queue_length(id, n) VALUES (1, 0);",
+    /* 4 -> 5: what was node-local until now (docs/cluster.md): the admin audit
+     * (core/admin.c; api_keys.admin exists since 0 -> 1) and webhooks with their deliveries
+     * (core/webhook_queue.c), as in the SQLite schema. A delivery being attempted carries
+     * its claimant's token (`claim`) and a next_attempt_us pushed past the attempt, so one
+     * node attempts it at a time and only that node records the outcome. */
+    "CREATE TABLE audit ("
+    "  id BIGSERIAL PRIMARY KEY,"
+    "  at_us BIGINT NOT NULL,"
+    "  actor_key_id TEXT NOT NULL,"
+    "  actor_org TEXT NOT NULL,"
+    "  action TEXT NOT NULL,"
+    "  target_org TEXT,"
+    "  target TEXT,"
+    "  detail TEXT,"
+    "  address TEXT NOT NULL,"
+    "  status INTEGER NOT NULL"
+    ");"
+    "CREATE INDEX audit_at ON audit(at_us);"
+    "CREATE TABLE webhooks ("
+    "  id TEXT PRIMARY KEY,"
+    "  org TEXT NOT NULL,"
+    "  url TEXT NOT NULL,"
+    "  secret TEXT NOT NULL,"
+    "  created_at_us BIGINT NOT NULL,"
+    "  deleted_at_us BIGINT,"
+    "  kind TEXT NOT NULL DEFAULT 'endpoint' CHECK (kind IN ('endpoint', 'default'))"
+    ");"
+    "CREATE UNIQUE INDEX webhooks_default ON webhooks(org) WHERE kind = 'default';"
+    "CREATE INDEX webhooks_org ON webhooks(org);"
+    "CREATE TABLE webhook_deliveries ("
+    "  id TEXT PRIMARY KEY,"
+    "  webhook_id TEXT NOT NULL REFERENCES webhooks(id),"
+    "  org TEXT NOT NULL,"
+    "  run_id TEXT NOT NULL,"
+    "  url TEXT NOT NULL,"
+    "  body TEXT NOT NULL,"
+    "  status TEXT NOT NULL CHECK (status IN ('pending', 'delivered', 'failed')),"
+    "  attempts INTEGER NOT NULL DEFAULT 0,"
+    "  next_attempt_us BIGINT NOT NULL,"
+    "  last_status_code INTEGER,"
+    "  last_error TEXT,"
+    "  created_at_us BIGINT NOT NULL,"
+    "  updated_at_us BIGINT NOT NULL,"
+    "  claim TEXT,"
+    "  UNIQUE (webhook_id, run_id)"
+    ");"
+    "CREATE INDEX webhook_deliveries_due ON webhook_deliveries(next_attempt_us)"
+    "  WHERE status = 'pending';"
+    "CREATE INDEX webhook_deliveries_org ON webhook_deliveries(org, created_at_us DESC);"
+    "CREATE INDEX runs_updated ON runs(updated_at_us);",
 };
 const int eph_store_pg_schema_version =
     (int)(sizeof eph_store_pg_migrations / sizeof eph_store_pg_migrations[0]);

@@ -130,7 +130,8 @@ attempt(eph_webhooks_t *wh, json_object *d)
     eph_info("webhook delivery %s to %s: attempt %" PRId64 " failed (%s)%s", id, url, attempts, why,
              expired ? "; given up" : "");
   }
-  if (eph_webhooks_record(wh, id, status, code, why[0] ? why : NULL, next, now, &err) < 0)
+  if (eph_webhooks_record(wh, id, jstr(d, "claim"), status, code, why[0] ? why : NULL, next, now,
+                          &err) < 0)
     eph_warn("%s", err.message);
 }
 

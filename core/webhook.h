@@ -4,10 +4,13 @@
  * endpoint answers 2xx or retry_hours (default 24) have passed since the run ended.
  *
  * Delivery rows live in the store (tables webhooks, webhook_deliveries, created by the
- * store's migration 2 -> 3), inserted in the same call that learns of the run's end, so a
- * daemon restart resumes every pending delivery. A (webhook, run) pair has one row: a run
- * is announced once per endpoint. Delivered and failed rows are purged (hourly) once older
- * than the config's retention_days; pending ones never are.
+ * SQLite store's migration 2 -> 3 and the PostgreSQL store's 4 -> 5), inserted in the same
+ * call that learns of the run's end, so a daemon restart resumes every pending delivery.
+ * On PostgreSQL the rows are the cluster's: every node's delivery thread takes due
+ * deliveries, each claimed for one node at a time (FOR UPDATE SKIP LOCKED) and recorded
+ * only by its claimant, so no two nodes attempt one delivery at once (docs/cluster.md). A (webhook,
+ * run) pair has one row: a run is announced once per endpoint. Delivered and failed rows are purged
+ * (hourly) once older than the config's retention_days; pending ones never are.
  *
  * The signature: header `Ephemeral-Signature: t=UNIX_SECONDS,v1=HEX` where HEX is the
  * lowercase hex HMAC-SHA256 (OpenSSL) keyed with the endpoint's secret ("whsec_" + 48 hex

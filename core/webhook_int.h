@@ -46,15 +46,21 @@ void eph_webhooks_kick(eph_webhooks_t *wh);
 int eph_webhooks_add_endpoint(eph_webhooks_t *wh, const char *org, const char *id, const char *url,
                               const char *secret, int64_t now_us, eph_error_t *err);
 
-/* The next delivery due at now_us, as {id, url, body, attempts, created_at_us, secret}
- * (*due, new), or *due = NULL and *next_us = the earliest future attempt (0: none). */
+/* The next delivery due at now_us, as {id, url, body, attempts, created_at_us, secret,
+ * claim?} (*due, new), or *due = NULL and *next_us = the earliest future attempt (0: none).
+ * On PostgreSQL the delivery is claimed for this node (docs/cluster.md): no other node's
+ * thread gets it until the attempt's timeout plus a margin has passed; "claim" is the
+ * token eph_webhooks_record must present. */
 int eph_webhooks_next_due(eph_webhooks_t *wh, int64_t now_us, json_object **due, int64_t *next_us,
                           eph_error_t *err);
 
 /* Records an attempt at delivery id: status "delivered", "pending" (retried at next_us) or
- * "failed"; code the HTTP status (<= 0: none), error the reason (NULL when delivered). */
-int eph_webhooks_record(eph_webhooks_t *wh, const char *id, const char *status, long code,
-                        const char *error, int64_t next_us, int64_t now_us, eph_error_t *err);
+ * "failed"; code the HTTP status (<= 0: none), error the reason (NULL when delivered).
+ * claim: the due delivery's "claim" (NULL on SQLite); an expired claim records nothing
+ * (logged). */
+int eph_webhooks_record(eph_webhooks_t *wh, const char *id, const char *claim, const char *status,
+                        long code, const char *error, int64_t next_us, int64_t now_us,
+                        eph_error_t *err);
 
 /* Deletes the delivered and failed rows last updated before before_us. */
 int eph_webhooks_purge(eph_webhooks_t *wh, int64_t before_us, eph_error_t *err);

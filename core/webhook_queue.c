@@ -1,6 +1,7 @@
 /* Webhooks, the queue: endpoints and default secrets, the delivery rows, and what fills
  * them (a run's end, the catch-up of ends no process announced). The rows live in the
- * store's file (eph_store_with_db); webhook.c delivers them. See webhook.h. */
+ * store: its SQLite file (eph_store_with_db) or a cluster's PostgreSQL database
+ * (eph_store_with_pg); webhook.c delivers them. See webhook.h. */
 #include "config.h"
 
 #include <errno.h>
@@ -38,7 +39,227 @@ typedef struct {
   json_object *out;
   int changes;
   char *text, *default_id; /* heap results */
+  const char *claim;       /* PostgreSQL: the claimant's token of a delivery */
+  int64_t lease_us;        /* PostgreSQL: how long a claimed delivery is this node's */
 } sql_args_t;
+
+/* ------------------------------------------------------------------ PostgreSQL (a cluster)
+ *
+ * The same tables, shared by every node (docs/cluster.md; migration 4 -> 5 in
+ * core/store_pg_schema.c), the same statements in PostgreSQL's dialect. What differs: a
+ * due delivery is claimed (FOR UPDATE SKIP LOCKED, its next attempt pushed past the
+ * attempt's lease, a token written), so of the nodes' delivery threads exactly one
+ * attempts it, and only the claimant records the outcome. */
+
+#define PG_DELIVERY_ID "'whd_' || left(replace(gen_random_uuid()::text, '-', ''), 24)"
+
+static int
+pg_register(eph_store_t *s, void *opaque, eph_error_t *err)
+{
+  sql_args_t *a = opaque;
+  return eph_store_pg_query(s, NULL, NULL, "webhooks: registering", err,
+                            "INSERT INTO webhooks(id, org, url, secret, created_at_us)"
+                            " VALUES ($1, $2, $3, $4, $5)",
+                            "tttti", a->id, a->org, a->url, a->secret, a->now_us);
+}
+
+static int
+pg_list(eph_store_t *s, void *opaque, eph_error_t *err)
+{
+  sql_args_t *a = opaque;
+  json_object_put(a->out);
+  a->out = NULL;
+  return eph_store_pg_query(s, &a->out, NULL, "webhooks: listing", err,
+                            "SELECT id, url, created_at_us FROM webhooks"
+                            " WHERE org = $1 AND deleted_at_us IS NULL AND kind = 'endpoint'"
+                            " ORDER BY created_at_us DESC, id DESC",
+                            "t", a->org);
+}
+
+static int
+pg_delete(eph_store_t *s, void *opaque, eph_error_t *err)
+{
+  sql_args_t *a = opaque;
+  int changes = 0;
+  int r = eph_store_pg_query(s, NULL, &changes, "webhooks: deleting", err,
+                             "UPDATE webhooks SET deleted_at_us = $3 WHERE org = $1 AND id = $2"
+                             " AND deleted_at_us IS NULL AND kind = 'endpoint'",
+                             "tti", a->org, a->id, a->now_us);
+  if (r == 0 && changes == 0)
+    return eph_error_set(err, ENOENT, "no webhook '%s'", a->id);
+  if (r == 0)
+    r = eph_store_pg_query(s, NULL, NULL, "webhooks: deleting", err,
+                           "UPDATE webhook_deliveries SET status = 'failed',"
+                           " last_error = 'endpoint deleted', updated_at_us = $3, claim = NULL"
+                           " WHERE org = $1 AND webhook_id = $2 AND status = 'pending'",
+                           "tti", a->org, a->id, a->now_us);
+  return r;
+}
+
+static int
+pg_enqueue(eph_store_t *s, void *opaque, eph_error_t *err)
+{
+  sql_args_t *a = opaque;
+  return eph_store_pg_query(s, NULL, &a->changes, "webhooks: queueing a delivery", err,
+                            "INSERT INTO webhook_deliveries(id, webhook_id, org, run_id, url, body,"
+                            " status, next_attempt_us, created_at_us, updated_at_us)"
+                            " SELECT " PG_DELIVERY_ID ", id, org, $2, url, $3,"
+                            " 'pending', $4, $4, $4 FROM webhooks"
+                            " WHERE org = $1 AND deleted_at_us IS NULL AND kind = 'endpoint'"
+                            " AND created_at_us <= $5"
+                            " ON CONFLICT (webhook_id, run_id) DO NOTHING",
+                            "tttii", a->org, a->run_id, a->body, a->now_us, a->ended_us);
+}
+
+static int
+pg_default(eph_store_t *s, void *opaque, eph_error_t *err)
+{
+  sql_args_t *a = opaque;
+  cleanup_json json_object *rows = NULL;
+  int r = eph_store_pg_query(s, NULL, NULL, "webhooks: creating the default secret", err,
+                             "INSERT INTO webhooks(id, org, url, secret, created_at_us, kind)"
+                             " VALUES ($1, $2, '', $3, $4, 'default') ON CONFLICT DO NOTHING",
+                             "ttti", a->id, a->org, a->secret, a->now_us);
+  if (r == 0)
+    r = eph_store_pg_query(s, &rows, NULL, "webhooks: reading the default secret", err,
+                           "SELECT id, secret FROM webhooks WHERE org = $1 AND kind = 'default'",
+                           "t", a->org);
+  if (r < 0)
+    return r;
+  json_object *row = json_object_array_get_idx(rows, 0);
+  if (!row)
+    return eph_error_set(err, EIO, "webhooks: the default secret of '%s' is missing", a->org);
+  a->default_id = eph_xstrdup(json_object_get_string(json_object_object_get(row, "id")));
+  a->text = eph_xstrdup(json_object_get_string(json_object_object_get(row, "secret")));
+  if (!a->run_id)
+    return 0;
+  return eph_store_pg_query(s, NULL, &a->changes, "webhooks: queueing the request's delivery", err,
+                            "INSERT INTO webhook_deliveries(id, webhook_id, org, run_id, url, body,"
+                            " status, next_attempt_us, created_at_us, updated_at_us)"
+                            " VALUES (" PG_DELIVERY_ID
+                            ", $1, $2, $3, $4, $5, 'pending', $6, $6, $6)"
+                            " ON CONFLICT (webhook_id, run_id) DO NOTHING",
+                            "ttttti", a->default_id, a->org, a->run_id, a->url, a->body, a->now_us);
+}
+
+static int
+pg_deliveries(eph_store_t *s, void *opaque, eph_error_t *err)
+{
+  sql_args_t *a = opaque;
+  json_object_put(a->out);
+  a->out = NULL;
+  return eph_store_pg_query(s, &a->out, NULL, "webhooks: listing deliveries", err,
+                            "SELECT id, webhook_id, run_id, url, status, attempts, next_attempt_us,"
+                            " last_status_code, last_error, created_at_us, updated_at_us"
+                            " FROM webhook_deliveries WHERE org = $1"
+                            " ORDER BY created_at_us DESC, id DESC LIMIT $2",
+                            "ti", a->org, a->limit);
+}
+
+/* Claims the oldest due delivery for this node in one statement: the row locked with SKIP
+ * LOCKED (another node claiming at the same moment takes another row or none), its next
+ * attempt moved a->lease_us ahead (if this node dies mid-attempt, the delivery is due again
+ * then, for any node) and a->claim written (the fence of pg_record). a->out: the claimed
+ * delivery or NULL; a->next_us: the earliest future attempt (0: none pending). */
+static int
+pg_claim_due(eph_store_t *s, void *opaque, eph_error_t *err)
+{
+  sql_args_t *a = opaque;
+  json_object *rows = NULL;
+  int r = eph_store_pg_query(
+      s, &rows, NULL, "webhooks: claiming a due delivery", err,
+      "UPDATE webhook_deliveries d SET next_attempt_us = $2, claim = $3 FROM webhooks w"
+      " WHERE w.id = d.webhook_id AND d.id = (SELECT id FROM webhook_deliveries"
+      "   WHERE status = 'pending' AND next_attempt_us <= $1"
+      "   ORDER BY next_attempt_us LIMIT 1 FOR UPDATE SKIP LOCKED)"
+      " RETURNING d.id, d.url, d.body, d.attempts, d.created_at_us, w.secret, d.claim",
+      "iit", a->now_us, a->now_us + a->lease_us, a->claim);
+  if (r < 0)
+    return r;
+  a->out = json_object_get(json_object_array_get_idx(rows, 0));
+  json_object_put(rows);
+  a->next_us = 0;
+  if (a->out)
+    return 0;
+  cleanup_json json_object *next = NULL;
+  r = eph_store_pg_query(s, &next, NULL, "webhooks: reading due deliveries", err,
+                         "SELECT min(next_attempt_us) AS at FROM webhook_deliveries"
+                         " WHERE status = 'pending'",
+                         "");
+  if (r == 0)
+    a->next_us =
+        json_object_get_int64(json_object_object_get(json_object_array_get_idx(next, 0), "at"));
+  return r;
+}
+
+/* Records this node's attempt; a->changes = 0 when the claim is no longer this node's (its
+ * lease ran out and another node claimed the delivery again). */
+static int
+pg_record(eph_store_t *s, void *opaque, eph_error_t *err)
+{
+  sql_args_t *a = opaque;
+  return eph_store_pg_query(s, NULL, &a->changes, "webhooks: recording an attempt", err,
+                            "UPDATE webhook_deliveries SET status = $2, attempts = attempts + 1,"
+                            " next_attempt_us = $3, last_status_code = $4, last_error = $5,"
+                            " updated_at_us = $6, claim = NULL WHERE id = $1 AND claim = $7",
+                            "ttintit", a->id, a->status, a->next_us, (int64_t)a->code, a->error,
+                            a->now_us, a->claim);
+}
+
+static int
+pg_purge(eph_store_t *s, void *opaque, eph_error_t *err)
+{
+  sql_args_t *a = opaque;
+  return eph_store_pg_query(s, NULL, NULL, "webhooks: purging deliveries", err,
+                            "DELETE FROM webhook_deliveries"
+                            " WHERE status != 'pending' AND updated_at_us < $1",
+                            "i", a->now_us);
+}
+
+/* As db_unannounced, over the cluster's runs: a run ended on any node, or taken over
+ * (host_lost) by any node, is announced by the first node whose catch-up finds it (the
+ * (webhook_id, run_id) uniqueness makes the others add nothing). */
+static int
+pg_unannounced(eph_store_t *s, void *opaque, eph_error_t *err)
+{
+  sql_args_t *a = opaque;
+  cleanup_json json_object *rows = NULL;
+  int r = eph_store_pg_query(
+      s, &rows, NULL, "webhooks: finding unannounced run ends", err,
+      "SELECT r.id, r.updated_at_us FROM runs r"
+      " WHERE r.created_at_us >= $3 AND r.updated_at_us BETWEEN $1 AND $2"
+      " AND r.status NOT IN ('queued', 'running')"
+      " AND (EXISTS (SELECT 1 FROM webhooks w WHERE w.org = r.org AND w.kind = 'endpoint'"
+      "              AND w.deleted_at_us IS NULL AND w.created_at_us <= r.updated_at_us"
+      "              AND NOT EXISTS (SELECT 1 FROM webhook_deliveries d"
+      "                              WHERE d.webhook_id = w.id AND d.run_id = r.id))"
+      "  OR (r.request::jsonb ->> 'webhook_url' IS NOT NULL"
+      "      AND NOT EXISTS (SELECT 1 FROM webhook_deliveries d"
+      "                      JOIN webhooks w ON w.id = d.webhook_id"
+      "                      WHERE d.run_id = r.id AND w.kind = 'default')))"
+      " ORDER BY r.updated_at_us LIMIT $4",
+      "iiii", a->since_us, a->now_us, a->next_us, a->limit);
+  if (r < 0)
+    return r;
+  for (size_t i = 0; i < json_object_array_length(rows); i++) {
+    json_object *row = json_object_array_get_idx(rows, i), *p = json_object_new_array();
+    json_object_array_add(p, json_object_get(json_object_object_get(row, "id")));
+    json_object_array_add(p, json_object_get(json_object_object_get(row, "updated_at_us")));
+    json_object_array_add(a->out, p);
+  }
+  return 0;
+}
+
+/* One store call: the SQLite statements (db) on a file, the PostgreSQL ones (pg, in one
+ * transaction when tx) on a cluster's database. */
+static int
+with_store(eph_store_t *store, bool tx, int (*db)(sqlite3 *, void *, eph_error_t *),
+           int (*pg)(eph_store_t *, void *, eph_error_t *), sql_args_t *a, eph_error_t *err)
+{
+  if (eph_store_kind(store) == EPH_STORE_POSTGRES)
+    return eph_store_with_pg(store, tx, pg, a, err);
+  return eph_store_with_db(store, db, a, err);
+}
 
 static int
 db_register(sqlite3 *db, void *opaque, eph_error_t *err)
@@ -301,38 +522,52 @@ eph_webhooks_add_endpoint(eph_webhooks_t *wh, const char *org, const char *id, c
                           const char *secret, int64_t now_us, eph_error_t *err)
 {
   sql_args_t a = {.org = org, .id = id, .url = url, .secret = secret, .now_us = now_us};
-  return eph_store_with_db(wh->store, db_register, &a, err);
+  return with_store(wh->store, false, db_register, pg_register, &a, err);
 }
+
+/* A claimed delivery stays its claimant's for one attempt's timeout plus this margin (a
+ * slow record): after that, any node may attempt it again. */
+#define CLAIM_MARGIN_US (30LL * 1000000)
 
 int
 eph_webhooks_next_due(eph_webhooks_t *wh, int64_t now_us, json_object **due, int64_t *next_us,
                       eph_error_t *err)
 {
-  sql_args_t a = {.now_us = now_us};
-  int r = eph_store_with_db(wh->store, db_next_due, &a, err);
+  char claim[33];
+  if (eph_random_hex(claim, 16) < 0)
+    return eph_error_set(err, EIO, "webhooks: no random bytes");
+  sql_args_t a = {
+      .now_us = now_us, .claim = claim, .lease_us = wh->timeout_ms * 1000 + CLAIM_MARGIN_US};
+  int r = with_store(wh->store, false, db_next_due, pg_claim_due, &a, err);
   *due = a.out;
   *next_us = a.next_us;
   return r;
 }
 
 int
-eph_webhooks_record(eph_webhooks_t *wh, const char *id, const char *status, long code,
-                    const char *error, int64_t next_us, int64_t now_us, eph_error_t *err)
+eph_webhooks_record(eph_webhooks_t *wh, const char *id, const char *claim, const char *status,
+                    long code, const char *error, int64_t next_us, int64_t now_us, eph_error_t *err)
 {
   sql_args_t a = {.id = id,
+                  .claim = claim,
                   .status = status,
                   .code = code,
                   .error = error,
                   .next_us = next_us,
                   .now_us = now_us};
-  return eph_store_with_db(wh->store, db_record, &a, err);
+  int r = with_store(wh->store, false, db_record, pg_record, &a, err);
+  if (r == 0 && claim && a.changes == 0)
+    eph_warn("webhook delivery %s: its claim expired before the outcome (%s) was recorded; "
+             "another node may attempt it again",
+             id, status);
+  return r;
 }
 
 int
 eph_webhooks_purge(eph_webhooks_t *wh, int64_t before_us, eph_error_t *err)
 {
   sql_args_t a = {.now_us = before_us};
-  return eph_store_with_db(wh->store, db_purge, &a, err);
+  return with_store(wh->store, false, db_purge, pg_purge, &a, err);
 }
 
 /* ------------------------------------------------------------------ public */
@@ -374,7 +609,7 @@ announce(eph_webhooks_t *wh, const char *org, const char *run_id, json_object *r
                   .now_us = now,
                   .ended_us = ended_us};
   eph_error_t err = {0};
-  if (eph_store_with_db(wh->store, db_enqueue, &a, &err) < 0)
+  if (with_store(wh->store, false, db_enqueue, pg_enqueue, &a, &err) < 0)
     eph_warn("run %s: %s", run_id, err.message);
   else if (a.changes > 0)
     eph_webhooks_kick(wh);
@@ -391,7 +626,7 @@ announce(eph_webhooks_t *wh, const char *org, const char *run_id, json_object *r
     a.secret = ids.secret;
     a.url = json_object_get_string(u);
     a.changes = 0;
-    if (eph_store_with_db(wh->store, db_default, &a, &err) < 0)
+    if (with_store(wh->store, true, db_default, pg_default, &a, &err) < 0)
       eph_warn("run %s: %s", run_id, err.message);
     else if (a.changes > 0)
       eph_webhooks_kick(wh);
@@ -422,7 +657,7 @@ eph_webhooks_catch_up(eph_webhooks_t *wh, json_object *(*run_object)(json_object
                   .limit = CATCH_UP_BATCH,
                   .out = json_object_new_array()};
   eph_error_t err = {0};
-  if (eph_store_with_db(wh->store, db_unannounced, &a, &err) < 0) {
+  if (with_store(wh->store, false, db_unannounced, pg_unannounced, &a, &err) < 0) {
     eph_warn("%s", err.message);
     json_object_put(a.out);
     return -1;
@@ -458,7 +693,7 @@ eph_webhooks_default_secret(eph_webhooks_t *wh, const char *org, char **secret_o
   if (eph_webhooks_new_ids(&ids) < 0)
     return eph_error_set(err, EIO, "webhooks: no random bytes");
   sql_args_t a = {.org = org, .id = ids.id, .secret = ids.secret, .now_us = eph_wall_us()};
-  int r = eph_store_with_db(wh->store, db_default, &a, err);
+  int r = with_store(wh->store, true, db_default, pg_default, &a, err);
   free(a.default_id);
   if (r < 0) {
     free(a.text);
@@ -472,7 +707,7 @@ int
 eph_webhooks_list(eph_webhooks_t *wh, const char *org, json_object **out, eph_error_t *err)
 {
   sql_args_t a = {.org = org, .out = json_object_new_array()};
-  int r = eph_store_with_db(wh->store, db_list, &a, err);
+  int r = with_store(wh->store, false, db_list, pg_list, &a, err);
   if (r < 0) {
     json_object_put(a.out);
     return r;
@@ -485,7 +720,7 @@ int
 eph_webhooks_delete(eph_webhooks_t *wh, const char *org, const char *id, eph_error_t *err)
 {
   sql_args_t a = {.org = org, .id = id, .now_us = eph_wall_us()};
-  return eph_store_with_db(wh->store, db_delete, &a, err);
+  return with_store(wh->store, true, db_delete, pg_delete, &a, err);
 }
 
 int
@@ -493,7 +728,7 @@ eph_webhooks_deliveries(eph_webhooks_t *wh, const char *org, int limit, json_obj
                         eph_error_t *err)
 {
   sql_args_t a = {.org = org, .limit = limit, .out = json_object_new_array()};
-  int r = eph_store_with_db(wh->store, db_deliveries, &a, err);
+  int r = with_store(wh->store, false, db_deliveries, pg_deliveries, &a, err);
   if (r < 0) {
     json_object_put(a.out);
     return r;

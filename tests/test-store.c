@@ -24,6 +24,7 @@
 #include <libpq-fe.h>
 #endif
 
+#include "admin.h"
 #include "store.h"
 #include "util.h"
 
@@ -1236,6 +1237,88 @@ test_hostile_values(void **st)
 
 /* Which strings name a PostgreSQL database; the password of one never appears in the
  * store's name for messages. */
+static int64_t
+jget(json_object *o, const char *k)
+{
+  json_object *v = NULL;
+  if (!json_object_object_get_ex(o, k, &v))
+    fail_msg("no field %s in %s", k, json_object_to_json_string(o));
+  return json_object_get_int64(v);
+}
+
+/* Admin keys, the audit trail and usage (core/admin.c) keep one contract on both stores,
+ * and a second store on the same database (another node of a cluster, or another process
+ * on one host) reads what the first wrote at once: the mark, its revocation, the trail. */
+static void
+test_admin_keys_audit_usage(void **st)
+{
+  fixture_t *f = *st;
+  eph_error_t err = {0};
+  cleanup_free char *key = NULL, *id = NULL, *plain = NULL, *plain_id = NULL, *org = NULL;
+  assert_int_equal(eph_store_key_create(f->store, "ops", "root", &key, &id, &err), 0);
+  assert_int_equal(eph_store_key_create(f->store, "cust", "app", &plain, &plain_id, &err), 0);
+  if (eph_admin_key_mark(f->store, id, &err) < 0)
+    fail_msg("marking an admin key: %s", err.message);
+  assert_int_equal(eph_admin_key_mark(f->store, "key_00000000deadbeef", &err), -ENOENT);
+  eph_store_t *other = NULL;
+  if (eph_store_open(f->path, NULL, &other, &err) < 0)
+    fail_msg("%s", err.message);
+  bool admin = false;
+  assert_int_equal(eph_admin_key_is_admin(other, id, &admin, &err), 0);
+  assert_true(admin);
+  assert_int_equal(eph_admin_key_is_admin(other, plain_id, &admin, &err), 0);
+  assert_false(admin);
+  assert_int_equal(eph_admin_key_org(other, id, &org, &err), 0);
+  assert_string_equal(org, "ops");
+
+  /* The trail: written through both, read newest first through either. */
+  assert_int_equal(eph_admin_audit_add(f->store, id, "ops", "keys.create", "cust", NULL,
+                                       "{\"name\":\"x\"}", "127.0.0.1", 201, 30, &err),
+                   0);
+  assert_int_equal(eph_admin_audit_add(other, plain_id, "cust", "audit.list", NULL, NULL, NULL,
+                                       "::1", 403, 30, &err),
+                   0);
+  cleanup_json json_object *trail = NULL;
+  assert_int_equal(eph_admin_audit_list(f->store, 10, &trail, &err), 0);
+  assert_int_equal(json_object_array_length(trail), 2);
+  json_object *newest = json_object_array_get_idx(trail, 0),
+              *oldest = json_object_array_get_idx(trail, 1);
+  assert_string_equal(json_object_get_string(json_object_object_get(newest, "actor_key_id")),
+                      plain_id);
+  assert_int_equal(jget(newest, "status"), 403);
+  assert_null(json_object_object_get(newest, "target_org"));
+  assert_string_equal(json_object_get_string(json_object_object_get(oldest, "detail")),
+                      "{\"name\":\"x\"}");
+  assert_string_equal(json_object_get_string(json_object_object_get(oldest, "action")),
+                      "keys.create");
+  assert_true(jget(newest, "id") > jget(oldest, "id"));
+  assert_true(jget(oldest, "at_us") > 0);
+
+  /* Usage: the runs' stored usage, summed. */
+  cleanup_json json_object *req = json_tokener_parse("{\"prompt\":\"p\"}");
+  cleanup_json json_object *usage = json_tokener_parse(
+      "{\"model_micros\":5,\"web_micros\":1,\"compute_micros\":2,\"billed_micros\":8}");
+  assert_int_equal(
+      eph_store_run_insert(f->store, "run_u1", "cust", "queued", 1000, req, false, &err), 0);
+  assert_int_equal(eph_store_run_update(f->store, "run_u1", "succeeded", NULL, usage, &err), 0);
+  assert_int_equal(
+      eph_store_run_insert(f->store, "run_u2", "cust", "queued", 1001, req, false, &err), 0);
+  cleanup_json json_object *u = NULL;
+  assert_int_equal(eph_admin_usage(other, "cust", 0, 2000, &u, &err), 0);
+  assert_int_equal(jget(u, "runs"), 2);
+  assert_int_equal(jget(u, "billed_micros"), 8);
+  assert_int_equal(jget(u, "compute_micros"), 2);
+
+  /* Revoked through one, the key is no admin key through the other. */
+  assert_int_equal(eph_store_key_revoke(other, id, "ops", &err), 0);
+  assert_int_equal(eph_admin_key_is_admin(f->store, id, &admin, &err), 0);
+  assert_false(admin);
+  free(org);
+  org = NULL;
+  assert_int_equal(eph_admin_key_org(f->store, id, &org, &err), -ENOENT);
+  eph_store_close(other);
+}
+
 static void
 test_target_kind_and_password_hidden(void **st)
 {
@@ -1288,6 +1371,7 @@ main(void)
       cmocka_unit_test_setup_teardown(test_leases, setup, teardown),
       cmocka_unit_test_setup_teardown(test_queue, setup, teardown),
       cmocka_unit_test_setup_teardown(test_hostile_values, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_admin_keys_audit_usage, setup, teardown),
       /* Properties of the SQLite file itself: last, left out on PostgreSQL. */
       cmocka_unit_test_setup_teardown(test_damaged_file_refused, setup, teardown),
       cmocka_unit_test_setup_teardown(test_damage_found_while_open_is_sticky, setup, teardown),
