@@ -144,6 +144,9 @@ typedef struct eph_tool_ref {
 /* The one walk over the loaded tools: every tool of every loaded tool plugin that can be
  * called, in load order. Start with *cursor = 0; false when there are no more. */
 bool eph_tools_next(const eph_ctx_t *ctx, size_t *cursor, eph_tool_ref_t *out);
+/* Whether a run of req needs plugin block `block` if it is a tool plugin: a shipped tool
+ * plugin only when its permission row is granted; any other block name: true. */
+bool eph_tools_block_wanted(const char *block, const eph_request_t *req);
 /* Refuses (EINVAL naming the field) a granted permission no loaded plugin serves. */
 int eph_tools_check_grants(const eph_ctx_t *ctx, const eph_gate_t *g, eph_error_t *err);
 /* The tools the permission table grants, in the model's function-tool shape (new ref). */
