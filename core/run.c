@@ -172,6 +172,7 @@ eph_run_new(eph_ctx_t *ctx, eph_request_t *req, const eph_run_options_t *opt, ep
   pthread_condattr_init(&ca);
   pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
   pthread_cond_init(&run->cond, &ca);
+  pthread_cond_init(&run->meter_cond, &ca);
   pthread_condattr_destroy(&ca);
   run->ctx = ctx;
   run->owner_fd = -1;
@@ -568,5 +569,6 @@ eph_run_free(eph_run_t *run)
   pthread_mutex_destroy(&run->emit_lock);
   pthread_mutex_destroy(&run->money_lock);
   pthread_cond_destroy(&run->cond);
+  pthread_cond_destroy(&run->meter_cond);
   free(run);
 }

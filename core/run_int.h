@@ -39,7 +39,11 @@ struct eph_run {
   /* Serialises the run's charges (meter.c): held across the ledger call so a charge's
    * check and its write are one step, while `lock` is not (readers never wait on disk). */
   pthread_mutex_t money_lock;
-  pthread_cond_t cond;
+  pthread_cond_t cond; /* broadcast on every event, the end, a cancel (with `lock`) */
+  /* The compute meter's own wake-up (with `lock`): a charge (the cap may be closer) or the
+   * stop. Not `cond`: waking the meter thread on each of a call's events cost a context
+   * switch per event for nothing. */
+  pthread_cond_t meter_cond;
   eph_ctx_t *ctx;
   char id[40];
   char *org;
