@@ -493,7 +493,9 @@ scan_procs(int parent_fd, const char *name, bool kill_them)
   int n = 0, pid;
   while (fscanf(f, "%d", &pid) == 1) {
     n++;
-    if (kill_them && pid > 1)
+    /* Never this process: a thread of it stands in the group while it clones a sandbox
+     * (jail_cg_enter_thread), and one that could not step out must not kill its owner. */
+    if (kill_them && pid > 1 && pid != getpid())
       kill(pid, SIGKILL);
   }
   fclose(f);
