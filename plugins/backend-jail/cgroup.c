@@ -129,6 +129,39 @@ v2_sockets_uncharged(void)
   return false;
 }
 
+/* True when the mount at `dir` (a v1 hierarchy) has root "/" in /proc/self/mountinfo (field
+ * 4, relative to our cgroup namespace's root): then a path from /proc/thread-self/cgroup
+ * appended to dir names the thread's own group. A hierarchy mounted from elsewhere (a
+ * host's whole tree bind-mounted into a container with its own cgroup namespace) would make
+ * that path name another group, and a "no-op" move there a real one. */
+static bool
+mount_root_is_ns_root(const char *dir)
+{
+  char real[4096];
+  if (!realpath(dir, real))
+    return false;
+  FILE *f = fopen("/proc/self/mountinfo", "re");
+  if (!f)
+    return false;
+  bool ok = false, found = false;
+  char *line = NULL;
+  size_t cap = 0;
+  while (getline(&line, &cap, f) > 0) {
+    /* "36 25 0:31 / /sys/fs/cgroup/memory rw,... - cgroup cgroup rw,memory" */
+    char *save = NULL, *tok = strtok_r(line, " ", &save);
+    char *fields[5] = {0};
+    for (int i = 0; tok && i < 5; i++, tok = strtok_r(NULL, " ", &save))
+      fields[i] = tok;
+    if (!fields[4] || strcmp(fields[4], real) != 0)
+      continue;
+    found = true;
+    ok = strcmp(fields[3], "/") == 0; /* the last mount on the point is the one seen */
+  }
+  free(line);
+  fclose(f);
+  return found && ok;
+}
+
 int
 jail_cg_init(jail_cgroups_t *cg, const char *root, const char *parent, eph_error_t *err)
 {
@@ -204,6 +237,11 @@ jail_cg_init(jail_cgroups_t *cg, const char *root, const char *parent, eph_error
       return eph_error_set(err, e, "open %s: %s", path, strerror(e));
     }
     cg->parent_path[i] = strdup(path);
+  }
+  cg->thread_paths_ok = true;
+  for (int i = 0; i < JAIL_CG_N; i++) {
+    snprintf(path, sizeof path, "%s/%s", root, v1_controllers[i]);
+    cg->thread_paths_ok = cg->thread_paths_ok && mount_root_is_ns_root(path);
   }
   cg->memsw = exists_at(cg->parent_fd[JAIL_CG_MEMORY], "memory.memsw.limit_in_bytes");
   cg->kmem = exists_at(cg->parent_fd[JAIL_CG_MEMORY], "memory.kmem.limit_in_bytes");
@@ -400,6 +438,11 @@ jail_cg_enter_thread(jail_cgroups_t *cg, const char *name, jail_cg_home_t *home,
     home->fd[i] = -1;
   if (cg->v2)
     return eph_error_set(err, ENOTSUP, "cgroup v2: the child is born in its group instead");
+  if (!cg->thread_paths_ok)
+    return eph_error_set(err, ENOTSUP,
+                         "cgroup v1 under %s: a hierarchy is not mounted at its root as our "
+                         "cgroup namespace sees it, so the thread's own groups cannot be named",
+                         cg->root);
   /* Where the thread is, and whether it may come back there (the move is a no-op). */
   for (int i = 0; i < cg->n_dirs; i++) {
     home->fd[i] = thread_group_fd(cg, v1_controllers[i]);

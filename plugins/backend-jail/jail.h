@@ -35,6 +35,9 @@ typedef struct jail_cgroups {
   char *parent_path[JAIL_CG_N]; /* owned */
   int parent_fd[JAIL_CG_N];
   char *root; /* the hierarchies' mount point ("/sys/fs/cgroup"); owned */
+  /* v1: every controller's mount shows its hierarchy from our cgroup namespace's root, so
+   * /proc/thread-self/cgroup's paths name directories under it (jail_cg_enter_thread) */
+  bool thread_paths_ok;
 } jail_cgroups_t;
 
 /* cgroup v1: the groups a thread was in before jail_cg_enter_thread moved it, one O_PATH
