@@ -12,8 +12,9 @@
 #      backend plugin's dlopen() and init
 #   2. a run's cost per shell call (a replayed run of 100 `true` calls minus one of 1 call,
 #      per call)  vs  the same calls (`sh -c true`) in a loop inside one bwrap sandbox
+#      and the same in CPU time (perf stat task-clock of the process tree), when perf exists
 #   3. concurrent runs of the example (examples/sandbox-proof, replayed), N = 1, 4, 16:
-#      runs/s  vs  N bwrap sandboxes running the example's four commands
+#      runs/s  vs  N bwrap sandboxes running the example's four commands; and CPU per run
 #   4. core overhead per tool call and ledger charges/s (bench/core-overhead)
 #   5. GET /v1/runs/{id} of an ended run  vs  bench/bare-mhd serving the same bytes (and
 #      GET /v1/health), req/s over keep-alive connections (bench/http-bench)
@@ -152,6 +153,22 @@ for i in $(seq $(( (ROUNDS + 4) / 5 ))); do
 done
 row "a run's cost per shell call, ms" "$(stats "$tmp/percall")" 'bwrap loop per `sh -c true`, ms' \
   "$(stats "$tmp/bwcall")" "$(ratio "$(med "$tmp/percall")" "$(med "$tmp/bwcall")") bwrap"
+# The same in CPU time (task-clock of the whole process tree, every thread and child): on a
+# host shared with other work wall time mostly measures the others; CPU time does not.
+if command -v perf >/dev/null; then
+  cpu() { perf stat -x, -e task-clock -- "$@" 2>&1 >/dev/null | sed -n 's/^\([0-9.]*\),.*task-clock.*/\1/p'; }
+  for i in $(seq $(( (ROUNDS + 4) / 5 ))); do
+    a=$(cpu "$EPHEMERAL" run --quiet --replay "$tmp/t100.jsonl" "$tmp/req.json")
+    b=$(cpu "$EPHEMERAL" run --quiet --replay "$tmp/t1.jsonl" "$tmp/req.json")
+    awk "BEGIN{print ($a - $b) / 99}" >>"$tmp/cpucall"
+    a=$(cpu "${BWRAP[@]}" sh -c 'i=0; while [ $i -lt 100 ]; do sh -c true; i=$((i+1)); done')
+    b=$(cpu "${BWRAP[@]}" sh -c 'sh -c true')
+    awk "BEGIN{print ($a - $b) / 99}" >>"$tmp/bwcpucall"
+  done
+  row "a run's CPU per shell call (perf stat task-clock), ms" "$(stats "$tmp/cpucall")" \
+    'bwrap loop, CPU per `sh -c true`, ms' "$(stats "$tmp/bwcpucall")" \
+    "$(ratio "$(med "$tmp/cpucall")" "$(med "$tmp/bwcpucall")") bwrap"
+fi
 
 echo "== 3. concurrent runs of the example"
 ex=$EPH_SRCDIR/examples/sandbox-proof
@@ -183,6 +200,16 @@ for n in 1 4 16; do
     "bwrap doing the same commands, runs/s" "$(stats "$tmp/c2.$n")" \
     "$(ratio "$(med "$tmp/c1.$n")" "$(med "$tmp/c2.$n")") bwrap"
 done
+# CPU per run of the example (what bounds runs/s once the cores are busy), interleaved.
+if command -v perf >/dev/null; then
+  for k in $(seq "$ROUNDS"); do
+    cpu "$EPHEMERAL" run --quiet --replay "$ex/transcript.jsonl" "$ex/request.json" >>"$tmp/cpurun"
+    cpu "${BWRAP[@]}" --ro-bind "$tmp/cmds" /tmp/cmds sh -c 'while IFS= read -r c; do sh -c "$c" >/dev/null 2>&1; done </tmp/cmds' >>"$tmp/bwcpurun"
+  done
+  row "CPU per run of the example (perf stat task-clock), ms" "$(stats "$tmp/cpurun")" \
+    "bwrap doing the same commands, CPU ms" "$(stats "$tmp/bwcpurun")" \
+    "$(ratio "$(med "$tmp/bwcpurun")" "$(med "$tmp/cpurun")") bwrap (runs per CPU second)"
+fi
 
 echo "== 4. core overhead per tool call, ledger charges/s"
 CORE_OVERHEAD=${BENCH_CORE_OVERHEAD:-$EPH_BUILDDIR/bench/core-overhead}

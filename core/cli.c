@@ -29,7 +29,7 @@ const eph_cli_command_t eph_cli_commands[] = {
      "  --org ORG         organisation billed (default: config `cli_org`)\n"
      "Exit status: 0 succeeded, 1 failed, 2 invalid request, 3 timed_out,\n"
      "4 budget_exhausted (or insufficient balance), 5 cancelled.\n",
-     EPH_CLI_LAZY_BACKENDS, 1, eph_cmd_run},
+     EPH_CLI_LAZY, 1, eph_cmd_run},
     {"runs", "runs list [--org ORG] [--limit N] | show ID | replay ID [--speed N]",
      "list past runs, show one as JSON, or replay its timeline at its original pace", NULL, false,
      1, eph_cmd_runs},

@@ -371,12 +371,22 @@ eph_cmd_run(eph_ctx_t *ctx, int argc, char **argv)
   limits.max_cost_micros = conf->max_cost_micros;
   limits.default_model = conf->default_model;
   limits.max_files_total_bytes = (size_t)conf->max_inline_files_bytes;
-  limits.plugins = &ctx->plugins;
   eph_request_t req;
   const char *field = NULL;
   if (eph_request_parse(body, len, &limits, &req, &field, &err) < 0) {
     eph_error("%s: %s", path, err.message);
     return 2;
+  }
+  /* Only the plugins this request uses are loaded (the command's context is lazy); then a
+   * granted connection is checked against them (eph_request_limits_t.plugins). */
+  eph_run_load_plugins(ctx, &req, replay ? "replay:" : req.model);
+  if (req.n_connections) {
+    eph_request_free(&req);
+    limits.plugins = &ctx->plugins;
+    if (eph_request_parse(body, len, &limits, &req, &field, &err) < 0) {
+      eph_error("%s: %s", path, err.message);
+      return 2;
+    }
   }
   if (req.webhook_url) {
     /* Accepted and never called would be a silent loss: only the daemon delivers. */

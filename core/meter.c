@@ -85,6 +85,7 @@ charge_held(eph_run_t *run, eph_cost_t cat, int64_t micros, const char *memo)
         run->web_micros += amount;
       else
         run->compute_micros += amount;
+      pthread_cond_signal(&run->meter_cond); /* the cap is closer: the meter re-plans */
       pthread_mutex_unlock(&run->lock);
     }
   }
@@ -178,9 +179,10 @@ ms_until(const struct timespec *when, const struct timespec *now)
 }
 
 /* Ticks once per meter_ms, or earlier when the reservation left would run out before then
- * (so the sandbox stops at the cap). run->cond is also broadcast on every timeline event:
- * such a wake-up only re-plans the wait (a model charge may have brought the cap closer); it
- * never charges. A 100-call run used to commit a compute charge per event. */
+ * (so the sandbox stops at the cap). run->meter_cond is signalled by every charge: such a
+ * wake-up only re-plans the wait (a model charge may have brought the cap closer); it never
+ * charges. Timeline events do not wake it (they used to, through run->cond: a wake-up and
+ * a context switch per event; before that, a compute charge per event). */
 static void *
 meter_main(void *arg)
 {
@@ -199,8 +201,8 @@ meter_main(void *arg)
     struct timespec due = ts_after(last, wait_ms), now;
     clock_gettime(CLOCK_MONOTONIC, &now);
     if (ms_until(&due, &now) > 0) {
-      pthread_cond_timedwait(&run->cond, &run->lock, &due);
-      continue; /* woken by an event, or due: the loop re-plans and ticks when due */
+      pthread_cond_timedwait(&run->meter_cond, &run->lock, &due);
+      continue; /* woken by a charge or the stop, or due: re-plan, tick when due */
     }
     last = now;
     pthread_mutex_unlock(&run->lock);
@@ -228,7 +230,7 @@ eph_meter_stop(eph_run_t *run)
     return;
   pthread_mutex_lock(&run->lock);
   run->meter_stop = true;
-  pthread_cond_broadcast(&run->cond);
+  pthread_cond_signal(&run->meter_cond);
   pthread_mutex_unlock(&run->lock);
   pthread_join(run->meter, NULL);
   run->meter_running = false;

@@ -15,6 +15,7 @@
 
 #include "log.h"
 #include "run_int.h"
+#include "runstore.h"
 #include "util.h"
 
 static const char *
@@ -125,6 +126,40 @@ drop_owner_lock(eph_run_t *run)
 }
 
 int
+eph_run_load_plugins(eph_ctx_t *ctx, const eph_request_t *req, const char *model)
+{
+  if (!ctx->lazy_plugins)
+    return 0;
+  int loaded = 0;
+  for (size_t i = 0; i < ctx->config.n_blocks; i++) {
+    const eph_config_block_t *b = &ctx->config.blocks[i];
+    bool tool = strncmp(b->name, "tool-", 5) == 0, want;
+    if (!b->enabled || strncmp(b->name, "backend-", 8) == 0 ||
+        eph_plugins_find(&ctx->plugins, b->name))
+      continue;
+    if (!req)
+      want = tool;
+    else if (tool)
+      want = eph_tools_block_wanted(b->name, req);
+    else if (strncmp(b->name, "model-", 6) == 0)
+      want = strncmp(model, "replay:", 7) != 0 || strcmp(b->name, "model-replay") == 0;
+    else
+      want = true;
+    if (!want)
+      continue;
+    eph_error_t e = {0};
+    if (eph_plugins_load_one(&ctx->plugins, &ctx->config, ctx->plugin_dir, &ctx->host, b->name,
+                             &e) < 0)
+      eph_error("%s", e.message);
+    else
+      loaded++;
+  }
+  if (req)
+    eph_runstore_recover(ctx, NULL, false, NULL);
+  return loaded;
+}
+
+int
 eph_run_new(eph_ctx_t *ctx, eph_request_t *req, const eph_run_options_t *opt, eph_run_t **out,
             eph_error_t *err)
 {
@@ -137,6 +172,7 @@ eph_run_new(eph_ctx_t *ctx, eph_request_t *req, const eph_run_options_t *opt, ep
   pthread_condattr_init(&ca);
   pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
   pthread_cond_init(&run->cond, &ca);
+  pthread_cond_init(&run->meter_cond, &ca);
   pthread_condattr_destroy(&ca);
   run->ctx = ctx;
   run->owner_fd = -1;
@@ -533,5 +569,6 @@ eph_run_free(eph_run_t *run)
   pthread_mutex_destroy(&run->emit_lock);
   pthread_mutex_destroy(&run->money_lock);
   pthread_cond_destroy(&run->cond);
+  pthread_cond_destroy(&run->meter_cond);
   free(run);
 }

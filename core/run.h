@@ -73,6 +73,21 @@ typedef struct eph_run_options {
   int64_t created_us; /* with adopt_reserved_micros: the stored run's creation time */
 } eph_run_options_t;
 
+/* A lazy context (eph_ctx_options_t.lazy_plugins: the CLI's `run`) loads the plugins one
+ * run uses instead of every enabled one (each costs its dynamic linking: tool-web pulls in
+ * libcurl and ~25 libraries): every block but the backends (eph_ctx_backend loads the one
+ * used), the tools and the models; the shipped tool plugins (tool-shell, tool-web,
+ * tool-file, tool-connection) only when req grants their row, other tool plugins always
+ * (what they serve is known once loaded); model-replay alone for a "replay:" model, else
+ * every model plugin (routing asks each). Then completes the runs of dead processes
+ * (eph_runstore_recover), as eph_ctx_open does when it loads everything.
+ * req == NULL: loads the tool plugins still missing (a model asked for a tool no loaded
+ * plugin serves: its answer must not depend on what was left out).
+ * Returns how many plugins were loaded (0 when ctx is not lazy). A plugin that does not
+ * load is logged and counted in ctx->plugins.refused, as at start-up; the run's own checks
+ * then name what is missing (no ledger, a granted row no plugin serves). */
+int eph_run_load_plugins(eph_ctx_t *ctx, const eph_request_t *req, const char *model);
+
 /* Creates a run for a parsed request; takes ownership of *req (zeroed). The ledger
  * reservation is made here: on -EPH_E_INSUFFICIENT (balance) or any other error nothing is
  * reserved and *out stays NULL. Free with eph_run_free() after eph_run_execute(). */

@@ -39,7 +39,11 @@ struct eph_run {
   /* Serialises the run's charges (meter.c): held across the ledger call so a charge's
    * check and its write are one step, while `lock` is not (readers never wait on disk). */
   pthread_mutex_t money_lock;
-  pthread_cond_t cond;
+  pthread_cond_t cond; /* broadcast on every event, the end, a cancel (with `lock`) */
+  /* The compute meter's own wake-up (with `lock`): a charge (the cap may be closer) or the
+   * stop. Not `cond`: waking the meter thread on each of a call's events cost a context
+   * switch per event for nothing. */
+  pthread_cond_t meter_cond;
   eph_ctx_t *ctx;
   char id[40];
   char *org;
@@ -144,6 +148,9 @@ typedef struct eph_tool_ref {
 /* The one walk over the loaded tools: every tool of every loaded tool plugin that can be
  * called, in load order. Start with *cursor = 0; false when there are no more. */
 bool eph_tools_next(const eph_ctx_t *ctx, size_t *cursor, eph_tool_ref_t *out);
+/* Whether a run of req needs plugin block `block` if it is a tool plugin: a shipped tool
+ * plugin only when its permission row is granted; any other block name: true. */
+bool eph_tools_block_wanted(const char *block, const eph_request_t *req);
 /* Refuses (EINVAL naming the field) a granted permission no loaded plugin serves. */
 int eph_tools_check_grants(const eph_ctx_t *ctx, const eph_gate_t *g, eph_error_t *err);
 /* The tools the permission table grants, in the model's function-tool shape (new ref). */

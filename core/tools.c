@@ -45,23 +45,41 @@ tool_loaded_for(const eph_ctx_t *ctx, eph_permission_t p)
 /* A granted row no loaded plugin serves (its plugin disabled or refused at load) would
  * reserve, boot, report "shell on" and then deny every call as an unknown tool: refused
  * before anything is reserved instead. */
+/* The permission rows and the plugin that serves each in the shipped conf.d. */
+static const struct {
+  eph_permission_t p;
+  const char *field, *plugin;
+} rows[] = {
+    {EPH_PERM_SHELL, "shell", "tool-shell"},
+    {EPH_PERM_WEB, "web", "tool-web"},
+    {EPH_PERM_FILES, "files", "tool-file"},
+    {EPH_PERM_CONNECTIONS, "connections", "tool-connection"},
+};
+
+static bool
+row_granted(eph_permission_t p, bool shell, bool web, bool files, bool connections)
+{
+  return p == EPH_PERM_SHELL   ? shell
+         : p == EPH_PERM_WEB   ? web
+         : p == EPH_PERM_FILES ? files
+                               : connections;
+}
+
+bool
+eph_tools_block_wanted(const char *block, const eph_request_t *req)
+{
+  for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++)
+    if (strcmp(block, rows[i].plugin) == 0)
+      return row_granted(rows[i].p, req->shell, req->web, req->files_granted,
+                         req->n_connections > 0);
+  return true; /* not a shipped tool plugin: what it serves is only known once loaded */
+}
+
 int
 eph_tools_check_grants(const eph_ctx_t *ctx, const eph_gate_t *g, eph_error_t *err)
 {
-  static const struct {
-    eph_permission_t p;
-    const char *field, *plugin;
-  } rows[] = {
-      {EPH_PERM_SHELL, "shell", "tool-shell"},
-      {EPH_PERM_WEB, "web", "tool-web"},
-      {EPH_PERM_FILES, "files", "tool-file"},
-      {EPH_PERM_CONNECTIONS, "connections", "tool-connection"},
-  };
   for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
-    bool granted = rows[i].p == EPH_PERM_SHELL   ? g->shell
-                   : rows[i].p == EPH_PERM_WEB   ? g->web
-                   : rows[i].p == EPH_PERM_FILES ? g->files
-                                                 : g->n_connections > 0;
+    bool granted = row_granted(rows[i].p, g->shell, g->web, g->files, g->n_connections > 0);
     if (granted && !tool_loaded_for(ctx, rows[i].p))
       return eph_error_set(err, EINVAL,
                            "field '%s': granted, but no loaded plugin provides "
@@ -93,6 +111,13 @@ find_tool(eph_run_t *run, const char *name, eph_tool_ref_t *out)
   for (size_t c = 0; eph_tools_next(run->ctx, &c, out);)
     if (strcmp(out->def->name, name) == 0)
       return true;
+  /* A lazy context loaded the tool plugins of the granted rows only (eph_run_load_plugins):
+   * a model asking for another tool gets the same answer as with all of them loaded (the
+   * gate's denial naming the row, or "unknown tool"), so they load now, on this rare path. */
+  if (eph_run_load_plugins(run->ctx, NULL, NULL) > 0)
+    for (size_t c = 0; eph_tools_next(run->ctx, &c, out);)
+      if (strcmp(out->def->name, name) == 0)
+        return true;
   return false;
 }
 

@@ -431,6 +431,64 @@ test_limits_written_and_refused(void **ctx)
   assert_int_equal(count_records(), 0);
 }
 
+/* The text of a small file ("" when unreadable). */
+static void
+slurp(const char *path, char *buf, size_t size)
+{
+  buf[0] = '\0';
+  FILE *f = fopen(path, "r");
+  if (!f)
+    return;
+  size_t n = fread(buf, 1, size - 1, f);
+  buf[n] = '\0';
+  fclose(f);
+}
+
+/* On cgroup v1 the creating thread steps into the run's groups, clones the sandbox there and
+ * steps back (cgroup.c jail_cg_enter_thread). Whatever path is taken: the sandbox's first
+ * process is in its own groups, whose limits were written before; no thread of the host
+ * process is left in them; the creating thread is back in its own groups; and the limits
+ * hold inside (a process limit of 6 refuses the seventh process). */
+static void
+test_born_in_its_groups(void **ctx)
+{
+  loaded_t *l = *ctx;
+  box_t b;
+  eph_error_t err = {0};
+  char before[2048], after[2048], path[512], text[4096], out[4096];
+  slurp("/proc/thread-self/cgroup", before, sizeof before);
+  eph_sandbox_limits_t lim = {.memory_bytes = 96 * MIB, .pids = 6, .scratch_bytes = 8 * MIB};
+  if (make_box(l, &b, &lim, 0, &err) < 0)
+    fail_msg("create: %s", err.message);
+  slurp("/proc/thread-self/cgroup", after, sizeof after);
+  assert_string_equal(before, after);
+
+  static const char *const ctls[] = {"memory", "pids", "cpu"};
+  for (size_t i = 0; i < 3; i++) {
+    slurp(cg_path(ctls[i], b.run_id, "tasks", path, sizeof path), text, sizeof text);
+    assert_true(text[0] != '\0'); /* the sandbox's init is there */
+    for (char *save = NULL, *t = strtok_r(text, "\n", &save); t; t = strtok_r(NULL, "\n", &save)) {
+      char task[64];
+      snprintf(task, sizeof task, "/proc/self/task/%s", t);
+      if (access(task, F_OK) == 0)
+        fail_msg("host thread %s is in the sandbox's %s group", t, ctls[i]);
+    }
+  }
+  assert_int_equal(read_ll(cg_path("memory", b.run_id, "memory.limit_in_bytes", path, sizeof path)),
+                   96 * MIB);
+  assert_int_equal(read_ll(cg_path("pids", b.run_id, "pids.max", path, sizeof path)), 6);
+  /* init + the command's shell + 5 sleeps > 6: some sleeps are refused. */
+  run(&b, 1000,
+      "n=0; for i in 1 2 3 4 5; do sleep 2 2>/dev/null & done; "
+      "for j in $(jobs -p); do n=$((n+1)); done; echo $n",
+      out, sizeof out);
+  assert_true(atoi(out) < 5);
+  slurp(cg_path("pids", b.run_id, "pids.events", path, sizeof path), text, sizeof text);
+  assert_non_null(strstr(text, "max "));
+  assert_null(strstr(text, "max 0\n"));
+  destroy_clean(l, &b);
+}
+
 static void
 test_fork_bomb_oom_enospc(void **ctx)
 {
@@ -643,6 +701,7 @@ main(void)
       cmocka_unit_test_teardown(test_identity_and_uid_map, teardown_boxes),
       cmocka_unit_test_teardown(test_isolation, teardown_boxes),
       cmocka_unit_test_teardown(test_limits_written_and_refused, teardown_boxes),
+      cmocka_unit_test_teardown(test_born_in_its_groups, teardown_boxes),
       cmocka_unit_test_teardown(test_fork_bomb_oom_enospc, teardown_boxes),
       cmocka_unit_test_teardown(test_background_and_deadline, teardown_boxes),
       cmocka_unit_test_teardown(test_sweep_after_kill9, teardown_boxes),

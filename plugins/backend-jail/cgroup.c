@@ -129,12 +129,48 @@ v2_sockets_uncharged(void)
   return false;
 }
 
+/* True when the mount at `dir` (a v1 hierarchy) has root "/" in /proc/self/mountinfo (field
+ * 4, relative to our cgroup namespace's root): then a path from /proc/thread-self/cgroup
+ * appended to dir names the thread's own group. A hierarchy mounted from elsewhere (a
+ * host's whole tree bind-mounted into a container with its own cgroup namespace) would make
+ * that path name another group, and a "no-op" move there a real one. */
+static bool
+mount_root_is_ns_root(const char *dir)
+{
+  char real[4096];
+  if (!realpath(dir, real))
+    return false;
+  FILE *f = fopen("/proc/self/mountinfo", "re");
+  if (!f)
+    return false;
+  bool ok = false, found = false;
+  char *line = NULL;
+  size_t cap = 0;
+  while (getline(&line, &cap, f) > 0) {
+    /* "36 25 0:31 / /sys/fs/cgroup/memory rw,... - cgroup cgroup rw,memory" */
+    char *save = NULL, *tok = strtok_r(line, " ", &save);
+    char *fields[5] = {0};
+    for (int i = 0; tok && i < 5; i++, tok = strtok_r(NULL, " ", &save))
+      fields[i] = tok;
+    if (!fields[4] || strcmp(fields[4], real) != 0)
+      continue;
+    found = true;
+    ok = strcmp(fields[3], "/") == 0; /* the last mount on the point is the one seen */
+  }
+  free(line);
+  fclose(f);
+  return found && ok;
+}
+
 int
 jail_cg_init(jail_cgroups_t *cg, const char *root, const char *parent, eph_error_t *err)
 {
   memset(cg, 0, sizeof *cg);
   for (int i = 0; i < JAIL_CG_N; i++)
     cg->parent_fd[i] = -1;
+  cg->root = strdup(root);
+  if (!cg->root)
+    return eph_error_set(err, ENOMEM, "cgroup root %s: out of memory", root);
 
   char path[4096];
   snprintf(path, sizeof path, "%s/cgroup.controllers", root);
@@ -202,6 +238,11 @@ jail_cg_init(jail_cgroups_t *cg, const char *root, const char *parent, eph_error
     }
     cg->parent_path[i] = strdup(path);
   }
+  cg->thread_paths_ok = true;
+  for (int i = 0; i < JAIL_CG_N; i++) {
+    snprintf(path, sizeof path, "%s/%s", root, v1_controllers[i]);
+    cg->thread_paths_ok = cg->thread_paths_ok && mount_root_is_ns_root(path);
+  }
   cg->memsw = exists_at(cg->parent_fd[JAIL_CG_MEMORY], "memory.memsw.limit_in_bytes");
   cg->kmem = exists_at(cg->parent_fd[JAIL_CG_MEMORY], "memory.kmem.limit_in_bytes");
   if (!exists_at(cg->parent_fd[JAIL_CG_MEMORY], "memory.kmem.tcp.limit_in_bytes")) {
@@ -225,6 +266,8 @@ jail_cg_fini(jail_cgroups_t *cg)
     free(cg->parent_path[i]);
     cg->parent_path[i] = NULL;
   }
+  free(cg->root);
+  cg->root = NULL;
 }
 
 /* fd of the run's group in controller slot i (v2: i is always 0). */
@@ -343,6 +386,111 @@ jail_cg_attach(jail_cgroups_t *cg, const char *name, pid_t pid, eph_error_t *err
   return 0;
 }
 
+/* The calling thread's group in v1 controller `ctl`, from /proc/thread-self/cgroup
+ * ("ID:memory:/user.slice"; a hierarchy may carry several controllers, "cpu,cpuacct"), as
+ * an O_PATH fd of <root>/<ctl><path>; -1 with errno when not found. */
+static int
+thread_group_fd(const jail_cgroups_t *cg, const char *ctl)
+{
+  char buf[4096];
+  cleanup_close int fd = open("/proc/thread-self/cgroup", O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    return -1;
+  ssize_t n = read(fd, buf, sizeof buf - 1);
+  if (n <= 0)
+    return errno = n == 0 ? ENOENT : errno, -1;
+  buf[n] = '\0';
+  size_t clen = strlen(ctl);
+  for (char *save = NULL, *line = strtok_r(buf, "\n", &save); line;
+       line = strtok_r(NULL, "\n", &save)) {
+    char *list = strchr(line, ':'), *path = list ? strchr(list + 1, ':') : NULL;
+    if (!path)
+      continue;
+    *path++ = '\0';
+    list++;
+    for (const char *c = list; c && *c; c = strchr(c, ',') ? strchr(c, ',') + 1 : NULL)
+      if (strncmp(c, ctl, clen) == 0 && (c[clen] == ',' || c[clen] == '\0')) {
+        char dir[4200];
+        if (path[0] != '/' || strstr(path, "/..")) /* outside our cgroup namespace's view */
+          return errno = ENOENT, -1;
+        snprintf(dir, sizeof dir, "%s/%s%s", cg->root, ctl, path);
+        return open(dir, O_PATH | O_DIRECTORY | O_CLOEXEC);
+      }
+  }
+  return errno = ENOENT, -1;
+}
+
+static void
+home_close(jail_cg_home_t *home)
+{
+  for (int i = 0; i < JAIL_CG_N; i++) {
+    if (home->fd[i] >= 0)
+      close(home->fd[i]);
+    home->fd[i] = -1;
+  }
+}
+
+int
+jail_cg_enter_thread(jail_cgroups_t *cg, const char *name, jail_cg_home_t *home, eph_error_t *err)
+{
+  char file[300];
+  for (int i = 0; i < JAIL_CG_N; i++)
+    home->fd[i] = -1;
+  if (cg->v2)
+    return eph_error_set(err, ENOTSUP, "cgroup v2: the child is born in its group instead");
+  if (!cg->thread_paths_ok)
+    return eph_error_set(err, ENOTSUP,
+                         "cgroup v1 under %s: a hierarchy is not mounted at its root as our "
+                         "cgroup namespace sees it, so the thread's own groups cannot be named",
+                         cg->root);
+  /* Where the thread is, and whether it may come back there (the move is a no-op). */
+  for (int i = 0; i < cg->n_dirs; i++) {
+    home->fd[i] = thread_group_fd(cg, v1_controllers[i]);
+    int r = home->fd[i] < 0 ? -errno : write_at(home->fd[i], "tasks", "0");
+    if (r < 0) {
+      home_close(home);
+      return eph_error_set(err, -r, "cgroup v1 %s: the thread's own group: %s", v1_controllers[i],
+                           strerror(-r));
+    }
+  }
+  snprintf(file, sizeof file, "%s/tasks", name);
+  for (int i = 0; i < cg->n_dirs; i++) {
+    int r = write_at(cg->parent_fd[i], file, "0");
+    if (r < 0) {
+      eph_error_t ignored = {0};
+      eph_error_set(err, -r, "move the thread to %s/%s: %s", cg->parent_path[i], file,
+                    strerror(-r));
+      jail_cg_leave_thread(cg, home, &ignored);
+      return -err->code;
+    }
+  }
+  return 0;
+}
+
+int
+jail_cg_leave_thread(jail_cgroups_t *cg, jail_cg_home_t *home, eph_error_t *err)
+{
+  int rc = 0;
+  for (int i = 0; i < cg->n_dirs; i++) {
+    if (home->fd[i] < 0)
+      continue;
+    int r = write_at(home->fd[i], "tasks", "0");
+    if (r < 0) {
+      /* Never left in a sandbox's group (its limits, its kill): the hierarchy's root. */
+      char dir[4200];
+      snprintf(dir, sizeof dir, "%s/%s", cg->root, v1_controllers[i]);
+      cleanup_close int rootfd = open(dir, O_PATH | O_DIRECTORY | O_CLOEXEC);
+      int r2 = rootfd < 0 ? -errno : write_at(rootfd, "tasks", "0");
+      if (rc == 0)
+        rc = eph_error_set(err, -r, "moving the thread back to its cgroup v1 %s group: %s%s",
+                           v1_controllers[i], strerror(-r),
+                           r2 < 0 ? " (and to the root group)" : " (moved to the root group)");
+    }
+  }
+  home_close(home);
+  return rc;
+}
+
 int
 jail_cg_clone_fd(jail_cgroups_t *cg, const char *name)
 {
@@ -388,7 +536,9 @@ scan_procs(int parent_fd, const char *name, bool kill_them)
   int n = 0, pid;
   while (fscanf(f, "%d", &pid) == 1) {
     n++;
-    if (kill_them && pid > 1)
+    /* Never this process: a thread of it stands in the group while it clones a sandbox
+     * (jail_cg_enter_thread), and one that could not step out must not kill its owner. */
+    if (kill_them && pid > 1 && pid != getpid())
       kill(pid, SIGKILL);
   }
   fclose(f);

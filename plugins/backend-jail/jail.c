@@ -13,8 +13,10 @@
  *
  * Lifecycle of one sandbox (create):
  *   limits checked against the operator maxima -> slot record -> cgroup(s) with limits ->
- *   socketpair + sync pipes -> clone3(new user/pid/mount/net/ipc/uts ns, pidfd) ->
- *   parent writes uid_map/gid_map and attaches the child to the cgroup(s) -> "go" ->
+ *   socketpair + sync pipes -> clone3(new user/pid/mount/net/ipc/uts ns, pidfd), the child
+ *   born in its cgroup(s) (v2: CLONE_INTO_CGROUP; v1: cloned by this thread while it stands
+ *   in the run's groups, see jail_cg_enter_thread; else moved after the clone) ->
+ *   parent writes uid_map/gid_map -> "go" ->
  *   the child runs setup.c's steps and execs ephemeral-guest -> the parent sees the error
  *   pipe close (exec) -> the deadline is armed with the watchdog thread.
  * destroy: SIGKILL the pid namespace's init (the kernel then kills the whole namespace),
@@ -605,6 +607,15 @@ jail_create(void *state, const eph_sandbox_spec_t *spec, eph_sandbox_t **out, in
     ca.flags |= CLONE_INTO_CGROUP;
     ca.cgroup = (uint64_t)cgfd;
   }
+  /* cgroup v1: this thread steps into the run's groups, clones (the child is born there)
+   * and steps back; see jail_cg_enter_thread. Where it may not (a daemon that cannot move
+   * itself back), the classic move of the child below. */
+  jail_cg_home_t home;
+  eph_error_t enter_err = {0};
+  bool entered = cgfd < 0 && jail_cg_enter_thread(&j->cg, sb->run_id, &home, &enter_err) == 0;
+  if (cgfd < 0 && !entered && !j->cg.v2)
+    j->host->log(EPH_LOG_DEBUG, "sandbox %s: %s; moving the child instead", sb->run_id,
+                 enter_err.message);
   long pid = syscall(SYS_clone3, &ca, sizeof ca);
   if (pid < 0 && cgfd >= 0 && (errno == EINVAL || errno == E2BIG || errno == EOPNOTSUPP)) {
     /* A kernel before 5.7, or a group it refuses: the classic move below. */
@@ -616,14 +627,21 @@ jail_create(void *state, const eph_sandbox_spec_t *spec, eph_sandbox_t **out, in
   }
   if (pid == 0)
     jail_child_main(&args); /* never returns */
-  bool born_in_group = cgfd >= 0;
+  int clone_errno = errno;
+  bool born_in_group = cgfd >= 0 || entered;
   if (cgfd >= 0)
     close(cgfd);
+  if (pid > 0)
+    sb->pid = (pid_t)pid;
+  if (entered && (r = jail_cg_leave_thread(&j->cg, &home, err)) < 0) {
+    eph_error_wrap(err, "sandbox %s", sb->run_id);
+    goto fail;
+  }
   if (pid < 0) {
-    r = eph_error_set(err, errno,
+    r = eph_error_set(err, clone_errno,
                       "sandbox %s: clone3(new user, pid, mount, net, ipc, uts "
                       "namespaces): %s",
-                      sb->run_id, strerror(errno));
+                      sb->run_id, strerror(clone_errno));
     goto fail;
   }
   sb->pid = (pid_t)pid;
@@ -745,7 +763,7 @@ jail_stats(void *state, eph_sandbox_t *sb, eph_sandbox_report_t *out, eph_error_
   rep.memory_peak_bytes = c.memory_peak_bytes;
   rep.oom_kills = c.oom_kills;
   rep.pids_refused = c.pids_refused;
-  rep.processes_left = jail_cg_count(&j->cg, sb->run_id);
+  /* processes_left is destroy()'s: counting here read three cgroup.procs per command. */
   memcpy(out, &rep, size < sizeof rep ? size : sizeof rep);
   return 0;
 }

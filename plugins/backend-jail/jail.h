@@ -34,7 +34,17 @@ typedef struct jail_cgroups {
   int n_dirs;                   /* 3 (v1) or 1 (v2) */
   char *parent_path[JAIL_CG_N]; /* owned */
   int parent_fd[JAIL_CG_N];
+  char *root; /* the hierarchies' mount point ("/sys/fs/cgroup"); owned */
+  /* v1: every controller's mount shows its hierarchy from our cgroup namespace's root, so
+   * /proc/thread-self/cgroup's paths name directories under it (jail_cg_enter_thread) */
+  bool thread_paths_ok;
 } jail_cgroups_t;
+
+/* cgroup v1: the groups a thread was in before jail_cg_enter_thread moved it, one O_PATH
+ * directory fd per controller (-1: unused). */
+typedef struct jail_cg_home {
+  int fd[JAIL_CG_N];
+} jail_cg_home_t;
 
 /* Limits after defaults and operator maxima were applied. */
 typedef struct jail_limits {
@@ -89,6 +99,22 @@ int jail_cg_create(jail_cgroups_t *cg, const char *name, const jail_limits_t *li
  * grace period); the caller closes it. -1 on v1 (one group per controller, and v1 groups
  * cannot be a clone target) or on error. */
 int jail_cg_clone_fd(jail_cgroups_t *cg, const char *name);
+/* cgroup v1: moves the calling thread, and only it, into the run's groups by writing "0"
+ * to each group's `tasks` (the kernel migrates `current` without taking the global
+ * cgroup_threadgroup_rwsem for writing, so without the RCU grace period a cgroup.procs
+ * write waits for: ~0.2 ms instead of 5-25 ms here, and no cgroup_mutex held meanwhile).
+ * A process the thread then clone()s is born in the run's groups, with their limits
+ * already written. First checks that the thread may move back (a no-op move into each of
+ * its own groups, which a daemon without write access to them fails): home receives those
+ * groups. Returns 0 (the caller then must call jail_cg_leave_thread from the same thread),
+ * or negative + err with the thread where it was (home closed): the caller falls back to
+ * jail_cg_attach. */
+int jail_cg_enter_thread(jail_cgroups_t *cg, const char *name, jail_cg_home_t *home,
+                         eph_error_t *err);
+/* Moves the calling thread back to home's groups and closes home. 0, or negative + err
+ * when a move failed (the thread is then moved to the hierarchy's root group, so it never
+ * stays in a sandbox's group; the caller fails the create). */
+int jail_cg_leave_thread(jail_cgroups_t *cg, jail_cg_home_t *home, eph_error_t *err);
 /* Moves pid into the run's group(s). */
 int jail_cg_attach(jail_cgroups_t *cg, const char *name, pid_t pid, eph_error_t *err);
 /* Reads the counters (missing files read as 0). */

@@ -23,8 +23,9 @@
  *      inotify and fanotify: user_limits), /dev/pts (new instance, max= ptys), /dev/shm
  *      and /tmp tmpfs (size = scratch limit: a full disk is ENOSPC, not an OOM kill)
  *   8. loopback up (netlink), hostname
- *   9. wait until the parent has put us in our cgroups (on cgroup v1 a move waits ~25 ms for
- *      an RCU grace period: steps 2-8 run meanwhile), then unshare(CLONE_NEWCGROUP): the
+ *   9. wait until we are in our cgroups (normally born there; a daemon that cannot step its
+ *      thread into them moves us, and on cgroup v1 that move waits ~25 ms for an RCU grace
+ *      period: steps 2-8 run meanwhile), then unshare(CLONE_NEWCGROUP): the
  *      cgroup namespace is rooted at the sandbox's own group; pivot_root into the new root,
  *      detach the old root, remount / read-only
  *  10. RLIMIT_NOFILE, no_new_privs, close every other fd
