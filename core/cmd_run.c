@@ -352,11 +352,6 @@ eph_cmd_run(eph_ctx_t *ctx, int argc, char **argv)
   }
   const char *path = argv[optind];
   eph_error_t err = {0};
-  /* The daemon refuses to start on what `config check` refuses; a run does too. */
-  if (eph_ctx_check_selected(ctx, &err) < 0) {
-    eph_error("%s", err.message);
-    return 2;
-  }
   cleanup_free char *body = NULL;
   size_t len = 0;
   if (eph_read_file(strcmp(path, "-") == 0 ? "/dev/stdin" : path, REQUEST_MAX_BYTES, &body, &len,
@@ -380,6 +375,13 @@ eph_cmd_run(eph_ctx_t *ctx, int argc, char **argv)
   /* Only the plugins this request uses are loaded (the command's context is lazy); then a
    * granted connection is checked against them (eph_request_limits_t.plugins). */
   eph_run_load_plugins(ctx, &req, replay ? "replay:" : req.model);
+  /* The daemon refuses to start on what `config check` refuses; a run does too (a misspelt
+   * model_plugin included: every model plugin is loaded for a run that is not replayed). */
+  if (!replay && eph_ctx_check_selected(ctx, &err) < 0) {
+    eph_error("%s", err.message);
+    eph_request_free(&req);
+    return 2;
+  }
   if (req.n_connections) {
     eph_request_free(&req);
     limits.plugins = &ctx->plugins;
