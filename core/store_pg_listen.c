@@ -246,8 +246,9 @@ own_value(const char *key)
 }
 
 int
-eph_pg_listen(eph_store_t *base, void (*fn)(void *opaque, eph_store_note_t note, const char *run_id),
-              void *opaque, eph_store_listener_t **out, eph_error_t *err)
+eph_pg_listen(eph_store_t *base,
+              void (*fn)(void *opaque, eph_store_note_t note, const char *run_id), void *opaque,
+              eph_store_listener_t **out, eph_error_t *err)
 {
   pg_store_t *s = PG(base);
   pg_listener_t *l = eph_xcalloc(1, sizeof *l);
