@@ -199,6 +199,17 @@ finished(eph_server_t *srv, live_t *l)
  * (while it is up, an announced admission wakes it). */
 #define SHARED_QUEUE_POLL_MS 200
 
+/* A run leaving this node's memory queue on a cluster (a zero-data-retention run, counted in
+ * the shared queue as a local_only row for its bound): it leaves the count too, whether it
+ * starts, is cancelled or is abandoned by a drain. A no-op for a run that has no row. */
+static void
+leave_shared_queue(eph_server_t *srv, live_t *l)
+{
+  eph_error_t err = {0};
+  if (srv->shared_queue && eph_store_queue_remove(srv->store, l->id, &err) < 0)
+    eph_warn("run %s: leaving the shared queue: %s", l->id, err.message);
+}
+
 /* Whether a cancel was requested for run ID (eph_store_cancel_request, on any node). An
  * unreadable answer counts as no (the ticker's poll still sees the request later). */
 static bool
@@ -306,11 +317,8 @@ worker_main(void *arg)
       local_only = srv->shared_queue;
     }
     pthread_mutex_unlock(&srv->lock);
-    eph_error_t err = {0};
-    /* A zero-data-retention run waits in this node's memory, counted in the shared queue
-     * (local_only) for its bound: it leaves the count as it starts. */
-    if (local_only && eph_store_queue_remove(srv->store, l->id, &err) < 0)
-      eph_warn("run %s: leaving the shared queue: %s", l->id, err.message);
+    if (local_only)
+      leave_shared_queue(srv, l);
     if (cancelled)
       eph_run_abandon(l->run, "cancelled"); /* cancelled while in the shared queue */
     else
@@ -492,6 +500,7 @@ eph_srv_runs_drain(eph_server_t *srv, int grace_seconds)
     live_t *l = queued;
     queued = l->queue_next;
     l->queue_next = NULL;
+    leave_shared_queue(srv, l);
     eph_run_abandon(l->run, "shutdown");
     finished(srv, l);
     eph_srv_live_put(l);
@@ -813,6 +822,7 @@ eph_srv_cancel_live(eph_server_t *srv, live_t *l)
   if (ended)
     return false;
   if (abandon) {
+    leave_shared_queue(srv, l);
     eph_run_abandon(l->run, "cancelled");
     finished(srv, l);
   } else {
