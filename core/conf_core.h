@@ -49,6 +49,10 @@
   I(lease_seconds, 15, 2, 3600, "seconds",                                                         \
     "A cluster node's lease on its runs: a run whose node stops renewing it for this long is "     \
     "ended host_lost and settled by another node.")                                                \
+  I(cluster_poll_ms, 1500, 100, 3600000, "ms",                                                     \
+    "A cluster node's safety poll: while its LISTEN connection is up it looks at the database "    \
+    "this often for queued runs, cancel requests and followed runs' events that a lost "           \
+    "notification would miss (while it is down: every 200-250 ms).")                               \
   S(log_level, "warn", "Least severe level logged to stderr: error, warn, info or debug.")         \
   S(backend, "backend-jail", "Backend plugin used when a request or command does not name one.")   \
   S(model_plugin, "model-openai",                                                                  \

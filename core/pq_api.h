@@ -17,7 +17,11 @@
 #define EPH_PQ_FUNCTIONS(X)                                                                        \
   X(PQclear)                                                                                       \
   X(PQcmdTuples)                                                                                   \
+  X(PQbackendPID)                                                                                  \
   X(PQconnectdb)                                                                                   \
+  X(PQconnectdbParams)                                                                             \
+  X(PQconninfo)                                                                                    \
+  X(PQconsumeInput)                                                                                \
   X(PQconninfoFree)                                                                                \
   X(PQconninfoParse)                                                                               \
   X(PQerrorMessage)                                                                                \
@@ -31,12 +35,14 @@
   X(PQgetlength)                                                                                   \
   X(PQgetvalue)                                                                                    \
   X(PQnfields)                                                                                     \
+  X(PQnotifies)                                                                                    \
   X(PQntuples)                                                                                     \
   X(PQreset)                                                                                       \
   X(PQresultErrorField)                                                                            \
   X(PQresultErrorMessage)                                                                          \
   X(PQresultStatus)                                                                                \
   X(PQsetNoticeProcessor)                                                                          \
+  X(PQsocket)                                                                                      \
   X(PQstatus)
 
 EPH_LAZYLIB_API(eph_pq_api_t, EPH_PQ_FUNCTIONS);
@@ -51,7 +57,11 @@ int eph_pq_load(eph_error_t *err);
 #ifndef EPH_PQ_API_IMPLEMENTATION
 #define PQclear (eph_pq_api.PQclear)
 #define PQcmdTuples (eph_pq_api.PQcmdTuples)
+#define PQbackendPID (eph_pq_api.PQbackendPID)
 #define PQconnectdb (eph_pq_api.PQconnectdb)
+#define PQconnectdbParams (eph_pq_api.PQconnectdbParams)
+#define PQconninfo (eph_pq_api.PQconninfo)
+#define PQconsumeInput (eph_pq_api.PQconsumeInput)
 #define PQconninfoFree (eph_pq_api.PQconninfoFree)
 #define PQconninfoParse (eph_pq_api.PQconninfoParse)
 #define PQerrorMessage (eph_pq_api.PQerrorMessage)
@@ -65,12 +75,14 @@ int eph_pq_load(eph_error_t *err);
 #define PQgetlength (eph_pq_api.PQgetlength)
 #define PQgetvalue (eph_pq_api.PQgetvalue)
 #define PQnfields (eph_pq_api.PQnfields)
+#define PQnotifies (eph_pq_api.PQnotifies)
 #define PQntuples (eph_pq_api.PQntuples)
 #define PQreset (eph_pq_api.PQreset)
 #define PQresultErrorField (eph_pq_api.PQresultErrorField)
 #define PQresultErrorMessage (eph_pq_api.PQresultErrorMessage)
 #define PQresultStatus (eph_pq_api.PQresultStatus)
 #define PQsetNoticeProcessor (eph_pq_api.PQsetNoticeProcessor)
+#define PQsocket (eph_pq_api.PQsocket)
 #define PQstatus (eph_pq_api.PQstatus)
 #endif
 

@@ -271,6 +271,13 @@ int
 eph_runstore_settle_lost(eph_ctx_t *ctx, eph_store_t *store, const char *run_id,
                          eph_ledger_totals_t *totals, eph_error_t *err)
 {
+  return eph_runstore_settle_as(ctx, store, run_id, "failed", "host_lost", totals, err);
+}
+
+int
+eph_runstore_settle_as(eph_ctx_t *ctx, eph_store_t *store, const char *run_id, const char *status,
+                       const char *reason, eph_ledger_totals_t *totals, eph_error_t *err)
+{
   const eph_plugin_slot_t *ledger = eph_plugins_first(&ctx->plugins, EPH_KIND_LEDGER);
   if (!ledger)
     return eph_error_set(err, EPH_E_CONFIG, "run %s: no ledger plugin to settle it", run_id);
@@ -282,7 +289,10 @@ eph_runstore_settle_lost(eph_ctx_t *ctx, eph_store_t *store, const char *run_id,
     *err = e;
     return r;
   }
-  if ((r = complete_record(store, run_id, NULL, &t, r >= 0, err)) < 0)
+  cleanup_json json_object *note = json_object_new_object();
+  json_object_object_add(note, "status", json_object_new_string(status));
+  json_object_object_add(note, "reason", json_object_new_string(reason));
+  if ((r = complete_record(store, run_id, note, &t, r >= 0, err)) < 0)
     return r;
   if (totals)
     *totals = t;

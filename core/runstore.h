@@ -44,4 +44,11 @@ int eph_runstore_recover(eph_ctx_t *ctx, eph_store_t *store, bool quiet, int *pe
 int eph_runstore_settle_lost(eph_ctx_t *ctx, eph_store_t *store, const char *run_id,
                              eph_ledger_totals_t *totals, eph_error_t *err);
 
+/* The same for a run that ends otherwise without running here (a cancel of a run taken out
+ * of the shared queue that this node cannot build): ended `status` with `reason` when its
+ * record has no `ended` event yet. */
+int eph_runstore_settle_as(eph_ctx_t *ctx, eph_store_t *store, const char *run_id,
+                           const char *status, const char *reason, eph_ledger_totals_t *totals,
+                           eph_error_t *err);
+
 #endif

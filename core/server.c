@@ -624,6 +624,8 @@ eph_server_start(eph_ctx_t *ctx, const eph_server_options_t *opt, eph_server_t *
     goto fail;
   if ((r = open_listener(srv, err)) < 0)
     goto fail;
+  /* Before the workers: they read srv->listener from their first wait. */
+  eph_srv_listen_start(srv);
   if ((r = eph_srv_runs_init(srv, err)) < 0)
     goto fail;
 
@@ -713,6 +715,8 @@ eph_server_free(eph_server_t *srv)
   if (srv->listen_fd >= 0)
     close(srv->listen_fd);
   eph_webhooks_stop(srv->webhooks);
+  /* After the workers and the ticker (they ask whether it is up), before the store. */
+  eph_srv_listen_stop(srv);
   if (srv->store)
     eph_store_close(srv->store);
   free(srv->workers);

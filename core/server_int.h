@@ -32,7 +32,10 @@ typedef struct live live_t;
  * or SSE state that owns it; listed in srv->waiters while suspended. */
 typedef struct waiter {
   struct MHD_Connection *conn;
-  live_t *live;        /* whose events wake it, or NULL */
+  live_t *live; /* whose events wake it, or NULL */
+  /* A run executing on another cluster node whose announced events (NOTIFY eph_events)
+   * wake it, or NULL; borrowed from the owner of the waiter. */
+  const char *remote_id;
   int64_t deadline_ms; /* CLOCK_MONOTONIC; the ticker resumes it then */
   bool listed;
   struct waiter *prev, *next;
@@ -116,6 +119,15 @@ struct eph_server {
   /* PostgreSQL: runs are admitted into the cluster's shared queue and workers claim from it
    * (docs/cluster.md); false (SQLite): the in-memory queue only. */
   bool shared_queue;
+  /* PostgreSQL: the other nodes' announcements (server_listen.c); NULL on SQLite. While it
+   * is up, the database is polled every cluster_poll_ms only, for what a lost
+   * notification would miss; while it is down, at the old pace (200-250 ms). */
+  eph_store_listener_t *listener;
+  int64_t cluster_poll_ms;
+  /* Raised (under lock) by every announcement of a queued run / of any run's event: a
+   * worker or a follower that read the database before a raise reads again instead of
+   * sleeping through what it announced. */
+  uint64_t queue_gen, events_gen;
   int64_t next_purge_ms;
   pthread_t *workers;
   int n_workers;
@@ -183,11 +195,29 @@ bool eph_srv_cancel_live(eph_server_t *srv, live_t *l);
  * with `reason`, settled. False (nothing done) when a worker already took it. */
 bool eph_srv_unqueue_live(eph_server_t *srv, live_t *l, const char *reason);
 
+/* How long a cluster node waits before looking at the database again for something other
+ * nodes announce (a queued run, an event, a cancel): the long safety poll while the
+ * listener is up, else fallback_ms (the pace from before the listener). */
+static inline int64_t
+eph_srv_poll_ms(eph_server_t *srv, int64_t fallback_ms)
+{
+  return eph_store_listener_up(srv->listener) ? srv->cluster_poll_ms : fallback_ms;
+}
+
+/* server_listen.c: starts listening for other nodes' announcements on a PostgreSQL store
+ * (no-op on SQLite; a failure to start is logged and the node polls). Called before the
+ * workers start; stopped once they and the ticker have (eph_server_free). */
+void eph_srv_listen_start(eph_server_t *srv);
+void eph_srv_listen_stop(eph_server_t *srv);
+/* server_runs.c: cancels, among the run ids of a JSON array, those live on this node (a
+ * cancel request made on another node). */
+void eph_srv_cancel_ids(eph_server_t *srv, json_object *ids);
+
 /* Cluster duties run by the ticker (server_cluster.c); a no-op unless the store is
  * PostgreSQL. */
 typedef struct eph_srv_cluster {
   bool enabled;
-  int64_t lease_every_ms, next_cancel_poll_ms, next_lease_ms;
+  int64_t lease_every_ms, last_cancel_poll_ms, next_lease_ms;
 } eph_srv_cluster_t;
 void eph_srv_cluster_init(eph_server_t *srv, eph_srv_cluster_t *c);
 /* Returns the ids (a new JSON array, or NULL) of runs other nodes were asked to cancel: the
@@ -200,6 +230,13 @@ json_object *eph_srv_cluster_tick(eph_server_t *srv, eph_srv_cluster_t *c, int64
  * run is one this node already holds in memory (local_only, zero data retention) or could
  * not be rebuilt (then it is ended host_lost and settled, and a warning logged). */
 eph_run_t *eph_srv_cluster_claim(eph_server_t *srv, char **org_out);
+/* A cancel of run id while it waits in the shared queue (not live on this node): takes it
+ * out of the queue (eph_store_queue_take: of a claim and this, exactly one gets it) and ends
+ * it cancelled here and now, its whole reservation released, as a claimer would end it.
+ * 1 when done; 0 when it was not in the queue (claimed meanwhile: the caller requests the
+ * cancel from its claimer; or a zero-data-retention run held by its admitting node);
+ * -1 with err set when the store failed. */
+int eph_srv_cluster_cancel_queued(eph_server_t *srv, const char *id, eph_error_t *err);
 
 void eph_srv_wait_add(eph_server_t *srv, waiter_t *w);    /* srv->lock held: suspends w->conn */
 void eph_srv_wait_remove(eph_server_t *srv, waiter_t *w); /* srv->lock held */

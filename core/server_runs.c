@@ -19,7 +19,8 @@
 #include "util.h"
 #include "webhook.h"
 
-/* How often ?wait= on a run executing on another cluster node reads the store. */
+/* How often ?wait= on a run executing on another cluster node reads the store while the
+ * listener is down (while it is up, its announced events wake the wait). */
 #define CLUSTER_WAIT_POLL_MS 200
 
 /* ------------------------------------------------------------------ the table */
@@ -194,8 +195,20 @@ finished(eph_server_t *srv, live_t *l)
   eph_webhooks_run_ended(srv->webhooks, l->org, l->id, o);
 }
 
-/* How often an idle worker looks at the cluster's shared queue. */
+/* How often an idle worker looks at the cluster's shared queue while the listener is down
+ * (while it is up, an announced admission wakes it). */
 #define SHARED_QUEUE_POLL_MS 200
+
+/* A run leaving this node's memory queue on a cluster (a zero-data-retention run, counted in
+ * the shared queue as a local_only row for its bound): it leaves the count too, whether it
+ * starts, is cancelled or is abandoned by a drain. A no-op for a run that has no row. */
+static void
+leave_shared_queue(eph_server_t *srv, live_t *l)
+{
+  eph_error_t err = {0};
+  if (srv->shared_queue && eph_store_queue_remove(srv->store, l->id, &err) < 0)
+    eph_warn("run %s: leaving the shared queue: %s", l->id, err.message);
+}
 
 /* Whether a cancel was requested for run ID (eph_store_cancel_request, on any node). An
  * unreadable answer counts as no (the ticker's poll still sees the request later). */
@@ -236,7 +249,6 @@ claim_live(eph_server_t *srv, bool *cancelled)
   eph_error_t err = {0};
   /* Its row and `reserved` event (seq 1) were stored by the admitting node. */
   eph_runstore_adopt(srv->store, run, &obs, 1, &err);
-  *cancelled = cancel_requested(srv, l->id);
   pthread_mutex_lock(&srv->lock);
   unsigned b = bucket_of(l->id);
   l->bucket_next = srv->table[b];
@@ -246,6 +258,9 @@ claim_live(eph_server_t *srv, bool *cancelled)
   srv->running++;
   srv->live_count++;
   pthread_mutex_unlock(&srv->lock);
+  /* Read once it is in the table: a cancel requested from here on is delivered to it
+   * (announced, or the safety poll); one requested before is seen here. */
+  *cancelled = cancel_requested(srv, l->id);
   return l;
 }
 
@@ -262,16 +277,23 @@ worker_main(void *arg)
         pthread_cond_wait(&srv->cond, &srv->lock);
         continue;
       }
-      /* Idle on a cluster: take a run any node admitted (polled; a local admission of a
-       * zero-data-retention run still wakes this worker at once). */
+      /* Idle on a cluster: take a run any node admitted. An admission anywhere is announced
+       * (server_listen.c raises queue_gen and wakes the workers); the wait below is the
+       * safety poll, or the old pace while the listener is down. A local admission of a
+       * zero-data-retention run wakes this worker at once. */
+      uint64_t gen = srv->queue_gen;
       pthread_mutex_unlock(&srv->lock);
       l = claim_live(srv, &cancelled);
       pthread_mutex_lock(&srv->lock);
       if (l || srv->queue_head || srv->stopping)
         break;
+      if (srv->queue_gen != gen || srv->draining)
+        continue; /* announced while this worker was claiming: claim again */
+      int64_t poll_ms = eph_srv_poll_ms(srv, SHARED_QUEUE_POLL_MS);
       struct timespec until;
       clock_gettime(CLOCK_MONOTONIC, &until);
-      until.tv_nsec += SHARED_QUEUE_POLL_MS * 1000000L;
+      until.tv_sec += poll_ms / 1000;
+      until.tv_nsec += (poll_ms % 1000) * 1000000L;
       if (until.tv_nsec >= 1000000000L) {
         until.tv_sec++;
         until.tv_nsec -= 1000000000L;
@@ -295,11 +317,8 @@ worker_main(void *arg)
       local_only = srv->shared_queue;
     }
     pthread_mutex_unlock(&srv->lock);
-    eph_error_t err = {0};
-    /* A zero-data-retention run waits in this node's memory, counted in the shared queue
-     * (local_only) for its bound: it leaves the count as it starts. */
-    if (local_only && eph_store_queue_remove(srv->store, l->id, &err) < 0)
-      eph_warn("run %s: leaving the shared queue: %s", l->id, err.message);
+    if (local_only)
+      leave_shared_queue(srv, l);
     if (cancelled)
       eph_run_abandon(l->run, "cancelled"); /* cancelled while in the shared queue */
     else
@@ -369,17 +388,10 @@ ticker_main(void *arg)
         malloc_trim(0);
     }
     json_object *cancels = eph_srv_cluster_tick(srv, &cluster, now);
-    for (size_t i = 0; cancels && i < json_object_array_length(cancels); i++) {
-      live_t *l =
-          eph_srv_live_get(srv, json_object_get_string(json_object_array_get_idx(cancels, i)));
-      if (!l)
-        continue; /* another node's run */
-      if (eph_srv_cancel_live(srv, l))
-        eph_info("run %s: cancelled through another node", l->id);
-      eph_srv_live_put(l);
-    }
-    if (cancels)
+    if (cancels) {
+      eph_srv_cancel_ids(srv, cancels);
       json_object_put(cancels);
+    }
     if (purge) {
       int64_t days = eph_config_values(&srv->ctx->config)->retention_days;
       eph_error_t err = {0};
@@ -392,6 +404,19 @@ ticker_main(void *arg)
     }
   }
   return NULL;
+}
+
+void
+eph_srv_cancel_ids(eph_server_t *srv, json_object *ids)
+{
+  for (size_t i = 0; i < json_object_array_length(ids); i++) {
+    live_t *l = eph_srv_live_get(srv, json_object_get_string(json_object_array_get_idx(ids, i)));
+    if (!l)
+      continue; /* another node's run */
+    if (eph_srv_cancel_live(srv, l))
+      eph_info("run %s: cancelled through another node", l->id);
+    eph_srv_live_put(l);
+  }
 }
 
 int
@@ -475,6 +500,7 @@ eph_srv_runs_drain(eph_server_t *srv, int grace_seconds)
     live_t *l = queued;
     queued = l->queue_next;
     l->queue_next = NULL;
+    leave_shared_queue(srv, l);
     eph_run_abandon(l->run, "shutdown");
     finished(srv, l);
     eph_srv_live_put(l);
@@ -569,6 +595,16 @@ run_object_settled(json_object *o)
          strcmp(json_object_get_string(kind), "settled") == 0;
 }
 
+/* True when a stored run is complete: its `settled` event is stored and so is its row's end
+ * (written just after that event by the node that ran it). */
+static bool
+run_object_ended(json_object *o)
+{
+  const char *status = json_object_get_string(json_object_object_get(o, "status"));
+  return run_object_settled(o) && status && strcmp(status, "queued") != 0 &&
+         strcmp(status, "running") != 0;
+}
+
 MHD_RESULT
 eph_srv_runs_continue(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req)
 {
@@ -581,6 +617,7 @@ eph_srv_runs_continue(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *r
       req->live = l; /* keeps the ref while suspended */
       req->waiter.conn = c;
       req->waiter.live = l;
+      req->waiter.remote_id = NULL;
       req->waiter.deadline_ms = req->wait_until_ms;
       eph_srv_wait_add(srv, &req->waiter);
       pthread_mutex_unlock(&srv->lock);
@@ -598,27 +635,41 @@ eph_srv_runs_continue(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *r
     o = eph_run_to_json(l->run, true);
     eph_srv_live_put(l);
   } else {
-    o = eph_srv_run_object(srv, req->run_id, req->org, true, &err);
-    if (!o)
-      return eph_srv_store_failure(srv, c, &err);
-    int64_t now = eph_now_ms();
-    if (eph_store_kind(srv->store) == EPH_STORE_POSTGRES && req->wait_until_ms > now &&
-        !run_object_settled(o)) {
-      /* ?wait= for a run executing on another cluster node (an Idempotency-Key replay):
-       * its progress is in the store, polled until it settles or the wait is over. */
+    for (;;) {
       pthread_mutex_lock(&srv->lock);
-      if (!srv->stopping) {
-        json_object_put(o);
-        req->waiter.conn = c;
-        req->waiter.live = NULL;
-        req->waiter.deadline_ms = now + CLUSTER_WAIT_POLL_MS < req->wait_until_ms
-                                      ? now + CLUSTER_WAIT_POLL_MS
-                                      : req->wait_until_ms;
-        eph_srv_wait_add(srv, &req->waiter);
-        pthread_mutex_unlock(&srv->lock);
-        return MHD_YES;
-      }
+      uint64_t gen = srv->events_gen;
       pthread_mutex_unlock(&srv->lock);
+      o = eph_srv_run_object(srv, req->run_id, req->org, true, &err);
+      if (!o)
+        return eph_srv_store_failure(srv, c, &err);
+      int64_t now = eph_now_ms();
+      if (eph_store_kind(srv->store) != EPH_STORE_POSTGRES || req->wait_until_ms <= now ||
+          run_object_ended(o))
+        break;
+      /* ?wait= for a run executing on another cluster node (an Idempotency-Key replay):
+       * its progress is in the store, read again when it announces an event (its
+       * `settled` one ends the wait), at the latest after the poll interval. */
+      int64_t poll_ms = eph_srv_poll_ms(srv, CLUSTER_WAIT_POLL_MS);
+      pthread_mutex_lock(&srv->lock);
+      if (srv->stopping) {
+        pthread_mutex_unlock(&srv->lock);
+        break;
+      }
+      if (srv->events_gen != gen) {
+        /* An event was announced since the read: read again rather than sleep on it. */
+        pthread_mutex_unlock(&srv->lock);
+        json_object_put(o);
+        continue;
+      }
+      req->waiter.conn = c;
+      req->waiter.live = NULL;
+      req->waiter.remote_id = req->run_id;
+      req->waiter.deadline_ms =
+          now + poll_ms < req->wait_until_ms ? now + poll_ms : req->wait_until_ms;
+      eph_srv_wait_add(srv, &req->waiter);
+      pthread_mutex_unlock(&srv->lock);
+      json_object_put(o);
+      return MHD_YES;
     }
   }
   return eph_srv_json(c, srv, (unsigned)req->status, o);
@@ -771,6 +822,7 @@ eph_srv_cancel_live(eph_server_t *srv, live_t *l)
   if (ended)
     return false;
   if (abandon) {
+    leave_shared_queue(srv, l);
     eph_run_abandon(l->run, "cancelled");
     finished(srv, l);
   } else {
@@ -795,9 +847,22 @@ eph_srv_runs_cancel(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req
       return eph_srv_store_failure(srv, c, &err);
     const char *status = json_object_get_string(json_object_object_get(o, "status"));
     if (!l && eph_store_kind(srv->store) == EPH_STORE_POSTGRES && status &&
+        strcmp(status, "queued") == 0) {
+      /* Waiting in the shared queue: taken out of it and ended here, now (unless a node
+       * claimed it in the meantime: then the cancel is requested from that node below). */
+      int r = eph_srv_cluster_cancel_queued(srv, req->param, &err);
+      if (r < 0)
+        return eph_srv_store_failure(srv, c, &err);
+      if (r == 1) {
+        json_object *now = eph_srv_run_object(srv, req->param, req->org, false, &err);
+        return now ? eph_srv_json(c, srv, MHD_HTTP_OK, now) : eph_srv_store_failure(srv, c, &err);
+      }
+    }
+    if (!l && eph_store_kind(srv->store) == EPH_STORE_POSTGRES && status &&
         (strcmp(status, "queued") == 0 || strcmp(status, "running") == 0)) {
-      /* Executing on another node: the request goes through the database; that node
-       * cancels it within CLUSTER_CANCEL_POLL_MS. Answered with the run as it is now. */
+      /* Executing on another node: the request goes through the database, announced to
+       * that node (NOTIFY eph_cancels), which cancels it at once (or at its next poll when
+       * its listener is down). Answered with the run as it is now. */
       if (eph_store_cancel_request(srv->store, req->param, &err) < 0)
         return eph_srv_store_failure(srv, c, &err);
       return eph_srv_json(c, srv, MHD_HTTP_OK, json_object_get(o));

@@ -13,7 +13,9 @@
  * run's observer resumes it at the next event (the ticker resumes it every 15 s for a
  * keep-alive comment). A run no longer in memory is read from the store in one go; on a
  * cluster's shared store (PostgreSQL) it may be executing on another node, so its stored
- * events are polled every SSE_REMOTE_POLL_MS until its `settled` event (docs/cluster.md). */
+ * events are read again whenever that node announces one (NOTIFY eph_events, delivered by
+ * server_listen.c), and at the latest every cluster_poll_ms (every SSE_REMOTE_POLL_MS while
+ * the listener is down), until its `settled` event (docs/cluster.md). */
 #include <config.h>
 
 #include "server_int.h"
@@ -28,7 +30,8 @@
 
 /* The reconnection delay an EventSource is told to use after a dropped stream. */
 #define SSE_RETRY_MS 2000
-/* How often a stream of a run executing on another cluster node polls the store. */
+/* How often a stream of a run executing on another cluster node polls the store while the
+ * listener is down. */
 #define SSE_REMOTE_POLL_MS 200
 
 typedef struct sse {
@@ -41,6 +44,12 @@ typedef struct sse {
   size_t len, off;
   bool done;
   int64_t keepalive_at;
+  /* A followed run of another node (remote): the store is read when an event is announced
+   * (events_gen moved past slept_gen) or at poll_at (the safety poll), not at every
+   * keep-alive. slept: the last read found nothing and the stream went to sleep. */
+  bool slept;
+  uint64_t slept_gen;
+  int64_t poll_at;
   waiter_t waiter;
 } sse_t;
 
@@ -103,23 +112,36 @@ sse_read(void *cls, uint64_t pos, char *out, size_t max)
     if (s->done)
       return MHD_CONTENT_READER_END_OF_STREAM;
     if (!s->live) {
-      cleanup_json json_object *events = NULL;
-      eph_error_t err = {0};
-      if (eph_store_events_since(srv->store, s->run_id, s->last_seq, 0, &events, &err) < 0) {
-        eph_warn("events of %s: %s", s->run_id, err.message);
-        return MHD_CONTENT_READER_END_WITH_ERROR;
-      }
-      bool got = json_object_array_length(events) > 0;
-      append_events(s, events, true); /* done once `settled` went out */
-      /* One host: a run out of memory has nothing more to say. A cluster: it may be
-       * running on another node, whose events arrive in the store: polled until settled. */
-      if (!s->remote)
-        s->done = true;
-      if (got || s->done)
-        continue;
+      pthread_mutex_lock(&srv->lock);
+      uint64_t gen = srv->events_gen;
+      pthread_mutex_unlock(&srv->lock);
       int64_t now = eph_now_ms();
-      if (keepalive_due(s, now))
+      /* The store is read unless this wake is the keep-alive's only: nothing announced
+       * since the last read found nothing new, and the safety poll not due. */
+      bool read = !s->slept || gen != s->slept_gen || now >= s->poll_at;
+      s->slept = false;
+      if (read) {
+        cleanup_json json_object *events = NULL;
+        eph_error_t err = {0};
+        if (eph_store_events_since(srv->store, s->run_id, s->last_seq, 0, &events, &err) < 0) {
+          eph_warn("events of %s: %s", s->run_id, err.message);
+          return MHD_CONTENT_READER_END_WITH_ERROR;
+        }
+        bool got = json_object_array_length(events) > 0;
+        append_events(s, events, true); /* done once `settled` went out */
+        /* One host: a run out of memory has nothing more to say. A cluster: it may be
+         * running on another node, whose events arrive in the store, announced. */
+        if (!s->remote)
+          s->done = true;
+        if (got || s->done)
+          continue;
+        s->poll_at = now + eph_srv_poll_ms(srv, SSE_REMOTE_POLL_MS);
+      }
+      if (keepalive_due(s, now)) {
+        s->slept = true; /* what follows the comment is a keep-alive's wake, not a read's */
+        s->slept_gen = gen;
         continue;
+      }
       if (!s->keepalive_at)
         s->keepalive_at = now + SSE_KEEPALIVE_MS;
       pthread_mutex_lock(&srv->lock);
@@ -128,11 +150,19 @@ sse_read(void *cls, uint64_t pos, char *out, size_t max)
         s->done = true;
         continue;
       }
+      if (srv->events_gen != gen) {
+        /* An event was announced since the read: read again rather than sleep on it. */
+        pthread_mutex_unlock(&srv->lock);
+        continue;
+      }
+      s->slept = true;
+      s->slept_gen = gen;
       s->waiter.live = NULL;
-      s->waiter.deadline_ms = now + SSE_REMOTE_POLL_MS;
+      s->waiter.remote_id = s->run_id;
+      s->waiter.deadline_ms = s->poll_at < s->keepalive_at ? s->poll_at : s->keepalive_at;
       eph_srv_wait_add(srv, &s->waiter);
       pthread_mutex_unlock(&srv->lock);
-      return 0; /* suspended: the ticker resumes it at the deadline */
+      return 0; /* suspended: its announced event (server_listen.c) or the deadline resumes it */
     }
     bool settled = eph_run_settled(s->live->run);
     cleanup_json json_object *events = eph_run_events_json(s->live->run, s->last_seq);
@@ -161,6 +191,7 @@ sse_read(void *cls, uint64_t pos, char *out, size_t max)
     if (!s->keepalive_at)
       s->keepalive_at = now + SSE_KEEPALIVE_MS;
     s->waiter.live = s->live;
+    s->waiter.remote_id = NULL;
     s->waiter.deadline_ms = s->keepalive_at;
     eph_srv_wait_add(srv, &s->waiter);
     pthread_mutex_unlock(&srv->lock);

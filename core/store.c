@@ -494,6 +494,44 @@ eph_store_queue_length(eph_store_t *s, int64_t *n, eph_error_t *err)
   return s->ops->queue_length(s, n, err);
 }
 
+int
+eph_store_queue_take(eph_store_t *s, const char *run_id, json_object **out, eph_error_t *err)
+{
+  *out = NULL;
+  int r = check_text("run id", run_id, MAX_ID_BYTES, err);
+  if (r < 0)
+    return r;
+  if (!s->ops->queue_take)
+    return eph_error_set(err, ENOTSUP, "%s: no cluster on this store", s->path);
+  return s->ops->queue_take(s, run_id, out, err);
+}
+
+int
+eph_store_listen(eph_store_t *s,
+                 void (*fn)(void *opaque, eph_store_note_t note, const char *run_id), void *opaque,
+                 eph_store_listener_t **out, eph_error_t *err)
+{
+  *out = NULL;
+  if (!fn)
+    return eph_error_set(err, EINVAL, "listening: no function to call");
+  if (!s->ops->listen)
+    return eph_error_set(err, ENOTSUP, "%s: no cluster on this store", s->path);
+  return s->ops->listen(s, fn, opaque, out, err);
+}
+
+bool
+eph_store_listener_up(eph_store_listener_t *l)
+{
+  return l && l->up(l);
+}
+
+void
+eph_store_listener_stop(eph_store_listener_t *l)
+{
+  if (l)
+    l->stop(l);
+}
+
 /* ---------------------------------------------------------------- retention, health */
 
 int

@@ -271,6 +271,54 @@ int eph_store_queue_remove(eph_store_t *store, const char *run_id, eph_error_t *
 /* How many runs wait in the shared queue (the number the bound is checked against). */
 int eph_store_queue_length(eph_store_t *store, int64_t *n, eph_error_t *err);
 
+/* Takes run_id out of the shared queue for a cancel (PostgreSQL): deletes its queue row
+ * (one not local_only) and gives the run this node's name and a fresh lease, in one
+ * statement, as eph_store_queue_claim does for the oldest run. A claim running at the same
+ * moment holds the row's lock: this waits for it and then finds the row gone, so exactly
+ * one of the claim and the take gets the run. *out: NULL when the run was not in the
+ * queue (claimed, ended, a zero-data-retention run another node holds, or never queued),
+ * else the object eph_store_queue_claim gives, owned by the caller; the caller ends the
+ * run (it never runs). -ENOTSUP on SQLite or without a node_name. */
+int eph_store_queue_take(eph_store_t *store, const char *run_id, json_object **out,
+                         eph_error_t *err);
+
+/* What another node announced (PostgreSQL NOTIFY, delivered to eph_store_listen's fn). */
+typedef enum eph_store_note {
+  EPH_NOTE_QUEUE,  /* run_id was pushed into the shared queue (channel eph_queue) */
+  EPH_NOTE_EVENTS, /* run_id got a new event (channel eph_events) */
+  EPH_NOTE_CANCEL, /* a cancel of run_id was requested (channel eph_cancels) */
+  /* The listener (re)connected, or lost its connection (run_id NULL): notifications sent
+   * while it was down are lost, so anything may have happened: look at the queue, the
+   * cancels and the followed runs now, and choose the poll interval again
+   * (eph_store_listener_up). */
+  EPH_NOTE_RESYNC,
+} eph_store_note_t;
+
+typedef struct eph_store_listener eph_store_listener_t;
+
+/* Listens for the cluster's announcements (PostgreSQL LISTEN) on a connection of its own
+ * (never the store's, which serves statements behind its mutex), in one thread that waits
+ * on the connection's socket. fn(opaque, note, run_id) is called from that thread for
+ * every notification (run_id borrowed for the call); it must be quick and must not stop
+ * the listener. A lost connection is reconnected with a backoff (0.1 s doubling to 5 s);
+ * each successful connection (the first included) and each loss is announced with
+ * EPH_NOTE_RESYNC. While
+ * it is down, eph_store_listener_up() is false: the caller polls as it would without it.
+ * application_name of the connection: "ephemeral-listen <node_name>". The listener does not
+ * keep the store alive: stop it before closing the store. -ENOTSUP on SQLite (one host
+ * has nothing to listen to). *out owned by the caller, released with
+ * eph_store_listener_stop. */
+int eph_store_listen(eph_store_t *store,
+                     void (*fn)(void *opaque, eph_store_note_t note, const char *run_id),
+                     void *opaque, eph_store_listener_t **out, eph_error_t *err);
+
+/* True while the listener's connection is up and LISTENing (notifications arrive). */
+bool eph_store_listener_up(eph_store_listener_t *l);
+
+/* Stops the thread (waiting for a connection attempt in progress, at most its
+ * connect_timeout) and closes the connection; l may be NULL. */
+void eph_store_listener_stop(eph_store_listener_t *l);
+
 /* ---------------------------------------------------------------- other modules' tables */
 
 /* Runs fn(db, opaque, err) holding the store's lock (the one connection, see the top

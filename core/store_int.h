@@ -75,10 +75,19 @@ typedef struct eph_store_ops {
                  eph_error_t *err);
   int (*pg_query)(eph_store_t *s, const char *sql, int n, const char *const *vals,
                   json_object **rows, int *changes, const char *what, eph_error_t *err);
+  int (*queue_take)(eph_store_t *s, const char *run_id, json_object **out, eph_error_t *err);
+  int (*listen)(eph_store_t *s, void (*fn)(void *opaque, eph_store_note_t note, const char *run_id),
+                void *opaque, eph_store_listener_t **out, eph_error_t *err);
   /* NULL when the implementation has no SQLite connection to lend. */
   int (*with_db)(eph_store_t *s, int (*fn)(struct sqlite3 *db, void *opaque, eph_error_t *err),
                  void *opaque, eph_error_t *err);
 } eph_store_ops_t;
+
+/* A listener's implementation starts with this (see eph_store_listen). */
+struct eph_store_listener {
+  bool (*up)(eph_store_listener_t *l);
+  void (*stop)(eph_store_listener_t *l);
+};
 
 struct eph_store {
   const eph_store_ops_t *ops;

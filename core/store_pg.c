@@ -193,14 +193,18 @@ pg_run_update(eph_store_t *base, const char *id, const char *status, json_object
   int r;
   i64s_t now = i64s(eph_wall_us());
   const char *v[] = {id, status, json_text(output), json_text(usage), now.s};
-  /* output is kept NULL under zdr whatever is bound. */
+  /* output is kept NULL under zdr whatever is bound. The end of a run (its row written
+   * after its `settled` event) is announced like an event: a node waiting for the run to
+   * end (?wait=) reads the finished row then, not at its next poll. */
   cleanup_pgresult PGresult *res =
       eph_pg_run(PG(base),
-                 "UPDATE runs SET status = coalesce($2, status),"
+                 "WITH u AS (UPDATE runs SET status = coalesce($2, status),"
                  " output = CASE WHEN zdr THEN NULL ELSE coalesce($3, output) END,"
-                 " usage = coalesce($4, usage), updated_at_us = $5 WHERE id = $1",
+                 " usage = coalesce($4, usage), updated_at_us = $5 WHERE id = $1 RETURNING id)"
+                 " SELECT CASE WHEN $2 NOT IN ('queued', 'running')"
+                 "  THEN pg_notify('eph_events', id) END FROM u",
                  5, v, "updating the run", &r, err);
-  if (r >= 0 && affected(res) == 0)
+  if (r >= 0 && PQntuples(res) == 0)
     r = eph_error_set(err, ENOENT, "run %s does not exist", id);
   return r;
 }
@@ -487,6 +491,8 @@ static const eph_store_ops_t pg_ops = {
     .queue_claim = eph_pg_queue_claim,
     .queue_remove = eph_pg_queue_remove,
     .queue_length = eph_pg_queue_length,
+    .queue_take = eph_pg_queue_take,
+    .listen = eph_pg_listen,
     .leases_renew = eph_pg_leases_renew,
     .leases_take_expired = eph_pg_leases_take_expired,
     .with_db = pg_with_db,

@@ -123,8 +123,12 @@ eph_pg_queue_push(eph_store_t *base, const char *run_id, int64_t reserved_micros
                  " ins AS (INSERT INTO run_queue(run_id, admitted_by, local_only, reserved_micros,"
                  "  queued_at_us) SELECT $1, $2, $3, $4, $6 FROM gate RETURNING run_id),"
                  " rel AS (UPDATE runs SET node = NULL, lease_expires_us = NULL"
-                 "  WHERE id IN (SELECT run_id FROM ins) AND NOT $3::boolean)"
-                 " SELECT (SELECT count(*) FROM run), (SELECT count(*) FROM ins)",
+                 "  WHERE id IN (SELECT run_id FROM ins) AND NOT $3::boolean),"
+                 /* Announced to idle workers of every node (delivered at commit); a
+                  * local_only run is woken by its own node, in memory. */
+                 " n AS (SELECT pg_notify('eph_queue', run_id) FROM ins WHERE NOT $3::boolean)"
+                 " SELECT (SELECT count(*) FROM run), (SELECT count(*) FROM ins),"
+                 "  (SELECT count(*) FROM n)",
                  6, v, "queueing the run", &r, err);
   if (r < 0)
     return r;
@@ -135,36 +139,34 @@ eph_pg_queue_push(eph_store_t *base, const char *run_id, int64_t reserved_micros
   return 0;
 }
 
-int
-eph_pg_queue_claim(eph_store_t *base, json_object **out, eph_error_t *err)
+/* The rest of a claim after the row is picked (CTE c): the row leaves the queue and its count,
+ * and the run gets this node ($1) and a lease until $2, only while it is still queued. A
+ * row whose run is no longer queued (a push committed whose answer was lost: the retry
+ * failed and the admitting node ended the run) is dropped, never claimed: an ended run is
+ * not run again. */
+#define CLAIM_REST                                                                                 \
+  "  RETURNING run_id, reserved_micros, local_only),"                                              \
+  " d AS (UPDATE run_queue_length SET n = n - (SELECT count(*) FROM c) WHERE id = 1"               \
+  "  AND EXISTS (SELECT 1 FROM c)),"                                                               \
+  " u AS (UPDATE runs SET node = $1, lease_expires_us = $2 FROM c"                                 \
+  "  WHERE runs.id = c.run_id AND runs.status = 'queued'"                                          \
+  "  RETURNING runs.id, runs.org, runs.request, runs.zdr,"                                         \
+  "  runs.created_at_us)"                                                                          \
+  " SELECT u.id, u.org, u.request, u.zdr, u.created_at_us, c.reserved_micros,"                     \
+  "  c.local_only FROM u JOIN c ON c.run_id = u.id"
+
+/* Runs a claim statement (CLAIM_REST after the pick; $3 = run_id when given) and shapes its
+ * row as eph_store_queue_claim documents; *out stays NULL when it took nothing. */
+static int
+claim_with(pg_store_t *s, const char *sql, const char *run_id, const char *what, json_object **out,
+           eph_error_t *err)
 {
-  pg_store_t *s = PG(base);
   if (!s->node)
-    return eph_error_set(err, ENOTSUP, "%s: no node_name: no shared queue", base->path);
+    return eph_error_set(err, ENOTSUP, "%s: no node_name: no shared queue", s->base.path);
   int r;
   i64s_t until = i64s(eph_wall_us() + s->lease_us);
-  const char *v[] = {s->node, until.s};
-  /* SKIP LOCKED: nodes claiming at once take different rows instead of waiting for each
-   * other; the row leaves the queue and the run gets this node and a lease in the same
-   * statement, so a claimed run always has a holder (and a lease that can expire). A row
-   * whose run is no longer queued (a push committed whose answer was lost: the retry
-   * failed and the admitting node ended the run) is dropped, never claimed: an ended run
-   * is not run again. */
-  cleanup_pgresult PGresult *res =
-      eph_pg_run(s,
-                 "WITH c AS (DELETE FROM run_queue WHERE run_id = ("
-                 "  SELECT run_id FROM run_queue WHERE NOT local_only OR admitted_by = $1"
-                 "  ORDER BY queued_at_us, run_id LIMIT 1 FOR UPDATE SKIP LOCKED)"
-                 "  RETURNING run_id, reserved_micros, local_only),"
-                 " d AS (UPDATE run_queue_length SET n = n - (SELECT count(*) FROM c) WHERE id = 1"
-                 "  AND EXISTS (SELECT 1 FROM c)),"
-                 " u AS (UPDATE runs SET node = $1, lease_expires_us = $2 FROM c"
-                 "  WHERE runs.id = c.run_id AND runs.status = 'queued'"
-                 "  RETURNING runs.id, runs.org, runs.request, runs.zdr,"
-                 "  runs.created_at_us)"
-                 " SELECT u.id, u.org, u.request, u.zdr, u.created_at_us, c.reserved_micros,"
-                 "  c.local_only FROM u JOIN c ON c.run_id = u.id",
-                 2, v, "claiming a queued run", &r, err);
+  const char *v[] = {s->node, until.s, run_id};
+  cleanup_pgresult PGresult *res = eph_pg_run(s, sql, run_id ? 3 : 2, v, what, &r, err);
   if (r < 0 || PQntuples(res) == 0)
     return r;
   json_object *o = json_object_new_object();
@@ -177,6 +179,29 @@ eph_pg_queue_claim(eph_store_t *base, json_object **out, eph_error_t *err)
   json_object_object_add(o, "local_only", json_object_new_boolean(PQgetvalue(res, 0, 6)[0] == 't'));
   *out = o;
   return 0;
+}
+
+int
+eph_pg_queue_claim(eph_store_t *base, json_object **out, eph_error_t *err)
+{
+  /* SKIP LOCKED: nodes claiming at once take different rows instead of waiting for each
+   * other; the row leaves the queue and the run gets this node and a lease in the same
+   * statement, so a claimed run always has a holder (and a lease that can expire). */
+  return claim_with(PG(base),
+                    "WITH c AS (DELETE FROM run_queue WHERE run_id = ("
+                    "  SELECT run_id FROM run_queue WHERE NOT local_only OR admitted_by = $1"
+                    "  ORDER BY queued_at_us, run_id LIMIT 1 FOR UPDATE SKIP LOCKED)" CLAIM_REST,
+                    NULL, "claiming a queued run", out, err);
+}
+
+int
+eph_pg_queue_take(eph_store_t *base, const char *run_id, json_object **out, eph_error_t *err)
+{
+  /* Not SKIP LOCKED: a claimer holding the row makes this wait, then find it gone (the
+   * DELETE re-checks a row changed under it); a take holding it makes claimers skip it. */
+  return claim_with(
+      PG(base), "WITH c AS (DELETE FROM run_queue WHERE run_id = $3 AND NOT local_only" CLAIM_REST,
+      run_id, "taking a queued run out of the queue", out, err);
 }
 
 int

@@ -104,6 +104,11 @@ int eph_pg_queue_push(eph_store_t *base, const char *run_id, int64_t reserved_mi
 int eph_pg_queue_claim(eph_store_t *base, json_object **out, eph_error_t *err);
 int eph_pg_queue_remove(eph_store_t *base, const char *run_id, eph_error_t *err);
 int eph_pg_queue_length(eph_store_t *base, int64_t *n, eph_error_t *err);
+int eph_pg_queue_take(eph_store_t *base, const char *run_id, json_object **out, eph_error_t *err);
+/* store_pg_listen.c: eph_store_listen's implementation. */
+int eph_pg_listen(eph_store_t *base,
+                  void (*fn)(void *opaque, eph_store_note_t note, const char *run_id), void *opaque,
+                  eph_store_listener_t **out, eph_error_t *err);
 
 /* eph_store_with_pg and one statement inside it (store_pg_sql.c); contracts in store.h. */
 int eph_pg_with_pg(eph_store_t *base, bool transaction,
