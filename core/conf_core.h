@@ -49,6 +49,11 @@
   I(lease_seconds, 15, 2, 3600, "seconds",                                                         \
     "A cluster node's lease on its runs: a run whose node stops renewing it for this long is "     \
     "ended host_lost and settled by another node.")                                                \
+  SX(ledger, "(unset: ledger-postgres with a PostgreSQL database, else the first enabled ledger)",  \
+     "The ledger plugin (the money). Unset: with a PostgreSQL `database` the ledger is "            \
+     "ledger-postgres in that database (every node shares it); otherwise the first enabled "      \
+     "ledger-* block. Naming one loads that block whatever its `enabled` says and no other "      \
+     "ledger-* block (docs/cluster.md).")                                                          \
   S(log_level, "warn", "Least severe level logged to stderr: error, warn, info or debug.")         \
   S(backend, "backend-jail", "Backend plugin used when a request or command does not name one.")   \
   S(model_plugin, "model-openai",                                                                  \

@@ -13,6 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cluster_ledger.h"
 #include "log.h"
 #include "runstore.h"
 #include "server_cache.h"
@@ -321,6 +322,8 @@ ticker_main(void *arg)
   const struct timespec tick = {0, 100 * 1000000};
   eph_srv_cluster_t cluster;
   eph_srv_cluster_init(srv, &cluster);
+  eph_orphans_t orphans; /* reservations of nodes lost before recording their run */
+  eph_orphans_init(&orphans, srv->ctx, srv->store);
   for (;;) {
     nanosleep(&tick, NULL);
     live_t *dead = NULL;
@@ -369,6 +372,7 @@ ticker_main(void *arg)
         malloc_trim(0);
     }
     json_object *cancels = eph_srv_cluster_tick(srv, &cluster, now);
+    eph_orphans_tick(&orphans, srv->ctx, srv->store, now);
     for (size_t i = 0; cancels && i < json_object_array_length(cancels); i++) {
       live_t *l =
           eph_srv_live_get(srv, json_object_get_string(json_object_array_get_idx(cancels, i)));

@@ -65,6 +65,8 @@ typedef struct eph_store_ops {
   int (*queue_claim)(eph_store_t *s, json_object **out, eph_error_t *err);
   int (*queue_remove)(eph_store_t *s, const char *run_id, eph_error_t *err);
   int (*queue_length)(eph_store_t *s, int64_t *n, eph_error_t *err);
+  int (*cluster_ledger)(eph_store_t *s, const char *identity, const char *plugin, const char *node,
+                        json_object **out, eph_error_t *err);
   /* NULL when the implementation has no SQLite connection to lend. */
   int (*with_db)(eph_store_t *s, int (*fn)(struct sqlite3 *db, void *opaque, eph_error_t *err),
                  void *opaque, eph_error_t *err);

@@ -489,6 +489,7 @@ static const eph_store_ops_t pg_ops = {
     .queue_length = eph_pg_queue_length,
     .leases_renew = eph_pg_leases_renew,
     .leases_take_expired = eph_pg_leases_take_expired,
+    .cluster_ledger = eph_pg_cluster_ledger,
     .with_db = pg_with_db,
 };
 

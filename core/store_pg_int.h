@@ -104,5 +104,8 @@ int eph_pg_queue_push(eph_store_t *base, const char *run_id, int64_t reserved_mi
 int eph_pg_queue_claim(eph_store_t *base, json_object **out, eph_error_t *err);
 int eph_pg_queue_remove(eph_store_t *base, const char *run_id, eph_error_t *err);
 int eph_pg_queue_length(eph_store_t *base, int64_t *n, eph_error_t *err);
+/* store_pg_ledger.c: eph_store_cluster_ledger. */
+int eph_pg_cluster_ledger(eph_store_t *base, const char *identity, const char *plugin,
+                          const char *node, json_object **out, eph_error_t *err);
 
 #endif

@@ -100,6 +100,15 @@ const char *const eph_store_pg_migrations[] = {
     "  n BIGINT NOT NULL CHECK (n >= 0)"
     ");"
     "INSERT INTO run_queue_length(id, n) VALUES (1, 0);",
+    /* 4 -> 5: the ledger every node must share (docs/cluster.md): the identity of the
+     * ledger the first node used, which every later node's ledger must answer too. */
+    "CREATE TABLE cluster_ledger ("
+    "  one BOOLEAN PRIMARY KEY DEFAULT true CHECK (one),"
+    "  identity TEXT NOT NULL,"
+    "  plugin TEXT NOT NULL,"
+    "  node TEXT NOT NULL,"
+    "  recorded_at_us BIGINT NOT NULL"
+    ");",
 };
 const int eph_store_pg_schema_version =
     (int)(sizeof eph_store_pg_migrations / sizeof eph_store_pg_migrations[0]);
