@@ -61,8 +61,8 @@ eph_orphans_tick(eph_orphans_t *o, eph_ctx_t *ctx, eph_store_t *store, int64_t n
   /* Older than a lease and a grace: a live node stores the row within milliseconds of the
    * reservation; one silent that long has lost its runs to the lease takeover too. */
   int64_t before = eph_wall_us() - o->lease_us - EPH_ORPHAN_GRACE_S * 1000000LL;
-  int n = EPH_WITH_PLUGIN(ledger, ops->open_reservations(ledger->state, before, ORPHAN_BATCH,
-                                                         collect, open, &err));
+  int n = EPH_WITH_PLUGIN(
+      ledger, ops->open_reservations(ledger->state, before, ORPHAN_BATCH, collect, open, &err));
   if (n < 0) {
     eph_warn("looking for orphan reservations: %s", err.message);
     return 0;

@@ -8,8 +8,8 @@
 #include "util.h"
 
 int
-eph_pg_cluster_ledger(eph_store_t *base, const char *identity, const char *plugin,
-                      const char *node, json_object **out, eph_error_t *err)
+eph_pg_cluster_ledger(eph_store_t *base, const char *identity, const char *plugin, const char *node,
+                      json_object **out, eph_error_t *err)
 {
   pg_store_t *s = PG(base);
   int r = 0;
