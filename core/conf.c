@@ -15,7 +15,6 @@
 #include <sys/stat.h>
 
 #include "log.h"
-#include "store.h"
 #include "util.h"
 
 /* ------------------------------------------------------------------ the core's tables */
@@ -659,8 +658,9 @@ choose_ledger(eph_config_t *c, eph_error_t *err)
   const char *want = c->values.ledger;
   bool named = want && *want;
   if (!named) {
-    const char *db = eph_config_database(c);
-    if (!db || !eph_store_target_is_pg(db))
+    /* Any database means the shared store: one that is not a PostgreSQL target is refused
+     * where the store is opened (core/cluster.c), before any money moves. */
+    if (!eph_config_database(c))
       return 0;
     want = "ledger-postgres";
   }
