@@ -1404,6 +1404,42 @@ test_identity_and_open_reservations(void **st)
   check_journal(f);
 }
 
+/* A ledger made before identities existed (ledger-postgres schema 1, ledger-sqlite 2) gets
+ * one at its next start, its money untouched; the identity cannot be changed afterwards. */
+static void
+test_identity_added_by_upgrade(void **st)
+{
+  fixture_t *f = *st;
+  eph_error_t err = {0};
+  assert_int_equal(f->ops->credit(f->state, "acme", 1234, &err), 0);
+  unload(f);
+  raw_t *db = raw_open(f);
+#if TEST_LEDGER_PG
+  assert_int_equal(
+      raw_exec(db, "DROP TABLE identity; UPDATE schema_version SET version = 1", NULL, 0), 0);
+#else
+  assert_int_equal(raw_exec(db, "DROP TABLE identity; PRAGMA user_version = 2", NULL, 0), 0);
+#endif
+  raw_close(db);
+  assert_int_equal(load(f, NULL, &err), 0);
+  char id[EPH_LEDGER_IDENTITY_BYTES] = "";
+  assert_int_equal(f->ops->identity(f->state, id, sizeof id, &err), 0);
+  assert_int_equal(strlen(id), 36);
+  assert_int_equal(balance(f, "acme"), 1234);
+  db = raw_open(f);
+#if TEST_LEDGER_PG
+  assert_int_equal(raw_int(db, "SELECT version FROM schema_version", NULL), 2);
+#else
+  assert_int_equal(raw_int(db, "PRAGMA user_version", NULL), 3);
+#endif
+  assert_int_equal(raw_int(db, "SELECT count(*) FROM identity", NULL), 1);
+  /* Fixed once made: a second ledger cannot take this one's identity, nor this one lose it. */
+  assert_int_equal(raw_exec(db, "UPDATE identity SET created_us = 0", NULL, 0), 1);
+  assert_int_equal(raw_exec(db, "DELETE FROM identity", NULL, 0), 1);
+  raw_close(db);
+  check_journal(f);
+}
+
 int
 main(void)
 {
@@ -1420,6 +1456,7 @@ main(void)
     cmocka_unit_test_setup_teardown(test_settle_open_after_crash, setup, teardown),
     cmocka_unit_test_setup_teardown(test_append_only_enforced, setup, teardown),
     cmocka_unit_test_setup_teardown(test_identity_and_open_reservations, setup, teardown),
+    cmocka_unit_test_setup_teardown(test_identity_added_by_upgrade, setup, teardown),
 #if TEST_LEDGER_PG
     cmocka_unit_test_setup_teardown(test_pg_core_database_by_default, setup, teardown),
     cmocka_unit_test_setup_teardown(test_pg_config_and_unreachable, setup, teardown),
