@@ -91,7 +91,7 @@ eph_store_open_ctx(const eph_ctx_t *ctx, const eph_store_options_t *opt, bool as
   }
   r = eph_store_open(cc.database ? cc.database : local, &o, out, err);
   /* One ledger for the whole cluster: the first process records it, the others must match. */
-  if (r == 0 && (r = eph_cluster_ledger_check((eph_ctx_t *)ctx, *out, cc.node_name, err)) < 0) {
+  if (r == 0 && (r = eph_cluster_ledger_check(ctx, *out, cc.node_name, err)) < 0) {
     eph_store_close(*out);
     *out = NULL;
   }

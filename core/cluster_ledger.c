@@ -11,7 +11,7 @@
 #include "util.h"
 
 int
-eph_cluster_ledger_check(eph_ctx_t *ctx, eph_store_t *store, const char *record_as,
+eph_cluster_ledger_check(const eph_ctx_t *ctx, eph_store_t *store, const char *record_as,
                          eph_error_t *err)
 {
   if (!store || eph_store_kind(store) != EPH_STORE_POSTGRES)

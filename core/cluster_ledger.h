@@ -26,7 +26,7 @@
  * its identity (a plugin without eph_ledger_ops_t.identity), err naming both ledgers and
  * the node that recorded the cluster's. Another negative errno when the store or the ledger
  * failed. */
-int eph_cluster_ledger_check(eph_ctx_t *ctx, eph_store_t *store, const char *record_as,
+int eph_cluster_ledger_check(const eph_ctx_t *ctx, eph_store_t *store, const char *record_as,
                              eph_error_t *err);
 
 /* A cluster node's sweep of orphan reservations (cluster_orphans.c), run by the daemon's
