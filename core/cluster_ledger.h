@@ -35,7 +35,10 @@ int eph_cluster_ledger_check(const eph_ctx_t *ctx, eph_store_t *store, const cha
  * a row is inserted for the run (the fence: the admitting node's own insert then fails,
  * and of several nodes sweeping at once exactly one inserts it), the reservation settled
  * (released: nothing was billed) and the record completed failed/host_lost with the
- * ledger's totals, as a lost node's run (eph_runstore_settle_lost). */
+ * ledger's totals, as a lost node's run (eph_runstore_settle_lost). A run whose row has
+ * ended while its reservation is still open (its node's settle failed, and the node may be
+ * gone with the lock file its reconciler retries from) is settled the same way, its record
+ * completed from its stored `ended` event. */
 #define EPH_ORPHAN_GRACE_S 5
 
 typedef struct eph_orphans {

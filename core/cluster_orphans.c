@@ -8,6 +8,7 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <string.h>
 
 #include "cluster.h"
 #include "loader.h"
@@ -73,10 +74,33 @@ eph_orphans_tick(eph_orphans_t *o, eph_ctx_t *ctx, eph_store_t *store, int64_t n
     const char *id = json_object_get_string(json_object_object_get(r, "run_id"));
     eph_ledger_totals_t t = {0};
     err = (eph_error_t){0};
-    int s = eph_runstore_settle_orphan(
-        ctx, store, id, json_object_get_string(json_object_object_get(r, "org")),
-        json_object_get_int64(json_object_object_get(r, "reserved_unix_us")),
-        json_object_get_string(json_object_object_get(r, "node")), &t, &err);
+    cleanup_json json_object *row = NULL;
+    int s = eph_store_run_get(store, id, NULL, &row, &err);
+    const char *status =
+        s == 0 ? json_object_get_string(json_object_object_get(row, "status")) : NULL;
+    if (s == -ENOENT) {
+      err = (eph_error_t){0};
+      s = eph_runstore_settle_orphan(
+          ctx, store, id, json_object_get_string(json_object_object_get(r, "org")),
+          json_object_get_int64(json_object_object_get(r, "reserved_unix_us")),
+          json_object_get_string(json_object_object_get(r, "node")), &t, &err);
+    } else if (s == 0 && status && strcmp(status, "queued") != 0 &&
+               strcmp(status, "running") != 0) {
+      /* Ended, yet its reservation is open: its node's settle failed (its reconciler
+       * retries from a lock file only that node sees) and the node may be gone. The run
+       * charges nothing after it ended, so settling it here is what that node would do;
+       * the record is completed from its stored `ended` event. */
+      s = eph_runstore_settle_lost(ctx, store, id, &t, &err);
+      if (s == 0) {
+        eph_info("run %s: ended with its reservation open (its node's settle failed); "
+                 "settled here, %" PRId64 " billed, %" PRId64 " released",
+                 id, t.billed_micros, t.released_micros);
+        released++;
+      }
+      s = s < 0 ? s : 0;
+    } else {
+      s = s < 0 ? s : 0; /* queued or running: the lease takeover's, if its node is lost */
+    }
     if (s < 0) {
       eph_warn("run %s (an orphan reservation): %s; retried at the next sweep", id, err.message);
     } else if (s > 0) {
