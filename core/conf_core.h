@@ -43,8 +43,9 @@
      "Directory of the SQLite files (ledger, run history). Overridden by --state-dir and "         \
      "EPHEMERAL_STATE_DIR.")                                                                       \
   SX(database, "(unset: <state_dir>/ephemeral.sqlite)",                                            \
-     "Shared PostgreSQL database for runs, keys and leases (\"postgresql://...\" URI or libpq "     \
-     "key=value string; docs/cluster.md). Overridden by --database and EPHEMERAL_DATABASE.")     \
+     "Shared PostgreSQL database for runs, keys, leases and (unless `ledger` names another) "    \
+     "the money, in ledger-postgres (\"postgresql://...\" URI or libpq key=value string; "        \
+     "docs/cluster.md). Overridden by --database and EPHEMERAL_DATABASE.")                        \
   SX(node_name, "(the hostname)", "Name of this host in a cluster (runs it executes carry it).")   \
   I(lease_seconds, 15, 2, 3600, "seconds",                                                         \
     "A cluster node's lease on its runs: a run whose node stops renewing it for this long is "     \
