@@ -9,39 +9,32 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "cluster_ledger.h"
 #include "conf.h"
 #include "loader.h"
 #include "log.h"
 #include "util.h"
-
-static const char *
-env_database(void)
-{
-  const char *v = getenv("EPHEMERAL_DATABASE");
-  return v && *v ? v : NULL;
-}
 
 int
 eph_cluster_config(const eph_ctx_t *ctx, eph_cluster_config_t *out, eph_error_t *err)
 {
   *out = (eph_cluster_config_t){0};
   const config_setting_t *core = ctx->config.core;
-  const char *db = NULL, *node = NULL;
+  const char *node = NULL;
   int64_t lease = 15;
   int r;
-  if ((r = eph_cfg_string(core, "database", NULL, &db, err)) < 0 ||
-      (r = eph_cfg_string(core, "node_name", NULL, &node, err)) < 0 ||
+  if ((r = eph_cfg_string(core, "node_name", NULL, &node, err)) < 0 ||
       (r = eph_cfg_int(core, "lease_seconds", 15, &lease, err)) < 0)
     return r;
   char where[256];
   const config_setting_t *s = core ? config_setting_get_member(core, "database") : NULL;
-  const char *chosen = env_database() ? env_database() : db && *db ? db : NULL;
+  const char *chosen = eph_config_database(&ctx->config), *env = getenv("EPHEMERAL_DATABASE");
   if (chosen && !eph_store_target_is_pg(chosen))
     return eph_error_set(err, EPH_E_CONFIG,
                          "%s: database: expected a PostgreSQL URI (postgresql://...) or libpq "
                          "key=value string; unset it for the local SQLite store",
-                         env_database() ? "EPHEMERAL_DATABASE or --database"
-                                        : eph_cfg_where(s, where, sizeof where));
+                         env && *env ? "EPHEMERAL_DATABASE or --database"
+                                     : eph_cfg_where(s, where, sizeof where));
   s = core ? config_setting_get_member(core, "lease_seconds") : NULL;
   if (lease < 2 || lease > 3600)
     return eph_error_set(err, EPH_E_CONFIG, "%s: lease_seconds = %" PRId64 ": expected 2..3600",
@@ -97,6 +90,11 @@ eph_store_open_ctx(const eph_ctx_t *ctx, const eph_store_options_t *opt, bool as
                "use ledger-postgres for several hosts (docs/cluster.md)");
   }
   r = eph_store_open(cc.database ? cc.database : local, &o, out, err);
+  /* One ledger for the whole cluster: the first process records it, the others must match. */
+  if (r == 0 && (r = eph_cluster_ledger_check(ctx, *out, cc.node_name, err)) < 0) {
+    eph_store_close(*out);
+    *out = NULL;
+  }
   eph_cluster_config_free(&cc);
   return r;
 }

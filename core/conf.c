@@ -10,6 +10,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 
@@ -635,6 +636,58 @@ collect_blocks(eph_config_t *c, config_t *cfg, eph_error_t *err)
   return 0;
 }
 
+const char *
+eph_config_database(const eph_config_t *c)
+{
+  const char *env = getenv("EPHEMERAL_DATABASE");
+  if (env && *env)
+    return env;
+  const char *db = eph_config_values(c)->database;
+  return db && *db ? db : NULL;
+}
+
+/* Which ledger block is loaded (core key `ledger`, docs/cluster.md). Money must live where
+ * every node of a cluster finds it: with a PostgreSQL `database` and no `ledger` chosen,
+ * the ledger is ledger-postgres (in that database unless its block names another), never
+ * a per-node ledger-sqlite file the shipped conf.d enables for one host. A named ledger is
+ * loaded whatever its block's `enabled` says, and no other ledger-* block is. Without
+ * either, the first enabled ledger block is the ledger, as on one host. */
+static int
+choose_ledger(eph_config_t *c, eph_error_t *err)
+{
+  const char *want = c->values.ledger;
+  bool named = want && *want;
+  if (!named) {
+    /* Any database means the shared store: one that is not a PostgreSQL target is refused
+     * where the store is opened (core/cluster.c), before any money moves. */
+    if (!eph_config_database(c))
+      return 0;
+    want = "ledger-postgres";
+  }
+  bool found = false;
+  for (size_t i = 0; i < c->n_blocks; i++) {
+    eph_config_block_t *b = &c->blocks[i];
+    bool is = strcmp(b->name, want) == 0;
+    if (!is && strncmp(b->name, "ledger-", 7) != 0)
+      continue;
+    found = found || is;
+    b->enabled = is;
+  }
+  if (!found && named) {
+    char where[PATH_MAX + 32];
+    const config_setting_t *s = c->core ? config_setting_get_member(c->core, "ledger") : NULL;
+    return eph_error_set(err, EPH_E_CONFIG,
+                         "%s: ledger = \"%s\": conf.d (%s) has no block '%s'; add one "
+                         "(%s: { };) or unset `ledger`",
+                         eph_cfg_where(s, where, sizeof where), want, c->confd_path, want, want);
+  }
+  if (!found) /* an older conf.d without its block: the plugin's defaults */
+    add_block(c, want, NULL, true, NULL, "(chosen by `database`: no block in conf.d)");
+  eph_debug("ledger: %s (%s)", want,
+            named ? "ephemeral.conf's `ledger`" : "the database is PostgreSQL");
+  return 0;
+}
+
 int
 eph_config_load(eph_config_t *c, const char *main_path, const char *confd_path, eph_error_t *err)
 {
@@ -693,6 +746,7 @@ eph_config_load(eph_config_t *c, const char *main_path, const char *confd_path, 
     if (r < 0)
       goto out;
   }
+  r = choose_ledger(c, err);
 
 out:
   for (int i = 0; i < n_names; i++)

@@ -61,6 +61,12 @@ int eph_config_load(eph_config_t *c, const char *main_path, const char *confd_pa
                     eph_error_t *err);
 void eph_config_free(eph_config_t *c);
 
+/* The PostgreSQL target the store is to use: EPHEMERAL_DATABASE (which --database sets)
+ * when set and not empty, else the core key `database` when not empty, else NULL (the
+ * local SQLite store). Borrowed from the environment or the config tree. Whether it is a
+ * PostgreSQL target at all is checked where the store is opened (core/cluster.c). */
+const char *eph_config_database(const eph_config_t *c);
+
 /* Finds the block for a plugin name, or NULL. */
 const eph_config_block_t *eph_config_block(const eph_config_t *c, const char *name);
 

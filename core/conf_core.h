@@ -43,8 +43,9 @@
      "Directory of the SQLite files (ledger, run history). Overridden by --state-dir and "         \
      "EPHEMERAL_STATE_DIR.")                                                                       \
   SX(database, "(unset: <state_dir>/ephemeral.sqlite)",                                            \
-     "Shared PostgreSQL database for runs, keys and leases (\"postgresql://...\" URI or libpq "     \
-     "key=value string; docs/cluster.md). Overridden by --database and EPHEMERAL_DATABASE.")     \
+     "Shared PostgreSQL database for runs, keys, leases and (unless `ledger` names another) "    \
+     "the money, in ledger-postgres (\"postgresql://...\" URI or libpq key=value string; "        \
+     "docs/cluster.md). Overridden by --database and EPHEMERAL_DATABASE.")                        \
   SX(node_name, "(the hostname)", "Name of this host in a cluster (runs it executes carry it).")   \
   I(lease_seconds, 15, 2, 3600, "seconds",                                                         \
     "A cluster node's lease on its runs: a run whose node stops renewing it for this long is "     \
@@ -53,6 +54,11 @@
     "A cluster node's safety poll: while its LISTEN connection is up it looks at the database "    \
     "this often for queued runs, cancel requests and followed runs' events that a lost "           \
     "notification would miss (while it is down: every 200-250 ms).")                               \
+  SX(ledger, "(unset: ledger-postgres with a PostgreSQL database, else the first enabled ledger)",  \
+     "The ledger plugin (the money). Unset: with a PostgreSQL `database` the ledger is "            \
+     "ledger-postgres in that database (every node shares it); otherwise the first enabled "      \
+     "ledger-* block. Naming one loads that block whatever its `enabled` says and no other "      \
+     "ledger-* block (docs/cluster.md).")                                                          \
   S(log_level, "warn", "Least severe level logged to stderr: error, warn, info or debug.")         \
   S(backend, "backend-jail", "Backend plugin used when a request or command does not name one.")   \
   S(model_plugin, "model-openai",                                                                  \

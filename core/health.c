@@ -4,6 +4,7 @@
 
 #include <string.h>
 
+#include "cluster_ledger.h"
 #include "loader.h"
 #include "log.h"
 #include "util.h"
@@ -53,6 +54,10 @@ eph_health_check(eph_ctx_t *ctx, eph_store_t *store, const char *store_error, bo
     int r = EPH_OPS_HAS(ops, eph_ledger_ops_t, probe)
                 ? EPH_WITH_PLUGIN(ledger, ops->probe(ledger->state, &err))
                 : 0;
+    /* A cluster node's ledger must be the cluster's (money split between two ledgers can
+     * be spent twice): checked against what the store recorded, never recording here. */
+    if (r >= 0 && store_ok)
+      r = eph_cluster_ledger_check(ctx, store, NULL, &err);
     ledger_ok = r >= 0;
     json_object_object_add(o, "ledger", component(r < 0 ? err.message : NULL));
   }

@@ -5,13 +5,16 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
+#include <pthread.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "conf.h"
 #include "context.h"
 #include "log.h"
 #include "run_int.h"
 #include "sandbox.h"
+#include "store.h"
 #include "util.h"
 
 /* ------------------------------------------------------------------ per-run services */
@@ -134,6 +137,18 @@ run_services(eph_host_t *host)
   host->output = host_output;
 }
 
+/* The host's name when the configuration names none: kept for the process (the table
+ * borrows it until the plugins' fini; every context of a process has the same). */
+static char default_node[256];
+static pthread_once_t default_node_once = PTHREAD_ONCE_INIT;
+
+static void
+default_node_fill(void)
+{
+  if (gethostname(default_node, sizeof default_node - 1) < 0 || !default_node[0])
+    snprintf(default_node, sizeof default_node, "node");
+}
+
 void
 eph_host_init(eph_host_t *host, struct eph_ctx *ctx)
 {
@@ -148,5 +163,14 @@ eph_host_init(eph_host_t *host, struct eph_ctx *ctx)
   host->state_dir = ctx->state_dir;
   host->data_dir = ctx->paths.data_dir;
   host->libexec_dir = ctx->paths.libexec_dir;
+  /* The store's target as core/cluster.c opens it: a PostgreSQL one only (anything else is
+   * refused there, and a plugin must not take a file path for a database). */
+  const char *db = eph_config_database(&ctx->config);
+  host->database = db && eph_store_target_is_pg(db) ? db : NULL;
+  host->node_name = eph_config_values(&ctx->config)->node_name;
+  if (!host->node_name || !*host->node_name) {
+    pthread_once(&default_node_once, default_node_fill);
+    host->node_name = default_node;
+  }
   run_services(host);
 }

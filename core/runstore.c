@@ -300,6 +300,43 @@ eph_runstore_settle_as(eph_ctx_t *ctx, eph_store_t *store, const char *run_id, c
 }
 
 int
+eph_runstore_settle_orphan(eph_ctx_t *ctx, eph_store_t *store, const char *run_id, const char *org,
+                           int64_t reserved_unix_us, const char *reserved_by,
+                           eph_ledger_totals_t *totals, eph_error_t *err)
+{
+  const eph_plugin_slot_t *ledger = eph_plugins_first(&ctx->plugins, EPH_KIND_LEDGER);
+  if (!ledger)
+    return eph_error_set(err, EPH_E_CONFIG, "run %s: no ledger plugin to settle it", run_id);
+  /* The request was never stored: the row has none (an empty object). */
+  int r = eph_store_run_insert(store, run_id, org, "queued", reserved_unix_us, NULL, false, err);
+  if (r == -EEXIST)
+    return 0;
+  if (r < 0)
+    return r;
+  const eph_ledger_ops_t *ops = ledger->desc->ops;
+  eph_ledger_totals_t t = {0};
+  eph_error_t e = {0};
+  r = EPH_WITH_PLUGIN(ledger, ops->settle(ledger->state, run_id, &t, &e));
+  if (r < 0 && e.code != ENOENT) {
+    *err = e;
+    return r;
+  }
+  cleanup_free char *why = eph_xasprintf(
+      "node '%s' reserved this run's budget and was lost before it recorded the run; the "
+      "reservation was released",
+      reserved_by && *reserved_by ? reserved_by : "(unknown)");
+  cleanup_json json_object *note = json_object_new_object();
+  json_object_object_add(note, "status", json_object_new_string("failed"));
+  json_object_object_add(note, "reason", json_object_new_string("host_lost"));
+  json_object_object_add(note, "error", json_object_new_string(why));
+  if ((r = complete_record(store, run_id, note, &t, r >= 0, err)) < 0)
+    return r;
+  if (totals)
+    *totals = t;
+  return 1;
+}
+
+int
 eph_runstore_recover(eph_ctx_t *ctx, eph_store_t *store, bool quiet, int *pending)
 {
   if (pending)

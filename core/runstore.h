@@ -50,5 +50,16 @@ int eph_runstore_settle_lost(eph_ctx_t *ctx, eph_store_t *store, const char *run
 int eph_runstore_settle_as(eph_ctx_t *ctx, eph_store_t *store, const char *run_id,
                            const char *status, const char *reason, eph_ledger_totals_t *totals,
                            eph_error_t *err);
+/* An orphan reservation of a cluster (cluster_ledger.h): the ledger holds run_id's
+ * reservation for org, made at reserved_unix_us by node reserved_by ("" when the ledger does
+ * not say), but the store has no row for it. Inserts the row first (the fence: -EEXIST
+ * means the run is not an orphan, or another node is ending it, and nothing is done), then
+ * settles the reservation and completes the record failed/host_lost with the ledger's
+ * totals, as eph_runstore_settle_lost. A node dying half-way leaves a row whose lease
+ * expires: the lease takeover completes it. Returns 1 when this call ended it, 0 when
+ * there was nothing to do, negative on error; *totals (optional) receives the ledger's. */
+int eph_runstore_settle_orphan(eph_ctx_t *ctx, eph_store_t *store, const char *run_id,
+                               const char *org, int64_t reserved_unix_us, const char *reserved_by,
+                               eph_ledger_totals_t *totals, eph_error_t *err);
 
 #endif

@@ -13,6 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cluster_ledger.h"
 #include "log.h"
 #include "runstore.h"
 #include "server_cache.h"
@@ -340,6 +341,8 @@ ticker_main(void *arg)
   const struct timespec tick = {0, 100 * 1000000};
   eph_srv_cluster_t cluster;
   eph_srv_cluster_init(srv, &cluster);
+  eph_orphans_t orphans; /* reservations of nodes lost before recording their run */
+  eph_orphans_init(&orphans, srv->ctx, srv->store);
   for (;;) {
     nanosleep(&tick, NULL);
     live_t *dead = NULL;
@@ -388,6 +391,7 @@ ticker_main(void *arg)
         malloc_trim(0);
     }
     json_object *cancels = eph_srv_cluster_tick(srv, &cluster, now);
+    eph_orphans_tick(&orphans, srv->ctx, srv->store, now);
     if (cancels) {
       eph_srv_cancel_ids(srv, cancels);
       json_object_put(cancels);

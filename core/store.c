@@ -444,6 +444,21 @@ eph_store_leases_renew(eph_store_t *s, json_object *ids, eph_error_t *err)
 }
 
 int
+eph_store_cluster_ledger(eph_store_t *s, const char *identity, const char *plugin, const char *node,
+                         json_object **out, eph_error_t *err)
+{
+  *out = NULL;
+  if (!s->ops->cluster_ledger)
+    return eph_error_set(err, ENOTSUP, "%s: no cluster on this store", s->path);
+  int r = 0;
+  if (identity && ((r = check_text("ledger identity", identity, MAX_ID_BYTES, err)) < 0 ||
+                   (r = check_text("ledger plugin", plugin, MAX_ID_BYTES, err)) < 0 ||
+                   (r = check_text("node", node, MAX_ID_BYTES, err)) < 0))
+    return r;
+  return s->ops->cluster_ledger(s, identity, plugin, node, out, err);
+}
+
+int
 eph_store_leases_take_expired(eph_store_t *s, json_object **out, eph_error_t *err)
 {
   if (!s->ops->leases_take_expired)

@@ -242,6 +242,15 @@ int eph_store_leases_renew(eph_store_t *store, json_object *ids, eph_error_t *er
  * SQLite or without a node_name. */
 int eph_store_leases_take_expired(eph_store_t *store, json_object **out, eph_error_t *err);
 
+/* The ledger every node of a cluster must share (docs/cluster.md). With identity (the
+ * ledger's eph_ledger_ops_t.identity), plugin (its name) and node (this node's name): records
+ * them as the cluster's ledger when none is recorded yet (the first node to ask wins; nodes
+ * asking at once are decided by the one-row table's key). identity NULL: only reads. Then
+ * *out is what is recorded, {"identity", "plugin", "node", "recorded_at_us"} owned by the
+ * caller, or NULL when nothing is. -ENOTSUP on SQLite (one host: no cluster to share). */
+int eph_store_cluster_ledger(eph_store_t *store, const char *identity, const char *plugin,
+                             const char *node, json_object **out, eph_error_t *err);
+
 /* The shared run queue (PostgreSQL, docs/cluster.md; SQLite: -ENOTSUP, one host queues in
  * memory). A run is pushed by the node that admitted it (its row inserted, status queued,
  * its budget reserved in the ledger) and claimed by whichever node has a free worker first.

@@ -78,6 +78,8 @@ typedef struct eph_store_ops {
   int (*queue_take)(eph_store_t *s, const char *run_id, json_object **out, eph_error_t *err);
   int (*listen)(eph_store_t *s, void (*fn)(void *opaque, eph_store_note_t note, const char *run_id),
                 void *opaque, eph_store_listener_t **out, eph_error_t *err);
+  int (*cluster_ledger)(eph_store_t *s, const char *identity, const char *plugin, const char *node,
+                        json_object **out, eph_error_t *err);
   /* NULL when the implementation has no SQLite connection to lend. */
   int (*with_db)(eph_store_t *s, int (*fn)(struct sqlite3 *db, void *opaque, eph_error_t *err),
                  void *opaque, eph_error_t *err);

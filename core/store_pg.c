@@ -495,6 +495,7 @@ static const eph_store_ops_t pg_ops = {
     .listen = eph_pg_listen,
     .leases_renew = eph_pg_leases_renew,
     .leases_take_expired = eph_pg_leases_take_expired,
+    .cluster_ledger = eph_pg_cluster_ledger,
     .with_db = pg_with_db,
     .with_pg = eph_pg_with_pg,
     .pg_query = eph_pg_query,

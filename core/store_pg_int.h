@@ -116,5 +116,8 @@ int eph_pg_with_pg(eph_store_t *base, bool transaction,
                    eph_error_t *err);
 int eph_pg_query(eph_store_t *base, const char *sql, int n, const char *const *vals,
                  json_object **rows, int *changes, const char *what, eph_error_t *err);
+/* store_pg_ledger.c: eph_store_cluster_ledger. */
+int eph_pg_cluster_ledger(eph_store_t *base, const char *identity, const char *plugin,
+                          const char *node, json_object **out, eph_error_t *err);
 
 #endif

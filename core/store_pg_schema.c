@@ -150,6 +150,15 @@ const char *const eph_store_pg_migrations[] = {
     "  WHERE status = 'pending';"
     "CREATE INDEX webhook_deliveries_org ON webhook_deliveries(org, created_at_us DESC);"
     "CREATE INDEX runs_updated ON runs(updated_at_us);",
+    /* 5 -> 6: the ledger every node must share (docs/cluster.md): the identity of the
+     * ledger the first node used, which every later node's ledger must answer too. */
+    "CREATE TABLE cluster_ledger ("
+    "  one BOOLEAN PRIMARY KEY DEFAULT true CHECK (one),"
+    "  identity TEXT NOT NULL,"
+    "  plugin TEXT NOT NULL,"
+    "  node TEXT NOT NULL,"
+    "  recorded_at_us BIGINT NOT NULL"
+    ");",
 };
 const int eph_store_pg_schema_version =
     (int)(sizeof eph_store_pg_migrations / sizeof eph_store_pg_migrations[0]);

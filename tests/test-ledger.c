@@ -1067,7 +1067,9 @@ test_pg_processes_share_one_ledger(void **st)
   assert_int_equal(load(f, NULL, &err), 0);
   raw_t *db = raw_open(f);
   assert_int_equal(raw_int(db, "SELECT count(*) FROM schema_version", NULL), 1);
-  assert_int_equal(raw_int(db, "SELECT version FROM schema_version", NULL), 1);
+  assert_int_equal(raw_int(db, "SELECT version FROM schema_version", NULL), 2);
+  /* One identity however many processes migrated at once: they share one ledger. */
+  assert_int_equal(raw_int(db, "SELECT count(*) FROM identity", NULL), 1);
   raw_close(db);
 
   assert_int_equal(f->ops->credit(f->state, "acme", 1000, &err), 0);
@@ -1128,6 +1130,51 @@ test_pg_processes_share_one_ledger(void **st)
   assert_int_equal(granted, 750 / 7);
   assert_int_equal(balance(f, "acme"), 750 - 7 * granted);
   check_journal(f);
+}
+
+/* Without a `database` of its own the plugin uses the core's (host->database) and the
+ * core's node_name: a cluster names its database once. Its own key still wins. */
+static void
+test_pg_core_database_by_default(void **st)
+{
+  fixture_t *f = *st;
+  eph_error_t err = {0};
+  unload(f);
+  f->host.database = test_database();
+  f->host.node_name = "node-core";
+  assert_int_equal(load_as(f, NULL, false, &err), 0);
+  assert_int_equal(f->ops->credit(f->state, "acme", 1000, &err), 0);
+  assert_int_equal(f->ops->reserve(f->state, "acme", "run_core", 100, &err), 0);
+  raw_t *db = raw_open(f);
+  assert_int_equal(raw_int(db,
+                           "SELECT count(*) FROM reservations WHERE run_id = ?1"
+                           " AND node = 'node-core'",
+                           "run_core"),
+                   1);
+  raw_close(db);
+  unload(f);
+  /* The block's own database and node_name override the core's (an unreachable core
+   * database would fail the load if it were used). */
+  char bad[256];
+  snprintf(bad, sizeof bad, "postgresql:///nodb?host=%s/no-such-dir", f->dir);
+  f->host.database = bad;
+  assert_int_equal(load(f, "node_name = \"node-own\";", &err), 0);
+  assert_int_equal(f->ops->reserve(f->state, "acme", "run_own", 100, &err), 0);
+  db = raw_open(f);
+  assert_int_equal(
+      raw_int(db, "SELECT count(*) FROM reservations WHERE run_id = ?1 AND node = 'node-own'",
+              "run_own"),
+      1);
+  raw_close(db);
+  unload(f);
+  /* The core's unreachable database is named as such. */
+  err = (eph_error_t){0};
+  assert_true(load_as(f, "connect_timeout_s = 1;", false, &err) < 0);
+  print_message("# %s\n", err.message);
+  assert_non_null(strstr(err.message, "the core's `database`: cannot connect"));
+  config_destroy(&f->cfg);
+  f->host.database = NULL;
+  assert_int_equal(load(f, NULL, &err), 0);
 }
 
 /* settle_open settles only the open reservations of its own node: on a shared database
@@ -1324,6 +1371,93 @@ test_pg_search_path_cannot_hijack_operators(void **st)
 
 #endif /* TEST_LEDGER_PG */
 
+/* open_reservations' callback: "run_id:micros " per reservation, in order. */
+static void
+open_collect(void *ctx, const eph_ledger_open_t *r)
+{
+  char *line = ctx;
+  size_t used = strlen(line);
+  snprintf(line + used, 512 - used, "%s:%lld ", r->run_id, (long long)r->reserved_micros);
+}
+
+/* The ledger's identity: a UUID made with its storage, the same after a reload (another
+ * process on the same file or database answers the same), and the open reservations a
+ * cluster node sweeps for orphans: only those not settled, made before the time given,
+ * oldest first, at most `limit`. */
+static void
+test_identity_and_open_reservations(void **st)
+{
+  fixture_t *f = *st;
+  eph_error_t err = {0};
+  char id[EPH_LEDGER_IDENTITY_BYTES] = "", again[EPH_LEDGER_IDENTITY_BYTES] = "";
+  assert_non_null(f->ops->identity);
+  assert_int_equal(f->ops->identity(f->state, id, sizeof id, &err), 0);
+  assert_int_equal(strlen(id), 36);
+  assert_int_equal(strspn(id, "0123456789abcdef-"), 36);
+  assert_true(id[8] == '-' && id[13] == '-' && id[14] == '4' && id[18] == '-' && id[23] == '-');
+  assert_true(f->ops->identity(f->state, again, 8, &err) < 0);
+  unload(f);
+  assert_int_equal(load(f, NULL, &err), 0);
+  assert_int_equal(f->ops->identity(f->state, again, sizeof again, &err), 0);
+  assert_string_equal(id, again);
+
+  assert_int_equal(f->ops->credit(f->state, "acme", 1000, &err), 0);
+  assert_int_equal(f->ops->reserve(f->state, "acme", "run_old1", 100, &err), 0);
+  assert_int_equal(f->ops->reserve(f->state, "acme", "run_old2", 200, &err), 0);
+  assert_int_equal(f->ops->reserve(f->state, "acme", "run_done", 300, &err), 0);
+  assert_int_equal(f->ops->settle(f->state, "run_done", NULL, &err), 0);
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  int64_t now_us = (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000 + 1;
+  char line[512] = "";
+  assert_int_equal(f->ops->open_reservations(f->state, now_us, 10, open_collect, line, &err), 2);
+  assert_string_equal(line, "run_old1:100 run_old2:200 ");
+  line[0] = '\0';
+  assert_int_equal(f->ops->open_reservations(f->state, now_us, 1, open_collect, line, &err), 1);
+  assert_string_equal(line, "run_old1:100 ");
+  line[0] = '\0';
+  assert_int_equal(f->ops->open_reservations(f->state, 1, 10, open_collect, line, &err), 0);
+  assert_string_equal(line, "");
+  assert_true(f->ops->open_reservations(f->state, now_us, 0, open_collect, line, &err) < 0);
+  check_journal(f);
+}
+
+/* A ledger made before identities existed (ledger-postgres schema 1, ledger-sqlite 2) gets
+ * one at its next start, its money untouched; the identity cannot be changed afterwards. */
+static void
+test_identity_added_by_upgrade(void **st)
+{
+  fixture_t *f = *st;
+  eph_error_t err = {0};
+  assert_int_equal(f->ops->credit(f->state, "acme", 1234, &err), 0);
+  unload(f);
+  raw_t *db = raw_open(f);
+#if TEST_LEDGER_PG
+  assert_int_equal(
+      raw_exec(db, "DROP TABLE identity; UPDATE schema_version SET version = 1", NULL, 0), 0);
+#else
+  assert_int_equal(raw_exec(db, "DROP TABLE identity; PRAGMA user_version = 2", NULL, 0), 0);
+#endif
+  raw_close(db);
+  assert_int_equal(load(f, NULL, &err), 0);
+  char id[EPH_LEDGER_IDENTITY_BYTES] = "";
+  assert_int_equal(f->ops->identity(f->state, id, sizeof id, &err), 0);
+  assert_int_equal(strlen(id), 36);
+  assert_int_equal(balance(f, "acme"), 1234);
+  db = raw_open(f);
+#if TEST_LEDGER_PG
+  assert_int_equal(raw_int(db, "SELECT version FROM schema_version", NULL), 2);
+#else
+  assert_int_equal(raw_int(db, "PRAGMA user_version", NULL), 3);
+#endif
+  assert_int_equal(raw_int(db, "SELECT count(*) FROM identity", NULL), 1);
+  /* Fixed once made: a second ledger cannot take this one's identity, nor this one lose it. */
+  assert_int_equal(raw_exec(db, "UPDATE identity SET created_us = 0", NULL, 0), 1);
+  assert_int_equal(raw_exec(db, "DELETE FROM identity", NULL, 0), 1);
+  raw_close(db);
+  check_journal(f);
+}
+
 int
 main(void)
 {
@@ -1339,7 +1473,10 @@ main(void)
     cmocka_unit_test_setup_teardown(test_settle_idempotent, setup, teardown),
     cmocka_unit_test_setup_teardown(test_settle_open_after_crash, setup, teardown),
     cmocka_unit_test_setup_teardown(test_append_only_enforced, setup, teardown),
+    cmocka_unit_test_setup_teardown(test_identity_and_open_reservations, setup, teardown),
+    cmocka_unit_test_setup_teardown(test_identity_added_by_upgrade, setup, teardown),
 #if TEST_LEDGER_PG
+    cmocka_unit_test_setup_teardown(test_pg_core_database_by_default, setup, teardown),
     cmocka_unit_test_setup_teardown(test_pg_config_and_unreachable, setup, teardown),
     cmocka_unit_test_setup_teardown(test_pg_server_stopped_mid_run, setup, teardown),
     cmocka_unit_test_setup_teardown(test_pg_concurrent_charges_one_reservation, setup, teardown),

@@ -97,15 +97,14 @@ host_is_local(const char *h, size_t n)
 /* With require_tls: every host the conninfo (or PGHOST/PGHOSTADDR) names is local, or the
  * sslmode (or PGSSLMODE) is verify-full. Checked before any connection is attempted. */
 int
-check_transport(const char *conninfo, eph_error_t *err)
+check_transport(const char *conninfo, const char *source, eph_error_t *err)
 {
   char *errmsg = NULL;
   PQconninfoOption *opts = PQconninfoParse(conninfo, &errmsg);
   if (!opts) {
     PQfreemem(errmsg);
     return eph_error_set(err, EPH_E_CONFIG,
-                         PLUGIN ": key 'database': not a libpq connection URI or key=value "
-                                "string");
+                         PLUGIN ": %s: not a libpq connection URI or key=value string", source);
   }
   const char *host = getenv("PGHOST"), *hostaddr = getenv("PGHOSTADDR");
   const char *mode = getenv("PGSSLMODE");
@@ -128,11 +127,11 @@ check_transport(const char *conninfo, eph_error_t *err)
       if (!host_is_local(p, n))
         r = eph_error_set(err, EPH_E_CONFIG,
                           PLUGIN
-                          ": key 'database': host '%.*s' is not local and sslmode is "
+                          ": %s: host '%.*s' is not local and sslmode is "
                           "'%s': the ledger's traffic and credentials could be read or altered "
                           "on the network; add sslmode=verify-full (with the server's CA in "
                           "sslrootcert), or set require_tls = false",
-                          (int)n, p, mode ? mode : "prefer");
+                          source, (int)n, p, mode ? mode : "prefer");
       p += n + (p[n] == ',');
     }
   }
@@ -251,7 +250,7 @@ conn_connect(tx_t *tx, bool connect_only, eph_error_t *err)
     snprintf(msg, sizeof msg, "%s", PQerrorMessage(c->pg));
     trim_newline(msg);
     tx->lost = true;
-    return eph_error_set(err, EIO, PLUGIN ": key 'database': cannot connect to %s: %s",
+    return eph_error_set(err, EIO, PLUGIN ": %s: cannot connect to %s: %s", tx->l->db_source,
                          tx->l->display, msg);
   }
   /* The connection as made (a service file or the environment may have chosen the host):
@@ -272,9 +271,9 @@ conn_connect(tx_t *tx, bool connect_only, eph_error_t *err)
       PQfinish(c->pg);
       c->pg = NULL;
       return eph_error_set(err, EPH_E_CONFIG,
-                           PLUGIN ": key 'database': connected to host '%s' without "
+                           PLUGIN ": %s: connected to host '%s' without "
                                   "sslmode=verify-full; refused (require_tls)",
-                           shown);
+                           tx->l->db_source, shown);
     }
   }
   int r = prepare_all(tx, !connect_only, err);

@@ -64,13 +64,16 @@
 #include "support/ledger_common.h"
 
 static const eph_config_key_t ledger_keys[] = {
-    {"database", EPH_CFG_STRING, "(none: required)", NULL,
+    {"database", EPH_CFG_STRING, "(the core's `database`)", NULL,
      "The PostgreSQL database of the ledger: a libpq connection URI "
-     "(postgresql://user@host/db?sslmode=verify-full) or key=value string. Prefer a password "
-     "in ~/.pgpass or PGPASSFILE to one written here."},
-    {"node_name", EPH_CFG_STRING, "\"<hostname>\"", NULL,
+     "(postgresql://user@host/db?sslmode=verify-full) or key=value string. Unset: the core's "
+     "own `database` (ephemeral.conf, --database, EPHEMERAL_DATABASE), so a cluster names it "
+     "once. Set it only to keep the money in another database. Prefer a password in "
+     "~/.pgpass or PGPASSFILE to one written here."},
+    {"node_name", EPH_CFG_STRING, "(the core's `node_name`)", NULL,
      "This host's name in the ledger: reservations record it, and settle_open settles only "
-     "this node's open reservations. Must differ between nodes sharing the database."},
+     "this node's open reservations. Unset: the core's `node_name` (default the hostname). "
+     "Must differ between nodes sharing the database."},
     {"connections", EPH_CFG_INT, "4", NULL,
      "Connections in the plugin's pool; an operation holds one for its transaction."},
     {"connect_timeout_s", EPH_CFG_INT, "5", "seconds",
@@ -376,6 +379,61 @@ ledger_probe(void *state, eph_error_t *err)
   return run_tx(state, 0, NULL, probe_body, NULL, err);
 }
 
+static int
+ledger_identity(void *state, char *out, size_t size, eph_error_t *err)
+{
+  ledger_t *l = state;
+  if (!out || size < EPH_LEDGER_IDENTITY_BYTES)
+    return eph_error_set(err, EINVAL, PLUGIN ": identity: buffer too small");
+  snprintf(out, size, "%s", l->identity);
+  return 0;
+}
+
+typedef struct open_arg {
+  int64_t before_us;
+  int limit;
+  PGresult *res; /* the rows of the committed attempt */
+} open_arg_t;
+
+static int
+open_body(tx_t *tx, void *p, eph_error_t *err)
+{
+  open_arg_t *a = p;
+  char t[24], n[24];
+  snprintf(t, sizeof t, "%" PRId64, a->before_us);
+  snprintf(n, sizeof n, "%d", a->limit);
+  const char *params[] = {t, n};
+  if (a->res) /* an attempt run again: its rows were not reported */
+    PQclear(a->res);
+  a->res = q(tx, ST_OPEN_BEFORE, params, "listing open reservations", err);
+  return a->res ? 0 : -err->code;
+}
+
+static int
+ledger_open_reservations(void *state, int64_t reserved_before_unix_us, int limit,
+                         void (*each)(void *ctx, const eph_ledger_open_t *r), void *ctx,
+                         eph_error_t *err)
+{
+  if (!each || limit < 1)
+    return eph_error_set(err, EINVAL, PLUGIN ": open_reservations: each and limit > 0 required");
+  open_arg_t a = {reserved_before_unix_us, limit, NULL};
+  int r = run_tx(state, 0, NULL, open_body, &a, err);
+  /* Reported once the transaction committed, so a retried one never reports a row twice. */
+  int rows = r >= 0 && a.res ? PQntuples(a.res) : 0;
+  for (int i = 0; i < rows; i++) {
+    eph_ledger_open_t o = {.struct_size = sizeof o,
+                           .run_id = PQgetvalue(a.res, i, 0),
+                           .org = PQgetvalue(a.res, i, 1),
+                           .node = PQgetvalue(a.res, i, 2),
+                           .reserved_micros = col_i64(a.res, i, 3),
+                           .reserved_unix_us = col_i64(a.res, i, 4)};
+    each(ctx, &o);
+  }
+  if (a.res)
+    PQclear(a.res);
+  return r < 0 ? r : rows;
+}
+
 /* ---------------------------------------------------------------- lifecycle */
 
 static void
@@ -413,11 +471,22 @@ ledger_init(const eph_host_t *host, const config_setting_t *config, void **state
     return r;
   if (host->cfg_bool && (r = host->cfg_bool(config, "require_tls", 1, &require_tls, err)) < 0)
     return r;
+  /* The core's own database and node name unless the block overrides them (ABI 1.2 host
+   * fields: an older core has none). */
+  bool have_core = EPH_HOST_HAS_DATABASE(host);
+  bool own_db = db && *db;
+  if (!own_db && have_core)
+    db = host->database;
+  if ((!node || !*node) && have_core)
+    node = host->node_name;
   if (!db || !*db)
     return eph_error_set(err, EPH_E_CONFIG,
-                         PLUGIN ": key 'database' is not set: give the ledger's PostgreSQL "
-                                "database as a libpq URI (postgresql://user@host/dbname)");
-  if (require_tls && (r = check_transport(db, err)) < 0)
+                         PLUGIN ": key 'database' is not set and the core's `database` is not "
+                                "a PostgreSQL database: set `database` in ephemeral.conf (the "
+                                "ledger then shares it) or give the ledger's own as a libpq URI "
+                                "(postgresql://user@host/dbname) in this block");
+  const char *source = own_db ? "key 'database'" : "the core's `database`";
+  if (require_tls && (r = check_transport(db, source, err)) < 0)
     return r;
   if (conns < 1 || conns > 64)
     return eph_error_set(err, EPH_E_CONFIG,
@@ -445,6 +514,7 @@ ledger_init(const eph_host_t *host, const config_setting_t *config, void **state
   l->max_attempts = attempts;
   l->require_tls = require_tls != 0;
   l->conninfo = strdup(db);
+  l->db_source = source;
   l->display = display_name(db);
   l->conns = calloc((size_t)conns, sizeof *l->conns);
   if (!l->conninfo || !l->conns) {
@@ -456,8 +526,7 @@ ledger_init(const eph_host_t *host, const config_setting_t *config, void **state
     ledger_close(l);
     /* Not echoed: a malformed URI may still hold a password. */
     return eph_error_set(err, EPH_E_CONFIG,
-                         PLUGIN ": key 'database': not a libpq connection URI or key=value "
-                                "string");
+                         PLUGIN ": %s: not a libpq connection URI or key=value string", source);
   }
   if (node && *node) {
     eph_error_t why = {0};
@@ -495,6 +564,8 @@ static const eph_ledger_ops_t ledger_ops = {
     .totals = ledger_totals,
     .settle_open = ledger_settle_open,
     .probe = ledger_probe,
+    .identity = ledger_identity,
+    .open_reservations = ledger_open_reservations,
 };
 
 EPH_PLUGIN_EXPORT = {

@@ -31,6 +31,7 @@ enum {
   ST_OPEN_LIST,
   ST_RES_ORG,
   ST_PROBE,
+  ST_OPEN_BEFORE,
   ST_COUNT
 };
 
@@ -51,6 +52,9 @@ typedef struct ledger {
   const eph_host_t *host;
   char *conninfo; /* the `database` value: may hold a password, never logged */
   char *display;  /* the same without its password, for messages */
+  /* Where conninfo came from, for messages: "key 'database'" or "the core's `database`". */
+  const char *db_source;
+  char identity[EPH_LEDGER_IDENTITY_BYTES]; /* ledger.identity, read at init (schema.c) */
   char node[EPH_LEDGER_MAX_NAME_BYTES + 1];
   int64_t connect_timeout_s, statement_timeout_ms, max_attempts;
   bool require_tls;
@@ -85,7 +89,7 @@ typedef int (*tx_body_fn)(tx_t *tx, void *arg, eph_error_t *err);
  * the negative errno (the mapping is documented at its definition). */
 int pg_fail(tx_t *tx, const PGresult *res, const char *what, eph_error_t *err);
 /* With require_tls: -EPH_E_CONFIG unless every host is local or sslmode is verify-full. */
-int check_transport(const char *conninfo, eph_error_t *err);
+int check_transport(const char *conninfo, const char *source, eph_error_t *err);
 /* The conninfo for messages, without its password; malloc()ed, NULL when unparsable. */
 char *display_name(const char *conninfo);
 /* Makes tx->c usable (connect or reset, session set-up, statements unless connect_only). */
@@ -110,7 +114,8 @@ int run_tx(ledger_t *l, int lock_class, const char *lock_name, tx_body_fn body, 
 
 /* ---- schema.c */
 
-/* Creates or checks the schema (-EPH_E_CONFIG when it is newer than this plugin's). */
+/* Creates or checks the schema (-EPH_E_CONFIG when it is newer than this plugin's) and
+ * reads the ledger's identity into l->identity. */
 int migrate(ledger_t *l, eph_error_t *err);
 
 #endif

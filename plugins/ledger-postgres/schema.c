@@ -14,7 +14,7 @@
 
 #include "ledger.h"
 
-#define SCHEMA_VERSION 1
+#define SCHEMA_VERSION 2
 /* pg_advisory_xact_lock key of the schema migration: "ephl" */
 #define MIGRATION_LOCK_KEY "1701865580"
 
@@ -151,6 +151,22 @@ static const char schema_v1[] =
     "CREATE TRIGGER entries_apply AFTER INSERT ON ledger.entries"
     "  FOR EACH ROW EXECUTE FUNCTION ledger.apply_entry();";
 
+/* v2: the ledger's identity (eph_ledger_ops_t.identity): one UUID made with the schema and
+ * never changed, so nodes of a cluster can tell whether they share this ledger. */
+static const char schema_v2[] =
+    "CREATE TABLE ledger.identity ("
+    "  one boolean PRIMARY KEY DEFAULT true CHECK (one),"
+    "  id uuid NOT NULL DEFAULT gen_random_uuid(),"
+    "  created_us bigint NOT NULL"
+    ");"
+    "CREATE TRIGGER identity_fixed BEFORE UPDATE OR DELETE ON ledger.identity"
+    "  FOR EACH ROW EXECUTE FUNCTION ledger.refuse_change();"
+    "CREATE TRIGGER identity_no_truncate BEFORE TRUNCATE ON ledger.identity"
+    "  FOR EACH STATEMENT EXECUTE FUNCTION ledger.refuse_change();"
+    "INSERT INTO ledger.identity(created_us)"
+    "  VALUES ((extract(epoch FROM clock_timestamp()) * 1000000)::bigint);"
+    "UPDATE ledger.schema_version SET version = 2;";
+
 const pg_statement_t statements[ST_COUNT] = {
     [ST_ORG_ENSURE] = {"INSERT INTO ledger.organisations(org, created_us) VALUES ($1, $2)"
                        " ON CONFLICT (org) DO NOTHING",
@@ -176,6 +192,11 @@ const pg_statement_t statements[ST_COUNT] = {
     [ST_OPEN_LIST] = {"SELECT run_id FROM ledger.reservations WHERE settled = 0 AND node = $1"
                       " ORDER BY run_id",
                       1},
+    [ST_OPEN_BEFORE] = {"SELECT r.run_id, r.org, r.node, r.reserved_micros, e.t_us"
+                        " FROM ledger.reservations r JOIN ledger.entries e"
+                        " ON e.run_id = r.run_id AND e.kind = 'reserve'"
+                        " WHERE r.settled = 0 AND e.t_us < $1 ORDER BY e.t_us, r.run_id LIMIT $2",
+                        2},
     [ST_PROBE] = {"INSERT INTO ledger.probe(id, t_us) VALUES (1, $1)"
                   " ON CONFLICT (id) DO UPDATE SET t_us = excluded.t_us",
                   1},
@@ -227,7 +248,20 @@ migrate(ledger_t *l, eph_error_t *err)
     if (r < 0)
       eph_error_wrap(err, PLUGIN ": creating the ledger schema");
   }
-  /* Future versions: `if (version < 2) { ALTER ...; UPDATE ledger.schema_version ...; }` */
+  if (r >= 0 && version < 2 && (r = exec_simple(&tx, schema_v2, err)) < 0)
+    eph_error_wrap(err, PLUGIN ": migrating the ledger schema to version 2");
+  /* Future versions: `if (version < 3) { ALTER ...; UPDATE ledger.schema_version ...; }` */
+  if (r >= 0) {
+    PGresult *res = PQexec(tx.c->pg, "SELECT id::text FROM ledger.identity");
+    if (PQresultStatus(res) != PGRES_TUPLES_OK)
+      r = pg_fail(&tx, res, "reading the ledger's identity", err);
+    else if (PQntuples(res) != 1)
+      r = eph_error_set(err, EIO, PLUGIN ": %s: ledger.identity holds %d rows, not 1", l->display,
+                        PQntuples(res));
+    else
+      snprintf(l->identity, sizeof l->identity, "%s", PQgetvalue(res, 0, 0));
+    PQclear(res);
+  }
   if (r >= 0)
     r = exec_simple(&tx, "COMMIT", err);
   else if (!tx.lost)

@@ -64,7 +64,7 @@
 #include "support/ledger_common.h"
 #include "support/sqlite.h"
 
-#define SCHEMA_VERSION 2
+#define SCHEMA_VERSION 3
 
 static const char schema_v1[] =
     "CREATE TABLE organisations ("
@@ -153,6 +153,27 @@ static const char schema_v2[] = "CREATE TABLE probe ("
                                 "  t_us INTEGER NOT NULL"
                                 ");";
 
+/* v3: the ledger's identity (eph_ledger_ops_t.identity): a random UUID (version 4) made
+ * with the file and never changed, so processes can tell whether they share this file. */
+static const char schema_v3[] =
+    "CREATE TABLE identity ("
+    "  one INTEGER PRIMARY KEY CHECK (one = 1),"
+    "  id TEXT NOT NULL CHECK (length(id) = 36),"
+    "  created_us INTEGER NOT NULL"
+    ");"
+    "INSERT INTO identity(one, id, created_us)"
+    "  SELECT 1, lower(substr(h, 1, 8) || '-' || substr(h, 9, 4) || '-4' || substr(h, 14, 3)"
+    "    || '-' || substr('89ab', 1 + (abs(random()) % 4), 1) || substr(h, 18, 3) || '-'"
+    "    || substr(h, 21, 12)),"
+    "    CAST((julianday('now') - 2440587.5) * 86400000000 AS INTEGER)"
+    "  FROM (SELECT hex(randomblob(16)) AS h);"
+    "CREATE TRIGGER identity_no_update BEFORE UPDATE ON identity BEGIN"
+    "  SELECT RAISE(ABORT, 'the ledger identity is fixed');"
+    "END;"
+    "CREATE TRIGGER identity_no_delete BEFORE DELETE ON identity BEGIN"
+    "  SELECT RAISE(ABORT, 'the ledger identity is fixed');"
+    "END;";
+
 /* A charge commits without fsync while the WAL was fsync()ed less than this long ago. */
 #define CHARGE_SYNC_US 1000000
 
@@ -166,6 +187,8 @@ enum {
   ST_ENTRY_ADD,
   ST_OPEN_LIST,
   ST_PROBE,
+  ST_IDENTITY,
+  ST_OPEN_BEFORE,
   ST_COUNT
 };
 
@@ -183,6 +206,10 @@ static const char *const statement_sql[ST_COUNT] = {
     [ST_OPEN_LIST] = "SELECT run_id FROM reservations WHERE settled = 0 ORDER BY run_id",
     [ST_PROBE] = "INSERT INTO probe(id, t_us) VALUES (1, ?1)"
                  " ON CONFLICT(id) DO UPDATE SET t_us = excluded.t_us",
+    [ST_IDENTITY] = "SELECT id FROM identity WHERE one = 1",
+    [ST_OPEN_BEFORE] = "SELECT r.run_id, r.org, r.reserved_micros, e.t_us FROM reservations r"
+                       " JOIN entries e ON e.run_id = r.run_id AND e.kind = 'reserve'"
+                       " WHERE r.settled = 0 AND e.t_us < ?1 ORDER BY e.t_us, r.run_id LIMIT ?2",
 };
 
 typedef struct ledger {
@@ -194,6 +221,7 @@ typedef struct ledger {
   bool full;            /* synchronous = "full" configured */
   bool synced_now;      /* the connection's synchronous is FULL at the moment */
   int64_t last_sync_us; /* CLOCK_MONOTONIC of the last fsync()ed commit */
+  char identity[EPH_LEDGER_IDENTITY_BYTES]; /* table identity, read at init */
 } ledger_t;
 
 static const eph_config_key_t ledger_keys[] = {
@@ -585,6 +613,49 @@ ledger_probe(void *state, eph_error_t *err)
   return tx_end(l, r, err);
 }
 
+static int
+ledger_identity(void *state, char *out, size_t size, eph_error_t *err)
+{
+  ledger_t *l = state;
+  if (!out || size < EPH_LEDGER_IDENTITY_BYTES)
+    return eph_error_set(err, EINVAL, "ledger-sqlite: identity: buffer too small");
+  snprintf(out, size, "%s", l->identity);
+  return 0;
+}
+
+static int
+ledger_open_reservations(void *state, int64_t reserved_before_unix_us, int limit,
+                         void (*each)(void *ctx, const eph_ledger_open_t *r), void *ctx,
+                         eph_error_t *err)
+{
+  ledger_t *l = state;
+  if (!each || limit < 1)
+    return eph_error_set(err, EINVAL,
+                         "ledger-sqlite: open_reservations: each and limit > 0 required");
+  pthread_mutex_lock(&l->lock);
+  sqlite3_stmt *s = l->st[ST_OPEN_BEFORE];
+  sqlite3_bind_int64(s, 1, reserved_before_unix_us);
+  sqlite3_bind_int(s, 2, limit);
+  int n = 0, rc;
+  /* One statement: SQLite reads it from one snapshot; each() must not call the ledger. */
+  while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
+    eph_ledger_open_t o = {.struct_size = sizeof o,
+                           .run_id = (const char *)sqlite3_column_text(s, 0),
+                           .org = (const char *)sqlite3_column_text(s, 1),
+                           .node = "",
+                           .reserved_micros = sqlite3_column_int64(s, 2),
+                           .reserved_unix_us = sqlite3_column_int64(s, 3)};
+    each(ctx, &o);
+    n++;
+  }
+  int r = rc == SQLITE_DONE
+              ? n
+              : db_error(l, sqlite3_extended_errcode(l->db), "listing open reservations", err);
+  sqlite3_reset(s);
+  pthread_mutex_unlock(&l->lock);
+  return r;
+}
+
 /* ---------------------------------------------------------------- lifecycle */
 
 static void
@@ -655,8 +726,8 @@ ledger_init(const eph_host_t *host, const config_setting_t *config, void **state
     ledger_close(l);
     return r;
   }
-  /* v1: the ledger; v2: the probe row. Future versions: append to `schema`. */
-  static const char *const schema[] = {schema_v1, schema_v2};
+  /* v1: the ledger; v2: the probe row; v3: its identity. Future versions: append. */
+  static const char *const schema[] = {schema_v1, schema_v2, schema_v3};
   if ((r = eph_sqlite_migrate(l->db, l->path, schema, SCHEMA_VERSION, "plugin", err)) < 0) {
     ledger_close(l);
     return r;
@@ -665,6 +736,15 @@ ledger_init(const eph_host_t *host, const config_setting_t *config, void **state
     ledger_close(l);
     return r;
   }
+  sqlite3_stmt *id = l->st[ST_IDENTITY];
+  if (sqlite3_step(id) != SQLITE_ROW) {
+    r = db_error(l, sqlite3_extended_errcode(l->db), "reading the ledger's identity", err);
+    sqlite3_reset(id);
+    ledger_close(l);
+    return r < 0 ? r : -EIO;
+  }
+  snprintf(l->identity, sizeof l->identity, "%s", (const char *)sqlite3_column_text(id, 0));
+  sqlite3_reset(id);
   l->full = l->synced_now = strcasecmp(sync, "full") == 0;
   *state = l;
   return 0;
@@ -686,6 +766,8 @@ static const eph_ledger_ops_t ledger_ops = {
     .totals = ledger_totals,
     .settle_open = ledger_settle_open,
     .probe = ledger_probe,
+    .identity = ledger_identity,
+    .open_reservations = ledger_open_reservations,
 };
 
 EPH_PLUGIN_EXPORT = {

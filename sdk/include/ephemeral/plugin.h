@@ -336,7 +336,24 @@ typedef struct eph_host {
    * run (a marker says what was dropped), and drops them under zero data retention. A tool
    * whose commands are not the model's (internal plumbing) simply does not call it. */
   void (*output)(eph_run_t *run, int stream, const char *data, size_t bytes);
+
+  /* ABI 1.2 addition, appended (read them only when struct_size covers them, see
+   * EPH_HOST_HAS_DATABASE; the minor stays 2 because 1.2 is not yet released): what the core
+   * itself is configured with, so a plugin that keeps its data beside the core's (the
+   * ledger-postgres plugin) needs no second copy of the setting.
+   * database: the PostgreSQL database of the core's store (core key `database`, overridden
+   * by --database and EPHEMERAL_DATABASE, docs/cluster.md): a libpq URI or key=value
+   * string, which may hold a password (never log it). NULL when the core keeps its store
+   * in local SQLite. Borrowed, valid until fini.
+   * node_name: this host's name in a cluster (core key `node_name`, default the hostname).
+   * Never NULL. Borrowed, valid until fini. */
+  const char *database;
+  const char *node_name;
 } eph_host_t;
+
+/* True when host (sized by the core) carries database and node_name. */
+#define EPH_HOST_HAS_DATABASE(host)                                                                \
+  ((host)->struct_size >= offsetof(eph_host_t, node_name) + sizeof(const char *))
 
 /* ---------------------------------------------------------------- the descriptor */
 
@@ -605,6 +622,20 @@ typedef struct eph_ledger_totals {
   int settled;
 } eph_ledger_totals_t;
 
+/* Room for a ledger identity: a UUID, 36 characters, and its NUL. */
+#define EPH_LEDGER_IDENTITY_BYTES 37
+
+/* One open reservation, as open_reservations reports it. Strings borrowed for the
+ * duration of the callback. */
+typedef struct eph_ledger_open {
+  uint32_t struct_size;
+  const char *run_id;
+  const char *org;
+  const char *node; /* the node that reserved it, or "" when the ledger does not record it */
+  int64_t reserved_micros;
+  int64_t reserved_unix_us; /* when it was reserved (CLOCK_REALTIME micros) */
+} eph_ledger_open_t;
+
 typedef struct eph_ledger_ops {
   uint32_t struct_size;
   /* Adds credit to an organisation (created if new). micros > 0. */
@@ -628,6 +659,23 @@ typedef struct eph_ledger_ops {
    * transaction outside the journal) right now. 0, or the error a charge would get
    * (-ENOSPC on a full disk, -EIO, -EBUSY) naming the file. Optional. */
   int (*probe)(void *state, eph_error_t *err);
+  /* ABI 1.2 additions, appended (check struct_size; the minor stays 2 because 1.2 is not yet
+   * released). Both optional.
+   * identity: the ledger's identity, a UUID made when its storage was created and kept in
+   * it, written as 36 lowercase characters + NUL into out (size >= EPH_LEDGER_IDENTITY_BYTES).
+   * Two processes whose ledgers answer the same identity keep their money in one place;
+   * nodes of a cluster refuse to start when theirs differs from the one the cluster
+   * recorded (docs/cluster.md). NULL: the ledger cannot be identified, and a cluster node
+   * refuses it. 0 or negative. */
+  int (*identity)(void *state, char *out, size_t size, eph_error_t *err);
+  /* open_reservations: calls each(ctx, r) for every reservation not yet settled that was
+   * made before reserved_before_unix_us (CLOCK_REALTIME micros), oldest first, at most
+   * limit of them (limit > 0). each must not call the ledger (it may run under the
+   * ledger's lock). Returns how many, or negative. A cluster node uses it to
+   * release the reservations of runs whose node died before recording them. */
+  int (*open_reservations)(void *state, int64_t reserved_before_unix_us, int limit,
+                           void (*each)(void *ctx, const eph_ledger_open_t *r), void *ctx,
+                           eph_error_t *err);
 } eph_ledger_ops_t;
 
 #ifdef __cplusplus
