@@ -14,11 +14,13 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "guest/protocol.h"
 #include "qemu.h"
 
 static struct launch_key
@@ -51,7 +53,43 @@ pool_vm_end(qemu_t *q, pool_vm_t *v)
   free(v);
 }
 
-/* Starts one pooled microVM for key k: restored from the snapshot, loaded, paused. */
+/* Runs the loaded guest once through a ping (its answer read and dropped), then stops it
+ * again: under TCG every code path a restored guest takes is translated afresh, and a run's
+ * reseed and hello take the same paths (the interrupt, virtio-serial both ways, the agent's
+ * frame loop) — translated here, ahead of the run. The guest has seen no run and learns
+ * nothing: its identity (entropy, clock, scratch) still comes from the run's reseed. */
+static int
+pool_warm(pool_vm_t *v, int64_t deadline_ms, eph_error_t *err)
+{
+  int r = qmp_exec(&v->qmp, "cont", NULL, -1, deadline_ms, NULL, err);
+  if (r < 0)
+    return r;
+  json_object *ping = json_object_new_object();
+  json_object_object_add(ping, "type", json_object_new_string("ping"));
+  json_object_object_add(ping, "id", json_object_new_int(1));
+  r = eph_proto_write_frame(v->guest_fd, ping);
+  json_object_put(ping);
+  if (r < 0)
+    return eph_error_set(err, -r, "pool: ping: %s", strerror(-r));
+  eph_frame_reader_t rd = {0};
+  json_object *o = NULL;
+  while (!o && eph_now_ms() < deadline_ms) {
+    struct pollfd p = {.fd = v->guest_fd, .events = POLLIN};
+    if (poll(&p, 1, 100) > 0 && (r = eph_frame_reader_feed(&rd, v->guest_fd, &o)) < 0)
+      break;
+  }
+  eph_frame_reader_clear(&rd);
+  const char *type = o ? eph_proto_str(o, "type") : NULL;
+  r = type && strcmp(type, "pong") == 0
+          ? 0
+          : eph_error_set(err, EPH_E_PROTOCOL, "pool: the guest answered the ping with '%s'",
+                          type ? type : "nothing");
+  json_object_put(o);
+  return r < 0 ? r : qmp_exec(&v->qmp, "stop", NULL, -1, deadline_ms, NULL, err);
+}
+
+/* Starts one pooled microVM for key k: restored from the snapshot, loaded, warmed (pool_warm)
+ * and paused. */
 static pool_vm_t *
 pool_start(qemu_t *q, const struct launch_key *k, unsigned seq, eph_error_t *err)
 {
@@ -101,6 +139,8 @@ pool_start(qemu_t *q, const struct launch_key *k, unsigned seq, eph_error_t *err
     r = qmp_wait_status(&v->qmp, loading, deadline, st, sizeof st, err);
   if (r >= 0 && strcmp(st, "paused") != 0)
     r = eph_error_set(err, EPROTO, "a pooled microVM is '%s' after loading, not paused", st);
+  if (r >= 0)
+    r = pool_warm(v, deadline, err);
   if (r < 0) {
     pool_vm_end(q, v);
     return NULL;

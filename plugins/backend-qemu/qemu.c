@@ -112,12 +112,12 @@ static const eph_config_key_t qemu_keys[] = {
      "<state_dir>/qemu/slots."},
     {"append", EPH_CFG_STRING, "\"\"", NULL,
      "Extra kernel command line. eph_init=PATH replaces the guest (tests use a bogus one)."},
-    {"pool", EPH_CFG_INT, "0", NULL,
+    {"pool", EPH_CFG_INT, "1", NULL,
      "Restored microVMs kept loaded and paused for the next runs (ephemerald: a run then "
      "skips QEMU's start and the snapshot's load). Each has its own slot, keeper and "
      "directory, serves one run only and is killed with it; all are killed when the process "
      "ends. Filled from the second restore of a process on, for the limits last asked; "
-     "each holds ~200 MB. 0 = none.",
+     "each holds ~200 MB. A CLI command (one sandbox) never starts one. 0 = none.",
      EPH_CFG_RANGE(0, 16)},
     {"console_log", EPH_CFG_BOOL, "false", NULL,
      "Keep the guest kernel's console in the sandbox's qemu.log (debugging; slower boots)."},
@@ -164,7 +164,7 @@ read_config(qemu_t *q, const config_setting_t *c, eph_error_t *err)
       (r = h->cfg_int(c, "slots", 1024, &k->slots, err)) < 0 ||
       (r = h->cfg_string(c, "append", "", &k->append, err)) < 0 ||
       (r = h->cfg_bool(c, "console_log", 0, &k->console_log, err)) < 0 ||
-      (r = h->cfg_int(c, "pool", 0, &k->pool, err)) < 0)
+      (r = h->cfg_int(c, "pool", 1, &k->pool, err)) < 0)
     return r;
   if (strcmp(k->accel, "auto") && strcmp(k->accel, "kvm") && strcmp(k->accel, "tcg"))
     return eph_error_set(err, EPH_E_CONFIG,
@@ -503,8 +503,9 @@ loaded:;
   if (s->restored) {
     static const char *const loading[] = {"inmigrate", "restore-vm", NULL};
     char st[32];
+    snprintf(st, sizeof st, "paused"); /* a pooled one: loaded and stopped (pool.c) */
     if ((r = send_reseed(gfd, err)) < 0 ||
-        (r = qmp_wait_status(&s->qmp, loading, deadline, st, sizeof st, err)) < 0)
+        (!pv && (r = qmp_wait_status(&s->qmp, loading, deadline, st, sizeof st, err)) < 0))
       goto fail;
     t_loaded = eph_now_ms();
     if (strcmp(st, "running") != 0 &&

@@ -186,7 +186,7 @@ int write_pid_record(const char *dir, const qemu_t *q, pid_t qemu_pid, const cha
  * started before its run existed, so without one. */
 int vm_set_deadline(const vmproc_t *vm, int64_t deadline_ms, eph_error_t *err);
 
-/* pool.c: restored microVMs started ahead of their runs (key `pool`, default 0 = none).
+/* pool.c: restored microVMs started ahead of their runs (key `pool`, default 1; 0 = none).
  * Each one is a QEMU restored from the snapshot under its own keeper and slot exactly like
  * a run's, left paused (-S) after loading; a create whose limits match takes one (it is
  * that run's alone: destroy kills it, it never returns to the pool) and the filler thread
