@@ -8,12 +8,14 @@
  *   - the run's deadline reaches a pooled microVM's keeper (started before the run existed):
  *     QEMU is killed at the deadline;
  *   - fini ends every pooled microVM (no QEMU, directory or slot of ours left);
- *   - SIGKILL of the owning process takes its pooled microVM along (the keeper's lifeline).
+ *   - SIGKILL of the owning process takes its pooled microVM along (the keeper's lifeline);
+ *   - a microVM restored from an older image's snapshot is never handed out.
  * Run by tests/qemu-pool.test (which skips without root, QEMU or the image) with
  * EPH_STATE_DIR = the state directory holding the guest image. */
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <dlfcn.h>
+#include <fcntl.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <poll.h>
@@ -389,6 +391,68 @@ test_pool_dies_with_owner(void **st)
   close(pfd[0]);
 }
 
+/* The image changes while a microVM waits in the pool (restored from the old image's
+ * snapshot): the next run must not get it. A private copy of the image (its path is part of
+ * the identity, so this builds snapshots of its own, removed at the end). */
+static void
+test_pool_refuses_an_older_image(void **st)
+{
+  (void)st;
+  char dir[] = "/tmp/eph-pool-image.XXXXXX", cmd[2048];
+  assert_non_null(mkdtemp(dir));
+  snprintf(cmd, sizeof cmd, "cp %s/guest-image/* %s/", state_dir, dir);
+  assert_int_equal(system(cmd), 0);
+  char text[1200];
+  snprintf(text, sizeof text,
+           "backend-qemu: { pool = 1; snapshot = true; tsc_khz = 2595000; image_dir = \"%s\"; };",
+           dir);
+  config_t own;
+  config_init(&own);
+  assert_int_equal(config_read_string(&own, text), CONFIG_TRUE);
+  config_t saved = cfg;
+  cfg = own;
+  loaded_t l;
+  load(&l);
+  pid_t me = getpid();
+  int before = log_count("restored ahead, from the pool");
+  int loaded = log_count("loaded and paused");
+  box_t a, b, c;
+  char run[64];
+  snprintf(run, sizeof run, "pooltest-%d-i1", (int)me);
+  make(&l, &a, run, 0);
+  snprintf(run, sizeof run, "pooltest-%d-i2", (int)me);
+  make(&l, &b, run, 0);
+  wait_loaded(loaded + 1);
+  char name[64];
+  unsigned seq = 0;
+  pid_t pooled = 0;
+  for (; seq < 64 && !pooled; seq++) {
+    snprintf(name, sizeof name, "ephemeral-pool-%d-%u", (int)me, seq);
+    pooled = named(name);
+  }
+  assert_true(pooled > 0);
+  /* a new kernel file (same bytes, another mtime): another identity */
+  char path[1100];
+  snprintf(path, sizeof path, "%s/vmlinuz", dir);
+  struct timespec ts[2] = {{0, UTIME_OMIT}, {time(NULL) + 10, 0}};
+  assert_int_equal(utimensat(AT_FDCWD, path, ts, 0), 0);
+  snprintf(run, sizeof run, "pooltest-%d-i3", (int)me);
+  make(&l, &c, run, 0);
+  assert_int_equal(log_count("restored ahead, from the pool"), before);
+  assert_true(gone(pooled));
+  drop(&l, &a, true);
+  drop(&l, &b, true);
+  drop(&l, &c, true);
+  unload(&l);
+  cfg = saved;
+  config_destroy(&own);
+  snprintf(cmd, sizeof cmd,
+           "for f in $(grep -l -a 'kernel %s/vmlinuz' %s/qemu/snapshots/*.vmstate); do rm -f \"$f\"; "
+           "done; rm -rf %s",
+           dir, state_dir, dir);
+  assert_int_equal(system(cmd), 0);
+}
+
 int
 main(int argc, char **argv)
 {
@@ -410,6 +474,7 @@ main(int argc, char **argv)
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_pool_serves_one_run_each),
       cmocka_unit_test(test_pool_dies_with_owner),
+      cmocka_unit_test(test_pool_refuses_an_older_image),
   };
   int r = cmocka_run_group_tests(tests, NULL, NULL);
   config_destroy(&cfg);

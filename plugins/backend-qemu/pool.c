@@ -122,7 +122,13 @@ pool_start(qemu_t *q, const struct launch_key *k, unsigned seq, eph_error_t *err
     return NULL;
   }
   l.log_fd = log_fd;
-  int snap_fd = snapshot_open(q, &l, deadline, err);
+  /* Before the open: should the image or QEMU change in between, the entry carries the
+   * older identity and a take refuses it (never the other way round). */
+  int snap_fd = snapshot_identity(q, &l, v->identity);
+  if (snap_fd < 0)
+    eph_error_set(err, -snap_fd, "pool: the snapshot's identity cannot be computed");
+  else
+    snap_fd = snapshot_open(q, &l, deadline, err);
   int r = snap_fd;
   if (snap_fd >= 0) {
     l.incoming_fd = snap_fd;
@@ -194,17 +200,29 @@ pool_take(qemu_t *q, const launch_t *l)
   struct launch_key k = key_of(l);
   pool_vm_t *v = NULL, *stale[64];
   int nstale = 0;
+  /* A pooled microVM restored from another snapshot than the one this run would get (the
+   * image, kernel or QEMU changed since) is ended, never handed out. */
+  char identity[65];
+  if (snapshot_identity(q, l, identity) < 0)
+    identity[0] = '\0';
   pthread_mutex_lock(&q->pool_lock);
   if (!q->pool_vms && !(q->pool_vms = calloc((size_t)q->cfg.pool, sizeof *q->pool_vms))) {
     pthread_mutex_unlock(&q->pool_lock);
     return NULL;
   }
-  for (int i = 0; i < q->pool_n; i++)
-    if (key_eq(&q->pool_vms[i]->key, &k)) {
-      v = q->pool_vms[i];
-      q->pool_vms[i] = q->pool_vms[--q->pool_n];
-      break;
+  for (int i = 0; i < q->pool_n && !v;) {
+    pool_vm_t *c = q->pool_vms[i];
+    bool stale_one = strcmp(c->identity, identity) != 0;
+    if (!stale_one && !key_eq(&c->key, &k)) {
+      i++;
+      continue;
     }
+    q->pool_vms[i] = q->pool_vms[--q->pool_n];
+    if (stale_one && nstale < 64)
+      stale[nstale++] = c;
+    else if (!stale_one)
+      v = c;
+  }
   /* The pool follows the limits last asked: loaded microVMs for others are ended. */
   if (!key_eq(&q->pool_want, &k))
     while (q->pool_n > 0 && nstale < 64)

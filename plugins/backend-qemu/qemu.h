@@ -194,6 +194,7 @@ int vm_set_deadline(const vmproc_t *vm, int64_t deadline_ms, eph_error_t *err);
  * makes one sandbox never pays for a pool) and fills to `pool` for the limits last asked. */
 struct pool_vm {
   struct launch_key key;
+  char identity[65]; /* of the snapshot it was restored from: a take wants today's */
   vmproc_t vm;
   int guest_fd;
   qmp_t qmp;          /* greeted, the VM loaded and paused */
@@ -216,6 +217,9 @@ void pool_fini(qemu_t *q);
  * shared flock (in use: never pruned) and owned by the caller; negative errno with err set
  * when there is none (the caller cold-boots). */
 int snapshot_open(qemu_t *q, const launch_t *l, int64_t deadline_ms, eph_error_t *err);
+/* The identity (SHA-256, 64 hex + NUL) of the snapshot for the machine l describes: what
+ * snapshot_open would look for now. 0, or negative errno. */
+int snapshot_identity(const qemu_t *q, const launch_t *l, char hex[65]);
 /* Lists the store (cache_list of eph_backend_ops_t): each() once per snapshot, least
  * recently used first. Returns the count, or negative errno. */
 int snapshot_list(const qemu_t *q, eph_cache_each_fn each, void *ctx, eph_error_t *err);

@@ -241,6 +241,17 @@ save_snapshot(qemu_t *q, const launch_t *base, const char *path, const char *ide
 }
 
 int
+snapshot_identity(const qemu_t *q, const launch_t *l, char hex[65])
+{
+  char detail[512];
+  cleanup_free char *inputs = malloc(HEADER_BYTES);
+  if (!inputs)
+    return -ENOMEM;
+  return identity_of(q, l, hex, inputs, HEADER_BYTES - 700, detail, sizeof detail) < 0 ? -EIO
+                                                                                         : 0;
+}
+
+int
 snapshot_open(qemu_t *q, const launch_t *l, int64_t deadline_ms, eph_error_t *err)
 {
   char identity[65], detail[512];
