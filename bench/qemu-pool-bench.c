@@ -24,8 +24,8 @@
 
 enum { PHASES = 7 }; /* prepare, QEMU start, migration, resume, hello, ready, QEMU CPU */
 static const char *const phase_names[PHASES] = {
-    "prepare", "QEMU start", "incoming migration", "resume", "hello", "ready (total)",
-    "QEMU CPU at resume"};
+    "prepare", "QEMU start",    "incoming migration", "resume",
+    "hello",   "ready (total)", "QEMU CPU at resume"};
 
 static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;
 static char last_phases[512];

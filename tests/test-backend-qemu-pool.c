@@ -446,10 +446,11 @@ test_pool_refuses_an_older_image(void **st)
   unload(&l);
   cfg = saved;
   config_destroy(&own);
-  snprintf(cmd, sizeof cmd,
-           "for f in $(grep -l -a 'kernel %s/vmlinuz' %s/qemu/snapshots/*.vmstate); do rm -f \"$f\"; "
-           "done; rm -rf %s",
-           dir, state_dir, dir);
+  snprintf(
+      cmd, sizeof cmd,
+      "for f in $(grep -l -a 'kernel %s/vmlinuz' %s/qemu/snapshots/*.vmstate); do rm -f \"$f\"; "
+      "done; rm -rf %s",
+      dir, state_dir, dir);
   assert_int_equal(system(cmd), 0);
 }
 
@@ -468,8 +469,8 @@ main(int argc, char **argv)
   fh_reset(1000000, state_dir, NULL);
   fh_host.log = safe_log;
   config_init(&cfg);
-  if (config_read_string(&cfg, "backend-qemu: { pool = 1; snapshot = true; tsc_khz = 2595000; };") !=
-      CONFIG_TRUE)
+  if (config_read_string(
+          &cfg, "backend-qemu: { pool = 1; snapshot = true; tsc_khz = 2595000; };") != CONFIG_TRUE)
     return 1;
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_pool_serves_one_run_each),

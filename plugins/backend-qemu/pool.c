@@ -26,10 +26,8 @@
 static struct launch_key
 key_of(const launch_t *l)
 {
-  struct launch_key k = {.memory_mib = l->memory_mib,
-                         .tmp_mib = l->tmp_mib,
-                         .vcpus = l->vcpus,
-                         .pids = l->pids};
+  struct launch_key k = {
+      .memory_mib = l->memory_mib, .tmp_mib = l->tmp_mib, .vcpus = l->vcpus, .pids = l->pids};
   snprintf(k.accel, sizeof k.accel, "%s", l->accel);
   return k;
 }

@@ -132,8 +132,8 @@ struct eph_sandbox {
   int64_t created_ms, deadline_ms; /* deadline_ms: the run's (0 = none) */
   bool restored;
   char qemu_name[128]; /* QEMU's -name: ephemeral-<run_id>, or the pooled one it was */
-  int proxy_ns_fd;    /* a dup of spec->proxy_netns_fd when the microVM has a NIC, else -1 */
-  char tap[IFNAMSIZ]; /* the NIC's tap in that netns ("" without one) */
+  int proxy_ns_fd;     /* a dup of spec->proxy_netns_fd when the microVM has a NIC, else -1 */
+  char tap[IFNAMSIZ];  /* the NIC's tap in that netns ("" without one) */
 };
 
 /* ------------------------------------------------------------ init / fini */
@@ -526,7 +526,10 @@ loaded:;
                "in %" PRId64 " ms",
                s->run_id, (int)s->vm.qemu,
                s->vm.slot >= 0 ? (long long)(q->cfg.uid_base + s->vm.slot) : (long long)getuid(),
-               l.accel, pv ? "restored ahead, from the pool" : s->restored ? "restored" : "cold boot",
+               l.accel,
+               pv            ? "restored ahead, from the pool"
+               : s->restored ? "restored"
+                             : "cold boot",
                mem, vcpus, eph_now_ms() - t0);
   *out = s;
   *guest_fd = gfd;

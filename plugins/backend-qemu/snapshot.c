@@ -247,8 +247,7 @@ snapshot_identity(const qemu_t *q, const launch_t *l, char hex[65])
   cleanup_free char *inputs = malloc(HEADER_BYTES);
   if (!inputs)
     return -ENOMEM;
-  return identity_of(q, l, hex, inputs, HEADER_BYTES - 700, detail, sizeof detail) < 0 ? -EIO
-                                                                                         : 0;
+  return identity_of(q, l, hex, inputs, HEADER_BYTES - 700, detail, sizeof detail) < 0 ? -EIO : 0;
 }
 
 int
