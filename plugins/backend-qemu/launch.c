@@ -381,6 +381,8 @@ keeper_main(const qemu_t *q, char **argv, const int *src, int nsrc, int log_fd, 
     close(null);
   int pidfd = (int)syscall(SYS_pidfd_open, qemu, 0);
   int code = KEEPER_QEMU_ENDED;
+  unsigned char dl[sizeof(int64_t)]; /* a deadline being read from the lifeline */
+  size_t dl_n = 0;
   for (;;) {
     int64_t left = deadline_ms > 0 ? deadline_ms - eph_now_ms() : -1;
     if (deadline_ms > 0 && left <= 0) {
@@ -398,14 +400,19 @@ keeper_main(const qemu_t *q, char **argv, const int *src, int nsrc, int log_fd, 
     if (n > 0 && p[0].revents) {
       /* EOF: stop. Eight bytes: the run's deadline (vm_set_deadline, for a pooled QEMU
        * started before its run existed). */
-      int64_t v;
-      ssize_t got = read(3, &v, sizeof v);
+      ssize_t got = read(3, dl + dl_n, sizeof dl - dl_n);
       if (got <= 0) {
         code = KEEPER_STOPPED;
         break;
       }
-      if (got == (ssize_t)sizeof v && v > 0)
-        deadline_ms = v;
+      dl_n += (size_t)got;
+      if (dl_n == sizeof dl) {
+        int64_t v;
+        memcpy(&v, dl, sizeof v);
+        if (v > 0)
+          deadline_ms = v;
+        dl_n = 0;
+      }
     }
     int st;
     if ((n > 0 && pidfd >= 0 && p[1].revents) ||
