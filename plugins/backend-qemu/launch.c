@@ -211,6 +211,8 @@ build_argv(const qemu_t *q, const launch_t *l, char **argv, size_t max, char sto
     ARG("-device");
     ARGF("virtio-net-device,netdev=n0,mac=%s", l->mac);
   }
+  if (l->incoming_fd >= 0 && l->paused)
+    ARG("-S"); /* pool.c: loaded, then paused until its run's `cont` */
   if (l->incoming_fd >= 0) {
     ARG("-incoming");
     ARGF("fd:%d", FD_INCOMING);
@@ -379,6 +381,8 @@ keeper_main(const qemu_t *q, char **argv, const int *src, int nsrc, int log_fd, 
     close(null);
   int pidfd = (int)syscall(SYS_pidfd_open, qemu, 0);
   int code = KEEPER_QEMU_ENDED;
+  unsigned char dl[sizeof(int64_t)]; /* a deadline being read from the lifeline */
+  size_t dl_n = 0;
   for (;;) {
     int64_t left = deadline_ms > 0 ? deadline_ms - eph_now_ms() : -1;
     if (deadline_ms > 0 && left <= 0) {
@@ -394,10 +398,20 @@ keeper_main(const qemu_t *q, char **argv, const int *src, int nsrc, int log_fd, 
     if (n < 0 && errno != EINTR)
       break;
     if (n > 0 && p[0].revents) {
-      char c;
-      if (read(3, &c, 1) <= 0) {
+      /* EOF: stop. Eight bytes: the run's deadline (vm_set_deadline, for a pooled QEMU
+       * started before its run existed). */
+      ssize_t got = read(3, dl + dl_n, sizeof dl - dl_n);
+      if (got <= 0) {
         code = KEEPER_STOPPED;
         break;
+      }
+      dl_n += (size_t)got;
+      if (dl_n == sizeof dl) {
+        int64_t v;
+        memcpy(&v, dl, sizeof v);
+        if (v > 0)
+          deadline_ms = v;
+        dl_n = 0;
       }
     }
     int st;
@@ -496,6 +510,16 @@ launch_qemu(const qemu_t *q, const launch_t *l, vmproc_t *vm, int *guest_fd, int
   *guest_fd = gp[0];
   *qmp_fd = mp[0];
   return 0;
+}
+
+int
+vm_set_deadline(const vmproc_t *vm, int64_t deadline_ms, eph_error_t *err)
+{
+  ssize_t n = write(vm->lifeline, &deadline_ms, sizeof deadline_ms);
+  return n == (ssize_t)sizeof deadline_ms
+             ? 0
+             : eph_error_set(err, n < 0 ? errno : EIO, "telling the QEMU keeper the deadline: %s",
+                             strerror(n < 0 ? errno : EIO));
 }
 
 /* Ends a QEMU started by launch_qemu: closing the lifeline makes the keeper kill and reap
@@ -673,12 +697,14 @@ make_run_dir(const qemu_t *q, const char *run_id, char *dir, size_t size, int *l
   return 0;
 }
 
-/* "QEMU_PID OWNER_PID OWNER_START": the sweep kills QEMU when the owner is gone. */
+/* "QEMU_PID OWNER_PID OWNER_START QEMU_NAME": the sweep kills QEMU when the owner is gone. */
 int
-write_pid_record(const char *dir, const qemu_t *q, pid_t qemu_pid, eph_error_t *err)
+write_pid_record(const char *dir, const qemu_t *q, pid_t qemu_pid, const char *qemu_name,
+                 eph_error_t *err)
 {
-  char path[PATH_MAX + 8], text[128];
+  char path[PATH_MAX + 8], text[256];
   snprintf(path, sizeof path, "%s/pid", dir);
-  snprintf(text, sizeof text, "%d %d %llu\n", (int)qemu_pid, (int)getpid(), q->owner_start);
+  snprintf(text, sizeof text, "%d %d %llu %s\n", (int)qemu_pid, (int)getpid(), q->owner_start,
+           qemu_name);
   return write_file(path, text, err);
 }

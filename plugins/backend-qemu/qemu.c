@@ -112,6 +112,13 @@ static const eph_config_key_t qemu_keys[] = {
      "<state_dir>/qemu/slots."},
     {"append", EPH_CFG_STRING, "\"\"", NULL,
      "Extra kernel command line. eph_init=PATH replaces the guest (tests use a bogus one)."},
+    {"pool", EPH_CFG_INT, "1", NULL,
+     "Restored microVMs kept loaded and paused for the next runs (ephemerald: a run then "
+     "skips QEMU's start and the snapshot's load). Each has its own slot, keeper and "
+     "directory, serves one run only and is killed with it; all are killed when the process "
+     "ends. Filled from the second restore of a process on, for the limits last asked; "
+     "each holds ~200 MB. A CLI command (one sandbox) never starts one. 0 = none.",
+     EPH_CFG_RANGE(0, 16)},
     {"console_log", EPH_CFG_BOOL, "false", NULL,
      "Keep the guest kernel's console in the sandbox's qemu.log (debugging; slower boots)."},
     {0},
@@ -124,8 +131,9 @@ struct eph_sandbox {
   qmp_t qmp;
   int64_t created_ms, deadline_ms; /* deadline_ms: the run's (0 = none) */
   bool restored;
-  int proxy_ns_fd;    /* a dup of spec->proxy_netns_fd when the microVM has a NIC, else -1 */
-  char tap[IFNAMSIZ]; /* the NIC's tap in that netns ("" without one) */
+  char qemu_name[128]; /* QEMU's -name: ephemeral-<run_id>, or the pooled one it was */
+  int proxy_ns_fd;     /* a dup of spec->proxy_netns_fd when the microVM has a NIC, else -1 */
+  char tap[IFNAMSIZ];  /* the NIC's tap in that netns ("" without one) */
 };
 
 /* ------------------------------------------------------------ init / fini */
@@ -155,7 +163,8 @@ read_config(qemu_t *q, const config_setting_t *c, eph_error_t *err)
       (r = h->cfg_int(c, "uid_base", 68000000, &k->uid_base, err)) < 0 ||
       (r = h->cfg_int(c, "slots", 1024, &k->slots, err)) < 0 ||
       (r = h->cfg_string(c, "append", "", &k->append, err)) < 0 ||
-      (r = h->cfg_bool(c, "console_log", 0, &k->console_log, err)) < 0)
+      (r = h->cfg_bool(c, "console_log", 0, &k->console_log, err)) < 0 ||
+      (r = h->cfg_int(c, "pool", 1, &k->pool, err)) < 0)
     return r;
   if (strcmp(k->accel, "auto") && strcmp(k->accel, "kvm") && strcmp(k->accel, "tcg"))
     return eph_error_set(err, EPH_E_CONFIG,
@@ -194,6 +203,9 @@ qemu_fini(void *state)
   qemu_t *q = state;
   if (!q)
     return;
+  pool_fini(q);
+  pthread_mutex_destroy(&q->pool_lock);
+  pthread_cond_destroy(&q->pool_cond);
   pthread_mutex_destroy(&q->lock);
   free(q->cfg.image_dir);
   free(q->base);
@@ -212,6 +224,8 @@ qemu_init(const eph_host_t *host, const config_setting_t *config, void **state, 
   q->host = host;
   q->owner_start = start_time(getpid());
   pthread_mutex_init(&q->lock, NULL);
+  pthread_mutex_init(&q->pool_lock, NULL);
+  pthread_cond_init(&q->pool_cond, NULL);
   int r = read_config(q, config, err);
   if (r < 0)
     goto fail;
@@ -328,6 +342,42 @@ add_network(const eph_sandbox_spec_t *spec, eph_sandbox_t *s, launch_t *l, eph_e
   return 0;
 }
 
+/* Makes the pooled microVM pv the sandbox s (pv is consumed): its directory becomes the
+ * run's, its keeper learns the run's deadline. On failure pv's QEMU is ended. */
+static int
+adopt_pooled(qemu_t *q, eph_sandbox_t *s, pool_vm_t *pv, int64_t deadline_ms, int *gfd,
+             eph_error_t *err)
+{
+  int r = 0;
+  snprintf(s->dir, sizeof s->dir, "%s/%s", q->run_base, s->run_id);
+  if (strspn(s->run_id, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-") !=
+          strlen(s->run_id) ||
+      !s->run_id[0])
+    r = eph_error_set(err, EINVAL, "run id '%s': only [A-Za-z0-9_-] allowed", s->run_id);
+  else if (rename(pv->dir, s->dir) < 0)
+    r = eph_error_set(err, errno, "%s -> %s: %s", pv->dir, s->dir, strerror(errno));
+  else if (deadline_ms > 0)
+    r = vm_set_deadline(&pv->vm, deadline_ms, err);
+  if (r < 0 && strcmp(pv->dir, s->dir) != 0 && access(s->dir, F_OK) == 0)
+    snprintf(pv->dir, sizeof pv->dir, "%s", s->dir); /* renamed: removed from there */
+  if (r < 0) {
+    qmp_close(&pv->qmp);
+    close(pv->guest_fd);
+    vm_stop(q, &pv->vm, NULL);
+    rm_tree(pv->dir);
+    free(pv);
+    s->dir[0] = '\0';
+    return r;
+  }
+  s->vm = pv->vm;
+  s->qmp = pv->qmp;
+  s->restored = true;
+  snprintf(s->qemu_name, sizeof s->qemu_name, "%s", pv->name);
+  *gfd = pv->guest_fd;
+  free(pv);
+  return 0;
+}
+
 static int
 qemu_create(void *state, const eph_sandbox_spec_t *spec, eph_sandbox_t **out, int *guest_fd,
             eph_error_t *err)
@@ -394,6 +444,16 @@ qemu_create(void *state, const eph_sandbox_spec_t *spec, eph_sandbox_t **out, in
   }
 
   int log_fd = -1, gfd = -1, qfd = -1, snap_fd = -1;
+  snprintf(s->qemu_name, sizeof s->qemu_name, "%s", name);
+  /* A pooled microVM (pool.c) for these limits: already started, loaded and paused. */
+  pool_vm_t *pv = k->snapshot && l.tap_fd < 0 ? pool_take(q, &l) : NULL;
+  if (pv && (r = adopt_pooled(q, s, pv, spec->deadline_ms, &gfd, err)) < 0) {
+    sandbox_free(s);
+    return r;
+  }
+  int64_t t_launch = eph_now_ms();
+  if (pv)
+    goto loaded;
   if ((r = make_run_dir(q, s->run_id, s->dir, sizeof s->dir, &log_fd, err)) < 0) {
     if (l.tap_fd >= 0)
       close(l.tap_fd);
@@ -419,7 +479,7 @@ qemu_create(void *state, const eph_sandbox_spec_t *spec, eph_sandbox_t **out, in
   }
   if (l.incoming_fd < 0 && strcmp(l.accel, "tcg") == 0)
     l.tsc_khz = qemu_tsc_khz(q);
-  int64_t t_launch = eph_now_ms();
+  t_launch = eph_now_ms();
   r = launch_qemu(q, &l, &s->vm, &gfd, &qfd, err);
   if (snap_fd >= 0)
     close(snap_fd); /* QEMU shares it (and its flock) until loaded */
@@ -430,7 +490,7 @@ qemu_create(void *state, const eph_sandbox_spec_t *spec, eph_sandbox_t **out, in
   if (r < 0)
     goto fail;
   s->restored = l.incoming_fd >= 0;
-  if ((r = write_pid_record(s->dir, q, s->vm.qemu, err)) < 0)
+  if ((r = write_pid_record(s->dir, q, s->vm.qemu, s->qemu_name, err)) < 0)
     goto fail;
   int64_t qdl = deadline < eph_now_ms() + QMP_TIMEOUT_MS ? deadline : eph_now_ms() + QMP_TIMEOUT_MS;
   if ((r = qmp_open(&s->qmp, qfd, qdl, err)) < 0) {
@@ -438,12 +498,14 @@ qemu_create(void *state, const eph_sandbox_spec_t *spec, eph_sandbox_t **out, in
     goto fail;
   }
   qfd = -1;
+loaded:;
   int64_t t_qmp = eph_now_ms(), t_loaded = t_qmp;
   if (s->restored) {
     static const char *const loading[] = {"inmigrate", "restore-vm", NULL};
     char st[32];
+    snprintf(st, sizeof st, "paused"); /* a pooled one: loaded and stopped (pool.c) */
     if ((r = send_reseed(gfd, err)) < 0 ||
-        (r = qmp_wait_status(&s->qmp, loading, deadline, st, sizeof st, err)) < 0)
+        (!pv && (r = qmp_wait_status(&s->qmp, loading, deadline, st, sizeof st, err)) < 0))
       goto fail;
     t_loaded = eph_now_ms();
     if (strcmp(st, "running") != 0 &&
@@ -455,16 +517,20 @@ qemu_create(void *state, const eph_sandbox_spec_t *spec, eph_sandbox_t **out, in
     q->host->log(EPH_LOG_DEBUG,
                  "%s: restore phases: prepare %" PRId64 " ms, QEMU start %" PRId64
                  " ms, incoming migration %" PRId64 " ms, resume %" PRId64 " ms, "
-                 "create %" PRId64 " ms (QEMU used %" PRId64 " ms of CPU so far)",
+                 "create %" PRId64 " ms (QEMU used %" PRId64 " ms of CPU so far)%s",
                  s->run_id, t_launch - t0, t_qmp - t_launch, t_loaded - t_qmp, now - t_loaded,
-                 now - t0, cpu_ms(s->vm.qemu));
+                 now - t0, cpu_ms(s->vm.qemu), pv ? ", from the pool" : "");
   }
   q->host->log(EPH_LOG_DEBUG,
                "%s: QEMU %d (uid %lld) started (%s, %s, %" PRIu64 " MiB, %u vCPU) "
                "in %" PRId64 " ms",
                s->run_id, (int)s->vm.qemu,
                s->vm.slot >= 0 ? (long long)(q->cfg.uid_base + s->vm.slot) : (long long)getuid(),
-               l.accel, s->restored ? "restored" : "cold boot", mem, vcpus, eph_now_ms() - t0);
+               l.accel,
+               pv            ? "restored ahead, from the pool"
+               : s->restored ? "restored"
+                             : "cold boot",
+               mem, vcpus, eph_now_ms() - t0);
   *out = s;
   *guest_fd = gfd;
   return 0;
@@ -518,7 +584,7 @@ qemu_destroy(void *state, eph_sandbox_t *s, eph_sandbox_report_t *report, eph_er
   bool deadline_hit = vm_stop(q, &s->vm, &uid_left) == KEEPER_DEADLINE ||
                       (s->deadline_ms > 0 && eph_now_ms() >= s->deadline_ms);
   char name[128];
-  snprintf(name, sizeof name, "ephemeral-%s", s->run_id);
+  snprintf(name, sizeof name, "%s", s->qemu_name);
   int rm = rm_tree(s->dir);
   rep->processes_left = uid_left + count_named(name, false);
   rep->files_left = count_files(s->dir);
@@ -559,8 +625,9 @@ qemu_sweep(void *state, eph_error_t *err)
     snprintf(path, sizeof path, "%s/pid", dir);
     int qpid = 0, owner = 0;
     unsigned long long ostart = 0;
+    char qname[128] = "";
     if (read_small(path, buf, sizeof buf))
-      sscanf(buf, "%d %d %llu", &qpid, &owner, &ostart);
+      sscanf(buf, "%d %d %llu %127s", &qpid, &owner, &ostart, qname);
     if (owner > 0 && start_time(owner) == ostart && ostart != 0)
       continue; /* its owner lives: not ours to touch */
     if (owner == 0) {
@@ -570,7 +637,11 @@ qemu_sweep(void *state, eph_error_t *err)
         continue;
     }
     char name[300];
-    snprintf(name, sizeof name, "ephemeral-%s", e->d_name);
+    /* QEMU's name from the record (a pooled one keeps its pool name), else the run's. */
+    if (strncmp(qname, "ephemeral-", 10) == 0)
+      snprintf(name, sizeof name, "%s", qname);
+    else
+      snprintf(name, sizeof name, "ephemeral-%s", e->d_name);
     if (qpid > 1 && cmdline_has(qpid, name))
       kill(qpid, SIGKILL);
     count_named(name, true);

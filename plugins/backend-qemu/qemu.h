@@ -4,6 +4,7 @@
  *   launch.c    starting QEMU: argv, slots, the keeper, the accelerator, run directories
  *   snapshot.c  the snapshot store: identity, save, restore checks, garbage collection
  *   proc.c      small file and /proc helpers
+ *   pool.c      restored microVMs kept loaded and paused for the next runs (key `pool`)
  *   qmp.c       the QMP client;  tap.c  the NIC of runs granting web */
 #ifndef EPH_BACKEND_QEMU_H
 #define EPH_BACKEND_QEMU_H
@@ -27,8 +28,11 @@ typedef struct qemu_cfg {
   int64_t scratch_mib, max_scratch_mib, pids, max_pids, uid_base, slots;
   int64_t snapshot_max_bytes; /* the snapshot store's size limit (snapshot_gc) */
   int64_t tsc_khz;            /* configured host TSC rate for TCG guests, 0 = measure */
+  int64_t pool; /* restored microVMs kept loaded and paused for the next runs (pool.c) */
   int snapshot, console_log;
 } qemu_cfg_t;
+
+typedef struct pool_vm pool_vm_t;
 
 typedef struct qemu {
   const eph_host_t *host;
@@ -44,6 +48,20 @@ typedef struct qemu {
   int64_t tsc_khz;      /* host TSC rate for a cold-booting TCG guest (qemu_tsc_khz), -1 unknown */
   pthread_mutex_t lock; /* accel verdict, exec copy, tsc_khz */
   char accel[8];        /* resolved: "kvm" or "tcg"; "" until the first create */
+  /* pool.c, all under pool_lock: the loaded microVMs, the limits they are made for, the
+   * filler thread (started at the second restore of this process) and its stop flag. */
+  pthread_mutex_t pool_lock;
+  pthread_cond_t pool_cond;
+  pool_vm_t **pool_vms;
+  int pool_n;
+  unsigned pool_seq, pool_restores;
+  bool pool_started, pool_stop, pool_want_set;
+  pthread_t pool_thread;
+  struct launch_key {
+    char accel[8];
+    uint64_t memory_mib, tmp_mib;
+    unsigned vcpus, pids;
+  } pool_want;
 } qemu_t;
 
 /* One running QEMU: the keeper (our child, a small root process that owns QEMU, enforces
@@ -65,6 +83,7 @@ typedef struct launch {
   int incoming_fd;     /* snapshot to restore (positioned at its migration stream), or -1 */
   int64_t tsc_khz;     /* a cold boot under TCG: the host's TSC rate for the guest, 0 none */
   int64_t deadline_ms; /* the keeper kills QEMU then (CLOCK_MONOTONIC ms; 0 = never) */
+  bool paused;         /* -S: a pooled restore stays paused after loading until `cont` */
   int log_fd;          /* QEMU's stdout/stderr (and the console when console_log) */
   int tap_fd;          /* the NIC's tap (tap.c), or -1: no NIC */
   char net[64];        /* with a tap: "eph_net=GUEST/32,PROXY" for the guest's eth0 */
@@ -159,7 +178,34 @@ int boot_and_hello(const qemu_t *q, const char *dir, const launch_t *l, vmproc_t
 const char *resolve_accel(qemu_t *q, const launch_t *base);
 int make_run_dir(const qemu_t *q, const char *run_id, char *dir, size_t size, int *log_fd,
                  eph_error_t *err);
-int write_pid_record(const char *dir, const qemu_t *q, pid_t qemu_pid, eph_error_t *err);
+/* Writes <dir>/pid: "QEMU_PID OWNER_PID OWNER_START QEMU_NAME" (the sweep kills QEMU, found
+ * by its -name QEMU_NAME, once the owner is gone). */
+int write_pid_record(const char *dir, const qemu_t *q, pid_t qemu_pid, const char *qemu_name,
+                     eph_error_t *err);
+/* Tells the keeper of vm the run's deadline (CLOCK_MONOTONIC ms, > 0): a pooled QEMU was
+ * started before its run existed, so without one. */
+int vm_set_deadline(const vmproc_t *vm, int64_t deadline_ms, eph_error_t *err);
+
+/* pool.c: restored microVMs started ahead of their runs (key `pool`, default 1; 0 = none).
+ * Each one is a QEMU restored from the snapshot under its own keeper and slot exactly like
+ * a run's, left paused (-S) after loading; a create whose limits match takes one (it is
+ * that run's alone: destroy kills it, it never returns to the pool) and the filler thread
+ * starts a replacement. The filler starts at the second restore of a process (a CLI that
+ * makes one sandbox never pays for a pool) and fills to `pool` for the limits last asked. */
+struct pool_vm {
+  struct launch_key key;
+  char identity[65]; /* of the snapshot it was restored from: a take wants today's */
+  vmproc_t vm;
+  int guest_fd;
+  qmp_t qmp;          /* greeted, the VM loaded and paused */
+  char dir[PATH_MAX]; /* <run_base>/pool-<pid>-<n>, renamed to the run's at take */
+  char name[64];      /* QEMU's -name: ephemeral-pool-<pid>-<n> */
+};
+/* A loaded microVM for the limits of l, removed from the pool (the caller owns it: it
+ * becomes one run's sandbox), or NULL. Counts the restore and (re)starts the filler. */
+pool_vm_t *pool_take(qemu_t *q, const launch_t *l);
+/* Stops the filler and ends every pooled microVM (fini). */
+void pool_fini(qemu_t *q);
 
 /* snapshot.c: the snapshot store. */
 
@@ -171,6 +217,9 @@ int write_pid_record(const char *dir, const qemu_t *q, pid_t qemu_pid, eph_error
  * shared flock (in use: never pruned) and owned by the caller; negative errno with err set
  * when there is none (the caller cold-boots). */
 int snapshot_open(qemu_t *q, const launch_t *l, int64_t deadline_ms, eph_error_t *err);
+/* The identity (SHA-256, 64 hex + NUL) of the snapshot for the machine l describes: what
+ * snapshot_open would look for now. 0, or negative errno. */
+int snapshot_identity(const qemu_t *q, const launch_t *l, char hex[65]);
 /* Lists the store (cache_list of eph_backend_ops_t): each() once per snapshot, least
  * recently used first. Returns the count, or negative errno. */
 int snapshot_list(const qemu_t *q, eph_cache_each_fn each, void *ctx, eph_error_t *err);

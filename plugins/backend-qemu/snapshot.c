@@ -89,6 +89,7 @@ identity_of(const qemu_t *q, const launch_t *l, char hex[65], char *inputs, size
   m.incoming_fd = -1;
   m.tap_fd = -1;
   m.tsc_khz = 0;
+  m.paused = false;
   char *argv[64], store[16][512];
   build_argv(q, &m, argv, 64, store);
   n += (size_t)snprintf(inputs + n, n < isize ? isize - n : 0, "argv");
@@ -181,6 +182,7 @@ save_snapshot(qemu_t *q, const launch_t *base, const char *path, const char *ide
   l.name = name;
   l.incoming_fd = -1;
   l.tap_fd = -1;
+  l.paused = false;
   l.log_fd = log_fd;
   if (strcmp(l.accel, "tcg") == 0)
     l.tsc_khz = qemu_tsc_khz(q);
@@ -193,7 +195,7 @@ save_snapshot(qemu_t *q, const launch_t *base, const char *path, const char *ide
   snprintf(tmp, sizeof tmp, "%s.tmp", path);
   int out = -1;
   r = boot_and_hello(q, dir, &l, &vm, &gfd, &qmp, deadline_ms, err);
-  if (r == 0 && (r = write_pid_record(dir, q, vm.qemu, err)) == 0) {
+  if (r == 0 && (r = write_pid_record(dir, q, vm.qemu, l.name, err)) == 0) {
     out = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
     char h[HEADER_BYTES] = {0};
     snprintf(h, sizeof h, MAGIC "identity %s\ndetail %s\n%s", identity, detail, inputs);
@@ -236,6 +238,16 @@ save_snapshot(qemu_t *q, const launch_t *base, const char *path, const char *ide
   unlink(tmp);
   return r < 0 ? eph_error_wrap(err, "saving the ready guest")
                : eph_error_set(err, e, "%s: %s", path, strerror(e));
+}
+
+int
+snapshot_identity(const qemu_t *q, const launch_t *l, char hex[65])
+{
+  char detail[512];
+  cleanup_free char *inputs = malloc(HEADER_BYTES);
+  if (!inputs)
+    return -ENOMEM;
+  return identity_of(q, l, hex, inputs, HEADER_BYTES - 700, detail, sizeof detail) < 0 ? -EIO : 0;
 }
 
 int
