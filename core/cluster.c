@@ -26,6 +26,11 @@ eph_cluster_config(const eph_ctx_t *ctx, eph_cluster_config_t *out, eph_error_t 
   if ((r = eph_cfg_string(core, "node_name", NULL, &node, err)) < 0 ||
       (r = eph_cfg_int(core, "lease_seconds", 15, &lease, err)) < 0)
     return r;
+  /* The environment wins, as EPHEMERAL_DATABASE does: several daemons of one host can share
+   * a configuration file and still have their own names. */
+  const char *env_node = getenv("EPHEMERAL_NODE_NAME");
+  if (env_node && *env_node)
+    node = env_node;
   char where[256];
   const config_setting_t *s = core ? config_setting_get_member(core, "database") : NULL;
   const char *chosen = eph_config_database(&ctx->config), *env = getenv("EPHEMERAL_DATABASE");

@@ -310,8 +310,14 @@ check_group(const config_setting_t *group, const eph_config_key_t *keys, const c
       k++;
     if (!k || !k->name) {
       char path[512];
-      eph_warn("%s: unknown key '%s' in %s (ignored)", eph_cfg_where(s, where, sizeof where), name,
-               top ? owner : setting_path(group, path, sizeof path));
+      const char *names[256];
+      size_t nn = 0;
+      for (const eph_config_key_t *q = keys; q && q->name && nn < 256; q++)
+        names[nn++] = q->name;
+      const char *near = eph_closest(name, names, nn);
+      eph_warn("%s: unknown key '%s' in %s (ignored)%s%s%s", eph_cfg_where(s, where, sizeof where),
+               name, top ? owner : setting_path(group, path, sizeof path),
+               near ? ": did you mean '" : "", near ? near : "", near ? "'?" : "");
       if (warnings)
         (*warnings)++;
       continue;

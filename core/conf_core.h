@@ -46,7 +46,9 @@
      "Shared PostgreSQL database for runs, keys, leases and (unless `ledger` names another) "    \
      "the money, in ledger-postgres (\"postgresql://...\" URI or libpq key=value string; "        \
      "docs/cluster.md). Overridden by --database and EPHEMERAL_DATABASE.")                        \
-  SX(node_name, "(the hostname)", "Name of this host in a cluster (runs it executes carry it).")   \
+  SX(node_name, "(the hostname)",                                                                  \
+     "Name of this daemon in a cluster (runs it executes carry it); unique per daemon. "          \
+     "EPHEMERAL_NODE_NAME overrides it.")                                                        \
   I(lease_seconds, 15, 2, 3600, "seconds",                                                         \
     "A cluster node's lease on its runs: a run whose node stops renewing it for this long is "     \
     "ended host_lost and settled by another node.")                                                \

@@ -26,7 +26,8 @@ usage(FILE *out)
     fprintf(out, "  %-28s %s\n", c->usage, c->summary);
   fprintf(out, "\n"
                "Options:\n"
-               "  -c, --config FILE     ephemeral.conf to use (its conf.d/ beside it)\n"
+               "  -c, --config FILE     ephemeral.conf to use (its conf.d/ beside it; also\n"
+               "                        EPHEMERAL_CONFIG)\n"
                "      --plugin-dir DIR  load plugins from DIR\n"
                "      --state-dir DIR   state directory (also EPHEMERAL_STATE_DIR)\n"
                "      --database URL    shared PostgreSQL store (also EPHEMERAL_DATABASE)\n"

@@ -31,9 +31,21 @@ eph_meter_prices(eph_run_t *run, eph_error_t *err)
       run->cache_write_price_mtok = m->cache_write_micros_per_mtok;
       found = true;
     }
-    if (!found && strncmp(run->model_call_name, "replay:", 7) != 0)
-      return eph_error_set(err, EINVAL, "field 'model': no price configured for model '%s'",
-                           run->req.model);
+    if (!found && strncmp(run->model_call_name, "replay:", 7) != 0) {
+      /* Say where prices live and, for a typo, which priced name was meant. */
+      const char *names[64];
+      size_t n = 0;
+      for (size_t i = 0; i < p->n_models && n < 64; i++)
+        if (p->models[i].name)
+          names[n++] = p->models[i].name;
+      const char *near = eph_closest(run->req.model, names, n);
+      const char *file = run->ctx->config.main_path;
+      return eph_error_set(err, EINVAL,
+                           "field 'model': no price configured for model '%s'%s%s%s (every model "
+                           "needs a row in pricing.models of %s)",
+                           run->req.model, near ? ": did you mean '" : "", near ? near : "",
+                           near ? "'?" : "", file ? file : "ephemeral.conf");
+    }
   }
   return 0;
 }

@@ -130,18 +130,14 @@ eph_run_load_plugins(eph_ctx_t *ctx, const eph_request_t *req, const char *model
 {
   if (!ctx->lazy_plugins)
     return 0;
-  int loaded = 0;
-  for (size_t i = 0; i < ctx->config.n_blocks; i++) {
+  int loaded = eph_tools_load_blocks(ctx, req);
+  for (size_t i = 0; req && i < ctx->config.n_blocks; i++) {
     const eph_config_block_t *b = &ctx->config.blocks[i];
-    bool tool = strncmp(b->name, "tool-", 5) == 0, want;
-    if (!b->enabled || strncmp(b->name, "backend-", 8) == 0 ||
+    bool want;
+    if (!b->enabled || strncmp(b->name, "backend-", 8) == 0 || strncmp(b->name, "tool-", 5) == 0 ||
         eph_plugins_find(&ctx->plugins, b->name))
       continue;
-    if (!req)
-      want = tool;
-    else if (tool)
-      want = eph_tools_block_wanted(b->name, req);
-    else if (strncmp(b->name, "model-", 6) == 0)
+    if (strncmp(b->name, "model-", 6) == 0)
       want = strncmp(model, "replay:", 7) != 0 || strcmp(b->name, "model-replay") == 0;
     else
       want = true;

@@ -151,6 +151,10 @@ bool eph_tools_next(const eph_ctx_t *ctx, size_t *cursor, eph_tool_ref_t *out);
 /* Whether a run of req needs plugin block `block` if it is a tool plugin: a shipped tool
  * plugin only when its permission row is granted; any other block name: true. */
 bool eph_tools_block_wanted(const char *block, const eph_request_t *req);
+/* In a lazy context: loads the enabled tool-plugin blocks not loaded yet that a run of req
+ * needs (eph_tools_block_wanted), or all of them when req is NULL. Load errors are logged.
+ * Returns how many were loaded (0 in an eager context). */
+int eph_tools_load_blocks(eph_ctx_t *ctx, const eph_request_t *req);
 /* Refuses (EINVAL naming the field) a granted permission no loaded plugin serves. */
 int eph_tools_check_grants(const eph_ctx_t *ctx, const eph_gate_t *g, eph_error_t *err);
 /* The tools the permission table grants, in the model's function-tool shape (new ref). */

@@ -40,6 +40,8 @@ typedef struct pg_listener {
   void *opaque;
   int wake_fd; /* eventfd: stop() wakes the thread out of poll() */
   atomic_bool up, stop;
+  bool name_checked; /* the duplicate node_name check ran (first connection only) */
+  char *node;        /* this node's name, for messages; owned */
   pthread_t thread;
 } pg_listener_t;
 
@@ -80,6 +82,25 @@ connect_listening(pg_listener_t *l, char *why, size_t size)
     if (c)
       PQfinish(c);
     return NULL;
+  }
+  /* Two daemons with one node_name (two on one host, both defaulting to its hostname) would
+   * take each other's runs for their own after a restart: said at start. Every node's
+   * listener is named "ephemeral-listen <node_name>", so another session with this name is
+   * another daemon of that name (or a dead one's connection the server has not noticed yet:
+   * hence a warning, not a refusal). Sessions of other roles may be hidden: then nothing.
+   * Before LISTEN: the listener's last statement stays LISTEN in pg_stat_activity. */
+  if (!l->name_checked) {
+    l->name_checked = true;
+    PGresult *dup = PQexec(c, "SELECT count(*) FROM pg_stat_activity WHERE application_name = "
+                              "current_setting('application_name') AND pid <> pg_backend_pid()");
+    if (dup && PQresultStatus(dup) == PGRES_TUPLES_OK && PQntuples(dup) == 1 &&
+        strcmp(PQgetvalue(dup, 0, 0), "0") != 0)
+      eph_warn("%s: another daemon connected to this database uses the same node_name ('%s' "
+               "in pg_stat_activity): give each daemon its own (node_name, "
+               "EPHEMERAL_NODE_NAME; docs/cluster.md)",
+               l->display, l->node);
+    if (dup)
+      PQclear(dup);
   }
   PGresult *res = PQexec(c, "LISTEN eph_queue; LISTEN eph_events; LISTEN eph_cancels");
   bool ok = res && PQresultStatus(res) == PGRES_COMMAND_OK;
@@ -209,6 +230,7 @@ listener_free(pg_listener_t *l)
   free(l->keys);
   free(l->vals);
   free(l->display);
+  free(l->node);
   if (l->wake_fd >= 0)
     close(l->wake_fd);
   free(l);
@@ -285,7 +307,8 @@ eph_pg_listen(eph_store_t *base,
   }
   PQconninfoFree(opts);
   l->keys[k] = eph_xstrdup("application_name");
-  l->vals[k++] = eph_xasprintf("ephemeral-listen %s", s->node ? s->node : "(no node)");
+  l->node = eph_xstrdup(s->node ? s->node : "(no node)");
+  l->vals[k++] = eph_xasprintf("ephemeral-listen %s", l->node);
   int r = pthread_create(&l->thread, NULL, listen_main, l);
   if (r != 0) {
     listener_free(l);

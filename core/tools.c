@@ -76,6 +76,27 @@ eph_tools_block_wanted(const char *block, const eph_request_t *req)
 }
 
 int
+eph_tools_load_blocks(eph_ctx_t *ctx, const eph_request_t *req)
+{
+  if (!ctx->lazy_plugins)
+    return 0;
+  int loaded = 0;
+  for (size_t i = 0; i < ctx->config.n_blocks; i++) {
+    const eph_config_block_t *b = &ctx->config.blocks[i];
+    if (!b->enabled || strncmp(b->name, "tool-", 5) != 0 ||
+        eph_plugins_find(&ctx->plugins, b->name) || (req && !eph_tools_block_wanted(b->name, req)))
+      continue;
+    eph_error_t e = {0};
+    if (eph_plugins_load_one(&ctx->plugins, &ctx->config, ctx->plugin_dir, &ctx->host, b->name,
+                             &e) < 0)
+      eph_error("%s", e.message);
+    else
+      loaded++;
+  }
+  return loaded;
+}
+
+int
 eph_tools_check_grants(const eph_ctx_t *ctx, const eph_gate_t *g, eph_error_t *err)
 {
   for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
@@ -113,8 +134,9 @@ find_tool(eph_run_t *run, const char *name, eph_tool_ref_t *out)
       return true;
   /* A lazy context loaded the tool plugins of the granted rows only (eph_run_load_plugins):
    * a model asking for another tool gets the same answer as with all of them loaded (the
-   * gate's denial naming the row, or "unknown tool"), so they load now, on this rare path. */
-  if (eph_run_load_plugins(run->ctx, NULL, NULL) > 0)
+   * gate's denial naming the row, or "unknown tool"), so they load now, on this rare path.
+   * (eph_tools_load_blocks lives here, below run.c: the run loads through it.) */
+  if (eph_tools_load_blocks(run->ctx, NULL) > 0)
     for (size_t c = 0; eph_tools_next(run->ctx, &c, out);)
       if (strcmp(out->def->name, name) == 0)
         return true;

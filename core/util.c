@@ -216,3 +216,38 @@ eph_json_parse_strict(const char *text, size_t len, eph_error_t *err)
   }
   return root;
 }
+
+const char *
+eph_closest(const char *word, const char *const *candidates, size_t n)
+{
+  size_t wl = strlen(word);
+  if (wl > 127)
+    return NULL;
+  size_t limit = wl / 3 < 2 ? wl / 3 : 2;
+  const char *best = NULL;
+  size_t best_d = limit + 1;
+  for (size_t c = 0; c < n; c++) {
+    const char *cand = candidates[c];
+    size_t cl = cand ? strlen(cand) : 128;
+    if (cl > 127 || (cl > wl ? cl - wl : wl - cl) >= best_d)
+      continue;
+    /* Two rows of the Wagner-Fischer table. */
+    size_t prev[128], cur[128];
+    for (size_t j = 0; j <= cl; j++)
+      prev[j] = j;
+    for (size_t i = 1; i <= wl; i++) {
+      cur[0] = i;
+      for (size_t j = 1; j <= cl; j++) {
+        size_t sub = prev[j - 1] + (word[i - 1] != cand[j - 1]);
+        size_t del = prev[j] + 1, ins = cur[j - 1] + 1;
+        cur[j] = sub < del ? (sub < ins ? sub : ins) : (del < ins ? del : ins);
+      }
+      memcpy(prev, cur, (cl + 1) * sizeof prev[0]);
+    }
+    if (prev[cl] < best_d && prev[cl] > 0) {
+      best_d = prev[cl];
+      best = cand;
+    }
+  }
+  return best;
+}

@@ -30,6 +30,13 @@ char *eph_xstrdup(const char *s);
 char *eph_xstrndup(const char *s, size_t n);
 char *eph_xasprintf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
+/* The candidate closest to word by edit distance (insertions, deletions, substitutions,
+ * each 1), when that distance is small enough to be a typo: at most 2, and at most a third
+ * of word's length. NULL when none is (or word or a candidate is longer than 127 bytes).
+ * For "did you mean" hints in errors about names (configuration keys, model names). The
+ * result is one of candidates[0..n), borrowed. */
+const char *eph_closest(const char *word, const char *const *candidates, size_t n);
+
 /* Wall-clock time in microseconds since the epoch (CLOCK_REALTIME). */
 int64_t eph_wall_us(void);
 

@@ -166,8 +166,8 @@ eph_sqlite_quick_check_tables(sqlite3 *db, const char *const *tables, char *buf,
      * "no such table"). */
     sqlite3_stmt *st = NULL;
     int exists =
-        sqlite3_prepare_v2(db, "SELECT 1 FROM sqlite_schema WHERE type = 'table' AND name = ?1",
-                           -1, &st, NULL) == SQLITE_OK &&
+        sqlite3_prepare_v2(db, "SELECT 1 FROM sqlite_schema WHERE type = 'table' AND name = ?1", -1,
+                           &st, NULL) == SQLITE_OK &&
         sqlite3_bind_text(st, 1, *tables, -1, SQLITE_STATIC) == SQLITE_OK &&
         sqlite3_step(st) == SQLITE_ROW;
     sqlite3_finalize(st);
