@@ -259,7 +259,7 @@ fi
 echo "== 6. other benches"
 others=""
 if [ -x "$EPH_SRCDIR/bench/qemu-bench" ] && [ -z "${BENCH_NO_QEMU:-}" ]; then
-  others="$others"$'\n'"### bench/qemu-bench"$'\n```\n'"$(timeout 150 sh "$EPH_SRCDIR/bench/qemu-bench" "${BENCH_QEMU_N:-3}" 2>&1 | tail -20)"$'\n```'
+  others="$others"$'\n'"### bench/qemu-bench"$'\n```\n'"$(timeout 240 sh "$EPH_SRCDIR/bench/qemu-bench" "${BENCH_QEMU_N:-3}" 2>&1 | tail -45)"$'\n```'
 fi
 if [ -x "$TOOLS/ledger-bench" ]; then
   # Under tests/with-pg (when PostgreSQL is installed) ledger-postgres is measured beside
