@@ -253,16 +253,7 @@ charge_body(tx_t *tx, void *p, eph_error_t *err)
 {
   op_arg_t *a = p;
   eph_ledger_reservation_t res;
-  /* A charge's commit does not wait for its WAL flush (the server's WAL writer flushes it
-   * within 3 x wal_writer_delay, 600 ms by default): the contract ledger-sqlite's group
-   * commit keeps (a crash may lose the last moment's charges, never a reservation or a
-   * settlement). WAL is one sequence, so the settlement's durable commit flushes every
-   * charge before it: a settled run's charges are always on disk. Credits, reservations
-   * and settlements stay synchronous. */
-  int r = exec_simple(tx, "SET LOCAL synchronous_commit = off", err);
-  if (r < 0)
-    return r;
-  r = reservation_get(tx, a->run_id, true, &res, err);
+  int r = reservation_get(tx, a->run_id, true, &res, err);
   if (r < 0 || (r = eph_ledger_charge_fits(a->run_id, a->category, a->micros, r, &res.t, err)) < 0)
     return r;
   return entry_add(tx, res.org, a->run_id, "charge", a->category, a->micros, a->memo, err);
