@@ -286,8 +286,38 @@ set_limit(int fd, const char *dir, const char *file, const char *value, eph_erro
   return 0;
 }
 
+/* cgroup v1 memory.limit_in_bytes, memsw and kmem of the group open as `mem`. A limit below
+ * the group's usage fails (EBUSY once reclaim gives up) with the usage named. */
 static int
-write_limits(jail_cgroups_t *cg, const char *name, const jail_limits_t *lim, eph_error_t *err)
+write_memory_v1(const jail_cgroups_t *cg, int mem, const char *where, const jail_limits_t *lim,
+                eph_error_t *err)
+{
+  char v[64], used[64] = "";
+  snprintf(v, sizeof v, "%" PRIu64, lim->memory_bytes);
+  int r = write_at(mem, "memory.limit_in_bytes", v);
+  if (r == -EBUSY && read_at(mem, "memory.usage_in_bytes", used, sizeof used) >= 0)
+    return eph_error_set(err, EBUSY,
+                         "memory limit %s bytes is below what the sandbox already uses "
+                         "(%s/memory.usage_in_bytes %" PRIu64
+                         "; at its birth that is mostly the page tables it copied from "
+                         "this process): raise the backend-jail memory limit",
+                         v, where, (uint64_t)strtoull(used, NULL, 10));
+  if (r < 0)
+    return eph_error_set(err, -r, "write %s to %s/memory.limit_in_bytes: %s", v, where,
+                         strerror(-r));
+  /* memsw must be >= the memory limit, so it is written second; equal means no swap. */
+  if (cg->memsw && set_limit(mem, where, "memory.memsw.limit_in_bytes", v, err) < 0)
+    return -err->code;
+  /* Kernel memory is charged to memory.usage_in_bytes too; its own limit is a sub-limit
+   * that newer kernels (5.16+) accept and ignore, so a refusal is not fatal. */
+  if (cg->kmem)
+    (void)write_at(mem, "memory.kmem.limit_in_bytes", v);
+  return 0;
+}
+
+static int
+write_limits(jail_cgroups_t *cg, const char *name, const jail_limits_t *lim, bool memory_later,
+             eph_error_t *err)
 {
   char v[64], where[4200];
   if (cg->v2) {
@@ -312,16 +342,8 @@ write_limits(jail_cgroups_t *cg, const char *name, const jail_limits_t *lim, eph
   snprintf(where, sizeof where, "%s/%s", cg->parent_path[JAIL_CG_MEMORY], name);
   if (mem < 0)
     return eph_error_set(err, errno, "open %s: %s", where, strerror(errno));
-  snprintf(v, sizeof v, "%" PRIu64, lim->memory_bytes);
-  if (set_limit(mem, where, "memory.limit_in_bytes", v, err) < 0)
+  if (!memory_later && write_memory_v1(cg, mem, where, lim, err) < 0)
     return -err->code;
-  /* memsw must be >= the memory limit, so it is written second; equal means no swap. */
-  if (cg->memsw && set_limit(mem, where, "memory.memsw.limit_in_bytes", v, err) < 0)
-    return -err->code;
-  /* Kernel memory is charged to memory.usage_in_bytes too; its own limit is a sub-limit
-   * that newer kernels (5.16+) accept and ignore, so a refusal is not fatal. */
-  if (cg->kmem)
-    (void)write_at(mem, "memory.kmem.limit_in_bytes", v);
   /* TCP buffers are not: they get their own limit, before any task joins (see the top). */
   uint64_t tcp = lim->memory_bytes / JAIL_TCP_SHARE_DIVISOR / 4096 * 4096;
   snprintf(v, sizeof v, "%" PRIu64, tcp);
@@ -355,7 +377,8 @@ write_limits(jail_cgroups_t *cg, const char *name, const jail_limits_t *lim, eph
 }
 
 int
-jail_cg_create(jail_cgroups_t *cg, const char *name, const jail_limits_t *lim, eph_error_t *err)
+jail_cg_create(jail_cgroups_t *cg, const char *name, const jail_limits_t *lim, bool memory_later,
+               eph_error_t *err)
 {
   for (int i = 0; i < cg->n_dirs; i++) {
     if (mkdirat(cg->parent_fd[i], name, 0755) < 0) {
@@ -364,11 +387,25 @@ jail_cg_create(jail_cgroups_t *cg, const char *name, const jail_limits_t *lim, e
       return eph_error_set(err, e, "mkdir %s/%s: %s", cg->parent_path[i], name, strerror(e));
     }
   }
-  if (write_limits(cg, name, lim, err) < 0) {
+  if (write_limits(cg, name, lim, memory_later && !cg->v2, err) < 0) {
     jail_cg_remove(cg, name, 0);
     return -err->code;
   }
   return 0;
+}
+
+int
+jail_cg_limit_memory(jail_cgroups_t *cg, const char *name, const jail_limits_t *lim,
+                     eph_error_t *err)
+{
+  char where[4200];
+  if (cg->v2)
+    return 0;
+  cleanup_close int mem = open_group(cg, JAIL_CG_MEMORY, name);
+  snprintf(where, sizeof where, "%s/%s", cg->parent_path[JAIL_CG_MEMORY], name);
+  if (mem < 0)
+    return eph_error_set(err, errno, "open %s: %s", where, strerror(errno));
+  return write_memory_v1(cg, mem, where, lim, err);
 }
 
 int

@@ -91,9 +91,19 @@ typedef struct jail_counters {
  * controller used (memory, pids, cpu) and enables controllers for v2. 0 or negative+err. */
 int jail_cg_init(jail_cgroups_t *cg, const char *root, const char *parent, eph_error_t *err);
 void jail_cg_fini(jail_cgroups_t *cg);
-/* Creates the run's group(s) and writes the limits. On failure removes what it made. */
+/* Creates the run's group(s) and writes the limits. On failure removes what it made.
+ * memory_later (cgroup v1 only): the memory limit is left unlimited for
+ * jail_cg_limit_memory to write once the child is born, because a thread of this process
+ * stepping into the group (jail_cg_enter_thread) has the clone's kernel memory (the child's
+ * copy of this process's page tables) charged there: under a limit too small for it, the
+ * group's OOM killer would pick the only task it holds, this process. */
 int jail_cg_create(jail_cgroups_t *cg, const char *name, const jail_limits_t *lim,
-                   eph_error_t *err);
+                   bool memory_later, eph_error_t *err);
+/* cgroup v1: writes the memory limits jail_cg_create(memory_later) left out, before the
+ * child runs anything. 0, or negative + err (a limit below the group's usage is refused:
+ * EBUSY, with the usage named). A no-op on v2. */
+int jail_cg_limit_memory(jail_cgroups_t *cg, const char *name, const jail_limits_t *lim,
+                         eph_error_t *err);
 /* cgroup v2: an fd of the run's group for clone3's CLONE_INTO_CGROUP (the child starts in
  * it: no migration, which on a busy host waits for the cgroup_threadgroup_rwsem writer's RCU
  * grace period); the caller closes it. -1 on v1 (one group per controller, and v1 groups
