@@ -114,11 +114,11 @@ int jail_cg_clone_fd(jail_cgroups_t *cg, const char *name);
  * cgroup_threadgroup_rwsem for writing, so without the RCU grace period a cgroup.procs
  * write waits for: ~0.2 ms instead of 5-25 ms here, and no cgroup_mutex held meanwhile).
  * A process the thread then clone()s is born in the run's groups, with their limits
- * already written. First checks that the thread may move back (a no-op move into each of
- * its own groups, which a daemon without write access to them fails): home receives those
- * groups. Returns 0 (the caller then must call jail_cg_leave_thread from the same thread),
- * or negative + err with the thread where it was (home closed): the caller falls back to
- * jail_cg_attach. */
+ * already written but the memory limit (jail_cg_create's memory_later). First checks that the
+ * thread may move back (a no-op move into each of its own groups, which a daemon without write
+ * access to them fails): home receives those groups. Returns 0 (the caller then must call
+ * jail_cg_leave_thread from the same thread), or negative + err with the thread where it was (home
+ * closed): the caller falls back to jail_cg_attach. */
 int jail_cg_enter_thread(jail_cgroups_t *cg, const char *name, jail_cg_home_t *home,
                          eph_error_t *err);
 /* Moves the calling thread back to home's groups and closes home. 0, or negative + err
