@@ -555,6 +555,20 @@ jail_cg_counters(jail_cgroups_t *cg, const char *name, jail_counters_t *out, eph
   return 0;
 }
 
+/* True when pid lives in this process's pid namespace: a host process, never a sandbox's
+ * (each sandbox is cloned with CLONE_NEWPID, so every process of it is in a namespace of its
+ * own from birth). A run's group lists one while a creator's thread stands in it
+ * (jail_cg_enter_thread), possibly another process's; false when pid is gone or unreadable. */
+static bool
+host_process(pid_t pid)
+{
+  char path[64];
+  struct stat self, other;
+  snprintf(path, sizeof path, "/proc/%d/ns/pid", (int)pid);
+  return stat("/proc/self/ns/pid", &self) == 0 && stat(path, &other) == 0 &&
+         self.st_ino == other.st_ino && self.st_dev == other.st_dev;
+}
+
 /* Pids listed in one group's cgroup.procs; kill != 0 sends SIGKILL to each. Returns the
  * count, or 0 when the group is gone. */
 static int
@@ -573,9 +587,10 @@ scan_procs(int parent_fd, const char *name, bool kill_them)
   int n = 0, pid;
   while (fscanf(f, "%d", &pid) == 1) {
     n++;
-    /* Never this process: a thread of it stands in the group while it clones a sandbox
-     * (jail_cg_enter_thread), and one that could not step out must not kill its owner. */
-    if (kill_them && pid > 1 && pid != getpid())
+    /* Never a host process: a thread of this one, or of another process sharing the
+     * cgroup parent, stands in the group while it clones a sandbox (jail_cg_enter_thread),
+     * and one that could not step out must not kill its owner. */
+    if (kill_them && pid > 1 && pid != getpid() && !host_process(pid))
       kill(pid, SIGKILL);
   }
   fclose(f);
@@ -626,6 +641,11 @@ jail_cg_has_live_parent(jail_cgroups_t *cg, const char *name)
     pids[n++] = (pid_t)pid;
   fclose(f);
   for (size_t k = 0; k < n; k++) {
+    /* A host process in the group is a creator stepping in (its sandbox is being born), so
+     * the group is no dead owner's. Its parent may be pid 1 (a daemon under systemd), which
+     * the test below skips, and its child would count as "inside". */
+    if (host_process(pids[k]))
+      return true;
     pid_t pp = parent_of(pids[k]);
     if (pp <= 1)
       continue;

@@ -129,12 +129,14 @@ int jail_cg_leave_thread(jail_cgroups_t *cg, jail_cg_home_t *home, eph_error_t *
 int jail_cg_attach(jail_cgroups_t *cg, const char *name, pid_t pid, eph_error_t *err);
 /* Reads the counters (missing files read as 0). */
 int jail_cg_counters(jail_cgroups_t *cg, const char *name, jail_counters_t *out, eph_error_t *err);
-/* SIGKILLs every process listed in the run's group(s) until none is left or timeout_ms
- * passed. Returns how many processes are still listed (0 = empty), or 0 when the group does
- * not exist. */
+/* SIGKILLs every process listed in the run's group(s) but host processes (those in our pid
+ * namespace: a creator's thread stepping in, see jail_cg_enter_thread) until none is left
+ * or timeout_ms passed. Returns how many processes are still listed (0 = empty), or 0 when the
+ * group does not exist. */
 int jail_cg_kill_all(jail_cgroups_t *cg, const char *name, int timeout_ms);
-/* True when a process of the group has a live parent outside it (other than pid 1): the
- * host process that owns the sandbox is alive, whatever its slot record says. */
+/* True when a process of the group has a live parent outside it (other than pid 1), or is
+ * itself a host process (a creator stepping in): the host process that owns the sandbox is
+ * alive, whatever its slot record says. */
 bool jail_cg_has_live_parent(jail_cgroups_t *cg, const char *name);
 /* Number of processes listed in the run's group(s) (max over controllers); 0 when absent. */
 int jail_cg_count(jail_cgroups_t *cg, const char *name);
