@@ -39,16 +39,15 @@ on_note(void *opaque, eph_store_note_t note, const char *run_id)
   eph_server_t *srv = opaque;
   if (note == EPH_NOTE_CANCEL || note == EPH_NOTE_RESYNC) {
     /* A cancel of a run live here: delivered now (a running run is told to stop; a
-     * zero-data-retention run waiting in this node's memory queue is ended). */
+     * zero-data-retention run waiting in this node's memory queue is ended). The payload
+     * is only a hint: any session of the database may NOTIFY eph_cancels with any text
+     * (NOTIFY needs no privilege), so what is cancelled is what run_cancels holds, which
+     * only the cancel route writes. */
     json_object *ids = NULL;
-    if (note == EPH_NOTE_CANCEL) {
-      ids = json_object_new_array();
-      json_object_array_add(ids, json_object_new_string(run_id));
-    } else {
-      eph_error_t err = {0};
-      if (eph_store_cancels_pending(srv->store, &ids, &err) < 0)
-        eph_warn("reading cancel requests: %s", err.message);
-    }
+    eph_error_t err = {0};
+    if (eph_store_cancels_pending(srv->store, &ids, &err) < 0)
+      eph_warn("reading cancel requests (announced for %s): %s",
+               note == EPH_NOTE_CANCEL && run_id ? run_id : "all runs", err.message);
     if (ids) {
       eph_srv_cancel_ids(srv, ids);
       json_object_put(ids);

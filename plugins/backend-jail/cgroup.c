@@ -286,8 +286,38 @@ set_limit(int fd, const char *dir, const char *file, const char *value, eph_erro
   return 0;
 }
 
+/* cgroup v1 memory.limit_in_bytes, memsw and kmem of the group open as `mem`. A limit below
+ * the group's usage fails (EBUSY once reclaim gives up) with the usage named. */
 static int
-write_limits(jail_cgroups_t *cg, const char *name, const jail_limits_t *lim, eph_error_t *err)
+write_memory_v1(const jail_cgroups_t *cg, int mem, const char *where, const jail_limits_t *lim,
+                eph_error_t *err)
+{
+  char v[64], used[64] = "";
+  snprintf(v, sizeof v, "%" PRIu64, lim->memory_bytes);
+  int r = write_at(mem, "memory.limit_in_bytes", v);
+  if (r == -EBUSY && read_at(mem, "memory.usage_in_bytes", used, sizeof used) >= 0)
+    return eph_error_set(err, EBUSY,
+                         "memory limit %s bytes is below what the sandbox already uses "
+                         "(%s/memory.usage_in_bytes %" PRIu64
+                         "; at its birth that is mostly the page tables it copied from "
+                         "this process): raise the backend-jail memory limit",
+                         v, where, (uint64_t)strtoull(used, NULL, 10));
+  if (r < 0)
+    return eph_error_set(err, -r, "write %s to %s/memory.limit_in_bytes: %s", v, where,
+                         strerror(-r));
+  /* memsw must be >= the memory limit, so it is written second; equal means no swap. */
+  if (cg->memsw && set_limit(mem, where, "memory.memsw.limit_in_bytes", v, err) < 0)
+    return -err->code;
+  /* Kernel memory is charged to memory.usage_in_bytes too; its own limit is a sub-limit
+   * that newer kernels (5.16+) accept and ignore, so a refusal is not fatal. */
+  if (cg->kmem)
+    (void)write_at(mem, "memory.kmem.limit_in_bytes", v);
+  return 0;
+}
+
+static int
+write_limits(jail_cgroups_t *cg, const char *name, const jail_limits_t *lim, bool memory_later,
+             eph_error_t *err)
 {
   char v[64], where[4200];
   if (cg->v2) {
@@ -312,16 +342,8 @@ write_limits(jail_cgroups_t *cg, const char *name, const jail_limits_t *lim, eph
   snprintf(where, sizeof where, "%s/%s", cg->parent_path[JAIL_CG_MEMORY], name);
   if (mem < 0)
     return eph_error_set(err, errno, "open %s: %s", where, strerror(errno));
-  snprintf(v, sizeof v, "%" PRIu64, lim->memory_bytes);
-  if (set_limit(mem, where, "memory.limit_in_bytes", v, err) < 0)
+  if (!memory_later && write_memory_v1(cg, mem, where, lim, err) < 0)
     return -err->code;
-  /* memsw must be >= the memory limit, so it is written second; equal means no swap. */
-  if (cg->memsw && set_limit(mem, where, "memory.memsw.limit_in_bytes", v, err) < 0)
-    return -err->code;
-  /* Kernel memory is charged to memory.usage_in_bytes too; its own limit is a sub-limit
-   * that newer kernels (5.16+) accept and ignore, so a refusal is not fatal. */
-  if (cg->kmem)
-    (void)write_at(mem, "memory.kmem.limit_in_bytes", v);
   /* TCP buffers are not: they get their own limit, before any task joins (see the top). */
   uint64_t tcp = lim->memory_bytes / JAIL_TCP_SHARE_DIVISOR / 4096 * 4096;
   snprintf(v, sizeof v, "%" PRIu64, tcp);
@@ -355,7 +377,8 @@ write_limits(jail_cgroups_t *cg, const char *name, const jail_limits_t *lim, eph
 }
 
 int
-jail_cg_create(jail_cgroups_t *cg, const char *name, const jail_limits_t *lim, eph_error_t *err)
+jail_cg_create(jail_cgroups_t *cg, const char *name, const jail_limits_t *lim, bool memory_later,
+               eph_error_t *err)
 {
   for (int i = 0; i < cg->n_dirs; i++) {
     if (mkdirat(cg->parent_fd[i], name, 0755) < 0) {
@@ -364,11 +387,25 @@ jail_cg_create(jail_cgroups_t *cg, const char *name, const jail_limits_t *lim, e
       return eph_error_set(err, e, "mkdir %s/%s: %s", cg->parent_path[i], name, strerror(e));
     }
   }
-  if (write_limits(cg, name, lim, err) < 0) {
+  if (write_limits(cg, name, lim, memory_later && !cg->v2, err) < 0) {
     jail_cg_remove(cg, name, 0);
     return -err->code;
   }
   return 0;
+}
+
+int
+jail_cg_limit_memory(jail_cgroups_t *cg, const char *name, const jail_limits_t *lim,
+                     eph_error_t *err)
+{
+  char where[4200];
+  if (cg->v2)
+    return 0;
+  cleanup_close int mem = open_group(cg, JAIL_CG_MEMORY, name);
+  snprintf(where, sizeof where, "%s/%s", cg->parent_path[JAIL_CG_MEMORY], name);
+  if (mem < 0)
+    return eph_error_set(err, errno, "open %s: %s", where, strerror(errno));
+  return write_memory_v1(cg, mem, where, lim, err);
 }
 
 int
@@ -518,6 +555,20 @@ jail_cg_counters(jail_cgroups_t *cg, const char *name, jail_counters_t *out, eph
   return 0;
 }
 
+/* True when pid lives in this process's pid namespace: a host process, never a sandbox's
+ * (each sandbox is cloned with CLONE_NEWPID, so every process of it is in a namespace of its
+ * own from birth). A run's group lists one while a creator's thread stands in it
+ * (jail_cg_enter_thread), possibly another process's; false when pid is gone or unreadable. */
+static bool
+host_process(pid_t pid)
+{
+  char path[64];
+  struct stat self, other;
+  snprintf(path, sizeof path, "/proc/%d/ns/pid", (int)pid);
+  return stat("/proc/self/ns/pid", &self) == 0 && stat(path, &other) == 0 &&
+         self.st_ino == other.st_ino && self.st_dev == other.st_dev;
+}
+
 /* Pids listed in one group's cgroup.procs; kill != 0 sends SIGKILL to each. Returns the
  * count, or 0 when the group is gone. */
 static int
@@ -536,9 +587,10 @@ scan_procs(int parent_fd, const char *name, bool kill_them)
   int n = 0, pid;
   while (fscanf(f, "%d", &pid) == 1) {
     n++;
-    /* Never this process: a thread of it stands in the group while it clones a sandbox
-     * (jail_cg_enter_thread), and one that could not step out must not kill its owner. */
-    if (kill_them && pid > 1 && pid != getpid())
+    /* Never a host process: a thread of this one, or of another process sharing the
+     * cgroup parent, stands in the group while it clones a sandbox (jail_cg_enter_thread),
+     * and one that could not step out must not kill its owner. */
+    if (kill_them && pid > 1 && pid != getpid() && !host_process(pid))
       kill(pid, SIGKILL);
   }
   fclose(f);
@@ -589,6 +641,11 @@ jail_cg_has_live_parent(jail_cgroups_t *cg, const char *name)
     pids[n++] = (pid_t)pid;
   fclose(f);
   for (size_t k = 0; k < n; k++) {
+    /* A host process in the group is a creator stepping in (its sandbox is being born), so
+     * the group is no dead owner's. Its parent may be pid 1 (a daemon under systemd), which
+     * the test below skips, and its child would count as "inside". */
+    if (host_process(pids[k]))
+      return true;
     pid_t pp = parent_of(pids[k]);
     if (pp <= 1)
       continue;

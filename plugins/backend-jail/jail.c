@@ -572,7 +572,7 @@ jail_create(void *state, const eph_sandbox_spec_t *spec, eph_sandbox_t **out, in
     free(sb);
     return -err->code;
   }
-  if ((r = jail_cg_create(&j->cg, sb->run_id, &lim, err)) < 0)
+  if ((r = jail_cg_create(&j->cg, sb->run_id, &lim, true, err)) < 0)
     goto fail;
   cg_made = true;
   if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, socks) < 0 ||
@@ -645,6 +645,12 @@ jail_create(void *state, const eph_sandbox_spec_t *spec, eph_sandbox_t **out, in
     goto fail;
   }
   sb->pid = (pid_t)pid;
+  /* This thread is out of the run's groups: their memory limit now binds the child alone
+   * (it waits on `go`, so it has run nothing yet). */
+  if ((r = jail_cg_limit_memory(&j->cg, sb->run_id, &lim, err)) < 0) {
+    eph_error_wrap(err, "sandbox %s", sb->run_id);
+    goto fail;
+  }
   close(go[0]);
   close(errp[1]);
   close(socks[1]);

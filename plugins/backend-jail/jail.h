@@ -91,9 +91,19 @@ typedef struct jail_counters {
  * controller used (memory, pids, cpu) and enables controllers for v2. 0 or negative+err. */
 int jail_cg_init(jail_cgroups_t *cg, const char *root, const char *parent, eph_error_t *err);
 void jail_cg_fini(jail_cgroups_t *cg);
-/* Creates the run's group(s) and writes the limits. On failure removes what it made. */
+/* Creates the run's group(s) and writes the limits. On failure removes what it made.
+ * memory_later (cgroup v1 only): the memory limit is left unlimited for
+ * jail_cg_limit_memory to write once the child is born, because a thread of this process
+ * stepping into the group (jail_cg_enter_thread) has the clone's kernel memory (the child's
+ * copy of this process's page tables) charged there: under a limit too small for it, the
+ * group's OOM killer would pick the only task it holds, this process. */
 int jail_cg_create(jail_cgroups_t *cg, const char *name, const jail_limits_t *lim,
-                   eph_error_t *err);
+                   bool memory_later, eph_error_t *err);
+/* cgroup v1: writes the memory limits jail_cg_create(memory_later) left out, before the
+ * child runs anything. 0, or negative + err (a limit below the group's usage is refused:
+ * EBUSY, with the usage named). A no-op on v2. */
+int jail_cg_limit_memory(jail_cgroups_t *cg, const char *name, const jail_limits_t *lim,
+                         eph_error_t *err);
 /* cgroup v2: an fd of the run's group for clone3's CLONE_INTO_CGROUP (the child starts in
  * it: no migration, which on a busy host waits for the cgroup_threadgroup_rwsem writer's RCU
  * grace period); the caller closes it. -1 on v1 (one group per controller, and v1 groups
@@ -104,11 +114,11 @@ int jail_cg_clone_fd(jail_cgroups_t *cg, const char *name);
  * cgroup_threadgroup_rwsem for writing, so without the RCU grace period a cgroup.procs
  * write waits for: ~0.2 ms instead of 5-25 ms here, and no cgroup_mutex held meanwhile).
  * A process the thread then clone()s is born in the run's groups, with their limits
- * already written. First checks that the thread may move back (a no-op move into each of
- * its own groups, which a daemon without write access to them fails): home receives those
- * groups. Returns 0 (the caller then must call jail_cg_leave_thread from the same thread),
- * or negative + err with the thread where it was (home closed): the caller falls back to
- * jail_cg_attach. */
+ * already written but the memory limit (jail_cg_create's memory_later). First checks that the
+ * thread may move back (a no-op move into each of its own groups, which a daemon without write
+ * access to them fails): home receives those groups. Returns 0 (the caller then must call
+ * jail_cg_leave_thread from the same thread), or negative + err with the thread where it was (home
+ * closed): the caller falls back to jail_cg_attach. */
 int jail_cg_enter_thread(jail_cgroups_t *cg, const char *name, jail_cg_home_t *home,
                          eph_error_t *err);
 /* Moves the calling thread back to home's groups and closes home. 0, or negative + err
@@ -119,12 +129,14 @@ int jail_cg_leave_thread(jail_cgroups_t *cg, jail_cg_home_t *home, eph_error_t *
 int jail_cg_attach(jail_cgroups_t *cg, const char *name, pid_t pid, eph_error_t *err);
 /* Reads the counters (missing files read as 0). */
 int jail_cg_counters(jail_cgroups_t *cg, const char *name, jail_counters_t *out, eph_error_t *err);
-/* SIGKILLs every process listed in the run's group(s) until none is left or timeout_ms
- * passed. Returns how many processes are still listed (0 = empty), or 0 when the group does
- * not exist. */
+/* SIGKILLs every process listed in the run's group(s) but host processes (those in our pid
+ * namespace: a creator's thread stepping in, see jail_cg_enter_thread) until none is left
+ * or timeout_ms passed. Returns how many processes are still listed (0 = empty), or 0 when the
+ * group does not exist. */
 int jail_cg_kill_all(jail_cgroups_t *cg, const char *name, int timeout_ms);
-/* True when a process of the group has a live parent outside it (other than pid 1): the
- * host process that owns the sandbox is alive, whatever its slot record says. */
+/* True when a process of the group has a live parent outside it (other than pid 1), or is
+ * itself a host process (a creator stepping in): the host process that owns the sandbox is
+ * alive, whatever its slot record says. */
 bool jail_cg_has_live_parent(jail_cgroups_t *cg, const char *name);
 /* Number of processes listed in the run's group(s) (max over controllers); 0 when absent. */
 int jail_cg_count(jail_cgroups_t *cg, const char *name);
