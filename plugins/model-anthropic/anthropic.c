@@ -95,13 +95,10 @@ anthropic_init(const eph_host_t *host, const config_setting_t *config, void **st
 {
   const char *base_url, *key_file, *key_env, *prefix, *version;
   int allow_http = 0, r;
-  if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK)
-    return eph_error_set(err, EIO, "curl_global_init failed");
-  anthropic_t *s = calloc(1, sizeof *s);
-  if (!s) {
-    curl_global_cleanup();
-    return eph_error_set(err, ENOMEM, "out of memory");
-  }
+  void *mem;
+  if ((r = eph_mhttp_state_new(sizeof(anthropic_t), &mem, err)) < 0)
+    return r;
+  anthropic_t *s = mem;
   s->host = host;
   if ((r = eph_mhttp_policy_read(host, config, &s->policy, err)) < 0 ||
       (r = host->cfg_string(config, "base_url", "https://api.anthropic.com/v1", &base_url, err)) <
@@ -175,15 +172,12 @@ typedef struct call_ctx {
   int attempts; /* attempts started so far */
 } call_ctx_t;
 
-/* Each attempt starts from nothing; a retry tells the core (on_delta with NULL text) that
- * the text streamed by the failed attempt is discarded. */
 static void
 on_attempt(void *opaque)
 {
   call_ctx_t *c = opaque;
   eph_messages_stream_reset(&c->st);
-  if (c->attempts++ > 0 && c->st.on_text)
-    c->st.on_text(c->st.text_opaque, NULL, 0);
+  eph_mhttp_attempt_begins(&c->attempts, c->st.on_text, c->st.text_opaque);
 }
 
 static int
@@ -199,16 +193,7 @@ on_done(void *opaque, const char *body, size_t len, int64_t latency_ms, eph_erro
   call_ctx_t *c = opaque;
   json_object *root = c->s->stream ? eph_messages_stream_finish(&c->st, c->s->url, err)
                                    : eph_mhttp_parse_body(body, len, c->s->url, err);
-  if (!root)
-    return err && err->code ? -err->code : -EPH_E_PROTOCOL;
-  int r = eph_messages_parse(root, c->s->url, c->resp, err);
-  if (r < 0) {
-    json_object_put(root);
-    return r;
-  }
-  json_object_object_add(root, "x_latency_ms", json_object_new_int64(latency_ms));
-  c->resp->raw = root;
-  return 0;
+  return eph_mhttp_answer(root, eph_messages_parse, c->s->url, latency_ms, c->resp, err);
 }
 
 /* One POST of the conversation (plus `extra`, the paused turns) into resp. */
@@ -297,10 +282,8 @@ anthropic_complete(void *state, const eph_model_request_t *req, eph_model_respon
   if (s->no_key_reason)
     return eph_error_set(err, EPH_E_CONFIG, "%s", s->no_key_reason);
 
-  const char *lines[] = {"Content-Type: application/json",
-                         s->stream ? "Accept: text/event-stream" : "Accept: application/json",
-                         s->version_header, s->key_header};
-  struct curl_slist *headers = eph_mhttp_headers(lines, sizeof lines / sizeof lines[0], err);
+  struct curl_slist *headers =
+      eph_mhttp_json_headers(s->stream, s->version_header, s->key_header, err);
   if (!headers)
     return -ENOMEM;
 

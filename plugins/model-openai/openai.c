@@ -168,15 +168,11 @@ provider_init(openai_t *s, provider_t *p, const config_setting_t *block, bool to
 static int
 openai_init(const eph_host_t *host, const config_setting_t *config, void **state, eph_error_t *err)
 {
-  int r;
-  /* curl_global_init is reference counted: balanced by curl_global_cleanup in fini. */
-  if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK)
-    return eph_error_set(err, EIO, "curl_global_init failed");
-  openai_t *s = calloc(1, sizeof *s);
-  if (!s) {
-    curl_global_cleanup();
-    return eph_error_set(err, ENOMEM, "out of memory");
-  }
+  void *mem;
+  int r = eph_mhttp_state_new(sizeof(openai_t), &mem, err);
+  if (r < 0)
+    return r;
+  openai_t *s = mem;
   s->host = host;
   if ((r = eph_mhttp_policy_read(host, config, &s->policy, err)) < 0)
     goto fail;
@@ -323,16 +319,13 @@ typedef struct call_ctx {
   int attempts; /* attempts started so far */
 } call_ctx_t;
 
-/* Each attempt starts from nothing; a retry tells the core (on_delta with NULL text) that
- * the text streamed by the failed attempt is discarded. */
 static void
 on_attempt(void *opaque)
 {
   call_ctx_t *c = opaque;
   eph_chat_stream_reset(&c->chat);
   eph_responses_stream_reset(&c->responses);
-  if (c->attempts++ > 0 && c->chat.on_text)
-    c->chat.on_text(c->chat.text_opaque, NULL, 0);
+  eph_mhttp_attempt_begins(&c->attempts, c->chat.on_text, c->chat.text_opaque);
 }
 
 static int
@@ -355,18 +348,9 @@ on_done(void *opaque, const char *body, size_t len, int64_t latency_ms, eph_erro
     root = eph_chat_stream_finish(&c->chat, c->p->url, err);
   else
     root = eph_responses_stream_finish(&c->responses, c->p->url, err);
-  if (!root)
-    return err && err->code ? -err->code : -EPH_E_PROTOCOL;
-  int r = c->p->api == API_CHAT ? eph_chat_parse_response(root, c->p->url, c->resp, err)
-                                : eph_responses_parse(root, c->p->url, c->resp, err);
-  if (r < 0) {
-    json_object_put(root);
-    return r;
-  }
-  /* Recorded with the body so a replay can pace itself like the original run. */
-  json_object_object_add(root, "x_latency_ms", json_object_new_int64(latency_ms));
-  c->resp->raw = root;
-  return 0;
+  return eph_mhttp_answer(root,
+                          c->p->api == API_CHAT ? eph_chat_parse_response : eph_responses_parse,
+                          c->p->url, latency_ms, c->resp, err);
 }
 
 static int
@@ -388,10 +372,7 @@ openai_complete(void *state, const eph_model_request_t *req, eph_model_response_
   if (!body)
     return err && err->code ? -err->code : -ENOMEM;
 
-  const char *lines[] = {"Content-Type: application/json",
-                         p->stream ? "Accept: text/event-stream" : "Accept: application/json",
-                         p->auth_header};
-  struct curl_slist *headers = eph_mhttp_headers(lines, sizeof lines / sizeof lines[0], err);
+  struct curl_slist *headers = eph_mhttp_json_headers(p->stream, p->auth_header, NULL, err);
   if (!headers) {
     free(body);
     return -ENOMEM;

@@ -76,15 +76,75 @@ normalise_tool_call(json_object *tc, size_t i, const char *where, json_object *o
                          "%s: tool_calls[%zu].function.arguments missing or not a string", where,
                          i);
 
-  json_object *f = json_object_new_object();
-  json_object_object_add(f, "name", json_object_new_string(name));
-  json_object_object_add(f, "arguments", json_object_new_string(args));
-  json_object *c = json_object_new_object();
-  json_object_object_add(c, "id", json_object_new_string(id));
-  json_object_object_add(c, "type", json_object_new_string("function"));
-  json_object_object_add(c, "function", f);
-  json_object_array_add(out_calls, c);
+  json_object_array_add(out_calls, eph_chat_tool_call_new(id, name, args));
   return 0;
+}
+
+json_object *
+eph_chat_tool_call_new(const char *id, const char *name, const char *arguments)
+{
+  json_object *c = json_object_new_object(), *f = json_object_new_object();
+  json_object_object_add(c, "id", json_object_new_string(id ? id : ""));
+  json_object_object_add(c, "type", json_object_new_string("function"));
+  json_object_object_add(f, "name", json_object_new_string(name ? name : ""));
+  json_object_object_add(f, "arguments", json_object_new_string(arguments ? arguments : ""));
+  json_object_object_add(c, "function", f);
+  return c;
+}
+
+json_object *
+eph_chat_answer_new(const eph_chat_buf_t *text, bool has_text, json_object *calls)
+{
+  json_object *out = json_object_new_object();
+  json_object_object_add(out, "role", json_object_new_string("assistant"));
+  json_object_object_add(
+      out, "content",
+      has_text ? json_object_new_string_len(text->p ? text->p : "", (int)text->len) : NULL);
+  if (calls && json_object_array_length(calls))
+    json_object_object_add(out, "tool_calls", calls);
+  else if (calls)
+    json_object_put(calls);
+  return out;
+}
+
+const char *
+eph_chat_tool_result_id(json_object *m, size_t i, eph_error_t *err)
+{
+  const char *id = eph_chat_get_string(m, "tool_call_id");
+  if (!id)
+    eph_error_set(err, EINVAL, "messages[%zu]: tool message without tool_call_id", i);
+  return id;
+}
+
+void
+eph_chat_tool_call_at(json_object *tool_calls, size_t j, const char **id, const char **name,
+                      const char **arguments)
+{
+  json_object *tc = json_object_array_get_idx(tool_calls, j), *fn = NULL;
+  json_object_object_get_ex(tc, "function", &fn);
+  *id = eph_chat_get_string(tc, "id");
+  *name = eph_chat_get_string(fn, "name");
+  *arguments = eph_chat_get_string(fn, "arguments");
+}
+
+json_object *
+eph_chat_stream_json(const char *data, size_t len, const char *where, const char *what,
+                     eph_error_t *err)
+{
+  const char *why = NULL;
+  json_tokener *tok = json_tokener_new();
+  json_object *o = tok ? json_tokener_parse_ex(tok, data, (int)len) : NULL;
+  if (!o)
+    why = tok ? json_tokener_error_desc(json_tokener_get_error(tok)) : "out of memory";
+  if (tok)
+    json_tokener_free(tok);
+  if (o && json_object_is_type(o, json_type_object))
+    return o;
+  if (o)
+    json_object_put(o);
+  eph_error_set(err, EPH_E_PROTOCOL, "%s: stream %s is not a JSON object (%s)", where, what,
+                why ? why : "wrong type");
+  return NULL;
 }
 
 int
@@ -244,6 +304,12 @@ eph_chat_buf_add(eph_chat_buf_t *b, const char *s, size_t n)
   return 0;
 }
 
+int
+eph_chat_buf_add_json(eph_chat_buf_t *b, json_object *str)
+{
+  return eph_chat_buf_add(b, json_object_get_string(str), (size_t)json_object_get_string_len(str));
+}
+
 void
 eph_chat_buf_free(eph_chat_buf_t *b)
 {
@@ -274,7 +340,7 @@ add_string(eph_chat_buf_t *b, json_object *obj, const char *key)
   json_object *v = NULL;
   if (!json_object_object_get_ex(obj, key, &v) || !v || !json_object_is_type(v, json_type_string))
     return 0;
-  return eph_chat_buf_add(b, json_object_get_string(v), (size_t)json_object_get_string_len(v));
+  return eph_chat_buf_add_json(b, v);
 }
 
 /* Replaces b with obj.key when that is a non-empty string. */
@@ -286,7 +352,7 @@ set_string(eph_chat_buf_t *b, json_object *obj, const char *key)
       json_object_get_string_len(v) == 0)
     return 0;
   b->len = 0;
-  return eph_chat_buf_add(b, json_object_get_string(v), (size_t)json_object_get_string_len(v));
+  return eph_chat_buf_add_json(b, v);
 }
 
 int
@@ -294,25 +360,15 @@ eph_chat_stream_event(eph_chat_stream_t *st, const char *data, size_t len, const
                       eph_error_t *err)
 {
   json_object *v = NULL, *choices = NULL;
-  const char *why = NULL;
   if (st->done)
     return eph_error_set(err, EPH_E_PROTOCOL, "%s: stream data after [DONE]", where);
   if (len == 6 && memcmp(data, "[DONE]", 6) == 0) {
     st->done = true;
     return 0;
   }
-  json_tokener *tok = json_tokener_new();
-  json_object *chunk = tok ? json_tokener_parse_ex(tok, data, (int)len) : NULL;
+  json_object *chunk = eph_chat_stream_json(data, len, where, "chunk", err);
   if (!chunk)
-    why = tok ? json_tokener_error_desc(json_tokener_get_error(tok)) : "out of memory";
-  if (tok)
-    json_tokener_free(tok);
-  if (!chunk || !json_object_is_type(chunk, json_type_object)) {
-    if (chunk)
-      json_object_put(chunk);
-    return eph_error_set(err, EPH_E_PROTOCOL, "%s: stream chunk is not a JSON object (%s)", where,
-                         why ? why : "wrong type");
-  }
+    return -EPH_E_PROTOCOL;
   int r = 0;
   if (json_object_object_get_ex(chunk, "error", &v) && v) {
     const char *m = json_object_is_type(v, json_type_string) ? json_object_get_string(v)
@@ -417,31 +473,12 @@ eph_chat_stream_finish(eph_chat_stream_t *st, const char *where, eph_error_t *er
       json_object_object_add(body, k, json_object_get(mv));
   }
   json_object_object_add(body, "object", json_object_new_string("chat.completion"));
-  json_object *msg = json_object_new_object();
-  json_object_object_add(msg, "role", json_object_new_string("assistant"));
-  json_object_object_add(
-      msg, "content",
-      st->has_content
-          ? json_object_new_string_len(st->content.p ? st->content.p : "", (int)st->content.len)
-          : NULL);
-  if (st->n_calls) {
-    json_object *calls = json_object_new_array();
-    for (size_t i = 0; i < st->n_calls; i++) {
-      if (!st->calls[i].used)
-        continue;
-      json_object *c = json_object_new_object(), *f = json_object_new_object();
-      json_object_object_add(c, "id",
-                             json_object_new_string(st->calls[i].id.p ? st->calls[i].id.p : ""));
-      json_object_object_add(c, "type", json_object_new_string("function"));
-      json_object_object_add(
-          f, "name", json_object_new_string(st->calls[i].name.p ? st->calls[i].name.p : ""));
-      json_object_object_add(
-          f, "arguments", json_object_new_string(st->calls[i].args.p ? st->calls[i].args.p : ""));
-      json_object_object_add(c, "function", f);
-      json_object_array_add(calls, c);
-    }
-    json_object_object_add(msg, "tool_calls", calls);
-  }
+  json_object *calls = json_object_new_array();
+  for (size_t i = 0; i < st->n_calls; i++)
+    if (st->calls[i].used)
+      json_object_array_add(calls, eph_chat_tool_call_new(st->calls[i].id.p, st->calls[i].name.p,
+                                                          st->calls[i].args.p));
+  json_object *msg = eph_chat_answer_new(&st->content, st->has_content, calls);
   json_object *choice = json_object_new_object();
   json_object_object_add(choice, "index", json_object_new_int(0));
   json_object_object_add(choice, "message", msg);

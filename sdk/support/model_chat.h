@@ -52,6 +52,19 @@ int eph_chat_response_begin(const eph_model_request_t *req, eph_model_response_t
 int eph_chat_message_at(json_object *messages, size_t i, const char **role, const char **text,
                         eph_error_t *err);
 
+/* Request builders: the tool_call_id of messages[i] (role "tool", borrowed), or NULL with
+ * -EINVAL "messages[i]: tool message without tool_call_id". */
+const char *eph_chat_tool_result_id(json_object *m, size_t i, eph_error_t *err);
+
+/* Request builders: tool_calls[j] of an assistant message as its id, function.name and
+ * function.arguments (each borrowed, NULL when absent or not a string). */
+void eph_chat_tool_call_at(json_object *tool_calls, size_t j, const char **id, const char **name,
+                           const char **arguments);
+
+/* Parsers: one call in the normalised shape {"id","type":"function","function":{"name",
+ * "arguments"}} (the strings copied; NULL counts as ""). New reference. */
+json_object *eph_chat_tool_call_new(const char *id, const char *name, const char *arguments);
+
 /* Stores the prompt-cache counts in resp when the caller's struct has room for them. */
 void eph_chat_set_cache(eph_model_response_t *resp, uint64_t read, uint64_t write);
 
@@ -61,7 +74,20 @@ typedef struct eph_chat_buf {
   size_t len, cap;
 } eph_chat_buf_t;
 int eph_chat_buf_add(eph_chat_buf_t *b, const char *s, size_t n);
+/* Appends the JSON string str (its whole length, NULs included). -ENOMEM. */
+int eph_chat_buf_add_json(eph_chat_buf_t *b, json_object *str);
 void eph_chat_buf_free(eph_chat_buf_t *b);
+
+/* Parsers: the normalised assistant message {"role":"assistant","content":text or null,
+ * "tool_calls":calls}: content is text's bytes when has_text (null otherwise), tool_calls
+ * only when calls holds at least one. Takes calls' reference. New reference. */
+json_object *eph_chat_answer_new(const eph_chat_buf_t *text, bool has_text, json_object *calls);
+
+/* Streams: one SSE data payload as a JSON object (new reference), or NULL with
+ * -EPH_E_PROTOCOL "<where>: stream <what> is not a JSON object (<why>)", what naming the
+ * payload ("chunk", "event message_start"). */
+json_object *eph_chat_stream_json(const char *data, size_t len, const char *where, const char *what,
+                                  eph_error_t *err);
 
 /* Called with each piece of the answer's text as a stream delivers it (model_delta), text
  * borrowed for the call, not NUL-terminated. Set on a stream struct; kept across resets. */

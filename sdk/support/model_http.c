@@ -264,6 +264,53 @@ eph_mhttp_headers(const char *const *lines, size_t n, eph_error_t *err)
   return headers;
 }
 
+struct curl_slist *
+eph_mhttp_json_headers(bool stream, const char *line1, const char *line2, eph_error_t *err)
+{
+  const char *lines[] = {"Content-Type: application/json",
+                         stream ? "Accept: text/event-stream" : "Accept: application/json", line1,
+                         line2};
+  return eph_mhttp_headers(lines, sizeof lines / sizeof lines[0], err);
+}
+
+int
+eph_mhttp_state_new(size_t size, void **state, eph_error_t *err)
+{
+  if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK)
+    return eph_error_set(err, EIO, "curl_global_init failed");
+  if (!(*state = calloc(1, size))) {
+    curl_global_cleanup();
+    return eph_error_set(err, ENOMEM, "out of memory");
+  }
+  return 0;
+}
+
+void
+eph_mhttp_attempt_begins(int *attempts, void (*on_text)(void *, const char *, size_t),
+                         void *text_opaque)
+{
+  if ((*attempts)++ > 0 && on_text)
+    on_text(text_opaque, NULL, 0);
+}
+
+int
+eph_mhttp_answer(json_object *root,
+                 int (*parse)(json_object *, const char *, eph_model_response_t *, eph_error_t *),
+                 const char *where, int64_t latency_ms, eph_model_response_t *resp,
+                 eph_error_t *err)
+{
+  if (!root)
+    return err && err->code ? -err->code : -EPH_E_PROTOCOL;
+  int r = parse(root, where, resp, err);
+  if (r < 0) {
+    json_object_put(root);
+    return r;
+  }
+  json_object_object_add(root, "x_latency_ms", json_object_new_int64(latency_ms));
+  resp->raw = root;
+  return 0;
+}
+
 char *
 eph_mhttp_body_text(json_object *body, eph_error_t *err)
 {

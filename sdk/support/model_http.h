@@ -78,6 +78,34 @@ int eph_mhttp_endpoint(const char *base_url, const char *path, char **url, eph_e
  * (-ENOMEM). Free with curl_slist_free_all. */
 struct curl_slist *eph_mhttp_headers(const char *const *lines, size_t n, eph_error_t *err);
 
+/* The headers of a JSON POST: Content-Type: application/json, Accept: text/event-stream
+ * when stream (else application/json), then line1 and line2 (NULL: none; e.g. the key's
+ * header). NULL with err set (-ENOMEM). Free with curl_slist_free_all. */
+struct curl_slist *eph_mhttp_json_headers(bool stream, const char *line1, const char *line2,
+                                          eph_error_t *err);
+
+/* What a hosted-model plugin's init starts with: curl_global_init (reference counted: its
+ * fini ends with curl_global_cleanup) and a zeroed state of size bytes into *state (heap).
+ * 0, or -EIO / -ENOMEM with err set and curl left as it was. */
+int eph_mhttp_state_new(size_t size, void **state, eph_error_t *err);
+
+/* The start of each attempt of a call whose text streams to on_text (NULL: none): the
+ * first attempt starts from nothing; a retry first tells on_text (NULL text) that the
+ * text streamed by the failed attempt is discarded. *attempts counts the attempts. */
+void eph_mhttp_attempt_begins(int *attempts, void (*on_text)(void *, const char *, size_t),
+                              void *text_opaque);
+
+/* How a call's on_done ends with root, its answer read by the wire format's parser (NULL
+ * root: the parser's error is in err): parse(root, where, resp, err) and, on success, root
+ * with "x_latency_ms" (recorded with the body so a replay can pace itself like the original
+ * run) becomes resp->raw. Takes root's reference. 0, or the error (-EPH_E_PROTOCOL when
+ * err has no code). */
+int eph_mhttp_answer(json_object *root,
+                     int (*parse)(json_object *, const char *, eph_model_response_t *,
+                                  eph_error_t *),
+                     const char *where, int64_t latency_ms, eph_model_response_t *resp,
+                     eph_error_t *err);
+
 /* The request body as compact JSON text (slashes unescaped), heap; consumes body (one
  * reference). NULL with err set (-ENOMEM). */
 char *eph_mhttp_body_text(json_object *body, eph_error_t *err);

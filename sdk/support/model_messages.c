@@ -62,10 +62,9 @@ eph_messages_request(const char *model, json_object *messages, json_object *tool
       json_object_array_add(blocks, text_block(text ? text : ""));
       push_blocks(out, "user", blocks);
     } else if (strcmp(role, "tool") == 0) {
-      const char *id = eph_chat_get_string(m, "tool_call_id");
+      const char *id = eph_chat_tool_result_id(m, i, err);
       if (!id) {
         json_object_put(blocks);
-        eph_error_set(err, EINVAL, "messages[%zu]: tool message without tool_call_id", i);
         goto fail;
       }
       json_object *b = json_object_new_object();
@@ -80,11 +79,8 @@ eph_messages_request(const char *model, json_object *messages, json_object *tool
       if (json_object_object_get_ex(m, "tool_calls", &tcs) &&
           json_object_is_type(tcs, json_type_array)) {
         for (size_t j = 0; j < json_object_array_length(tcs); j++) {
-          json_object *tc = json_object_array_get_idx(tcs, j), *fn = NULL;
-          json_object_object_get_ex(tc, "function", &fn);
-          const char *id = eph_chat_get_string(tc, "id");
-          const char *name = eph_chat_get_string(fn, "name");
-          const char *args = eph_chat_get_string(fn, "arguments");
+          const char *id, *name, *args;
+          eph_chat_tool_call_at(tcs, j, &id, &name, &args);
           json_object *input = args ? json_tokener_parse(args) : NULL;
           if (!id || !name || !input || !json_object_is_type(input, json_type_object)) {
             if (input)
@@ -231,8 +227,7 @@ eph_messages_parse(json_object *body, const char *where, eph_model_response_t *r
         goto fail;
       }
       has_text = true;
-      if (eph_chat_buf_add(&text, json_object_get_string(t),
-                           (size_t)json_object_get_string_len(t)) < 0) {
+      if (eph_chat_buf_add_json(&text, t) < 0) {
         r = eph_error_set(err, ENOMEM, "out of memory");
         goto fail;
       }
@@ -246,29 +241,16 @@ eph_messages_parse(json_object *body, const char *where, eph_model_response_t *r
                           i);
         goto fail;
       }
-      json_object *c = json_object_new_object(), *f = json_object_new_object();
-      json_object_object_add(c, "id", json_object_new_string(id));
-      json_object_object_add(c, "type", json_object_new_string("function"));
-      json_object_object_add(f, "name", json_object_new_string(name));
-      json_object_object_add(f, "arguments",
-                             json_object_new_string(json_object_to_json_string_ext(
-                                 input, JSON_C_TO_STRING_PLAIN | JSON_C_TO_STRING_NOSLASHESCAPE)));
-      json_object_object_add(c, "function", f);
-      json_object_array_add(calls, c);
+      json_object_array_add(
+          calls, eph_chat_tool_call_new(
+                     id, name,
+                     json_object_to_json_string_ext(input, JSON_C_TO_STRING_PLAIN |
+                                                               JSON_C_TO_STRING_NOSLASHESCAPE)));
     }
     /* thinking, redacted_thinking and server tool blocks are not part of the answer */
   }
-  json_object *out = json_object_new_object();
-  json_object_object_add(out, "role", json_object_new_string("assistant"));
-  json_object_object_add(out, "content",
-                         has_text ? json_object_new_string_len(text.p ? text.p : "", (int)text.len)
-                                  : NULL);
-  if (json_object_array_length(calls))
-    json_object_object_add(out, "tool_calls", calls);
-  else
-    json_object_put(calls);
+  resp->message = eph_chat_answer_new(&text, has_text, calls);
   eph_chat_buf_free(&text);
-  resp->message = out;
   return 0;
 fail:
   eph_chat_buf_free(&text);
@@ -336,21 +318,12 @@ int
 eph_messages_stream_event(eph_messages_stream_t *st, const char *event, const char *data,
                           size_t len, const char *where, eph_error_t *err)
 {
-  const char *why = NULL;
-  json_object *ev = NULL, *v = NULL, *u = NULL;
-  json_tokener *tok = json_tokener_new();
-  if (tok) {
-    ev = json_tokener_parse_ex(tok, data, (int)len);
-    if (!ev)
-      why = json_tokener_error_desc(json_tokener_get_error(tok));
-    json_tokener_free(tok);
-  }
-  if (!ev || !json_object_is_type(ev, json_type_object)) {
-    if (ev)
-      json_object_put(ev);
-    return eph_error_set(err, EPH_E_PROTOCOL, "%s: stream event %s is not a JSON object (%s)",
-                         where, event && *event ? event : "(unnamed)", why ? why : "wrong type");
-  }
+  json_object *v = NULL, *u = NULL;
+  char what[96];
+  snprintf(what, sizeof what, "event %s", event && *event ? event : "(unnamed)");
+  json_object *ev = eph_chat_stream_json(data, len, where, what, err);
+  if (!ev)
+    return -EPH_E_PROTOCOL;
   const char *type = eph_chat_get_string(ev, "type");
   if (!type)
     type = event;

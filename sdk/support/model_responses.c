@@ -30,9 +30,8 @@ eph_responses_input(json_object *messages, eph_error_t *err)
     if (eph_chat_message_at(messages, i, &role, &text, err) < 0)
       goto fail;
     if (strcmp(role, "tool") == 0) {
-      const char *id = eph_chat_get_string(m, "tool_call_id");
+      const char *id = eph_chat_tool_result_id(m, i, err);
       if (!id) {
-        eph_error_set(err, EINVAL, "messages[%zu]: tool message without tool_call_id", i);
         goto fail;
       }
       json_object *o = json_object_new_object();
@@ -53,11 +52,8 @@ eph_responses_input(json_object *messages, eph_error_t *err)
         !json_object_is_type(tcs, json_type_array))
       continue;
     for (size_t j = 0; j < json_object_array_length(tcs); j++) {
-      json_object *tc = json_object_array_get_idx(tcs, j), *fn = NULL;
-      json_object_object_get_ex(tc, "function", &fn);
-      const char *id = eph_chat_get_string(tc, "id");
-      const char *name = eph_chat_get_string(fn, "name");
-      const char *args = eph_chat_get_string(fn, "arguments");
+      const char *id, *name, *args;
+      eph_chat_tool_call_at(tcs, j, &id, &name, &args);
       if (!id || !name) {
         eph_error_set(err, EINVAL, "messages[%zu].tool_calls[%zu]: id or name missing", i, j);
         goto fail;
@@ -158,8 +154,7 @@ eph_responses_parse(json_object *body, const char *where, eph_model_response_t *
           goto fail;
         }
         has_text = true;
-        if (eph_chat_buf_add(&text, json_object_get_string(t),
-                             (size_t)json_object_get_string_len(t)) < 0) {
+        if (eph_chat_buf_add_json(&text, t) < 0) {
           r = eph_error_set(err, ENOMEM, "out of memory");
           goto fail;
         }
@@ -174,27 +169,13 @@ eph_responses_parse(json_object *body, const char *where, eph_model_response_t *
                           where, i);
         goto fail;
       }
-      json_object *c = json_object_new_object(), *f = json_object_new_object();
-      json_object_object_add(c, "id", json_object_new_string(id));
-      json_object_object_add(c, "type", json_object_new_string("function"));
-      json_object_object_add(f, "name", json_object_new_string(name));
-      json_object_object_add(f, "arguments", json_object_new_string(args));
-      json_object_object_add(c, "function", f);
-      json_object_array_add(calls, c);
+      json_object_array_add(calls, eph_chat_tool_call_new(id, name, args));
     }
     /* reasoning and other item types are not part of the answer */
   }
 
-  json_object *out = json_object_new_object();
-  json_object_object_add(out, "role", json_object_new_string("assistant"));
-  json_object_object_add(out, "content",
-                         has_text ? json_object_new_string_len(text.p ? text.p : "", (int)text.len)
-                                  : NULL);
   size_t n_calls = json_object_array_length(calls);
-  if (n_calls)
-    json_object_object_add(out, "tool_calls", calls);
-  else
-    json_object_put(calls);
+  json_object *out = eph_chat_answer_new(&text, has_text, calls);
   calls = NULL;
   const char *fr = "stop";
   if (n_calls) {
@@ -234,7 +215,7 @@ append_member(json_object *obj, const char *key, const char *s)
   json_object *v = NULL;
   eph_chat_buf_t b = {0};
   if (json_object_object_get_ex(obj, key, &v) && json_object_is_type(v, json_type_string))
-    eph_chat_buf_add(&b, json_object_get_string(v), (size_t)json_object_get_string_len(v));
+    eph_chat_buf_add_json(&b, v);
   eph_chat_buf_add(&b, s, strlen(s));
   json_object_object_add(obj, key, json_object_new_string_len(b.p ? b.p : "", (int)b.len));
   eph_chat_buf_free(&b);
@@ -244,21 +225,10 @@ int
 eph_responses_stream_event(eph_responses_stream_t *st, const char *event, const char *data,
                            size_t len, const char *where, eph_error_t *err)
 {
-  const char *why = NULL;
-  json_object *ev = NULL, *v = NULL;
-  json_tokener *tok = json_tokener_new();
-  if (tok) {
-    ev = json_tokener_parse_ex(tok, data, (int)len);
-    if (!ev)
-      why = json_tokener_error_desc(json_tokener_get_error(tok));
-    json_tokener_free(tok);
-  }
-  if (!ev || !json_object_is_type(ev, json_type_object)) {
-    if (ev)
-      json_object_put(ev);
-    return eph_error_set(err, EPH_E_PROTOCOL, "%s: stream event is not a JSON object (%s)", where,
-                         why ? why : "wrong type");
-  }
+  json_object *v = NULL;
+  json_object *ev = eph_chat_stream_json(data, len, where, "event", err);
+  if (!ev)
+    return -EPH_E_PROTOCOL;
   /* The payload's own "type" names the event; the SSE event line repeats it. */
   const char *type = eph_chat_get_string(ev, "type");
   if (!type)
