@@ -548,36 +548,5 @@ ledger_init(const eph_host_t *host, const config_setting_t *config, void **state
   return 0;
 }
 
-static void
-ledger_fini(void *state)
-{
-  ledger_close(state);
-}
-
-static const eph_ledger_ops_t ledger_ops = {
-    .struct_size = sizeof(eph_ledger_ops_t),
-    .credit = ledger_credit,
-    .balance = ledger_balance,
-    .reserve = ledger_reserve,
-    .charge = ledger_charge,
-    .settle = ledger_settle,
-    .totals = ledger_totals,
-    .settle_open = ledger_settle_open,
-    .probe = ledger_probe,
-    .identity = ledger_identity,
-    .open_reservations = ledger_open_reservations,
-};
-
-EPH_PLUGIN_EXPORT = {
-    .abi_major = EPH_ABI_MAJOR,
-    .abi_minor = EPH_ABI_MINOR,
-    .struct_size = sizeof(eph_plugin_t),
-    .name = PLUGIN,
-    .kind = EPH_KIND_LEDGER,
-    .version = "0.1.0",
-    .description = "Append-only ledger of organisations, reservations and charges in PostgreSQL",
-    .config_keys = ledger_keys,
-    .init = ledger_init,
-    .fini = ledger_fini,
-    .ops = &ledger_ops,
-};
+EPH_LEDGER_PLUGIN(PLUGIN,
+                  "Append-only ledger of organisations, reservations and charges in PostgreSQL");

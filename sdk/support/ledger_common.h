@@ -77,4 +77,41 @@ typedef struct eph_ledger_store {
 int eph_ledger_settle_in(const eph_ledger_store_t *store, void *ctx, const char *run_id,
                          eph_ledger_totals_t *totals, eph_error_t *err);
 
+/* The fini, operations table and descriptor of a ledger plugin, written once for both (at
+ * file scope, last): the plugin names its functions alike (ledger_init, ledger_close of its
+ * state, ledger_credit, ledger_balance, ledger_reserve, ledger_charge, ledger_settle,
+ * ledger_totals, ledger_settle_open, ledger_probe, ledger_identity,
+ * ledger_open_reservations) and its key table ledger_keys. */
+#define EPH_LEDGER_PLUGIN(NAME, DESCRIPTION)                                                       \
+  static void ledger_fini(void *state)                                                             \
+  {                                                                                                \
+    ledger_close(state);                                                                           \
+  }                                                                                                \
+  static const eph_ledger_ops_t ledger_ops = {                                                     \
+      .struct_size = sizeof(eph_ledger_ops_t),                                                     \
+      .credit = ledger_credit,                                                                     \
+      .balance = ledger_balance,                                                                   \
+      .reserve = ledger_reserve,                                                                   \
+      .charge = ledger_charge,                                                                     \
+      .settle = ledger_settle,                                                                     \
+      .totals = ledger_totals,                                                                     \
+      .settle_open = ledger_settle_open,                                                           \
+      .probe = ledger_probe,                                                                       \
+      .identity = ledger_identity,                                                                 \
+      .open_reservations = ledger_open_reservations,                                               \
+  };                                                                                               \
+  EPH_PLUGIN_EXPORT = {                                                                            \
+      .abi_major = EPH_ABI_MAJOR,                                                                  \
+      .abi_minor = EPH_ABI_MINOR,                                                                  \
+      .struct_size = sizeof(eph_plugin_t),                                                         \
+      .name = (NAME),                                                                              \
+      .kind = EPH_KIND_LEDGER,                                                                     \
+      .version = "0.1.0",                                                                          \
+      .description = (DESCRIPTION),                                                                \
+      .config_keys = ledger_keys,                                                                  \
+      .init = ledger_init,                                                                         \
+      .fini = ledger_fini,                                                                         \
+      .ops = &ledger_ops,                                                                          \
+  }
+
 #endif
