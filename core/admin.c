@@ -230,19 +230,13 @@ db_audit_list(sqlite3 *db, void *opaque, eph_error_t *err)
   static const char *const names[] = {"id",      "at_us",      "actor_key_id", "actor_org",
                                       "action",  "target_org", "target",       "detail",
                                       "address", "status"};
-  sqlite3_stmt *st = eph_sqlrow_prepare(db,
-                                        "SELECT id, at_us, actor_key_id, actor_org, action,"
-                                        " target_org, target, detail, address, status FROM audit"
-                                        " ORDER BY id DESC LIMIT ?1",
-                                        "i", x->i[0]);
-  if (!st)
+  if (eph_sqlrow_select(db, x->out, names, 10,
+                        "SELECT id, at_us, actor_key_id, actor_org, action,"
+                        " target_org, target, detail, address, status FROM audit"
+                        " ORDER BY id DESC LIMIT ?1",
+                        "i", x->i[0]) < 0)
     return fail(db, "reading the audit trail", err);
-  int rc;
-  while ((rc = sqlite3_step(st)) == SQLITE_ROW)
-    json_object_array_add(x->out, eph_sqlrow_object(st, names, 10));
-  int r = rc == SQLITE_DONE ? 0 : fail(db, "reading the audit trail", err);
-  sqlite3_finalize(st);
-  return r;
+  return 0;
 }
 
 int

@@ -128,13 +128,6 @@ live_print(printer_t *p, const char *text)
   fflush(p->out);
 }
 
-static int64_t
-jint(json_object *o, const char *key)
-{
-  json_object *v = NULL;
-  return json_object_object_get_ex(o, key, &v) ? json_object_get_int64(v) : 0;
-}
-
 static void
 print_any(printer_t *p, double t, const char *source, const char *kind, const char *text,
           json_object *data)
@@ -145,7 +138,7 @@ print_any(printer_t *p, double t, const char *source, const char *kind, const ch
       return;
     /* Streamed model text belongs under its own model call, whose model_call row only
      * comes when the call is over: the first delta prints a row for it. */
-    int64_t call = strcmp(kind, "model_delta") == 0 && data ? jint(data, "call") : 0;
+    int64_t call = strcmp(kind, "model_delta") == 0 && data ? eph_json_int64(data, "call") : 0;
     if (call > 0 && call != p->delta_call) {
       char row[64];
       snprintf(row, sizeof row, "model call %" PRId64 " streaming…", call);
@@ -198,8 +191,8 @@ print_summary(FILE *out, json_object *run)
     if (*p == '_')
       *p = ' ';
   fprintf(out, "\n%s  %s  %s of %s\n", word, id ? json_object_get_string(id) : "",
-          eph_format_dollars(jint(usage, "billed_micros"), billed, sizeof billed),
-          eph_format_dollars(jint(usage, "reserved_micros"), reserved, sizeof reserved));
+          eph_format_dollars(eph_json_int64(usage, "billed_micros"), billed, sizeof billed),
+          eph_format_dollars(eph_json_int64(usage, "reserved_micros"), reserved, sizeof reserved));
   if (error) {
     cleanup_free char *e = shown(json_object_get_string(error));
     fprintf(out, "error: %s\n", e);
@@ -216,9 +209,9 @@ print_summary(FILE *out, json_object *run)
     fprintf(out, "output file %s: %" PRId64 " bytes\n", path, b ? json_object_get_int64(b) : 0);
   }
   fprintf(out, "\nModel %s · Web %s · Compute %s\n",
-          eph_format_dollars(jint(usage, "model_micros"), model, sizeof model),
-          eph_format_dollars(jint(usage, "web_micros"), web, sizeof web),
-          eph_format_dollars(jint(usage, "compute_micros"), compute, sizeof compute));
+          eph_format_dollars(eph_json_int64(usage, "model_micros"), model, sizeof model),
+          eph_format_dollars(eph_json_int64(usage, "web_micros"), web, sizeof web),
+          eph_format_dollars(eph_json_int64(usage, "compute_micros"), compute, sizeof compute));
 }
 
 /* ------------------------------------------------------------------ accounts */
@@ -517,7 +510,7 @@ runs_replay(eph_store_t *store, const char *id, double speed)
   printer_t pr = {.out = stdout, .tty = isatty(STDOUT_FILENO) == 1};
   for (size_t i = 0; i < json_object_array_length(events); i++) {
     json_object *e = json_object_array_get_idx(events, i), *v;
-    int64_t t = jint(e, "t_ms");
+    int64_t t = eph_json_int64(e, "t_ms");
     if (speed > 0 && t > prev) {
       double wait = (double)(t - prev) / 1000.0 / speed;
       struct timespec ts = {(time_t)wait, (long)((wait - (double)(time_t)wait) * 1e9)};
@@ -574,7 +567,7 @@ eph_cmd_runs(eph_ctx_t *ctx, int argc, char **argv)
       for (size_t i = 0; i < json_object_array_length(runs); i++) {
         json_object *r = json_object_array_get_idx(runs, i), *v, *usage = NULL;
         json_object_object_get_ex(r, "usage", &usage);
-        time_t t = (time_t)(jint(r, "created_at_us") / 1000000);
+        time_t t = (time_t)(eph_json_int64(r, "created_at_us") / 1000000);
         struct tm tm;
         char when[32], billed[32];
         gmtime_r(&t, &tm);
@@ -582,7 +575,8 @@ eph_cmd_runs(eph_ctx_t *ctx, int argc, char **argv)
         printf("%-37s %-17s %-24s %s\n",
                json_object_object_get_ex(r, "id", &v) ? json_object_get_string(v) : "",
                json_object_object_get_ex(r, "status", &v) ? json_object_get_string(v) : "", when,
-               eph_format_dollars(usage ? jint(usage, "billed_micros") : 0, billed, sizeof billed));
+               eph_format_dollars(usage ? eph_json_int64(usage, "billed_micros") : 0, billed,
+                                  sizeof billed));
       }
       json_object_put(runs);
       free(next);

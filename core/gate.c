@@ -6,6 +6,8 @@
 #include <string.h>
 #include <strings.h>
 
+#include "util.h"
+
 void
 eph_gate_init(eph_gate_t *g, const eph_request_t *req, struct eph_ctx *ctx)
 {
@@ -40,16 +42,6 @@ eph_gate_permits(const eph_gate_t *g, eph_permission_t p)
   return false; /* an unknown row is never granted */
 }
 
-static const char *
-arg_string(json_object *args, const char *key)
-{
-  json_object *v = NULL;
-  if (!args || !json_object_object_get_ex(args, key, &v) ||
-      !json_object_is_type(v, json_type_string))
-    return NULL;
-  return json_object_get_string(v);
-}
-
 int
 eph_gate_check_tool(const eph_gate_t *g, const eph_tool_def_t *tool, json_object *args, char *why,
                     size_t why_size)
@@ -77,8 +69,8 @@ eph_gate_check_tool(const eph_gate_t *g, const eph_tool_def_t *tool, json_object
     return 0;
   /* Connections: the named connection must be granted, and a narrowed grant must list
    * the method. The broker re-checks against the operator's own definition. */
-  const char *name = arg_string(args, "connection");
-  const char *method = arg_string(args, "method");
+  const char *name = eph_json_string(args, "connection", NULL);
+  const char *method = eph_json_string(args, "method", NULL);
   for (size_t i = 0; name && i < g->n_connections; i++) {
     const eph_connection_grant_t *c = &g->connections[i];
     if (strcmp(c->name, name) != 0)

@@ -344,6 +344,18 @@ eph_plugins_load_except(eph_plugins_t *ps, eph_config_t *cfg, const char *plugin
 }
 
 int
+eph_plugins_load_logged(eph_plugins_t *ps, eph_config_t *cfg, const char *plugin_dir,
+                        const eph_host_t *host, const char *name)
+{
+  eph_error_t e = {0};
+  if (eph_plugins_load_one(ps, cfg, plugin_dir, host, name, &e) < 0) {
+    eph_error("%s", e.message);
+    return 0;
+  }
+  return 1;
+}
+
+int
 eph_plugins_load_one(eph_plugins_t *ps, eph_config_t *cfg, const char *plugin_dir,
                      const eph_host_t *host, const char *name, eph_error_t *err)
 {

@@ -72,6 +72,12 @@ int eph_plugin_load_file(eph_plugins_t *ps, const char *path, const config_setti
 int eph_plugins_load_one(eph_plugins_t *ps, eph_config_t *cfg, const char *plugin_dir,
                          const eph_host_t *host, const char *name, eph_error_t *err);
 
+/* eph_plugins_load_one for a lazy load that must not stop what asked for it (the plugins a
+ * run's request uses): a refusal is logged as an error. 1 when loaded now or before, 0
+ * when refused. */
+int eph_plugins_load_logged(eph_plugins_t *ps, eph_config_t *cfg, const char *plugin_dir,
+                            const eph_host_t *host, const char *name);
+
 /* A backend's start-up sweep (reaps what a dead process left); logs what it did. No-op for
  * other kinds and for a backend without one. */
 void eph_plugin_sweep(const eph_plugin_slot_t *s);

@@ -143,12 +143,8 @@ eph_run_load_plugins(eph_ctx_t *ctx, const eph_request_t *req, const char *model
       want = true;
     if (!want)
       continue;
-    eph_error_t e = {0};
-    if (eph_plugins_load_one(&ctx->plugins, &ctx->config, ctx->plugin_dir, &ctx->host, b->name,
-                             &e) < 0)
-      eph_error("%s", e.message);
-    else
-      loaded++;
+    loaded +=
+        eph_plugins_load_logged(&ctx->plugins, &ctx->config, ctx->plugin_dir, &ctx->host, b->name);
   }
   if (req)
     eph_runstore_recover(ctx, NULL, false, NULL);
@@ -164,12 +160,8 @@ eph_run_new(eph_ctx_t *ctx, eph_request_t *req, const eph_run_options_t *opt, ep
   pthread_mutex_init(&run->lock, NULL);
   pthread_mutex_init(&run->emit_lock, NULL);
   pthread_mutex_init(&run->money_lock, NULL);
-  pthread_condattr_t ca;
-  pthread_condattr_init(&ca);
-  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-  pthread_cond_init(&run->cond, &ca);
-  pthread_cond_init(&run->meter_cond, &ca);
-  pthread_condattr_destroy(&ca);
+  eph_cond_init_monotonic(&run->cond);
+  eph_cond_init_monotonic(&run->meter_cond);
   run->ctx = ctx;
   run->owner_fd = -1;
   run->req = *req;
@@ -382,12 +374,7 @@ end_and_settle(eph_run_t *run)
   pthread_mutex_unlock(&run->lock);
   char billed[32], released[32];
   json_object *sd = json_object_new_object();
-  json_object_object_add(sd, "reserved_micros", json_object_new_int64(totals.reserved_micros));
-  json_object_object_add(sd, "billed_micros", json_object_new_int64(totals.billed_micros));
-  json_object_object_add(sd, "released_micros", json_object_new_int64(totals.released_micros));
-  json_object_object_add(sd, "model_micros", json_object_new_int64(run->model_micros));
-  json_object_object_add(sd, "web_micros", json_object_new_int64(run->web_micros));
-  json_object_object_add(sd, "compute_micros", json_object_new_int64(run->compute_micros));
+  eph_run_json_money(sd, &totals);
   /* The product page's words for the last line of the timeline. */
   eph_run_emit(run, "Worker destroyed", "settled", false, sd, "%s billed, %s released",
                eph_format_dollars(totals.billed_micros, billed, sizeof billed),

@@ -154,6 +154,10 @@ bool eph_run_settled(eph_run_t *run);
  * New reference. */
 json_object *eph_event_to_json(const eph_event_t *ev, bool redact);
 
+/* Adds a run's money as the API and the timeline name it to the object o: reserved_micros,
+ * billed_micros, released_micros, model_micros, web_micros, compute_micros (t's fields). */
+void eph_run_json_money(json_object *o, const eph_ledger_totals_t *t);
+
 /* Fills the per-run services of the host table (emit, charge, sandbox_*). */
 void eph_run_host_services(eph_host_t *host);
 

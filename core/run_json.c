@@ -22,6 +22,17 @@ eph_event_to_json(const eph_event_t *ev, bool redact)
   return o;
 }
 
+void
+eph_run_json_money(json_object *o, const eph_ledger_totals_t *t)
+{
+  json_object_object_add(o, "reserved_micros", json_object_new_int64(t->reserved_micros));
+  json_object_object_add(o, "billed_micros", json_object_new_int64(t->billed_micros));
+  json_object_object_add(o, "released_micros", json_object_new_int64(t->released_micros));
+  json_object_object_add(o, "model_micros", json_object_new_int64(t->model_micros));
+  json_object_object_add(o, "web_micros", json_object_new_int64(t->web_micros));
+  json_object_object_add(o, "compute_micros", json_object_new_int64(t->compute_micros));
+}
+
 json_object *
 eph_run_events_locked(eph_run_t *run, int64_t after_seq)
 {
@@ -79,12 +90,12 @@ eph_run_to_json(eph_run_t *run, bool include_events)
   json_object_object_add(u, "model_calls", json_object_new_int64(run->model_calls));
   json_object_object_add(u, "input_tokens", json_object_new_int64(run->input_tokens));
   json_object_object_add(u, "output_tokens", json_object_new_int64(run->output_tokens));
-  json_object_object_add(u, "reserved_micros", json_object_new_int64(run->reserved));
-  json_object_object_add(u, "billed_micros", json_object_new_int64(run->billed));
-  json_object_object_add(u, "released_micros", json_object_new_int64(run->released));
-  json_object_object_add(u, "model_micros", json_object_new_int64(run->model_micros));
-  json_object_object_add(u, "web_micros", json_object_new_int64(run->web_micros));
-  json_object_object_add(u, "compute_micros", json_object_new_int64(run->compute_micros));
+  eph_run_json_money(u, &(eph_ledger_totals_t){.reserved_micros = run->reserved,
+                                               .billed_micros = run->billed,
+                                               .released_micros = run->released,
+                                               .model_micros = run->model_micros,
+                                               .web_micros = run->web_micros,
+                                               .compute_micros = run->compute_micros});
   json_object_object_add(o, "usage", u);
   pthread_mutex_unlock(&run->lock);
   return o;

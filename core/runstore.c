@@ -148,15 +148,6 @@ read_note(int fd)
 }
 
 static const char *
-note_string(json_object *note, const char *key, const char *def)
-{
-  json_object *v = NULL;
-  if (note && json_object_object_get_ex(note, key, &v) && json_object_is_type(v, json_type_string))
-    return json_object_get_string(v);
-  return def;
-}
-
-static const char *
 end_source(const char *status)
 {
   return strcmp(status, "succeeded") == 0          ? "Succeeded"
@@ -200,16 +191,16 @@ complete_record(eph_store_t *store, const char *run_id, json_object *note,
 
   /* How the run ended: its stored ended event if it got that far, else its note, else
    * its process died with it (host_lost). */
-  const char *status = note_string(note, "status", "failed");
-  const char *reason = note_string(note, "reason", "host_lost");
-  const char *error = note_string(note, "error", NULL);
+  const char *status = eph_json_string(note, "status", "failed");
+  const char *reason = eph_json_string(note, "reason", "host_lost");
+  const char *error = eph_json_string(note, "error", NULL);
   if (strcmp(status, "queued") == 0 || strcmp(status, "running") == 0)
     status = "failed";
   json_object *ed = NULL;
   if (ended && json_object_object_get_ex(ended, "data", &ed)) {
-    status = note_string(ed, "status", status);
-    reason = note_string(ed, "reason", reason);
-    error = note_string(ed, "error", NULL);
+    status = eph_json_string(ed, "status", status);
+    reason = eph_json_string(ed, "reason", reason);
+    error = eph_json_string(ed, "error", NULL);
   }
   if (!ended) {
     json_object *d = json_object_new_object();
@@ -230,12 +221,7 @@ complete_record(eph_store_t *store, const char *run_id, json_object *note,
   }
   if (!settled && have_totals) {
     json_object *d = json_object_new_object();
-    json_object_object_add(d, "reserved_micros", json_object_new_int64(t->reserved_micros));
-    json_object_object_add(d, "billed_micros", json_object_new_int64(t->billed_micros));
-    json_object_object_add(d, "released_micros", json_object_new_int64(t->released_micros));
-    json_object_object_add(d, "model_micros", json_object_new_int64(t->model_micros));
-    json_object_object_add(d, "web_micros", json_object_new_int64(t->web_micros));
-    json_object_object_add(d, "compute_micros", json_object_new_int64(t->compute_micros));
+    eph_run_json_money(d, t);
     json_object_object_add(d, "recovered", json_object_new_boolean(1));
     char billed[32], released[32];
     cleanup_free char *text = eph_xasprintf(
@@ -256,14 +242,8 @@ complete_record(eph_store_t *store, const char *run_id, json_object *note,
   json_object_object_add(u, "reason", json_object_new_string(reason));
   if (error)
     json_object_object_add(u, "error", json_object_new_string(error));
-  if (have_totals) {
-    json_object_object_add(u, "reserved_micros", json_object_new_int64(t->reserved_micros));
-    json_object_object_add(u, "billed_micros", json_object_new_int64(t->billed_micros));
-    json_object_object_add(u, "released_micros", json_object_new_int64(t->released_micros));
-    json_object_object_add(u, "model_micros", json_object_new_int64(t->model_micros));
-    json_object_object_add(u, "web_micros", json_object_new_int64(t->web_micros));
-    json_object_object_add(u, "compute_micros", json_object_new_int64(t->compute_micros));
-  }
+  if (have_totals)
+    eph_run_json_money(u, t);
   return eph_store_run_update(store, run_id, status, NULL, u, err);
 }
 
@@ -274,13 +254,23 @@ eph_runstore_settle_lost(eph_ctx_t *ctx, eph_store_t *store, const char *run_id,
   return eph_runstore_settle_as(ctx, store, run_id, "failed", "host_lost", totals, err);
 }
 
-int
-eph_runstore_settle_as(eph_ctx_t *ctx, eph_store_t *store, const char *run_id, const char *status,
-                       const char *reason, eph_ledger_totals_t *totals, eph_error_t *err)
+/* The ledger that settles a run from outside it (the first loaded), or NULL with err set. */
+static const eph_plugin_slot_t *
+settling_ledger(eph_ctx_t *ctx, const char *run_id, eph_error_t *err)
 {
   const eph_plugin_slot_t *ledger = eph_plugins_first(&ctx->plugins, EPH_KIND_LEDGER);
   if (!ledger)
-    return eph_error_set(err, EPH_E_CONFIG, "run %s: no ledger plugin to settle it", run_id);
+    eph_error_set(err, EPH_E_CONFIG, "run %s: no ledger plugin to settle it", run_id);
+  return ledger;
+}
+
+/* Settles run_id in ledger, then completes its record as note says (status, reason,
+ * error); *totals (may be NULL) gets the ledger's totals. A run the ledger holds no
+ * reservation of is completed without them. */
+static int
+settle_and_complete(const eph_plugin_slot_t *ledger, eph_store_t *store, const char *run_id,
+                    json_object *note, eph_ledger_totals_t *totals, eph_error_t *err)
+{
   const eph_ledger_ops_t *ops = ledger->desc->ops;
   eph_ledger_totals_t t = {0};
   eph_error_t e = {0};
@@ -289,9 +279,6 @@ eph_runstore_settle_as(eph_ctx_t *ctx, eph_store_t *store, const char *run_id, c
     *err = e;
     return r;
   }
-  cleanup_json json_object *note = json_object_new_object();
-  json_object_object_add(note, "status", json_object_new_string(status));
-  json_object_object_add(note, "reason", json_object_new_string(reason));
   if ((r = complete_record(store, run_id, note, &t, r >= 0, err)) < 0)
     return r;
   if (totals)
@@ -300,27 +287,32 @@ eph_runstore_settle_as(eph_ctx_t *ctx, eph_store_t *store, const char *run_id, c
 }
 
 int
+eph_runstore_settle_as(eph_ctx_t *ctx, eph_store_t *store, const char *run_id, const char *status,
+                       const char *reason, eph_ledger_totals_t *totals, eph_error_t *err)
+{
+  const eph_plugin_slot_t *ledger = settling_ledger(ctx, run_id, err);
+  if (!ledger)
+    return -err->code;
+  cleanup_json json_object *note = json_object_new_object();
+  json_object_object_add(note, "status", json_object_new_string(status));
+  json_object_object_add(note, "reason", json_object_new_string(reason));
+  return settle_and_complete(ledger, store, run_id, note, totals, err);
+}
+
+int
 eph_runstore_settle_orphan(eph_ctx_t *ctx, eph_store_t *store, const char *run_id, const char *org,
                            int64_t reserved_unix_us, const char *reserved_by,
                            eph_ledger_totals_t *totals, eph_error_t *err)
 {
-  const eph_plugin_slot_t *ledger = eph_plugins_first(&ctx->plugins, EPH_KIND_LEDGER);
+  const eph_plugin_slot_t *ledger = settling_ledger(ctx, run_id, err);
   if (!ledger)
-    return eph_error_set(err, EPH_E_CONFIG, "run %s: no ledger plugin to settle it", run_id);
+    return -err->code;
   /* The request was never stored: the row has none (an empty object). */
   int r = eph_store_run_insert(store, run_id, org, "queued", reserved_unix_us, NULL, false, err);
   if (r == -EEXIST)
     return 0;
   if (r < 0)
     return r;
-  const eph_ledger_ops_t *ops = ledger->desc->ops;
-  eph_ledger_totals_t t = {0};
-  eph_error_t e = {0};
-  r = EPH_WITH_PLUGIN(ledger, ops->settle(ledger->state, run_id, &t, &e));
-  if (r < 0 && e.code != ENOENT) {
-    *err = e;
-    return r;
-  }
   cleanup_free char *why = eph_xasprintf(
       "node '%s' reserved this run's budget and was lost before it recorded the run; the "
       "reservation was released",
@@ -329,10 +321,8 @@ eph_runstore_settle_orphan(eph_ctx_t *ctx, eph_store_t *store, const char *run_i
   json_object_object_add(note, "status", json_object_new_string("failed"));
   json_object_object_add(note, "reason", json_object_new_string("host_lost"));
   json_object_object_add(note, "error", json_object_new_string(why));
-  if ((r = complete_record(store, run_id, note, &t, r >= 0, err)) < 0)
+  if ((r = settle_and_complete(ledger, store, run_id, note, totals, err)) < 0)
     return r;
-  if (totals)
-    *totals = t;
   return 1;
 }
 

@@ -599,12 +599,8 @@ eph_server_start(eph_ctx_t *ctx, const eph_server_options_t *opt, eph_server_t *
   pthread_mutex_init(&srv->lock, NULL);
   pthread_mutex_init(&srv->admit, NULL);
   pthread_mutex_init(&srv->conns_lock, NULL);
-  pthread_condattr_t ca;
-  pthread_condattr_init(&ca);
-  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-  pthread_cond_init(&srv->cond, &ca);
-  pthread_cond_init(&srv->guard_cond, &ca);
-  pthread_condattr_destroy(&ca);
+  eph_cond_init_monotonic(&srv->cond);
+  eph_cond_init_monotonic(&srv->guard_cond);
 
   /* Request limits: the same operator maxima as the CLI's. */
   const eph_core_conf_t *conf = eph_config_values(&ctx->config);

@@ -71,6 +71,24 @@ eph_sqlrow_exec(sqlite3 *db, int *changes, const char *sql, const char *types, .
   return r;
 }
 
+int
+eph_sqlrow_select(sqlite3 *db, json_object *rows, const char *const *names, int n, const char *sql,
+                  const char *types, ...)
+{
+  va_list ap;
+  va_start(ap, types);
+  sqlite3_stmt *st = prepare_va(db, sql, types, ap);
+  va_end(ap);
+  if (!st)
+    return -1;
+  int rc;
+  while ((rc = sqlite3_step(st)) == SQLITE_ROW)
+    json_object_array_add(rows, eph_sqlrow_object(st, names, n));
+  /* The statement's error stays the connection's after finalize: sqlite3_errmsg(db). */
+  sqlite3_finalize(st);
+  return rc == SQLITE_DONE ? 0 : -1;
+}
+
 json_object *
 eph_sqlrow_column(sqlite3_stmt *st, int i)
 {

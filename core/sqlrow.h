@@ -25,6 +25,12 @@ sqlite3_stmt *eph_sqlrow_prepare(sqlite3 *db, const char *sql, const char *types
  * or -1 on an SQLite error (the caller words it with sqlite3_errmsg(db)). */
 int eph_sqlrow_exec(sqlite3 *db, int *changes, const char *sql, const char *types, ...);
 
+/* A query's rows appended to the array rows, each as eph_sqlrow_object(names, n): prepared
+ * and bound as eph_sqlrow_prepare, stepped to the end and finalized. Returns 0, or -1 on
+ * an SQLite error (the caller words it with sqlite3_errmsg(db)). */
+int eph_sqlrow_select(sqlite3 *db, json_object *rows, const char *const *names, int n,
+                      const char *sql, const char *types, ...);
+
 /* Column i of the current row as JSON: NULL for SQL NULL, an int64 for an integer, else
  * its text as a string. New reference (or NULL). */
 json_object *eph_sqlrow_column(sqlite3_stmt *st, int i);

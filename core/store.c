@@ -414,6 +414,13 @@ eph_store_idem_release(eph_store_t *s, const char *org, const char *key, const c
 
 /* ---------------------------------------------------------------- cluster */
 
+/* A cluster operation on a store without one (SQLite: one host). */
+static int
+no_cluster(const eph_store_t *s, eph_error_t *err)
+{
+  return eph_error_set(err, ENOTSUP, "%s: no cluster on this store", s->path);
+}
+
 int
 eph_store_cancel_request(eph_store_t *s, const char *run_id, eph_error_t *err)
 {
@@ -421,7 +428,7 @@ eph_store_cancel_request(eph_store_t *s, const char *run_id, eph_error_t *err)
   if (r < 0)
     return r;
   if (!s->ops->cancel_request)
-    return eph_error_set(err, ENOTSUP, "%s: no cluster on this store", s->path);
+    return no_cluster(s, err);
   return s->ops->cancel_request(s, run_id, err);
 }
 
@@ -429,7 +436,7 @@ int
 eph_store_cancels_pending(eph_store_t *s, json_object **out, eph_error_t *err)
 {
   if (!s->ops->cancels_pending)
-    return eph_error_set(err, ENOTSUP, "%s: no cluster on this store", s->path);
+    return no_cluster(s, err);
   return s->ops->cancels_pending(s, out, err);
 }
 
@@ -439,7 +446,7 @@ eph_store_leases_renew(eph_store_t *s, json_object *ids, eph_error_t *err)
   if (!json_object_is_type(ids, json_type_array))
     return eph_error_set(err, EINVAL, "lease renewal: ids is not an array");
   if (!s->ops->leases_renew)
-    return eph_error_set(err, ENOTSUP, "%s: no cluster on this store", s->path);
+    return no_cluster(s, err);
   return s->ops->leases_renew(s, ids, err);
 }
 
@@ -449,7 +456,7 @@ eph_store_cluster_ledger(eph_store_t *s, const char *identity, const char *plugi
 {
   *out = NULL;
   if (!s->ops->cluster_ledger)
-    return eph_error_set(err, ENOTSUP, "%s: no cluster on this store", s->path);
+    return no_cluster(s, err);
   int r = 0;
   if (identity && ((r = check_text("ledger identity", identity, MAX_ID_BYTES, err)) < 0 ||
                    (r = check_text("ledger plugin", plugin, MAX_ID_BYTES, err)) < 0 ||
@@ -462,7 +469,7 @@ int
 eph_store_leases_take_expired(eph_store_t *s, json_object **out, eph_error_t *err)
 {
   if (!s->ops->leases_take_expired)
-    return eph_error_set(err, ENOTSUP, "%s: no cluster on this store", s->path);
+    return no_cluster(s, err);
   return s->ops->leases_take_expired(s, out, err);
 }
 
@@ -476,7 +483,7 @@ eph_store_queue_push(eph_store_t *s, const char *run_id, int64_t reserved_micros
   if (reserved_micros < 0 || max_queued < 0)
     return eph_error_set(err, EINVAL, "queueing run %s: negative reservation or bound", run_id);
   if (!s->ops->queue_push)
-    return eph_error_set(err, ENOTSUP, "%s: no cluster on this store", s->path);
+    return no_cluster(s, err);
   return s->ops->queue_push(s, run_id, reserved_micros, local_only, max_queued, err);
 }
 
@@ -485,7 +492,7 @@ eph_store_queue_claim(eph_store_t *s, json_object **out, eph_error_t *err)
 {
   *out = NULL;
   if (!s->ops->queue_claim)
-    return eph_error_set(err, ENOTSUP, "%s: no cluster on this store", s->path);
+    return no_cluster(s, err);
   return s->ops->queue_claim(s, out, err);
 }
 
@@ -496,7 +503,7 @@ eph_store_queue_remove(eph_store_t *s, const char *run_id, eph_error_t *err)
   if (r < 0)
     return r;
   if (!s->ops->queue_remove)
-    return eph_error_set(err, ENOTSUP, "%s: no cluster on this store", s->path);
+    return no_cluster(s, err);
   return s->ops->queue_remove(s, run_id, err);
 }
 
@@ -505,7 +512,7 @@ eph_store_queue_length(eph_store_t *s, int64_t *n, eph_error_t *err)
 {
   *n = 0;
   if (!s->ops->queue_length)
-    return eph_error_set(err, ENOTSUP, "%s: no cluster on this store", s->path);
+    return no_cluster(s, err);
   return s->ops->queue_length(s, n, err);
 }
 
@@ -517,7 +524,7 @@ eph_store_queue_take(eph_store_t *s, const char *run_id, json_object **out, eph_
   if (r < 0)
     return r;
   if (!s->ops->queue_take)
-    return eph_error_set(err, ENOTSUP, "%s: no cluster on this store", s->path);
+    return no_cluster(s, err);
   return s->ops->queue_take(s, run_id, out, err);
 }
 
@@ -530,7 +537,7 @@ eph_store_listen(eph_store_t *s,
   if (!fn)
     return eph_error_set(err, EINVAL, "listening: no function to call");
   if (!s->ops->listen)
-    return eph_error_set(err, ENOTSUP, "%s: no cluster on this store", s->path);
+    return no_cluster(s, err);
   return s->ops->listen(s, fn, opaque, out, err);
 }
 

@@ -14,6 +14,7 @@
 #include "support/sqlite.h"
 
 #include "log.h"
+#include "sqlrow.h"
 #include "store_int.h"
 #include "util.h"
 
@@ -306,39 +307,43 @@ sq_key_revoke(eph_store_t *base, const char *key_id_or_name, const char *org, ep
   return tx_end(s, r, err);
 }
 
+/* Steps the bound statement st (under s->lock) to its end: each row as row(st) into a new
+ * array, *out on success. */
+static int
+rows_collect(sq_store_t *s, sqlite3_stmt *st, json_object *(*row)(sqlite3_stmt *st),
+             const char *what, json_object **out, eph_error_t *err)
+{
+  cleanup_json json_object *arr = json_object_new_array();
+  int rc;
+  while ((rc = sqlite3_step(st)) == SQLITE_ROW)
+    json_object_array_add(arr, row(st));
+  if (rc != SQLITE_DONE)
+    return db_error(s, what, err);
+  *out = steal_pointer(&arr);
+  return 0;
+}
+
+/* A row of ST_KEY_LIST (revoked_at_us null while the key is active). */
+static json_object *
+key_from_row(sqlite3_stmt *st)
+{
+  static const char *const names[] = {"id", "name", "created_at_us", "revoked_at_us"};
+  return eph_sqlrow_object(st, names, 4);
+}
+
 static int
 sq_key_list(eph_store_t *base, const char *org, json_object **out, eph_error_t *err)
 {
   sq_store_t *s = SQ(base);
-  int r = 0;
-  cleanup_json json_object *arr = json_object_new_array();
+  int r;
   pthread_mutex_lock(&s->lock);
   {
     cleanup_reset sqlite3_stmt *st = s->st[ST_KEY_LIST];
     bind_text(st, 1, org);
-    int rc;
-    while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
-      json_object *k = json_object_new_object();
-      json_object_object_add(k, "id",
-                             json_object_new_string((const char *)sqlite3_column_text(st, 0)));
-      json_object_object_add(k, "name",
-                             json_object_new_string((const char *)sqlite3_column_text(st, 1)));
-      json_object_object_add(k, "created_at_us",
-                             json_object_new_int64(sqlite3_column_int64(st, 2)));
-      json_object_object_add(k, "revoked_at_us",
-                             sqlite3_column_type(st, 3) == SQLITE_NULL
-                                 ? NULL
-                                 : json_object_new_int64(sqlite3_column_int64(st, 3)));
-      json_object_array_add(arr, k);
-    }
-    if (rc != SQLITE_DONE)
-      r = db_error(s, "listing API keys", err);
+    r = rows_collect(s, st, key_from_row, "listing API keys", out, err);
   }
   pthread_mutex_unlock(&s->lock);
-  if (r < 0)
-    return r;
-  *out = steal_pointer(&arr);
-  return 0;
+  return r;
 }
 
 /* ---------------------------------------------------------------- runs */
@@ -410,6 +415,12 @@ run_from_row(sqlite3_stmt *st, bool with_content)
   return o;
 }
 
+static json_object *
+run_summary_from_row(sqlite3_stmt *st)
+{
+  return run_from_row(st, false);
+}
+
 static int
 sq_run_get(eph_store_t *base, const char *id, json_object **out, eph_error_t *err)
 {
@@ -434,8 +445,7 @@ sq_run_list(eph_store_t *base, const char *org, int limit, int64_t after_us, con
             json_object **out, eph_error_t *err)
 {
   sq_store_t *s = SQ(base);
-  int r = 0;
-  cleanup_json json_object *arr = json_object_new_array();
+  int r;
   pthread_mutex_lock(&s->lock);
   {
     cleanup_reset sqlite3_stmt *st = s->st[after_id ? ST_RUN_LIST_AFTER : ST_RUN_LIST_FIRST];
@@ -445,17 +455,10 @@ sq_run_list(eph_store_t *base, const char *org, int limit, int64_t after_us, con
       sqlite3_bind_int64(st, 3, after_us);
       bind_text(st, 4, after_id);
     }
-    int rc;
-    while ((rc = sqlite3_step(st)) == SQLITE_ROW)
-      json_object_array_add(arr, run_from_row(st, false));
-    if (rc != SQLITE_DONE)
-      r = db_error(s, "listing runs", err);
+    r = rows_collect(s, st, run_summary_from_row, "listing runs", out, err);
   }
   pthread_mutex_unlock(&s->lock);
-  if (r < 0)
-    return r;
-  *out = steal_pointer(&arr);
-  return 0;
+  return r;
 }
 
 /* ---------------------------------------------------------------- events */
@@ -487,43 +490,41 @@ sq_event_append(eph_store_t *base, const char *run_id, int64_t seq, int64_t t_ms
   return r;
 }
 
+/* A row of ST_EVENTS_SINCE ("data" only when the event has some). */
+static json_object *
+event_from_row(sqlite3_stmt *st)
+{
+  json_object *e = json_object_new_object();
+  json_object_object_add(e, "seq", json_object_new_int64(sqlite3_column_int64(st, 0)));
+  json_object_object_add(e, "t_ms", json_object_new_int64(sqlite3_column_int64(st, 1)));
+  json_object_object_add(e, "source",
+                         json_object_new_string((const char *)sqlite3_column_text(st, 2)));
+  json_object_object_add(e, "kind",
+                         json_object_new_string((const char *)sqlite3_column_text(st, 3)));
+  json_object_object_add(e, "text",
+                         json_object_new_string((const char *)sqlite3_column_text(st, 4)));
+  json_object *data = column_json(st, 5);
+  if (data)
+    json_object_object_add(e, "data", data);
+  return e;
+}
+
 static int
 sq_events_since(eph_store_t *base, const char *run_id, int64_t since_seq, int limit,
                 json_object **out, eph_error_t *err)
 {
   sq_store_t *s = SQ(base);
-  int r = 0;
-  cleanup_json json_object *arr = json_object_new_array();
+  int r;
   pthread_mutex_lock(&s->lock);
   {
     cleanup_reset sqlite3_stmt *st = s->st[ST_EVENTS_SINCE];
     bind_text(st, 1, run_id);
     sqlite3_bind_int64(st, 2, since_seq);
     sqlite3_bind_int(st, 3, limit ? limit : -1); /* LIMIT -1: no limit */
-    int rc;
-    while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
-      json_object *e = json_object_new_object();
-      json_object_object_add(e, "seq", json_object_new_int64(sqlite3_column_int64(st, 0)));
-      json_object_object_add(e, "t_ms", json_object_new_int64(sqlite3_column_int64(st, 1)));
-      json_object_object_add(e, "source",
-                             json_object_new_string((const char *)sqlite3_column_text(st, 2)));
-      json_object_object_add(e, "kind",
-                             json_object_new_string((const char *)sqlite3_column_text(st, 3)));
-      json_object_object_add(e, "text",
-                             json_object_new_string((const char *)sqlite3_column_text(st, 4)));
-      json_object *data = column_json(st, 5);
-      if (data)
-        json_object_object_add(e, "data", data);
-      json_object_array_add(arr, e);
-    }
-    if (rc != SQLITE_DONE)
-      r = db_error(s, "reading events", err);
+    r = rows_collect(s, st, event_from_row, "reading events", out, err);
   }
   pthread_mutex_unlock(&s->lock);
-  if (r < 0)
-    return r;
-  *out = steal_pointer(&arr);
-  return 0;
+  return r;
 }
 
 /* ---------------------------------------------------------------- idempotency */

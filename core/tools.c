@@ -86,12 +86,8 @@ eph_tools_load_blocks(eph_ctx_t *ctx, const eph_request_t *req)
     if (!b->enabled || strncmp(b->name, "tool-", 5) != 0 ||
         eph_plugins_find(&ctx->plugins, b->name) || (req && !eph_tools_block_wanted(b->name, req)))
       continue;
-    eph_error_t e = {0};
-    if (eph_plugins_load_one(&ctx->plugins, &ctx->config, ctx->plugin_dir, &ctx->host, b->name,
-                             &e) < 0)
-      eph_error("%s", e.message);
-    else
-      loaded++;
+    loaded +=
+        eph_plugins_load_logged(&ctx->plugins, &ctx->config, ctx->plugin_dir, &ctx->host, b->name);
   }
   return loaded;
 }

@@ -78,6 +78,32 @@ eph_xasprintf(const char *fmt, ...)
   return out;
 }
 
+const char *
+eph_json_string(json_object *o, const char *key, const char *def)
+{
+  json_object *v = NULL;
+  if (o && json_object_object_get_ex(o, key, &v) && json_object_is_type(v, json_type_string))
+    return json_object_get_string(v);
+  return def;
+}
+
+int64_t
+eph_json_int64(json_object *o, const char *key)
+{
+  json_object *v = NULL;
+  return json_object_object_get_ex(o, key, &v) ? json_object_get_int64(v) : 0;
+}
+
+void
+eph_cond_init_monotonic(pthread_cond_t *c)
+{
+  pthread_condattr_t ca;
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  pthread_cond_init(c, &ca);
+  pthread_condattr_destroy(&ca);
+}
+
 int64_t
 eph_wall_us(void)
 {

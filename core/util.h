@@ -2,6 +2,7 @@
 #ifndef EPH_UTIL_H
 #define EPH_UTIL_H
 
+#include <pthread.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -26,6 +27,15 @@ void *eph_xrealloc(void *p, size_t bytes);
  * the fault by line and column ("malformed JSON at line 3, column 7: ..."): request files
  * are edited by hand. json-c keeps the last of duplicate keys; that is not detected. */
 json_object *eph_json_parse_strict(const char *text, size_t len, eph_error_t *err);
+/* o.key when it is a string (borrowed from o), else def (o may be NULL). */
+const char *eph_json_string(json_object *o, const char *key, const char *def);
+/* o.key as json_object_get_int64 reads it (a numeric string too), 0 when absent. */
+int64_t eph_json_int64(json_object *o, const char *key);
+
+/* pthread_cond_init of c with CLOCK_MONOTONIC: the core's deadlines are monotonic ms
+ * (eph_now_ms), so a timed wait must not move with the wall clock. */
+void eph_cond_init_monotonic(pthread_cond_t *c);
+
 char *eph_xstrdup(const char *s);
 char *eph_xstrndup(const char *s, size_t n);
 char *eph_xasprintf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

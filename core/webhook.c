@@ -60,27 +60,14 @@ eph_webhook_sign(const char *secret, int64_t t, const char *body, size_t body_by
 
 /* ------------------------------------------------------------------ delivery */
 
-static const char *
-jstr(json_object *o, const char *k)
-{
-  json_object *v = NULL;
-  return json_object_object_get_ex(o, k, &v) ? json_object_get_string(v) : NULL;
-}
-
-static int64_t
-jint(json_object *o, const char *k)
-{
-  json_object *v = NULL;
-  return json_object_object_get_ex(o, k, &v) ? json_object_get_int64(v) : 0;
-}
-
 /* One attempt at delivery d; records its outcome. */
 static void
 attempt(eph_webhooks_t *wh, json_object *d)
 {
-  const char *id = jstr(d, "id"), *url = jstr(d, "url"), *body = jstr(d, "body");
-  const char *secret = jstr(d, "secret");
-  int64_t attempts = jint(d, "attempts") + 1;
+  const char *id = eph_json_string(d, "id", NULL), *url = eph_json_string(d, "url", NULL),
+             *body = eph_json_string(d, "body", NULL);
+  const char *secret = eph_json_string(d, "secret", NULL);
+  int64_t attempts = eph_json_int64(d, "attempts") + 1;
   char sig[160], sig_header[200], id_header[96];
   eph_error_t err = {0};
   long code = 0;
@@ -125,13 +112,13 @@ attempt(eph_webhooks_t *wh, json_object *d)
     if (delay > MAX_BACKOFF_US)
       delay = MAX_BACKOFF_US;
     next = now + delay;
-    bool expired = next > jint(d, "created_at_us") + wh->retry_us;
+    bool expired = next > eph_json_int64(d, "created_at_us") + wh->retry_us;
     status = expired ? "failed" : "pending";
     eph_info("webhook delivery %s to %s: attempt %" PRId64 " failed (%s)%s", id, url, attempts, why,
              expired ? "; given up" : "");
   }
-  if (eph_webhooks_record(wh, id, jstr(d, "claim"), status, code, why[0] ? why : NULL, next, now,
-                          &err) < 0)
+  if (eph_webhooks_record(wh, id, eph_json_string(d, "claim", NULL), status, code,
+                          why[0] ? why : NULL, next, now, &err) < 0)
     eph_warn("%s", err.message);
 }
 

@@ -278,20 +278,14 @@ db_list(sqlite3 *db, void *opaque, eph_error_t *err)
 {
   sql_args_t *a = opaque;
   static const char *const cols[] = {"id", "url", "created_at_us"};
-  sqlite3_stmt *st = eph_sqlrow_prepare(db,
-                                        "SELECT id, url, created_at_us FROM webhooks"
-                                        " WHERE org = ?1 AND deleted_at_us IS NULL"
-                                        " AND kind = 'endpoint'"
-                                        " ORDER BY created_at_us DESC, id DESC",
-                                        "t", a->org);
-  if (!st)
+  if (eph_sqlrow_select(db, a->out, cols, 3,
+                        "SELECT id, url, created_at_us FROM webhooks"
+                        " WHERE org = ?1 AND deleted_at_us IS NULL"
+                        " AND kind = 'endpoint'"
+                        " ORDER BY created_at_us DESC, id DESC",
+                        "t", a->org) < 0)
     return sql_error(db, "listing", err);
-  int rc;
-  while ((rc = sqlite3_step(st)) == SQLITE_ROW)
-    json_object_array_add(a->out, eph_sqlrow_object(st, cols, 3));
-  int r = rc == SQLITE_DONE ? 0 : sql_error(db, "listing", err);
-  sqlite3_finalize(st);
-  return r;
+  return 0;
 }
 
 /* Runs statements in one transaction; each binds ?1 = org, ?2 = id, ?3 = now. */
@@ -384,21 +378,14 @@ db_deliveries(sqlite3 *db, void *opaque, eph_error_t *err)
       "id",         "webhook_id",    "run_id",          "url",
       "status",     "attempts",      "next_attempt_us", "last_status_code",
       "last_error", "created_at_us", "updated_at_us"};
-  sqlite3_stmt *st =
-      eph_sqlrow_prepare(db,
-                         "SELECT id, webhook_id, run_id, url, status, attempts, next_attempt_us,"
-                         " last_status_code, last_error, created_at_us, updated_at_us"
-                         " FROM webhook_deliveries WHERE org = ?1"
-                         " ORDER BY created_at_us DESC, id DESC LIMIT ?2",
-                         "ti", a->org, a->limit);
-  if (!st)
+  if (eph_sqlrow_select(db, a->out, cols, (int)(sizeof cols / sizeof cols[0]),
+                        "SELECT id, webhook_id, run_id, url, status, attempts, next_attempt_us,"
+                        " last_status_code, last_error, created_at_us, updated_at_us"
+                        " FROM webhook_deliveries WHERE org = ?1"
+                        " ORDER BY created_at_us DESC, id DESC LIMIT ?2",
+                        "ti", a->org, a->limit) < 0)
     return sql_error(db, "listing deliveries", err);
-  int rc;
-  while ((rc = sqlite3_step(st)) == SQLITE_ROW)
-    json_object_array_add(a->out, eph_sqlrow_object(st, cols, (int)(sizeof cols / sizeof cols[0])));
-  int r = rc == SQLITE_DONE ? 0 : sql_error(db, "listing deliveries", err);
-  sqlite3_finalize(st);
-  return r;
+  return 0;
 }
 
 /* The next due delivery (a->now_us), or a->out stays NULL; a->next_us receives the
