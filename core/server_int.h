@@ -184,16 +184,43 @@ void eph_srv_count(eph_server_t *srv, unsigned status);
  * `content_type`). */
 void eph_srv_secure_headers(struct MHD_Response *resp, const char *content_type);
 
-/* server_runs.c */
-int eph_srv_runs_init(eph_server_t *srv, eph_error_t *err);
+/* server_live.c: the runs in memory (srv->lock taken inside unless the name ends in
+ * _locked, when the caller holds it). */
 live_t *eph_srv_live_get(eph_server_t *srv, const char *id); /* a ref, or NULL */
 void eph_srv_live_put(live_t *l);
+/* A new live_t of run (borrowed until the live is freed; org taken) with refs references,
+ * not yet in the table; *obs is the observer that wakes its waiters (attach it with the
+ * run's store link). */
+live_t *eph_srv_live_new(eph_server_t *srv, eph_run_t *run, char *org, int refs,
+                         eph_run_observer_t *obs);
+/* Puts l in the table (srv->lock held). */
+void eph_srv_live_insert_locked(eph_server_t *srv, live_t *l);
+/* Detaches l's run from the store, frees the run and l (the last ref is gone). */
+void eph_srv_live_free(live_t *l);
+/* Takes out of the table the runs settled live_grace_ms before now_ms (all of them when
+ * all) and returns, chained by bucket_next, those whose last ref that dropped (srv->lock
+ * held); eph_srv_live_free_chain frees them once the lock is released (true when it freed
+ * any). */
+live_t *eph_srv_live_unlink_locked(eph_server_t *srv, bool all, int64_t now_ms);
+bool eph_srv_live_free_chain(live_t *dead);
+/* Resumes every connection waiting on l (all of them when l is NULL); one waiter. */
+void eph_srv_wake_locked(eph_server_t *srv, live_t *l);
+void eph_srv_resume_locked(eph_server_t *srv, waiter_t *w);
+/* Books a run that has settled: counters, waiters, the drain's condition, its webhook. */
+void eph_srv_live_finished(eph_server_t *srv, live_t *l);
+/* A run leaving this node's memory queue on a cluster (a zero-data-retention run, counted in
+ * the shared queue as a local_only row for its bound): it leaves the count too, whether it
+ * starts, is cancelled or is abandoned by a drain. A no-op for a run that has no row. */
+void eph_srv_leave_shared_queue(eph_server_t *srv, live_t *l);
 /* Cancels a run live on this node (queued: abandoned; running: told to stop). False when
- * it has already ended. server_runs.c. */
+ * it has already ended. */
 bool eph_srv_cancel_live(eph_server_t *srv, live_t *l);
 /* Takes a run still waiting in this node's memory queue out of it and ends it cancelled
  * with `reason`, settled. False (nothing done) when a worker already took it. */
 bool eph_srv_unqueue_live(eph_server_t *srv, live_t *l, const char *reason);
+
+/* server_workers.c: the worker pool and the ticker. */
+int eph_srv_runs_init(eph_server_t *srv, eph_error_t *err);
 
 /* How long a cluster node waits before looking at the database again for something other
  * nodes announce (a queued run, an event, a cancel): the long safety poll while the
@@ -209,7 +236,7 @@ eph_srv_poll_ms(eph_server_t *srv, int64_t fallback_ms)
  * workers start; stopped once they and the ticker have (eph_server_free). */
 void eph_srv_listen_start(eph_server_t *srv);
 void eph_srv_listen_stop(eph_server_t *srv);
-/* server_runs.c: cancels, among the run ids of a JSON array, those live on this node (a
+/* server_live.c: cancels, among the run ids of a JSON array, those live on this node (a
  * cancel request made on another node). */
 void eph_srv_cancel_ids(eph_server_t *srv, json_object *ids);
 
@@ -248,8 +275,11 @@ json_object *eph_srv_run_shape(json_object *row, json_object *events);
 json_object *eph_srv_event_from_store(json_object *stored);
 /* A store row (eph_store_run_get, borrowed) as the API's run object, without events. */
 json_object *eph_srv_run_from_store(json_object *row);
-/* server_runs.c: a created run made live on this node (see its comment); -1 with err set
- * and the run settled and freed on failure. */
+/* server_live.c: makes a created run live on this node: recorded through the store (its
+ * row and events), put in the table and at the end of the in-memory queue for a worker. On
+ * failure the run's reservation is settled (eph_run_abandon) and the run freed: -1 with err
+ * set. *created (when not NULL) receives the run as admitted, rendered before a worker can
+ * touch it. */
 int eph_srv_live_enqueue(eph_server_t *srv, eph_run_t *run, const char *org, json_object **created,
                          eph_error_t *err);
 /* A store error answered: 404 for ENOENT, otherwise 500 (the reason goes to the log). */
@@ -257,12 +287,15 @@ MHD_RESULT eph_srv_store_failure(eph_server_t *srv, struct MHD_Connection *c,
                                  const eph_error_t *err);
 /* server_admit.c: POST /v1/runs. */
 MHD_RESULT eph_srv_runs_create(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req);
+/* server_runs.c: the run routes (continue: a created run's answer, or its ?wait=). */
 MHD_RESULT eph_srv_runs_continue(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req);
 MHD_RESULT eph_srv_runs_get(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req);
 MHD_RESULT eph_srv_runs_list(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req);
 MHD_RESULT eph_srv_runs_cancel(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req);
+/* server_workers.c */
 void eph_srv_runs_drain(eph_server_t *srv, int grace_seconds);
 void eph_srv_runs_stop(eph_server_t *srv);
+/* server_live.c: a request's wait and its ref let go. */
 void eph_srv_req_done(eph_server_t *srv, conn_req_t *req);
 
 /* server_health.c */
