@@ -102,6 +102,20 @@ step_done(sq_store_t *s, sqlite3_stmt *st, const char *what, eph_error_t *err)
   return rc == SQLITE_DONE ? 0 : db_error(s, what, err);
 }
 
+/* A write to a run's rows (its update, an event): stepped; a success clears a recorded
+ * fault (the store writes again); no row changed means no such run (-ENOENT). */
+static int
+step_run_write(sq_store_t *s, sqlite3_stmt *st, const char *what, const char *run_id,
+               eph_error_t *err)
+{
+  int r = step_done(s, st, what, err);
+  if (r >= 0)
+    fault_clear(s);
+  if (r >= 0 && sqlite3_changes(s->db) == 0)
+    r = eph_error_set(err, ENOENT, "run %s does not exist", run_id);
+  return r;
+}
+
 static int
 run_simple(sq_store_t *s, int which, const char *what, eph_error_t *err)
 {
@@ -383,11 +397,7 @@ sq_run_update(eph_store_t *base, const char *id, const char *status, json_object
     bind_json(st, 3, output);
     bind_json(st, 4, usage);
     sqlite3_bind_int64(st, 5, eph_wall_us());
-    r = step_done(s, st, "updating the run", err);
-    if (r >= 0)
-      fault_clear(s);
-    if (r >= 0 && sqlite3_changes(s->db) == 0)
-      r = eph_error_set(err, ENOENT, "run %s does not exist", id);
+    r = step_run_write(s, st, "updating the run", id, err);
   }
   pthread_mutex_unlock(&s->lock);
   return r;
@@ -480,11 +490,7 @@ sq_event_append(eph_store_t *base, const char *run_id, int64_t seq, int64_t t_ms
     bind_text(st, 5, kind);
     bind_text(st, 6, text);
     bind_json(st, 7, data);
-    r = step_done(s, st, "appending the event", err);
-    if (r >= 0)
-      fault_clear(s);
-    if (r >= 0 && sqlite3_changes(s->db) == 0)
-      r = eph_error_set(err, ENOENT, "run %s does not exist", run_id);
+    r = step_run_write(s, st, "appending the event", run_id, err);
   }
   pthread_mutex_unlock(&s->lock);
   return r;

@@ -274,7 +274,7 @@ mono_us(void)
  * a charge (group = true), only when the last fsync is CHARGE_SYNC_US old: see the top
  * comment. synchronous can only change outside a transaction, so it is set here. */
 static int
-tx_begin_as(ledger_t *l, bool group, eph_error_t *err)
+tx_start(ledger_t *l, bool group, eph_error_t *err)
 {
   if (l->full) {
     bool sync = !group || mono_us() - l->last_sync_us >= CHARGE_SYNC_US;
@@ -289,6 +289,18 @@ tx_begin_as(ledger_t *l, bool group, eph_error_t *err)
     }
   }
   return step_done(l, ST_BEGIN, "BEGIN IMMEDIATE", err);
+}
+
+/* Takes the lock and begins the transaction (tx_end commits or rolls back and releases
+ * it); on failure the lock is released. */
+static int
+tx_begin_as(ledger_t *l, bool group, eph_error_t *err)
+{
+  pthread_mutex_lock(&l->lock);
+  int r = tx_start(l, group, err);
+  if (r < 0)
+    pthread_mutex_unlock(&l->lock);
+  return r;
 }
 
 static int
@@ -411,11 +423,8 @@ ledger_credit(void *state, const char *org, int64_t micros, eph_error_t *err)
   int r = eph_ledger_check_credit(org, micros, err);
   if (r < 0)
     return r;
-  pthread_mutex_lock(&l->lock);
-  if ((r = tx_begin(l, err)) < 0) {
-    pthread_mutex_unlock(&l->lock);
+  if ((r = tx_begin(l, err)) < 0)
     return r;
-  }
   int64_t credited = 0, balance = 0;
   sqlite3_bind_text(l->st[ST_ORG_ENSURE], 1, org, -1, SQLITE_STATIC);
   sqlite3_bind_int64(l->st[ST_ORG_ENSURE], 2, eph_ledger_wall_us());
@@ -453,11 +462,8 @@ ledger_reserve(void *state, const char *org, const char *run_id, int64_t micros,
   int r = eph_ledger_check_reserve(org, run_id, micros, err);
   if (r < 0)
     return r;
-  pthread_mutex_lock(&l->lock);
-  if ((r = tx_begin(l, err)) < 0) {
-    pthread_mutex_unlock(&l->lock);
+  if ((r = tx_begin(l, err)) < 0)
     return r;
-  }
   eph_ledger_reservation_t res;
   int64_t balance = 0;
   r = reservation_get(l, run_id, &res, err);
@@ -479,11 +485,8 @@ ledger_charge(void *state, const char *run_id, eph_cost_t category, int64_t micr
   int r = eph_ledger_check_charge(run_id, category, micros, &cat, err);
   if (r < 0)
     return r;
-  pthread_mutex_lock(&l->lock);
-  if ((r = tx_begin_as(l, true, err)) < 0) {
-    pthread_mutex_unlock(&l->lock);
+  if ((r = tx_begin_as(l, true, err)) < 0)
     return r;
-  }
   eph_ledger_reservation_t res;
   r = reservation_get(l, run_id, &res, err);
   if (r >= 0)
@@ -516,11 +519,8 @@ ledger_settle(void *state, const char *run_id, eph_ledger_totals_t *totals, eph_
   int r = eph_ledger_check_name("run_id", run_id, err);
   if (r < 0)
     return r;
-  pthread_mutex_lock(&l->lock);
-  if ((r = tx_begin(l, err)) < 0) {
-    pthread_mutex_unlock(&l->lock);
+  if ((r = tx_begin(l, err)) < 0)
     return r;
-  }
   r = settle_locked(l, run_id, totals, err);
   return tx_end(l, r < 0 ? r : 0, err);
 }
@@ -549,11 +549,8 @@ ledger_settle_open(void *state, eph_error_t *err)
 {
   ledger_t *l = state;
   int r;
-  pthread_mutex_lock(&l->lock);
-  if ((r = tx_begin(l, err)) < 0) {
-    pthread_mutex_unlock(&l->lock);
+  if ((r = tx_begin(l, err)) < 0)
     return r;
-  }
   /* Collect first: settling writes to the table the list reads. */
   size_t n = 0, cap = 0;
   char **ids = NULL;
@@ -602,12 +599,9 @@ static int
 ledger_probe(void *state, eph_error_t *err)
 {
   ledger_t *l = state;
-  pthread_mutex_lock(&l->lock);
   int r = tx_begin(l, err);
-  if (r < 0) {
-    pthread_mutex_unlock(&l->lock);
+  if (r < 0)
     return r;
-  }
   sqlite3_bind_int64(l->st[ST_PROBE], 1, eph_ledger_wall_us());
   r = step_done(l, ST_PROBE, "health probe", err);
   return tx_end(l, r, err);
