@@ -343,7 +343,6 @@ eph_srv_cancel_live(eph_server_t *srv, live_t *l)
   return true;
 }
 
-
 void
 eph_srv_cancel_ids(eph_server_t *srv, json_object *ids)
 {
@@ -356,4 +355,3 @@ eph_srv_cancel_ids(eph_server_t *srv, json_object *ids)
     eph_srv_live_put(l);
   }
 }
-
