@@ -706,8 +706,7 @@ eph_cmd_keys(eph_ctx_t *ctx, int argc, char **argv)
       printf("%s\n", key);
       fprintf(stderr, "created %s%s (%s) for %s; store it now, it is not shown again\n", id,
               admin ? " (admin)" : "", name, org);
-      explicit_bzero(key, strlen(key));
-      free(key);
+      eph_free_secret(key);
       free(id);
     }
   } else if (revoke) {

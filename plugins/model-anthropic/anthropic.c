@@ -81,8 +81,8 @@ anthropic_fini(void *state)
     return;
   free(s->url);
   free(s->prefix);
-  eph_mhttp_free_secret(s->api_key);
-  eph_mhttp_free_secret(s->key_header);
+  eph_free_secret(s->api_key);
+  eph_free_secret(s->key_header);
   free(s->version_header);
   free(s->no_key_reason);
   free(s);

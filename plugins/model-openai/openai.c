@@ -98,8 +98,8 @@ provider_free(provider_t *p)
   free(p->name);
   free(p->prefix);
   free(p->url);
-  eph_mhttp_free_secret(p->api_key);
-  eph_mhttp_free_secret(p->auth_header);
+  eph_free_secret(p->api_key);
+  eph_free_secret(p->auth_header);
   free(p->no_key_reason);
   free(p->max_tokens_field);
   memset(p, 0, sizeof *p);

@@ -38,10 +38,7 @@ conn_clear(conn_t *c)
   free(c->name);
   free(c->base_url);
   free(c->base_path);
-  if (c->secret) {
-    explicit_bzero(c->secret, strlen(c->secret));
-    free(c->secret);
-  }
+  eph_free_secret(c->secret);
   free(c->header_name);
   free(c->query_param);
   strv_free(c->methods, c->n_methods);
@@ -49,10 +46,8 @@ conn_clear(conn_t *c)
   strv_free(c->allowed_headers, c->n_allowed_headers);
   eph_net_policy_free(&c->policy);
   for (int v = 0; v < N_VIEWS; v++) {
-    for (size_t i = 0; i < c->n_forms[v]; i++) {
-      explicit_bzero(c->forms[v][i], strlen(c->forms[v][i]));
-      free(c->forms[v][i]);
-    }
+    for (size_t i = 0; i < c->n_forms[v]; i++)
+      eph_free_secret(c->forms[v][i]);
     free(c->forms[v]);
   }
   memset(c, 0, sizeof *c);
@@ -318,9 +313,7 @@ conn_load(const eph_host_t *host, const config_setting_t *g, conn_t *c, eph_erro
   c->secret = read_secret(host, g, name);
   if (c->secret) {
     if (strpbrk(c->secret, "\r\n")) { /* header injection through the credential itself */
-      explicit_bzero(c->secret, strlen(c->secret));
-      free(c->secret);
-      c->secret = NULL;
+      eph_free_secret(steal_pointer(&c->secret));
       return cfg_fail(g, err, "connection '%s': credential contains a line break", name);
     }
     /* Targets: the secret; with basic, the password alone and the base64 that goes on the

@@ -396,10 +396,7 @@ broker_call(void *state, const eph_tool_call_t *call, json_object **result, eph_
   case APPLY_BASIC: {
     char *enc = eph_base64_encode(c->secret, strlen(c->secret));
     r = enc ? asprintf(&cred_line, "Authorization: Basic %s", enc) : -1;
-    if (enc) {
-      explicit_bzero(enc, strlen(enc));
-      free(enc);
-    }
+    eph_free_secret(enc);
     break;
   }
   case APPLY_HEADER:
@@ -442,10 +439,7 @@ broker_call(void *state, const eph_tool_call_t *call, json_object **result, eph_
         eph_net_url_host(url, &h2, &p2, &ig) < 0 || strcmp(h1, h2) != 0 || p1 != p2) {
       explicit_bzero(url, strlen(url));
       curl_slist_free_all(hdrs);
-      if (cred_line) {
-        explicit_bzero(cred_line, strlen(cred_line));
-        free(cred_line);
-      }
+      eph_free_secret(cred_line);
       json_object_put(dropped);
       *result = refuse(b, call, c, "path", "path changes the connection's host");
       return 0;
@@ -454,9 +448,7 @@ broker_call(void *state, const eph_tool_call_t *call, json_object **result, eph_
   if (json_object_array_length(dropped) > 0)
     emit_dropped(b, call, c, method, dropped);
   const char *body = eph_json_get_string(call->args, "body");
-  int64_t t = b->timeout_ms;
-  if (call->deadline_ms > 0 && call->deadline_ms - eph_now_ms() < t)
-    t = call->deadline_ms - eph_now_ms();
+  int64_t t = eph_net_time_left(b->timeout_ms, call->deadline_ms);
   req_ctx_t ctx = {b, call, c, path};
   eph_net_request_t req = {
       .url = url,
@@ -475,10 +467,7 @@ broker_call(void *state, const eph_tool_call_t *call, json_object **result, eph_
   eph_error_t e = {0};
   r = eph_net_fetch_within(&c->policy, &req, t, &resp, &e);
   curl_slist_free_all(hdrs);
-  if (cred_line) {
-    explicit_bzero(cred_line, strlen(cred_line));
-    free(cred_line);
-  }
+  eph_free_secret(cred_line);
   explicit_bzero(url, strlen(url));
   if (r < 0) {
     json_object_put(dropped);

@@ -288,18 +288,6 @@ refused(web_t *w, const eph_tool_call_t *call, const char *kind, const eph_error
   return res;
 }
 
-static int64_t
-time_left(const web_t *w, const eph_tool_call_t *call)
-{
-  int64_t t = w->timeout_ms;
-  if (call->deadline_ms > 0) {
-    int64_t left = call->deadline_ms - eph_now_ms();
-    if (left < t)
-      t = left;
-  }
-  return t;
-}
-
 static int
 do_fetch(web_t *w, const eph_tool_call_t *call, json_object **result, eph_error_t *err)
 {
@@ -329,7 +317,7 @@ do_fetch(web_t *w, const eph_tool_call_t *call, json_object **result, eph_error_
     *result = refused(w, call, "web_refused", &e);
     return 0;
   }
-  int64_t t = time_left(w, call);
+  int64_t t = eph_net_time_left(w->timeout_ms, call->deadline_ms);
   req_ctx_t ctx = {w, call, "web_fetch"};
   eph_net_request_t req = {
       .url = json_object_get_string(jurl),
@@ -412,7 +400,7 @@ do_search(web_t *w, const eph_tool_call_t *call, json_object **result, eph_error
   curl_free(q);
   if (r < 0)
     return eph_error_set(err, ENOMEM, "out of memory");
-  int64_t t = time_left(w, call);
+  int64_t t = eph_net_time_left(w->timeout_ms, call->deadline_ms);
   req_ctx_t ctx = {w, call, "web_search"};
   struct curl_slist *hdr = curl_slist_append(NULL, "Accept: application/json");
   eph_net_request_t req = {

@@ -5,6 +5,7 @@
 #define EPH_SUPPORT_CLEANUP_H
 
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 #include <json-c/json.h>
@@ -25,6 +26,16 @@ eph_json_putp(json_object **o)
 {
   if (*o)
     json_object_put(*o);
+}
+/* Frees a NUL-terminated secret (a key, a credential, a header carrying one) after
+ * overwriting it, so no copy lingers in freed memory. NULL is a no-op. */
+static inline void
+eph_free_secret(char *s)
+{
+  if (!s)
+    return;
+  explicit_bzero(s, strlen(s));
+  free(s);
 }
 #define cleanup_free __attribute__((cleanup(eph_freep)))
 #define cleanup_close __attribute__((cleanup(eph_closep)))

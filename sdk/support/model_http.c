@@ -27,15 +27,6 @@
 #define KEY_FILE_MAX_BYTES 16384
 
 void
-eph_mhttp_free_secret(char *s)
-{
-  if (!s)
-    return;
-  explicit_bzero(s, strlen(s));
-  free(s);
-}
-
-void
 eph_mhttp_redact(char *msg, size_t size, const char *key)
 {
   if (!key || !*key || !msg)
@@ -168,19 +159,19 @@ read_key_file(const eph_host_t *host, const char *path, char **out, eph_error_t 
   int read_err = ferror(f);
   fclose(f);
   if (read_err || n > KEY_FILE_MAX_BYTES) {
-    eph_mhttp_free_secret(buf);
+    eph_free_secret(buf);
     return eph_error_set(err, EPH_E_CONFIG, "api_key_file \"%s\": %s", path,
                          read_err ? "read error" : "larger than 16 KiB");
   }
   char *key = trim(buf);
   if (!*key) {
-    eph_mhttp_free_secret(buf);
+    eph_free_secret(buf);
     return eph_error_set(err, EPH_E_CONFIG, "api_key_file \"%s\": file is empty", path);
   }
   int r = check_key_chars(key, path, err);
   if (r == 0 && !(*out = strdup(key)))
     r = eph_error_set(err, ENOMEM, "api_key_file: out of memory");
-  eph_mhttp_free_secret(buf);
+  eph_free_secret(buf);
   return r;
 }
 
@@ -203,7 +194,7 @@ eph_mhttp_load_key(const eph_host_t *host, const char *where, const char *key_fi
       r = eph_error_set(err, ENOMEM, "out of memory");
   }
   if (copy)
-    eph_mhttp_free_secret(copy);
+    eph_free_secret(copy);
   if (r == 0 && !*key &&
       asprintf(no_key_reason,
                "%s: no API key: environment variable %s is not set and api_key_file is empty",

@@ -14,6 +14,8 @@
 #include <curl/curl.h>
 #include <ephemeral/plugin.h>
 
+#include "cleanup.h" /* eph_free_secret */
+
 /* Retry and size policy of one plugin instance (all from its config block). */
 typedef struct eph_mhttp_policy {
   int64_t connect_timeout_ms, timeout_ms;
@@ -52,20 +54,19 @@ int eph_mhttp_policy_read(const eph_host_t *host, const config_setting_t *config
                           eph_mhttp_policy_t *p, eph_error_t *err);
 
 /* Loads an API key: key_file (wins when non-empty), else the environment variable key_env.
- * On success *key is a heap string (free with eph_mhttp_free_secret) or NULL when no
+ * On success *key is a heap string (free with eph_free_secret) or NULL when no
  * source is configured or the variable is unset; in the latter case *no_key_reason (heap)
  * says why, and calls must fail with it before sending anything. where names the config
  * block for messages. */
 int eph_mhttp_load_key(const eph_host_t *host, const char *where, const char *key_file,
                        const char *key_env, char **key, char **no_key_reason, eph_error_t *err);
-void eph_mhttp_free_secret(char *s);
 
 /* What a hosted-model plugin's init does with its key: loads it (eph_mhttp_load_key) and
  * formats the header line that carries it, "<header_prefix><key>" (e.g. "x-api-key: "),
  * into *header (NULL when there is no key). When `required` and no key source is
  * configured at all, *no_key_reason says so too (otherwise no key means no header: local
  * servers). A missing key is logged at debug level; calls must then fail with
- * *no_key_reason. *key and *header are freed with eph_mhttp_free_secret, *no_key_reason
+ * *no_key_reason. *key and *header are freed with eph_free_secret, *no_key_reason
  * with free(). Errors as eph_mhttp_load_key, or -ENOMEM. */
 int eph_mhttp_key_header(const eph_host_t *host, const char *where, const char *key_file,
                          const char *key_env, const char *header_prefix, bool required, char **key,

@@ -732,6 +732,17 @@ eph_net_fetch(const eph_net_policy_t *p, const eph_net_request_t *req, eph_net_r
   }
 }
 
+int64_t
+eph_net_time_left(int64_t timeout_ms, int64_t deadline_ms)
+{
+  if (deadline_ms > 0) {
+    int64_t left = deadline_ms - eph_now_ms();
+    if (left < timeout_ms)
+      return left;
+  }
+  return timeout_ms;
+}
+
 int
 eph_net_fetch_within(const eph_net_policy_t *p, eph_net_request_t *req, int64_t left_ms,
                      eph_net_response_t *resp, eph_error_t *err)

@@ -128,6 +128,11 @@ int eph_net_fetch(const eph_net_policy_t *p, const eph_net_request_t *req, eph_n
                   eph_error_t *err);
 void eph_net_response_clear(eph_net_response_t *r);
 
+/* What a fetch of a tool call may take: timeout_ms, cut to what is left before the call's
+ * deadline_ms (CLOCK_MONOTONIC ms, as eph_now_ms; <= 0: no deadline). The left_ms of
+ * eph_net_fetch_within. */
+int64_t eph_net_time_left(int64_t timeout_ms, int64_t deadline_ms);
+
 /* eph_net_fetch() within what is left of a caller's deadline: left_ms > 0 becomes the
  * request's timeout_ms; left_ms <= 0 is -ETIMEDOUT ("the run deadline has passed") without
  * any I/O. */
