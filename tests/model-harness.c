@@ -252,6 +252,60 @@ model_load(const char *name, const char *key_env, loaded_t *l, const fake_t *f, 
     fail_msg("loading %s: %s", name, err.message);
 }
 
+void
+exchange_run(const provider_case_t *pc, fake_t *f, loaded_t *l, call_t *c, const char *const *steps,
+             const char *extra, const char *messages, int64_t deadline_in_ms)
+{
+  fake_start(f, pc->key, steps);
+  model_load(pc->plugin, pc->key_env, l, f, extra);
+  call_init(c, pc->model, messages, deadline_in_ms);
+  call_run(c, l);
+}
+
+void
+exchange_end(fake_t *f, loaded_t *l, call_t *c)
+{
+  call_clear(c);
+  plugin_unload(l);
+  fake_stop(f);
+}
+
+json_object *
+same_answer(const provider_case_t *pc, const char *step_a, const char *conf_a, const char *step_b,
+            const char *conf_b, const char *messages, bool cache_too, eph_model_response_t *out)
+{
+  fake_t f1, f2;
+  loaded_t l1, l2;
+  call_t a, b;
+  const char *steps1[] = {step_a, NULL}, *steps2[] = {step_b, NULL};
+  fake_start(&f1, pc->key, steps1);
+  fake_start(&f2, pc->key, steps2);
+  model_load(pc->plugin, pc->key_env, &l1, &f1, conf_a);
+  model_load(pc->plugin, pc->key_env, &l2, &f2, conf_b);
+  call_init(&a, pc->model, messages, 10000);
+  call_init(&b, pc->model, messages, 10000);
+  call_run(&a, &l1);
+  call_run(&b, &l2);
+  if (a.r < 0 || b.r < 0)
+    fail_msg("%s: %s / %s: %s", step_a, a.err.message, step_b, b.err.message);
+  if (!json_object_equal(a.resp.message, b.resp.message))
+    fail_msg("%s gave %s, %s gave %s", step_b, json_object_to_json_string(b.resp.message), step_a,
+             json_object_to_json_string(a.resp.message));
+  assert_string_equal(a.resp.finish_reason, b.resp.finish_reason);
+  assert_int_equal(a.resp.input_tokens, b.resp.input_tokens);
+  assert_int_equal(a.resp.output_tokens, b.resp.output_tokens);
+  if (cache_too) {
+    assert_int_equal(a.resp.cache_read_tokens, b.resp.cache_read_tokens);
+    assert_int_equal(a.resp.cache_write_tokens, b.resp.cache_write_tokens);
+  }
+  *out = b.resp;
+  b.resp.message = b.resp.raw = NULL;
+  json_object *reqs = fake_requests(&f2);
+  exchange_end(&f1, &l1, &a);
+  exchange_end(&f2, &l2, &b);
+  return reqs;
+}
+
 char *
 wire(const char *kind, const char *file)
 {

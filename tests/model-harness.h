@@ -68,6 +68,29 @@ void call_clear(call_t *c);
 void model_load(const char *name, const char *key_env, loaded_t *l, const fake_t *f,
                 const char *extra);
 
+/* What a provider test talks to: the plugin, the key the fake expects and the environment
+ * variable the plugin reads it from, the model the calls ask for. */
+typedef struct provider_case {
+  const char *plugin, *key, *key_env, *model;
+} provider_case_t;
+
+/* The set-up of a one-call provider test: fake_start(f, pc->key, steps), model_load(pc->plugin,
+ * pc->key_env, l, f, extra), call_init(c, pc->model, messages, deadline_in_ms), call_run(c,
+ * l). Its teardown, exchange_end: call_clear(c), plugin_unload(l), fake_stop(f). */
+void exchange_run(const provider_case_t *pc, fake_t *f, loaded_t *l, call_t *c,
+                  const char *const *steps, const char *extra, const char *messages,
+                  int64_t deadline_in_ms);
+void exchange_end(fake_t *f, loaded_t *l, call_t *c);
+
+/* Runs step_a on a plain provider and step_b on a streaming one (pc's plugin, key and model;
+ * conf_a / conf_b its extra config each) and asserts both answers are the same: message,
+ * finish reason, token counts and, when cache_too, the cache counts (the fake's built-in
+ * answers count no cache). *out takes the streamed answer (clear it with
+ * eph_model_response_clear). Returns the streamed call's requests (owned by the caller). */
+json_object *same_answer(const provider_case_t *pc, const char *step_a, const char *conf_a,
+                         const char *step_b, const char *conf_b, const char *messages,
+                         bool cache_too, eph_model_response_t *out);
+
 /* A fake-openai step answering with a file of tests/wire: "<kind>:<srcdir>/tests/wire/<file>"
  * (heap). */
 char *wire(const char *kind, const char *file);

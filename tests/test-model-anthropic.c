@@ -25,6 +25,8 @@
 #define PLUGIN "model-anthropic"
 #define MODEL "anthropic/claude-fake-4"
 
+static const provider_case_t PROVIDER = {PLUGIN, KEY, KEY_ENV, MODEL};
+
 /* The second turn: the assistant asked for two calls, both answered. */
 static const char second_turn_json[] =
     "[{\"role\":\"system\",\"content\":\"You drive a sandbox.\"},"
@@ -82,10 +84,7 @@ test_tool_use_parsed_and_request_shape(void **state)
   call_t c;
   cleanup_free char *step = wire("file", "anthropic-tool_use.json");
   const char *steps[] = {step, NULL};
-  fake_start(&f, KEY, steps);
-  model_load(PLUGIN, KEY_ENV, &l, &f, NULL);
-  call_init(&c, MODEL, harness_messages_json, 10000);
-  call_run(&c, &l);
+  exchange_run(&PROVIDER, &f, &l, &c, steps, NULL, harness_messages_json, 10000);
   if (c.r < 0)
     fail_msg("complete: %s", c.err.message);
   check_tool_use_answer(&c.resp);
@@ -126,9 +125,7 @@ test_tool_use_parsed_and_request_shape(void **state)
   cleanup_json json_object *want_choice = json_tokener_parse("{\"type\":\"auto\"}");
   assert_true(json_object_object_get_ex(body, "tool_choice", &v));
   assert_true(json_object_equal(v, want_choice));
-  call_clear(&c);
-  plugin_unload(&l);
-  fake_stop(&f);
+  exchange_end(&f, &l, &c);
 }
 
 /* The second turn's tool results travel as tool_result blocks in ONE user message, after
@@ -141,10 +138,7 @@ test_tool_results_sent_as_blocks(void **state)
   call_t c;
   cleanup_free char *step = wire("file", "anthropic-final.json");
   const char *steps[] = {step, NULL};
-  fake_start(&f, KEY, steps);
-  model_load(PLUGIN, KEY_ENV, &l, &f, "prompt_cache = false;");
-  call_init(&c, MODEL, second_turn_json, 10000);
-  call_run(&c, &l);
+  exchange_run(&PROVIDER, &f, &l, &c, steps, "prompt_cache = false;", second_turn_json, 10000);
   if (c.r < 0)
     fail_msg("complete: %s", c.err.message);
   json_object *v = NULL;
@@ -170,9 +164,7 @@ test_tool_results_sent_as_blocks(void **state)
   assert_true(json_object_object_get_ex(body, "messages", &v));
   if (!json_object_equal(v, want))
     fail_msg("messages sent: %s", json_object_to_json_string(v));
-  call_clear(&c);
-  plugin_unload(&l);
-  fake_stop(&f);
+  exchange_end(&f, &l, &c);
 }
 
 /* The same answers streamed (7 bytes per read, a comment and a ping in between, CRLF line
@@ -183,47 +175,22 @@ test_stream_gives_same_result(void **state)
   static const char *const names[][2] = {{"anthropic-tool_use.json", "anthropic-tool_use.sse"},
                                          {"anthropic-final.json", "anthropic-final.sse"}};
   for (size_t i = 0; i < 2; i++) {
-    fake_t f1, f2;
-    loaded_t l1, l2;
-    call_t a, b;
     cleanup_free char *s1 = wire("file", names[i][0]);
     cleanup_free char *s2 = wire("sse", names[i][1]);
-    const char *steps1[] = {s1, NULL}, *steps2[] = {s2, NULL};
-    fake_start(&f1, KEY, steps1);
-    fake_start(&f2, KEY, steps2);
-    model_load(PLUGIN, KEY_ENV, &l1, &f1, NULL);
-    model_load(PLUGIN, KEY_ENV, &l2, &f2, "stream = true;");
-    call_init(&a, MODEL, harness_messages_json, 10000);
-    call_init(&b, MODEL, harness_messages_json, 10000);
-    call_run(&a, &l1);
-    call_run(&b, &l2);
-    if (a.r < 0 || b.r < 0)
-      fail_msg("%s: %s / %s", names[i][1], a.err.message, b.err.message);
-    if (!json_object_equal(a.resp.message, b.resp.message))
-      fail_msg("%s: streamed %s, not %s", names[i][1], json_object_to_json_string(b.resp.message),
-               json_object_to_json_string(a.resp.message));
-    assert_string_equal(a.resp.finish_reason, b.resp.finish_reason);
-    assert_int_equal(a.resp.input_tokens, b.resp.input_tokens);
-    assert_int_equal(a.resp.output_tokens, b.resp.output_tokens);
-    assert_int_equal(a.resp.cache_read_tokens, b.resp.cache_read_tokens);
-    assert_int_equal(a.resp.cache_write_tokens, b.resp.cache_write_tokens);
+    eph_model_response_t r;
+    cleanup_json json_object *reqs =
+        same_answer(&PROVIDER, s1, NULL, s2, "stream = true;", harness_messages_json, true, &r);
     if (i == 0)
-      check_tool_use_answer(&b.resp);
+      check_tool_use_answer(&r);
     /* What --record writes of the stream is the message object a replay reads. */
     json_object *v = NULL;
-    assert_true(json_object_object_get_ex(b.resp.raw, "type", &v));
+    assert_true(json_object_object_get_ex(r.raw, "type", &v));
     assert_string_equal(json_object_get_string(v), "message");
-    cleanup_json json_object *reqs = fake_requests(&f2);
+    eph_model_response_clear(&r);
     cleanup_json json_object *body = request_body(reqs, 0);
     assert_true(json_object_object_get_ex(body, "stream", &v));
     assert_true(json_object_get_boolean(v));
     assert_string_equal(rec_string(reqs, 0, "accept"), "text/event-stream");
-    call_clear(&a);
-    call_clear(&b);
-    plugin_unload(&l1);
-    plugin_unload(&l2);
-    fake_stop(&f1);
-    fake_stop(&f2);
   }
 }
 
@@ -235,10 +202,7 @@ test_429_retry_after_then_529_then_success(void **state)
   call_t c;
   cleanup_free char *step = wire("file", "anthropic-final.json");
   const char *steps[] = {"429:1", "529", step, NULL};
-  fake_start(&f, KEY, steps);
-  model_load(PLUGIN, KEY_ENV, &l, &f, NULL);
-  call_init(&c, MODEL, harness_messages_json, 10000);
-  call_run(&c, &l);
+  exchange_run(&PROVIDER, &f, &l, &c, steps, NULL, harness_messages_json, 10000);
   if (c.r < 0)
     fail_msg("complete: %s", c.err.message);
   assert_string_equal(c.resp.finish_reason, "stop");
@@ -247,9 +211,7 @@ test_429_retry_after_then_529_then_success(void **state)
   int64_t gap = request_t_ms(reqs, 1) - request_t_ms(reqs, 0);
   if (gap < 990)
     fail_msg("retry after %lld ms, retry-after asked for 1000", (long long)gap);
-  call_clear(&c);
-  plugin_unload(&l);
-  fake_stop(&f);
+  exchange_end(&f, &l, &c);
 }
 
 static void
@@ -259,10 +221,7 @@ test_overloaded_forever_and_500(void **state)
   loaded_t l;
   call_t c;
   const char *steps[] = {"500", "529*", NULL};
-  fake_start(&f, KEY, steps);
-  model_load(PLUGIN, KEY_ENV, &l, &f, NULL);
-  call_init(&c, MODEL, harness_messages_json, 10000);
-  call_run(&c, &l);
+  exchange_run(&PROVIDER, &f, &l, &c, steps, NULL, harness_messages_json, 10000);
   assert_int_equal(c.r, -EPH_E_UPSTREAM);
   if (!strstr(c.err.message, "after 3 attempts") || !strstr(c.err.message, "HTTP 529") ||
       !strstr(c.err.message, "Overloaded"))
@@ -270,9 +229,7 @@ test_overloaded_forever_and_500(void **state)
   assert_null(c.resp.message);
   cleanup_json json_object *reqs = fake_requests(&f);
   assert_int_equal(json_object_array_length(reqs), 3);
-  call_clear(&c);
-  plugin_unload(&l);
-  fake_stop(&f);
+  exchange_end(&f, &l, &c);
 }
 
 /* A malformed body, a stream cut short, a stream carrying an error event: clear errors,
@@ -299,19 +256,14 @@ test_malformed_and_truncated(void **state)
         cases[i].file ? wire(cases[i].kind, cases[i].file) : eph_xstrdup(cases[i].kind);
     cleanup_free char *ok = wire("file", "anthropic-final.json");
     const char *steps[] = {step, ok, NULL};
-    fake_start(&f, KEY, steps);
-    model_load(PLUGIN, KEY_ENV, &l, &f, cases[i].stream);
-    call_init(&c, MODEL, harness_messages_json, 10000);
-    call_run(&c, &l);
+    exchange_run(&PROVIDER, &f, &l, &c, steps, cases[i].stream, harness_messages_json, 10000);
     if (c.r != -cases[i].code || !strstr(c.err.message, cases[i].want))
       fail_msg("case %zu: r=%d: %s", i, c.r, c.err.message);
     assert_null(c.resp.message);
     assert_null(c.resp.raw);
     cleanup_json json_object *reqs = fake_requests(&f);
     assert_int_equal(json_object_array_length(reqs), 1);
-    call_clear(&c);
-    plugin_unload(&l);
-    fake_stop(&f);
+    exchange_end(&f, &l, &c);
   }
 }
 
@@ -333,16 +285,11 @@ test_hostile_streams_bounded(void **state)
     call_t c;
     cleanup_free char *step = wire("sse", cases[i].file);
     const char *steps[] = {step, NULL};
-    fake_start(&f, KEY, steps);
-    model_load(PLUGIN, KEY_ENV, &l, &f, cases[i].conf);
-    call_init(&c, MODEL, harness_messages_json, 10000);
-    call_run(&c, &l);
+    exchange_run(&PROVIDER, &f, &l, &c, steps, cases[i].conf, harness_messages_json, 10000);
     if (c.r != -EPH_E_PROTOCOL || !strstr(c.err.message, cases[i].want))
       fail_msg("case %zu: r=%d: %s", i, c.r, c.err.message);
     assert_null(c.resp.message);
-    call_clear(&c);
-    plugin_unload(&l);
-    fake_stop(&f);
+    exchange_end(&f, &l, &c);
   }
 }
 
@@ -354,17 +301,12 @@ test_slow_stream_cut_by_deadline(void **state)
   call_t c;
   cleanup_free char *step = wire("sseslow", "anthropic-tool_use.sse:200");
   const char *steps[] = {step, NULL};
-  fake_start(&f, KEY, steps);
-  model_load(PLUGIN, KEY_ENV, &l, &f, "stream = true;");
-  call_init(&c, MODEL, harness_messages_json, 900);
-  call_run(&c, &l);
+  exchange_run(&PROVIDER, &f, &l, &c, steps, "stream = true;", harness_messages_json, 900);
   assert_int_equal(c.r, -ETIMEDOUT);
   if (c.elapsed_ms < 800 || c.elapsed_ms > 1500 || !strstr(c.err.message, "stream"))
     fail_msg("after %lld ms: %s", (long long)c.elapsed_ms, c.err.message);
   assert_null(c.resp.message);
-  call_clear(&c);
-  plugin_unload(&l);
-  fake_stop(&f);
+  exchange_end(&f, &l, &c);
 }
 
 /* pause_turn: the paused content is sent back as-is and the two answers are one. */
@@ -377,10 +319,7 @@ test_pause_turn_is_continued(void **state)
   cleanup_free char *s1 = wire("file", "anthropic-pause_turn.json");
   cleanup_free char *s2 = wire("file", "anthropic-final.json");
   const char *steps[] = {s1, s2, NULL};
-  fake_start(&f, KEY, steps);
-  model_load(PLUGIN, KEY_ENV, &l, &f, "prompt_cache = false;");
-  call_init(&c, MODEL, harness_messages_json, 10000);
-  call_run(&c, &l);
+  exchange_run(&PROVIDER, &f, &l, &c, steps, "prompt_cache = false;", harness_messages_json, 10000);
   if (c.r < 0)
     fail_msg("complete: %s", c.err.message);
   json_object *v = NULL;
@@ -400,9 +339,7 @@ test_pause_turn_is_continued(void **state)
                          "\"Thinking about it. \"}]}");
   if (!json_object_equal(last, want))
     fail_msg("continuation ends with %s", json_object_to_json_string(last));
-  call_clear(&c);
-  plugin_unload(&l);
-  fake_stop(&f);
+  exchange_end(&f, &l, &c);
 }
 
 /* A wrong key: 401 in Anthropic's shape; the key is in no message, log or body. */
@@ -429,24 +366,17 @@ test_key_kept_out(void **state)
   cleanup_json json_object *reqs = fake_requests(&f);
   for (size_t i = 0; i < json_object_array_length(reqs); i++)
     assert_null(strstr(rec_string(reqs, i, "body"), wrong));
-  call_clear(&c);
-  plugin_unload(&l);
-  fake_stop(&f);
+  exchange_end(&f, &l, &c);
   setenv(KEY_ENV, KEY, 1);
 
   /* No key at all: refused before anything is sent. */
   unsetenv(KEY_ENV);
-  fake_start(&f, KEY, steps);
-  model_load(PLUGIN, KEY_ENV, &l, &f, NULL);
-  call_init(&c, MODEL, harness_messages_json, 10000);
-  call_run(&c, &l);
+  exchange_run(&PROVIDER, &f, &l, &c, steps, NULL, harness_messages_json, 10000);
   assert_int_equal(c.r, -EPH_E_CONFIG);
   assert_non_null(strstr(c.err.message, KEY_ENV));
   cleanup_json json_object *none = fake_requests(&f);
   assert_int_equal(json_object_array_length(none), 0);
-  call_clear(&c);
-  plugin_unload(&l);
-  fake_stop(&f);
+  exchange_end(&f, &l, &c);
   setenv(KEY_ENV, KEY, 1);
 }
 

@@ -24,6 +24,8 @@
 #define PLUGIN "model-openai"
 #define MODEL "openai/gpt-6-luna"
 
+static const provider_case_t PROVIDER = {PLUGIN, KEY, KEY_ENV, MODEL};
+
 static void
 test_tool_calls_parsed_and_request_shape(void **state)
 {
@@ -31,10 +33,7 @@ test_tool_calls_parsed_and_request_shape(void **state)
   loaded_t l;
   call_t c;
   const char *steps[] = {"tool_calls", NULL};
-  fake_start(&f, KEY, steps);
-  model_load(PLUGIN, KEY_ENV, &l, &f, NULL);
-  call_init(&c, MODEL, harness_messages_json, 10000);
-  call_run(&c, &l);
+  exchange_run(&PROVIDER, &f, &l, &c, steps, NULL, harness_messages_json, 10000);
   if (c.r < 0)
     fail_msg("complete: %s", c.err.message);
 
@@ -83,9 +82,7 @@ test_tool_calls_parsed_and_request_shape(void **state)
   assert_true(json_object_object_get_ex(body, "messages", &v));
   assert_true(json_object_equal(v, c.messages));
 
-  call_clear(&c);
-  plugin_unload(&l);
-  fake_stop(&f);
+  exchange_end(&f, &l, &c);
 }
 
 static void
@@ -95,10 +92,7 @@ test_retry_after_429(void **state)
   loaded_t l;
   call_t c;
   const char *steps[] = {"429:1", "tool_calls", NULL};
-  fake_start(&f, KEY, steps);
-  model_load(PLUGIN, KEY_ENV, &l, &f, NULL);
-  call_init(&c, MODEL, harness_messages_json, 10000);
-  call_run(&c, &l);
+  exchange_run(&PROVIDER, &f, &l, &c, steps, NULL, harness_messages_json, 10000);
   if (c.r < 0)
     fail_msg("complete: %s", c.err.message);
   assert_string_equal(c.resp.finish_reason, "tool_calls");
@@ -109,9 +103,7 @@ test_retry_after_429(void **state)
   if (gap < 990)
     fail_msg("retry after %lld ms, Retry-After asked for 1000", (long long)gap);
   assert_true(c.elapsed_ms >= 1000);
-  call_clear(&c);
-  plugin_unload(&l);
-  fake_stop(&f);
+  exchange_end(&f, &l, &c);
 }
 
 static void
@@ -121,10 +113,7 @@ test_retry_500_then_success(void **state)
   loaded_t l;
   call_t c;
   const char *steps[] = {"500", "final", NULL};
-  fake_start(&f, KEY, steps);
-  model_load(PLUGIN, KEY_ENV, &l, &f, NULL);
-  call_init(&c, MODEL, harness_messages_json, 10000);
-  call_run(&c, &l);
+  exchange_run(&PROVIDER, &f, &l, &c, steps, NULL, harness_messages_json, 10000);
   if (c.r < 0)
     fail_msg("complete: %s", c.err.message);
   json_object *v = NULL;
@@ -138,9 +127,7 @@ test_retry_500_then_success(void **state)
   int64_t gap = request_t_ms(reqs, 1) - request_t_ms(reqs, 0);
   if (gap < 49 || gap > 600)
     fail_msg("first retry after %lld ms, expected 50..100 (+ scheduling)", (long long)gap);
-  call_clear(&c);
-  plugin_unload(&l);
-  fake_stop(&f);
+  exchange_end(&f, &l, &c);
 }
 
 static void
@@ -150,10 +137,7 @@ test_500_forever_gives_upstream(void **state)
   loaded_t l;
   call_t c;
   const char *steps[] = {"500*", NULL};
-  fake_start(&f, KEY, steps);
-  model_load(PLUGIN, KEY_ENV, &l, &f, NULL);
-  call_init(&c, MODEL, harness_messages_json, 10000);
-  call_run(&c, &l);
+  exchange_run(&PROVIDER, &f, &l, &c, steps, NULL, harness_messages_json, 10000);
   assert_int_equal(c.r, -EPH_E_UPSTREAM);
   assert_int_equal(c.err.code, EPH_E_UPSTREAM);
   if (!strstr(c.err.message, "after 3 attempts") ||
@@ -168,9 +152,7 @@ test_500_forever_gives_upstream(void **state)
   if (g1 < 49 || g2 < 99)
     fail_msg("backoffs %lld then %lld ms, expected >= 50 then >= 100", (long long)g1,
              (long long)g2);
-  call_clear(&c);
-  plugin_unload(&l);
-  fake_stop(&f);
+  exchange_end(&f, &l, &c);
 }
 
 static void
@@ -180,18 +162,13 @@ test_malformed_body_is_protocol_error(void **state)
   loaded_t l;
   call_t c;
   const char *steps[] = {"malformed", "final", NULL};
-  fake_start(&f, KEY, steps);
-  model_load(PLUGIN, KEY_ENV, &l, &f, NULL);
-  call_init(&c, MODEL, harness_messages_json, 10000);
-  call_run(&c, &l);
+  exchange_run(&PROVIDER, &f, &l, &c, steps, NULL, harness_messages_json, 10000);
   assert_int_equal(c.r, -EPH_E_PROTOCOL);
   if (!strstr(c.err.message, "not valid JSON"))
     fail_msg("message: %s", c.err.message);
   cleanup_json json_object *reqs = fake_requests(&f);
   assert_int_equal(json_object_array_length(reqs), 1); /* not retried */
-  call_clear(&c);
-  plugin_unload(&l);
-  fake_stop(&f);
+  exchange_end(&f, &l, &c);
 }
 
 static void
@@ -201,18 +178,13 @@ test_client_error_carries_api_message(void **state)
   loaded_t l;
   call_t c;
   const char *steps[] = {"400", "final", NULL};
-  fake_start(&f, KEY, steps);
-  model_load(PLUGIN, KEY_ENV, &l, &f, NULL);
-  call_init(&c, MODEL, harness_messages_json, 10000);
-  call_run(&c, &l);
+  exchange_run(&PROVIDER, &f, &l, &c, steps, NULL, harness_messages_json, 10000);
   assert_int_equal(c.r, -EPH_E_UPSTREAM);
   if (!strstr(c.err.message, "HTTP 400") || !strstr(c.err.message, "fake rejection"))
     fail_msg("message: %s", c.err.message);
   cleanup_json json_object *reqs = fake_requests(&f);
   assert_int_equal(json_object_array_length(reqs), 1);
-  call_clear(&c);
-  plugin_unload(&l);
-  fake_stop(&f);
+  exchange_end(&f, &l, &c);
 }
 
 static void
@@ -222,16 +194,11 @@ test_slow_answer_times_out_at_deadline(void **state)
   loaded_t l;
   call_t c;
   const char *steps[] = {"slow:5000", NULL};
-  fake_start(&f, KEY, steps);
-  model_load(PLUGIN, KEY_ENV, &l, &f, NULL);
-  call_init(&c, MODEL, harness_messages_json, 800);
-  call_run(&c, &l);
+  exchange_run(&PROVIDER, &f, &l, &c, steps, NULL, harness_messages_json, 800);
   assert_int_equal(c.r, -ETIMEDOUT);
   if (c.elapsed_ms < 700 || c.elapsed_ms > 1200)
     fail_msg("returned after %lld ms for an 800 ms deadline", (long long)c.elapsed_ms);
-  call_clear(&c);
-  plugin_unload(&l);
-  fake_stop(&f);
+  exchange_end(&f, &l, &c);
 }
 
 static void
@@ -241,17 +208,12 @@ test_retry_after_past_deadline_is_not_waited(void **state)
   loaded_t l;
   call_t c;
   const char *steps[] = {"429:30", "final", NULL};
-  fake_start(&f, KEY, steps);
-  model_load(PLUGIN, KEY_ENV, &l, &f, NULL);
-  call_init(&c, MODEL, harness_messages_json, 2000);
-  call_run(&c, &l);
+  exchange_run(&PROVIDER, &f, &l, &c, steps, NULL, harness_messages_json, 2000);
   assert_int_equal(c.r, -EPH_E_UPSTREAM);
   if (!strstr(c.err.message, "HTTP 429") || !strstr(c.err.message, "deadline"))
     fail_msg("message: %s", c.err.message);
   assert_true(c.elapsed_ms < 1000);
-  call_clear(&c);
-  plugin_unload(&l);
-  fake_stop(&f);
+  exchange_end(&f, &l, &c);
 }
 
 static void
@@ -282,9 +244,7 @@ test_key_from_file(void **state)
   json_object *v = NULL;
   assert_true(json_object_object_get_ex(json_object_array_get_idx(reqs, 0), "auth_ok", &v));
   assert_true(json_object_get_boolean(v));
-  call_clear(&c);
-  plugin_unload(&l);
-  fake_stop(&f);
+  exchange_end(&f, &l, &c);
   unlink(path);
   rmdir(dir);
   setenv(KEY_ENV, KEY, 1);
@@ -298,18 +258,13 @@ test_missing_key_fails_before_sending(void **state)
   call_t c;
   const char *steps[] = {"final", NULL};
   unsetenv(KEY_ENV);
-  fake_start(&f, KEY, steps);
-  model_load(PLUGIN, KEY_ENV, &l, &f, NULL);
-  call_init(&c, MODEL, harness_messages_json, 10000);
-  call_run(&c, &l);
+  exchange_run(&PROVIDER, &f, &l, &c, steps, NULL, harness_messages_json, 10000);
   assert_int_equal(c.r, -EPH_E_CONFIG);
   if (!strstr(c.err.message, KEY_ENV))
     fail_msg("message does not name the variable: %s", c.err.message);
   cleanup_json json_object *reqs = fake_requests(&f);
   assert_int_equal(json_object_array_length(reqs), 0);
-  call_clear(&c);
-  plugin_unload(&l);
-  fake_stop(&f);
+  exchange_end(&f, &l, &c);
   setenv(KEY_ENV, KEY, 1);
 }
 
@@ -361,9 +316,7 @@ test_key_never_in_logs_or_errors(void **state)
     assert_null(strstr(json_object_get_string(b), KEY));
     assert_null(strstr(json_object_get_string(b), wrong));
   }
-  call_clear(&c);
-  plugin_unload(&l);
-  fake_stop(&f);
+  exchange_end(&f, &l, &c);
 }
 
 static void

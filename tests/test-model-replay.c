@@ -128,6 +128,31 @@ load_example(loaded_t *l)
   load_replay(l, conf);
 }
 
+/* The example transcript loaded and a conversation for its model: where most tests start. */
+static void
+example_start(loaded_t *l, convo_t *c)
+{
+  load_example(l);
+  convo_init(c, "openai/gpt-6-luna");
+}
+
+static void
+convo_end(loaded_t *l, convo_t *c)
+{
+  convo_free(c);
+  plugin_unload(l);
+}
+
+/* Rewrites the arguments of tool call i of an answer (a history that claims otherwise). */
+static void
+set_arguments(json_object *message, size_t i, const char *arguments)
+{
+  json_object *calls = NULL, *fn = NULL;
+  assert_true(json_object_object_get_ex(message, "tool_calls", &calls));
+  assert_true(json_object_object_get_ex(json_object_array_get_idx(calls, i), "function", &fn));
+  json_object_object_add(fn, "arguments", json_object_new_string(arguments));
+}
+
 /* Rounds a call's cost to the nearest micro, as a per-call charge would. */
 static int64_t
 call_cost_micros(const eph_model_response_t *r)
@@ -148,8 +173,7 @@ test_example_replays_three_calls(void **state)
   int64_t cost = 0;
   json_object *v = NULL;
 
-  load_example(&l);
-  convo_init(&c, "openai/gpt-6-luna");
+  example_start(&l, &c);
 
   if (model_call(&l, &c.req, &r, &err) < 0)
     fail_msg("call 1: %s", err.message);
@@ -202,8 +226,7 @@ test_example_replays_three_calls(void **state)
   if (cost < 325 || cost > 335)
     fail_msg("the transcript's model cost is %lld micros, the page shows 330", (long long)cost);
 
-  convo_free(&c);
-  plugin_unload(&l);
+  convo_end(&l, &c);
 }
 
 /* The recorded prime one-liner really writes a script printing the first 15 primes. */
@@ -218,8 +241,7 @@ test_recorded_prime_command_runs(void **state)
     skip();
     return;
   }
-  load_example(&l);
-  convo_init(&c, "openai/gpt-6-luna");
+  example_start(&l, &c);
   assert_int_equal(model_call(&l, &c.req, &r, &err), 0);
   convo_answer(&c, r.message, 0);
   eph_model_response_clear(&r);
@@ -241,8 +263,7 @@ test_recorded_prime_command_runs(void **state)
   cleanup_free char *script = eph_xasprintf("%s/primes.py", dir);
   unlink(script);
   rmdir(dir);
-  convo_free(&c);
-  plugin_unload(&l);
+  convo_end(&l, &c);
 }
 
 static void
@@ -252,14 +273,10 @@ test_changed_arguments_diverge(void **state)
   convo_t c;
   eph_model_response_t r;
   eph_error_t err = {0};
-  load_example(&l);
-  convo_init(&c, "openai/gpt-6-luna");
+  example_start(&l, &c);
   assert_int_equal(model_call(&l, &c.req, &r, &err), 0);
   /* The history claims the model asked for something else in its second call. */
-  json_object *calls = NULL, *fn = NULL;
-  assert_true(json_object_object_get_ex(r.message, "tool_calls", &calls));
-  assert_true(json_object_object_get_ex(json_object_array_get_idx(calls, 1), "function", &fn));
-  json_object_object_add(fn, "arguments", json_object_new_string("{\"command\": \"id\"}"));
+  set_arguments(r.message, 1, "{\"command\": \"id\"}");
   convo_answer(&c, r.message, 0);
   eph_model_response_clear(&r);
 
@@ -270,8 +287,7 @@ test_changed_arguments_diverge(void **state)
       !strstr(err.message, "arguments"))
     fail_msg("message: %s", err.message);
   assert_null(r.message);
-  convo_free(&c);
-  plugin_unload(&l);
+  convo_end(&l, &c);
 }
 
 static void
@@ -281,22 +297,16 @@ test_arguments_compared_as_json(void **state)
   convo_t c;
   eph_model_response_t r;
   eph_error_t err = {0};
-  load_example(&l);
-  convo_init(&c, "openai/gpt-6-luna");
+  example_start(&l, &c);
   assert_int_equal(model_call(&l, &c.req, &r, &err), 0);
   /* Same value, other spacing: not a divergence. */
-  json_object *calls = NULL, *fn = NULL;
-  assert_true(json_object_object_get_ex(r.message, "tool_calls", &calls));
-  assert_true(json_object_object_get_ex(json_object_array_get_idx(calls, 0), "function", &fn));
-  json_object_object_add(fn, "arguments",
-                         json_object_new_string("{ \"command\" :\"pwd; whoami\" }"));
+  set_arguments(r.message, 0, "{ \"command\" :\"pwd; whoami\" }");
   convo_answer(&c, r.message, 0);
   eph_model_response_clear(&r);
   if (model_call(&l, &c.req, &r, &err) < 0)
     fail_msg("%s", err.message);
   eph_model_response_clear(&r);
-  convo_free(&c);
-  plugin_unload(&l);
+  convo_end(&l, &c);
 }
 
 static void
@@ -306,16 +316,14 @@ test_missing_tool_result_diverges(void **state)
   convo_t c;
   eph_model_response_t r;
   eph_error_t err = {0};
-  load_example(&l);
-  convo_init(&c, "openai/gpt-6-luna");
+  example_start(&l, &c);
   assert_int_equal(model_call(&l, &c.req, &r, &err), 0);
   convo_answer(&c, r.message, 1);
   eph_model_response_clear(&r);
   assert_int_equal(model_call(&l, &c.req, &r, &err), -EPH_E_DIVERGED);
   if (!strstr(err.message, "call_V3nTs8Yb0cJ6eKp2") || !strstr(err.message, "no tool message"))
     fail_msg("message: %s", err.message);
-  convo_free(&c);
-  plugin_unload(&l);
+  convo_end(&l, &c);
 }
 
 static void
@@ -325,8 +333,7 @@ test_exhausted_transcript_diverges(void **state)
   convo_t c;
   eph_model_response_t r;
   eph_error_t err = {0};
-  load_example(&l);
-  convo_init(&c, "openai/gpt-6-luna");
+  example_start(&l, &c);
   for (int i = 0; i < 3; i++) {
     if (model_call(&l, &c.req, &r, &err) < 0)
       fail_msg("call %d: %s", i + 1, err.message);
@@ -340,8 +347,7 @@ test_exhausted_transcript_diverges(void **state)
   assert_int_equal(model_call(&l, &c.req, &r, &err), -EPH_E_DIVERGED);
   if (!strstr(err.message, "exhausted") || !strstr(err.message, "response 4"))
     fail_msg("message: %s", err.message);
-  convo_free(&c);
-  plugin_unload(&l);
+  convo_end(&l, &c);
 }
 
 /* The gate, not the replay, refuses tools the run does not offer. */
@@ -352,15 +358,13 @@ test_unoffered_tool_is_not_divergence(void **state)
   convo_t c;
   eph_model_response_t r;
   eph_error_t err = {0};
-  load_example(&l);
-  convo_init(&c, "openai/gpt-6-luna");
+  example_start(&l, &c);
   c.req.tools = NULL;
   if (model_call(&l, &c.req, &r, &err) < 0)
     fail_msg("%s", err.message);
   assert_string_equal(tool_command(r.message, 0), "pwd; whoami");
   eph_model_response_clear(&r);
-  convo_free(&c);
-  plugin_unload(&l);
+  convo_end(&l, &c);
 }
 
 static void
@@ -426,8 +430,7 @@ test_model_name_selects_transcript(void **state)
   c.req.model = "replay:/nonexistent/transcript.jsonl";
   assert_true(model_call(&l, &c.req, &r, &err) < 0);
   assert_non_null(strstr(err.message, "/nonexistent/transcript.jsonl"));
-  convo_free(&c);
-  plugin_unload(&l);
+  convo_end(&l, &c);
 
   /* "replay:" wins over the configured transcript. */
   load_example(&l);
@@ -435,8 +438,7 @@ test_model_name_selects_transcript(void **state)
   assert_int_equal(model_call(&l, &c.req, &r, &err), 0);
   assert_string_equal(content_of(r.message), "from the other transcript");
   eph_model_response_clear(&r);
-  convo_free(&c);
-  plugin_unload(&l);
+  convo_end(&l, &c);
   unlink(path);
   rmdir(dir);
 }
@@ -486,8 +488,7 @@ test_line_with_bytes_after_the_object_refused(void **state)
     fail_msg("%s", err.message);
   assert_string_equal(content_of(r.message), "hi");
   eph_model_response_clear(&r);
-  convo_free(&c);
-  plugin_unload(&l);
+  convo_end(&l, &c);
   unlink(path);
   rmdir(dir);
 }
@@ -514,8 +515,7 @@ test_configured_transcript_under_data_dir(void **state)
     fail_msg("%s", err.message);
   assert_string_equal(tool_command(r.message, 0), "pwd; whoami");
   eph_model_response_clear(&r);
-  convo_free(&c);
-  plugin_unload(&l);
+  convo_end(&l, &c);
 }
 
 static void
@@ -544,8 +544,7 @@ test_pace_follows_recorded_latency(void **state)
   assert_int_equal(model_call(&l, &c.req, &r, &err), -ETIMEDOUT);
   took = eph_now_ms() - t0;
   assert_true(took >= 90 && took < 250);
-  convo_free(&c);
-  plugin_unload(&l);
+  convo_end(&l, &c);
   unlink(path);
   rmdir(dir);
 }
@@ -661,8 +660,7 @@ test_quoted_results_must_exist(void **state)
     if (!strstr(err.message, cases[i][1]) || !strstr(err.message, "t.jsonl:2"))
       fail_msg("case %zu: %s", i, err.message);
     assert_int_equal(err.code, i == 3 ? EPH_E_PROTOCOL : EPH_E_DIVERGED);
-    convo_free(&c);
-    plugin_unload(&l);
+    convo_end(&l, &c);
   }
   unlink(path);
   rmdir(dir);

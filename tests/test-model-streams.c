@@ -24,6 +24,8 @@
 
 #define PLUGIN "model-openai"
 
+static const provider_case_t PROVIDER = {PLUGIN, KEY, KEY_ENV, "openai/gpt-6-luna"};
+
 static const char second_turn_json[] =
     "[{\"role\":\"system\",\"content\":\"You drive a sandbox.\"},"
     "{\"role\":\"user\",\"content\":\"Run whoami.\"},"
@@ -32,51 +34,13 @@ static const char second_turn_json[] =
     "\"arguments\":\"{\\\"command\\\": \\\"pwd; whoami\\\"}\"}}]},"
     "{\"role\":\"tool\",\"tool_call_id\":\"call_fake_1\",\"content\":\"worker\"}]";
 
-/* Runs step_a on a plain provider and step_b on a streaming one (extra config each) and
- * asserts both answers are the same. Returns the streamed call's requests. */
-static json_object *
-same_answer(const char *step_a, const char *conf_a, const char *step_b, const char *conf_b,
-            const char *messages, eph_model_response_t *out)
-{
-  fake_t f1, f2;
-  loaded_t l1, l2;
-  call_t a, b;
-  const char *steps1[] = {step_a, NULL}, *steps2[] = {step_b, NULL};
-  fake_start(&f1, KEY, steps1);
-  fake_start(&f2, KEY, steps2);
-  model_load(PLUGIN, KEY_ENV, &l1, &f1, conf_a);
-  model_load(PLUGIN, KEY_ENV, &l2, &f2, conf_b);
-  call_init(&a, "openai/gpt-6-luna", messages, 10000);
-  call_init(&b, "openai/gpt-6-luna", messages, 10000);
-  call_run(&a, &l1);
-  call_run(&b, &l2);
-  if (a.r < 0 || b.r < 0)
-    fail_msg("%s: %s / %s: %s", step_a, a.err.message, step_b, b.err.message);
-  if (!json_object_equal(a.resp.message, b.resp.message))
-    fail_msg("%s gave %s, %s gave %s", step_b, json_object_to_json_string(b.resp.message), step_a,
-             json_object_to_json_string(a.resp.message));
-  assert_string_equal(a.resp.finish_reason, b.resp.finish_reason);
-  assert_int_equal(a.resp.input_tokens, b.resp.input_tokens);
-  assert_int_equal(a.resp.output_tokens, b.resp.output_tokens);
-  *out = b.resp;
-  b.resp.message = b.resp.raw = NULL;
-  json_object *reqs = fake_requests(&f2);
-  call_clear(&a);
-  call_clear(&b);
-  plugin_unload(&l1);
-  plugin_unload(&l2);
-  fake_stop(&f1);
-  fake_stop(&f2);
-  return reqs;
-}
-
 static void
 test_chat_stream_same_as_json(void **state)
 {
   eph_model_response_t r;
   cleanup_free char *sse1 = wire("sse", "chat-tool_calls.sse");
-  cleanup_json json_object *reqs =
-      same_answer("tool_calls", NULL, sse1, "stream = true;", harness_messages_json, &r);
+  cleanup_json json_object *reqs = same_answer(&PROVIDER, "tool_calls", NULL, sse1,
+                                               "stream = true;", harness_messages_json, false, &r);
   json_object *calls = NULL, *v = NULL;
   assert_string_equal(r.finish_reason, "tool_calls");
   assert_true(json_object_object_get_ex(r.message, "tool_calls", &calls));
@@ -94,13 +58,13 @@ test_chat_stream_same_as_json(void **state)
 
   /* a server repeating id and name in every chunk (as some compatible servers do) */
   cleanup_free char *sse3 = wire("sse", "chat-tool_calls-repeated.sse");
-  cleanup_json json_object *reqs3 =
-      same_answer("tool_calls", NULL, sse3, "stream = true;", harness_messages_json, &r);
+  cleanup_json json_object *reqs3 = same_answer(&PROVIDER, "tool_calls", NULL, sse3,
+                                                "stream = true;", harness_messages_json, false, &r);
   eph_model_response_clear(&r);
 
   cleanup_free char *sse2 = wire("sse", "chat-final.sse");
-  cleanup_json json_object *reqs2 =
-      same_answer("final", NULL, sse2, "stream = true;", harness_messages_json, &r);
+  cleanup_json json_object *reqs2 = same_answer(&PROVIDER, "final", NULL, sse2, "stream = true;",
+                                                harness_messages_json, false, &r);
   assert_string_equal(r.finish_reason, "stop");
   assert_int_equal(r.cache_read_tokens, 100); /* usage.prompt_tokens_details.cached_tokens */
   eph_model_response_clear(&r);
@@ -116,8 +80,8 @@ test_responses_json_and_stream(void **state)
     cleanup_free char *a = wire("file", pairs[i][0]);
     cleanup_free char *b = wire("sse", pairs[i][1]);
     cleanup_json json_object *reqs =
-        same_answer(a, "api = \"responses\";", b, "api = \"responses\"; stream = true;",
-                    i == 0 ? harness_messages_json : second_turn_json, &r);
+        same_answer(&PROVIDER, a, "api = \"responses\";", b, "api = \"responses\"; stream = true;",
+                    i == 0 ? harness_messages_json : second_turn_json, false, &r);
     json_object *v = NULL;
     assert_string_equal(json_object_get_string(rec_get(reqs, 0, "path")), "/v1/responses");
     cleanup_json json_object *body = request_body(reqs, 0);
@@ -188,18 +152,13 @@ test_truncated_and_malformed_streams(void **state)
     call_t c;
     cleanup_free char *step = wire(cases[i].kind, cases[i].file);
     const char *steps[] = {step, "final", NULL};
-    fake_start(&f, KEY, steps);
-    model_load(PLUGIN, KEY_ENV, &l, &f, cases[i].conf);
-    call_init(&c, "openai/gpt-6-luna", harness_messages_json, 10000);
-    call_run(&c, &l);
+    exchange_run(&PROVIDER, &f, &l, &c, steps, cases[i].conf, harness_messages_json, 10000);
     if (c.r != -EPH_E_PROTOCOL || !strstr(c.err.message, cases[i].want))
       fail_msg("case %zu: r=%d: %s", i, c.r, c.err.message);
     assert_null(c.resp.message);
     cleanup_json json_object *reqs = fake_requests(&f);
     assert_int_equal(json_object_array_length(reqs), 1); /* a started stream is not retried */
-    call_clear(&c);
-    plugin_unload(&l);
-    fake_stop(&f);
+    exchange_end(&f, &l, &c);
   }
 }
 
@@ -212,17 +171,13 @@ test_failed_stream_carries_message(void **state)
   call_t c;
   cleanup_free char *step = wire("sse", "responses-failed.sse");
   const char *steps[] = {step, "final", NULL};
-  fake_start(&f, KEY, steps);
-  model_load(PLUGIN, KEY_ENV, &l, &f, "api = \"responses\"; stream = true;");
-  call_init(&c, "openai/gpt-6-luna", harness_messages_json, 10000);
-  call_run(&c, &l);
+  exchange_run(&PROVIDER, &f, &l, &c, steps, "api = \"responses\"; stream = true;",
+               harness_messages_json, 10000);
   if (c.r != -EPH_E_UPSTREAM || !strstr(c.err.message, "response.failed") ||
       !strstr(c.err.message, "The model failed to generate a response."))
     fail_msg("r=%d: %s", c.r, c.err.message);
   assert_null(c.resp.message);
-  call_clear(&c);
-  plugin_unload(&l);
-  fake_stop(&f);
+  exchange_end(&f, &l, &c);
 }
 
 static void
@@ -233,16 +188,11 @@ test_slow_stream_cut_by_deadline(void **state)
   call_t c;
   cleanup_free char *step = wire("sseslow", "chat-tool_calls.sse:300");
   const char *steps[] = {step, NULL};
-  fake_start(&f, KEY, steps);
-  model_load(PLUGIN, KEY_ENV, &l, &f, "stream = true;");
-  call_init(&c, "openai/gpt-6-luna", harness_messages_json, 900);
-  call_run(&c, &l);
+  exchange_run(&PROVIDER, &f, &l, &c, steps, "stream = true;", harness_messages_json, 900);
   assert_int_equal(c.r, -ETIMEDOUT);
   if (c.elapsed_ms < 800 || c.elapsed_ms > 1500)
     fail_msg("after %lld ms: %s", (long long)c.elapsed_ms, c.err.message);
-  call_clear(&c);
-  plugin_unload(&l);
-  fake_stop(&f);
+  exchange_end(&f, &l, &c);
 }
 
 /* "local/qwen3" goes to the operator's server as "qwen3", without the OpenAI key. */
@@ -289,9 +239,7 @@ test_operator_provider_by_prefix(void **state)
   cleanup_json json_object *main2 = fake_requests(&main_f);
   assert_int_equal(json_object_array_length(main2), 1);
   assert_true(json_object_get_boolean(rec_get(main2, 0, "auth_ok")));
-  call_clear(&c);
-  plugin_unload(&l);
-  fake_stop(&main_f);
+  exchange_end(&main_f, &l, &c);
   fake_stop(&local_f);
 }
 
