@@ -69,8 +69,8 @@ eph_gate_check_tool(const eph_gate_t *g, const eph_tool_def_t *tool, json_object
     return 0;
   /* Connections: the named connection must be granted, and a narrowed grant must list
    * the method. The broker re-checks against the operator's own definition. */
-  const char *name = eph_json_string(args, "connection", NULL);
-  const char *method = eph_json_string(args, "method", NULL);
+  const char *name = eph_json_get_string(args, "connection");
+  const char *method = eph_json_get_string(args, "method");
   for (size_t i = 0; name && i < g->n_connections; i++) {
     const eph_connection_grant_t *c = &g->connections[i];
     if (strcmp(c->name, name) != 0)

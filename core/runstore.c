@@ -191,16 +191,21 @@ complete_record(eph_store_t *store, const char *run_id, json_object *note,
 
   /* How the run ended: its stored ended event if it got that far, else its note, else
    * its process died with it (host_lost). */
-  const char *status = eph_json_string(note, "status", "failed");
-  const char *reason = eph_json_string(note, "reason", "host_lost");
-  const char *error = eph_json_string(note, "error", NULL);
-  if (strcmp(status, "queued") == 0 || strcmp(status, "running") == 0)
+  const char *status = eph_json_get_string(note, "status");
+  const char *reason = eph_json_get_string(note, "reason");
+  const char *error = eph_json_get_string(note, "error");
+  if (!status || strcmp(status, "queued") == 0 || strcmp(status, "running") == 0)
     status = "failed";
+  if (!reason)
+    reason = "host_lost";
   json_object *ed = NULL;
   if (ended && json_object_object_get_ex(ended, "data", &ed)) {
-    status = eph_json_string(ed, "status", status);
-    reason = eph_json_string(ed, "reason", reason);
-    error = eph_json_string(ed, "error", NULL);
+    const char *s = eph_json_get_string(ed, "status"), *why = eph_json_get_string(ed, "reason");
+    if (s)
+      status = s;
+    if (why)
+      reason = why;
+    error = eph_json_get_string(ed, "error");
   }
   if (!ended) {
     json_object *d = json_object_new_object();

@@ -78,15 +78,6 @@ eph_xasprintf(const char *fmt, ...)
   return out;
 }
 
-const char *
-eph_json_string(json_object *o, const char *key, const char *def)
-{
-  json_object *v = NULL;
-  if (o && json_object_object_get_ex(o, key, &v) && json_object_is_type(v, json_type_string))
-    return json_object_get_string(v);
-  return def;
-}
-
 int64_t
 eph_json_int64(json_object *o, const char *key)
 {

@@ -27,9 +27,8 @@ void *eph_xrealloc(void *p, size_t bytes);
  * the fault by line and column ("malformed JSON at line 3, column 7: ..."): request files
  * are edited by hand. json-c keeps the last of duplicate keys; that is not detected. */
 json_object *eph_json_parse_strict(const char *text, size_t len, eph_error_t *err);
-/* o.key when it is a string (borrowed from o), else def (o may be NULL). */
-const char *eph_json_string(json_object *o, const char *key, const char *def);
-/* o.key as json_object_get_int64 reads it (a numeric string too), 0 when absent. */
+/* o.key as json_object_get_int64 reads it (a numeric string too), 0 when absent. (A string
+ * member: eph_json_get_string, support/text.h.) */
 int64_t eph_json_int64(json_object *o, const char *key);
 
 /* pthread_cond_init of c with CLOCK_MONOTONIC: the core's deadlines are monotonic ms

@@ -64,9 +64,9 @@ eph_webhook_sign(const char *secret, int64_t t, const char *body, size_t body_by
 static void
 attempt(eph_webhooks_t *wh, json_object *d)
 {
-  const char *id = eph_json_string(d, "id", NULL), *url = eph_json_string(d, "url", NULL),
-             *body = eph_json_string(d, "body", NULL);
-  const char *secret = eph_json_string(d, "secret", NULL);
+  const char *id = eph_json_get_string(d, "id"), *url = eph_json_get_string(d, "url"),
+             *body = eph_json_get_string(d, "body");
+  const char *secret = eph_json_get_string(d, "secret");
   int64_t attempts = eph_json_int64(d, "attempts") + 1;
   char sig[160], sig_header[200], id_header[96];
   eph_error_t err = {0};
@@ -117,7 +117,7 @@ attempt(eph_webhooks_t *wh, json_object *d)
     eph_info("webhook delivery %s to %s: attempt %" PRId64 " failed (%s)%s", id, url, attempts, why,
              expired ? "; given up" : "");
   }
-  if (eph_webhooks_record(wh, id, eph_json_string(d, "claim", NULL), status, code,
+  if (eph_webhooks_record(wh, id, eph_json_get_string(d, "claim"), status, code,
                           why[0] ? why : NULL, next, now, &err) < 0)
     eph_warn("%s", err.message);
 }

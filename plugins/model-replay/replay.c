@@ -213,7 +213,7 @@ shorten(const char *s, char *out, size_t size)
 static const char *
 content_of(json_object *msg)
 {
-  const char *c = eph_chat_get_string(msg, "content");
+  const char *c = eph_json_get_string(msg, "content");
   return c ? c : "";
 }
 
@@ -275,9 +275,9 @@ compare_assistant(json_object *live, json_object *rec, size_t k, const char *whe
   for (size_t i = 0; i < ln; i++) {
     json_object *lf = function_of(json_object_array_get_idx(lc, i));
     json_object *rf = function_of(json_object_array_get_idx(rc, i));
-    const char *lname = eph_chat_get_string(lf, "name"), *rname = eph_chat_get_string(rf, "name");
-    const char *largs = eph_chat_get_string(lf, "arguments");
-    const char *rargs = eph_chat_get_string(rf, "arguments");
+    const char *lname = eph_json_get_string(lf, "name"), *rname = eph_json_get_string(rf, "name");
+    const char *largs = eph_json_get_string(lf, "arguments");
+    const char *rargs = eph_json_get_string(rf, "arguments");
     if (!lname || !largs)
       return eph_error_set(err, EPH_E_DIVERGED,
                            "%s: the run's assistant message %zu tool call %zu has no function "
@@ -309,20 +309,20 @@ check_tool_results(json_object *messages, size_t at, size_t k, const char *where
   size_t total = json_object_array_length(messages);
   size_t end = at + 1;
   while (end < total) {
-    const char *role = eph_chat_get_string(json_object_array_get_idx(messages, end), "role");
+    const char *role = eph_json_get_string(json_object_array_get_idx(messages, end), "role");
     if (role && strcmp(role, "assistant") == 0)
       break;
     end++;
   }
   for (size_t i = 0; calls && i < json_object_array_length(calls); i++) {
     json_object *call = json_object_array_get_idx(calls, i);
-    const char *id = eph_chat_get_string(call, "id");
-    const char *name = eph_chat_get_string(function_of(call), "name");
+    const char *id = eph_json_get_string(call, "id");
+    const char *name = eph_json_get_string(function_of(call), "name");
     bool found = false;
     for (size_t m = at + 1; id && m < end && !found; m++) {
       json_object *msg = json_object_array_get_idx(messages, m);
-      const char *role = eph_chat_get_string(msg, "role");
-      const char *tid = eph_chat_get_string(msg, "tool_call_id");
+      const char *role = eph_json_get_string(msg, "role");
+      const char *tid = eph_json_get_string(msg, "tool_call_id");
       found = role && tid && strcmp(role, "tool") == 0 && strcmp(tid, id) == 0;
     }
     if (!found)
@@ -345,19 +345,19 @@ nth_call_result(json_object *messages, size_t n, size_t *calls)
   const char *want = NULL;
   for (size_t m = 0; m < total; m++) {
     json_object *msg = json_object_array_get_idx(messages, m);
-    const char *role = eph_chat_get_string(msg, "role");
+    const char *role = eph_json_get_string(msg, "role");
     json_object *tcs = role && strcmp(role, "assistant") == 0 ? tool_calls_of(msg) : NULL;
     for (size_t i = 0; tcs && i < json_object_array_length(tcs); i++)
       if (++k == n)
-        want = eph_chat_get_string(json_object_array_get_idx(tcs, i), "id");
+        want = eph_json_get_string(json_object_array_get_idx(tcs, i), "id");
   }
   *calls = k;
   for (size_t m = 0; want && m < total; m++) {
     json_object *msg = json_object_array_get_idx(messages, m);
-    const char *role = eph_chat_get_string(msg, "role");
-    const char *tid = eph_chat_get_string(msg, "tool_call_id");
+    const char *role = eph_json_get_string(msg, "role");
+    const char *tid = eph_json_get_string(msg, "tool_call_id");
     if (role && tid && strcmp(role, "tool") == 0 && strcmp(tid, want) == 0) {
-      const char *content = eph_chat_get_string(msg, "content");
+      const char *content = eph_json_get_string(msg, "content");
       return content ? json_tokener_parse(content) : NULL;
     }
   }
@@ -441,7 +441,7 @@ expand_ref(const char *ref, size_t len, json_object *messages, const char *where
 static int
 expand_message(json_object *msg, json_object *messages, const char *where, eph_error_t *err)
 {
-  const char *content = msg ? eph_chat_get_string(msg, "content") : NULL;
+  const char *content = msg ? eph_json_get_string(msg, "content") : NULL;
   if (!content || !strstr(content, "{{call_"))
     return 0;
   char *buf = NULL;
@@ -480,8 +480,8 @@ static int
 parse_line(json_object *line, const char *where, eph_model_response_t *resp, eph_error_t *err)
 {
   json_object *v = NULL;
-  const char *object = eph_chat_get_string(line, "object");
-  const char *type = eph_chat_get_string(line, "type");
+  const char *object = eph_json_get_string(line, "object");
+  const char *type = eph_json_get_string(line, "type");
   if (object && strcmp(object, "response") == 0)
     return eph_responses_parse(line, where, resp, err);
   if (type && strcmp(type, "message") == 0 && !json_object_object_get_ex(line, "choices", &v))
@@ -499,7 +499,7 @@ replay_answer(replay_t *s, const transcript_t *t, const eph_model_request_t *req
 
   for (size_t m = 0; m < total; m++) {
     json_object *msg = json_object_array_get_idx(req->messages, m);
-    const char *role = eph_chat_get_string(msg, "role");
+    const char *role = eph_json_get_string(msg, "role");
     if (!role || strcmp(role, "assistant") != 0)
       continue;
     if (k >= t->n)
@@ -533,7 +533,7 @@ replay_answer(replay_t *s, const transcript_t *t, const eph_model_request_t *req
     return r;
   }
   if (EPH_MODEL_RESPONSE_HAS_REPLAY(resp)) {
-    const char *model = eph_chat_get_string(t->lines[k], "model");
+    const char *model = eph_json_get_string(t->lines[k], "model");
     snprintf(resp->replayed_from, sizeof resp->replayed_from, "%s", where);
     snprintf(resp->recorded_model, sizeof resp->recorded_model, "%s", model ? model : "");
   }

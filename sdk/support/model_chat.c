@@ -12,15 +12,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-const char *
-eph_chat_get_string(json_object *obj, const char *key)
-{
-  json_object *v = NULL;
-  if (!obj || !json_object_object_get_ex(obj, key, &v) || !json_object_is_type(v, json_type_string))
-    return NULL;
-  return json_object_get_string(v);
-}
-
 json_object *
 eph_chat_usage(json_object *body, const char *where, eph_error_t *err)
 {
@@ -55,8 +46,8 @@ normalise_tool_call(json_object *tc, size_t i, const char *where, json_object *o
   json_object *fn = NULL;
   if (!json_object_is_type(tc, json_type_object))
     return eph_error_set(err, EPH_E_PROTOCOL, "%s: tool_calls[%zu] is not an object", where, i);
-  const char *id = eph_chat_get_string(tc, "id");
-  const char *type = eph_chat_get_string(tc, "type");
+  const char *id = eph_json_get_string(tc, "id");
+  const char *type = eph_json_get_string(tc, "type");
   if (!id || !*id)
     return eph_error_set(err, EPH_E_PROTOCOL, "%s: tool_calls[%zu].id missing", where, i);
   /* "function" is the only tool call type Chat Completions defines for function tools;
@@ -66,8 +57,8 @@ normalise_tool_call(json_object *tc, size_t i, const char *where, json_object *o
                          "%s: tool_calls[%zu].type is \"%s\", not \"function\"", where, i, type);
   if (!json_object_object_get_ex(tc, "function", &fn) || !json_object_is_type(fn, json_type_object))
     return eph_error_set(err, EPH_E_PROTOCOL, "%s: tool_calls[%zu].function missing", where, i);
-  const char *name = eph_chat_get_string(fn, "name");
-  const char *args = eph_chat_get_string(fn, "arguments");
+  const char *name = eph_json_get_string(fn, "name");
+  const char *args = eph_json_get_string(fn, "arguments");
   if (!name || !*name)
     return eph_error_set(err, EPH_E_PROTOCOL, "%s: tool_calls[%zu].function.name missing", where,
                          i);
@@ -110,7 +101,7 @@ eph_chat_answer_new(const eph_chat_buf_t *text, bool has_text, json_object *call
 const char *
 eph_chat_tool_result_id(json_object *m, size_t i, eph_error_t *err)
 {
-  const char *id = eph_chat_get_string(m, "tool_call_id");
+  const char *id = eph_json_get_string(m, "tool_call_id");
   if (!id)
     eph_error_set(err, EINVAL, "messages[%zu]: tool message without tool_call_id", i);
   return id;
@@ -122,9 +113,9 @@ eph_chat_tool_call_at(json_object *tool_calls, size_t j, const char **id, const 
 {
   json_object *tc = json_object_array_get_idx(tool_calls, j), *fn = NULL;
   json_object_object_get_ex(tc, "function", &fn);
-  *id = eph_chat_get_string(tc, "id");
-  *name = eph_chat_get_string(fn, "name");
-  *arguments = eph_chat_get_string(fn, "arguments");
+  *id = eph_json_get_string(tc, "id");
+  *name = eph_json_get_string(fn, "name");
+  *arguments = eph_json_get_string(fn, "arguments");
 }
 
 json_object *
@@ -276,7 +267,7 @@ eph_chat_message_at(json_object *messages, size_t i, const char **role, const ch
 {
   json_object *m = json_object_array_get_idx(messages, i), *content = NULL;
   *text = NULL;
-  if (!(*role = eph_chat_get_string(m, "role")))
+  if (!(*role = eph_json_get_string(m, "role")))
     return eph_error_set(err, EINVAL, "messages[%zu]: no role", i);
   json_object_object_get_ex(m, "content", &content);
   if (content && !json_object_is_type(content, json_type_string))
@@ -372,7 +363,7 @@ eph_chat_stream_event(eph_chat_stream_t *st, const char *data, size_t len, const
   int r = 0;
   if (json_object_object_get_ex(chunk, "error", &v) && v) {
     const char *m = json_object_is_type(v, json_type_string) ? json_object_get_string(v)
-                                                             : eph_chat_get_string(v, "message");
+                                                             : eph_json_get_string(v, "message");
     r = eph_error_set(err, EPH_E_UPSTREAM, "%s: the stream reported an error: %s", where,
                       m ? m : "(no message)");
     goto out;
@@ -402,7 +393,7 @@ eph_chat_stream_event(eph_chat_stream_t *st, const char *data, size_t len, const
       continue;
     if (json_object_object_get_ex(ch, "index", &idx) && json_object_get_int(idx) != 0)
       continue; /* n = 1 is asked for: only the first choice exists */
-    const char *fr = eph_chat_get_string(ch, "finish_reason");
+    const char *fr = eph_json_get_string(ch, "finish_reason");
     if (fr)
       snprintf(st->finish_reason, sizeof st->finish_reason, "%s", fr);
     if (!json_object_object_get_ex(ch, "delta", &delta) ||

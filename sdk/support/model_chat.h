@@ -14,6 +14,8 @@
 
 #include <ephemeral/plugin.h>
 
+#include "text.h" /* eph_json_get_string */
+
 /* Reads one Chat Completions response body (an object, borrowed) into resp:
  *  - resp->message: a new normalised assistant message owned by resp:
  *      {"role":"assistant","content":string|null,
@@ -28,9 +30,6 @@
  * resp->message is left NULL. */
 int eph_chat_parse_response(json_object *body, const char *where, eph_model_response_t *resp,
                             eph_error_t *err);
-
-/* The string value of key in obj, or NULL when absent or not a string. */
-const char *eph_chat_get_string(json_object *obj, const char *key);
 
 /* The response body's "usage" object (borrowed), or NULL with -EPH_E_PROTOCOL: every
  * wire format must count its tokens, they are billed. */

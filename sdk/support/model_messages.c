@@ -23,7 +23,7 @@ push_blocks(json_object *out, const char *role, json_object *blocks)
 {
   size_t n = json_object_array_length(out);
   json_object *last = n ? json_object_array_get_idx(out, n - 1) : NULL, *content = NULL;
-  const char *lrole = eph_chat_get_string(last, "role");
+  const char *lrole = eph_json_get_string(last, "role");
   if (lrole && strcmp(lrole, role) == 0 && json_object_object_get_ex(last, "content", &content)) {
     for (size_t i = 0; i < json_object_array_length(blocks); i++)
       json_object_array_add(content, json_object_get(json_object_array_get_idx(blocks, i)));
@@ -175,10 +175,10 @@ eph_messages_parse(json_object *body, const char *where, eph_model_response_t *r
   resp->message = NULL;
   if (!json_object_is_type(body, json_type_object))
     return eph_error_set(err, EPH_E_PROTOCOL, "%s: response body is not a JSON object", where);
-  const char *type = eph_chat_get_string(body, "type");
+  const char *type = eph_json_get_string(body, "type");
   if (type && strcmp(type, "error") == 0) {
     json_object_object_get_ex(body, "error", &v);
-    const char *m = eph_chat_get_string(v, "message");
+    const char *m = eph_json_get_string(v, "message");
     return eph_error_set(err, EPH_E_UPSTREAM, "%s: %s", where, m ? m : "(error without message)");
   }
   if (!type || strcmp(type, "message") != 0)
@@ -216,7 +216,7 @@ eph_messages_parse(json_object *body, const char *where, eph_model_response_t *r
   json_object *calls = json_object_new_array();
   for (size_t i = 0; i < json_object_array_length(content); i++) {
     json_object *b = json_object_array_get_idx(content, i), *t = NULL, *input = NULL;
-    const char *btype = eph_chat_get_string(b, "type");
+    const char *btype = eph_json_get_string(b, "type");
     if (!btype) {
       r = eph_error_set(err, EPH_E_PROTOCOL, "%s: content[%zu].type missing", where, i);
       goto fail;
@@ -232,8 +232,8 @@ eph_messages_parse(json_object *body, const char *where, eph_model_response_t *r
         goto fail;
       }
     } else if (strcmp(btype, "tool_use") == 0) {
-      const char *id = eph_chat_get_string(b, "id");
-      const char *name = eph_chat_get_string(b, "name");
+      const char *id = eph_json_get_string(b, "id");
+      const char *name = eph_json_get_string(b, "name");
       if (!id || !*id || !name || !*name || !json_object_object_get_ex(b, "input", &input) ||
           !json_object_is_type(input, json_type_object)) {
         r = eph_error_set(err, EPH_E_PROTOCOL,
@@ -294,7 +294,7 @@ close_block(eph_messages_stream_t *st, size_t i, const char *where, eph_error_t 
   if (!b || st->stopped[i])
     return 0;
   st->stopped[i] = true;
-  const char *type = eph_chat_get_string(b, "type");
+  const char *type = eph_json_get_string(b, "type");
   eph_chat_buf_t *t = &st->text[i];
   if (type && strcmp(type, "text") == 0 && t->len) {
     json_object_object_add(b, "text", json_object_new_string_len(t->p, (int)t->len));
@@ -324,7 +324,7 @@ eph_messages_stream_event(eph_messages_stream_t *st, const char *event, const ch
   json_object *ev = eph_chat_stream_json(data, len, where, what, err);
   if (!ev)
     return -EPH_E_PROTOCOL;
-  const char *type = eph_chat_get_string(ev, "type");
+  const char *type = eph_json_get_string(ev, "type");
   if (!type)
     type = event;
   int r = 0, i;
@@ -361,16 +361,16 @@ eph_messages_stream_event(eph_messages_stream_t *st, const char *event, const ch
                         i);
       goto out;
     }
-    const char *dtype = eph_chat_get_string(v, "type");
+    const char *dtype = eph_json_get_string(v, "type");
     const char *piece = NULL;
     if (dtype && strcmp(dtype, "text_delta") == 0)
-      piece = eph_chat_get_string(v, "text");
+      piece = eph_json_get_string(v, "text");
     else if (dtype && strcmp(dtype, "input_json_delta") == 0)
-      piece = eph_chat_get_string(v, "partial_json");
+      piece = eph_json_get_string(v, "partial_json");
     else if (dtype && strcmp(dtype, "thinking_delta") == 0)
-      piece = eph_chat_get_string(v, "thinking");
+      piece = eph_json_get_string(v, "thinking");
     else if (dtype && strcmp(dtype, "signature_delta") == 0) {
-      const char *sig = eph_chat_get_string(v, "signature");
+      const char *sig = eph_json_get_string(v, "signature");
       if (sig)
         json_object_object_add(st->blocks[i], "signature", json_object_new_string(sig));
     }
@@ -406,8 +406,8 @@ eph_messages_stream_event(eph_messages_stream_t *st, const char *event, const ch
   } else if (strcmp(type, "error") == 0) {
     json_object *e = NULL;
     json_object_object_get_ex(ev, "error", &e);
-    const char *m = eph_chat_get_string(e, "message");
-    const char *et = eph_chat_get_string(e, "type");
+    const char *m = eph_json_get_string(e, "message");
+    const char *et = eph_json_get_string(e, "type");
     r = eph_error_set(err, EPH_E_UPSTREAM, "%s: the stream reported an error (%s): %s", where,
                       et ? et : "error", m ? m : "(no message)");
   }

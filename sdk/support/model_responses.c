@@ -100,11 +100,11 @@ eph_responses_parse(json_object *body, const char *where, eph_model_response_t *
   resp->message = NULL;
   if (!json_object_is_type(body, json_type_object))
     return eph_error_set(err, EPH_E_PROTOCOL, "%s: response body is not a JSON object", where);
-  const char *status = eph_chat_get_string(body, "status");
+  const char *status = eph_json_get_string(body, "status");
   if (status && strcmp(status, "failed") == 0) {
     json_object *e = NULL;
     json_object_object_get_ex(body, "error", &e);
-    const char *m = eph_chat_get_string(e, "message");
+    const char *m = eph_json_get_string(e, "message");
     return eph_error_set(err, EPH_E_UPSTREAM, "%s: the response failed: %s", where,
                          m ? m : "(no message)");
   }
@@ -131,7 +131,7 @@ eph_responses_parse(json_object *body, const char *where, eph_model_response_t *
   json_object *calls = json_object_new_array();
   for (size_t i = 0; i < json_object_array_length(output); i++) {
     json_object *item = json_object_array_get_idx(output, i), *content = NULL;
-    const char *type = eph_chat_get_string(item, "type");
+    const char *type = eph_json_get_string(item, "type");
     if (!type) {
       r = eph_error_set(err, EPH_E_PROTOCOL, "%s: output[%zu].type missing", where, i);
       goto fail;
@@ -144,7 +144,7 @@ eph_responses_parse(json_object *body, const char *where, eph_model_response_t *
       }
       for (size_t j = 0; j < json_object_array_length(content); j++) {
         json_object *part = json_object_array_get_idx(content, j), *t = NULL;
-        const char *ptype = eph_chat_get_string(part, "type");
+        const char *ptype = eph_json_get_string(part, "type");
         if (!ptype || strcmp(ptype, "output_text") != 0)
           continue; /* a refusal part carries no answer text */
         if (!json_object_object_get_ex(part, "text", &t) ||
@@ -160,9 +160,9 @@ eph_responses_parse(json_object *body, const char *where, eph_model_response_t *
         }
       }
     } else if (strcmp(type, "function_call") == 0) {
-      const char *id = eph_chat_get_string(item, "call_id");
-      const char *name = eph_chat_get_string(item, "name");
-      const char *args = eph_chat_get_string(item, "arguments");
+      const char *id = eph_json_get_string(item, "call_id");
+      const char *name = eph_json_get_string(item, "name");
+      const char *args = eph_json_get_string(item, "arguments");
       if (!id || !*id || !name || !*name || !args) {
         r = eph_error_set(err, EPH_E_PROTOCOL,
                           "%s: output[%zu]: function_call without call_id, name or arguments",
@@ -183,7 +183,7 @@ eph_responses_parse(json_object *body, const char *where, eph_model_response_t *
   } else if (status && strcmp(status, "incomplete") == 0) {
     json_object *d = NULL;
     json_object_object_get_ex(body, "incomplete_details", &d);
-    const char *why = eph_chat_get_string(d, "reason");
+    const char *why = eph_json_get_string(d, "reason");
     fr = why && strcmp(why, "content_filter") == 0 ? "content_filter" : "length";
   }
   snprintf(resp->finish_reason, sizeof resp->finish_reason, "%s", fr);
@@ -230,7 +230,7 @@ eph_responses_stream_event(eph_responses_stream_t *st, const char *event, const 
   if (!ev)
     return -EPH_E_PROTOCOL;
   /* The payload's own "type" names the event; the SSE event line repeats it. */
-  const char *type = eph_chat_get_string(ev, "type");
+  const char *type = eph_json_get_string(ev, "type");
   if (!type)
     type = event;
   int r = 0;
@@ -250,12 +250,12 @@ eph_responses_stream_event(eph_responses_stream_t *st, const char *event, const 
     }
   } else if (strcmp(type, "response.failed") == 0 || strcmp(type, "error") == 0) {
     json_object *e = NULL, *resp = NULL;
-    const char *m = eph_chat_get_string(ev, "message");
+    const char *m = eph_json_get_string(ev, "message");
     if (!m && json_object_object_get_ex(ev, "response", &resp) &&
         json_object_object_get_ex(resp, "error", &e))
-      m = eph_chat_get_string(e, "message");
+      m = eph_json_get_string(e, "message");
     if (!m && json_object_object_get_ex(ev, "error", &e))
-      m = eph_chat_get_string(e, "message");
+      m = eph_json_get_string(e, "message");
     r = eph_error_set(err, EPH_E_UPSTREAM, "%s: the stream reported %s: %s", where, type,
                       m ? m : "(no message)");
   } else if ((strcmp(type, "response.output_item.added") == 0 ||
@@ -275,7 +275,7 @@ eph_responses_stream_event(eph_responses_stream_t *st, const char *event, const 
     }
   } else if (strcmp(type, "response.output_text.delta") == 0 && indexed && st->items[idx]) {
     json_object *content = NULL, *part = NULL;
-    const char *d = eph_chat_get_string(ev, "delta");
+    const char *d = eph_json_get_string(ev, "delta");
     int64_t ci = 0;
     if (json_object_object_get_ex(ev, "content_index", &v))
       ci = json_object_get_int64(v);
@@ -298,7 +298,7 @@ eph_responses_stream_event(eph_responses_stream_t *st, const char *event, const 
     }
   } else if (strcmp(type, "response.function_call_arguments.delta") == 0 && indexed &&
              st->items[idx]) {
-    const char *d = eph_chat_get_string(ev, "delta");
+    const char *d = eph_json_get_string(ev, "delta");
     if (d)
       append_member(st->items[idx], "arguments", d);
   }

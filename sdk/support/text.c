@@ -69,15 +69,6 @@ eph_utf8_clip(const char *s, size_t bytes)
   return bytes;
 }
 
-const char *
-eph_json_get_string(json_object *obj, const char *key)
-{
-  json_object *v = NULL;
-  if (!obj || !json_object_object_get_ex(obj, key, &v) || !json_object_is_type(v, json_type_string))
-    return NULL;
-  return json_object_get_string(v);
-}
-
 json_object *
 eph_error_result(const char *msg)
 {

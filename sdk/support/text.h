@@ -22,9 +22,17 @@ size_t eph_control_len(const unsigned char *p);
  * (so a truncated text stays valid). */
 size_t eph_utf8_clip(const char *s, size_t bytes);
 
-/* The string member `key` of obj, borrowed from obj; NULL when obj is not an object, the
- * member is absent or not a string (tool arguments: the caller names what is missing). */
-const char *eph_json_get_string(json_object *obj, const char *key);
+/* The string member `key` of obj, borrowed from obj; NULL when obj is NULL or not an
+ * object, the member is absent or not a string (the caller names what is missing). Inline,
+ * so the libraries that do not link this one (the model wire formats) use it too. */
+static inline const char *
+eph_json_get_string(json_object *obj, const char *key)
+{
+  json_object *v = NULL;
+  if (!obj || !json_object_object_get_ex(obj, key, &v) || !json_object_is_type(v, json_type_string))
+    return NULL;
+  return json_object_get_string(v);
+}
 
 /* {"error": msg} as a tool result (a failure the model should see). Owned by the caller;
  * NULL only when out of memory. */
