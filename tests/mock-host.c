@@ -3,6 +3,7 @@
 
 #include "mock-host.h"
 
+#include <dlfcn.h>
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -133,6 +134,33 @@ fh_free(void)
     json_object_put(fh.charges);
   free(fh.log);
   memset(&fh, 0, sizeof fh);
+}
+
+int
+fh_backend_load(fh_backend_t *b, const char *path, const config_setting_t *block, eph_error_t *err)
+{
+  memset(b, 0, sizeof *b);
+  if (!(b->dl = dlopen(path, RTLD_NOW | RTLD_LOCAL)))
+    return eph_error_set(err, ENOENT, "dlopen %s: %s", path, dlerror());
+  b->p = dlsym(b->dl, EPH_PLUGIN_SYMBOL);
+  if (!b->p || b->p->kind != EPH_KIND_BACKEND) {
+    dlclose(b->dl);
+    return eph_error_set(err, EINVAL, "%s: no backend descriptor", path);
+  }
+  b->ops = b->p->ops;
+  int r = b->p->init(&fh_host, block, &b->state, err);
+  if (r < 0) {
+    eph_error_wrap(err, "init");
+    dlclose(b->dl);
+  }
+  return r;
+}
+
+void
+fh_backend_unload(fh_backend_t *b)
+{
+  b->p->fini(b->state);
+  dlclose(b->dl);
 }
 
 char *

@@ -38,6 +38,21 @@ extern int (*fh_sandbox_list)(const char *path, eph_dirent_t **entries, size_t *
 void fh_reset(int64_t budget_micros, const char *state_dir, const char *data_dir);
 void fh_free(void);
 
+/* A backend plugin as the backend tests hold it: dlopen()ed, its descriptor, initialised
+ * with fh_host. */
+typedef struct fh_backend {
+  void *dl;
+  const eph_plugin_t *p;
+  const eph_backend_ops_t *ops;
+  void *state;
+} fh_backend_t;
+/* Opens the plugin file path (RTLD_LOCAL), checks it is a backend and runs its init with
+ * fh_host and block. 0, or negative with err saying which step failed ("dlopen PATH: ...",
+ * "init: ..."; nothing left open). */
+int fh_backend_load(fh_backend_t *b, const char *path, const config_setting_t *block,
+                    eph_error_t *err);
+void fh_backend_unload(fh_backend_t *b);
+
 /* Everything recorded (events, charges, log) as one string, to look for a secret in. Heap,
  * owned by the caller. */
 char *fh_everything(void);

@@ -46,34 +46,14 @@ static config_t cfg;
  * comments. Filled in main(). */
 #define host fh_host
 
-typedef struct loaded {
-  void *dl;
-  const eph_plugin_t *p;
-  const eph_backend_ops_t *ops;
-  void *state;
-} loaded_t;
+typedef fh_backend_t loaded_t;
 
 static void
 load(loaded_t *l)
 {
-  l->dl = dlopen(plugin_path, RTLD_NOW | RTLD_LOCAL);
-  if (!l->dl)
-    fail_msg("dlopen %s: %s", plugin_path, dlerror());
-  l->p = dlsym(l->dl, EPH_PLUGIN_SYMBOL);
-  assert_non_null(l->p);
-  assert_int_equal(l->p->kind, EPH_KIND_BACKEND);
-  l->ops = l->p->ops;
   eph_error_t err = {0};
-  int r = l->p->init(&host, config_lookup(&cfg, "backend-jail"), &l->state, &err);
-  if (r < 0)
-    fail_msg("init: %s", err.message);
-}
-
-static void
-unload(loaded_t *l)
-{
-  l->p->fini(l->state);
-  dlclose(l->dl);
+  if (fh_backend_load(l, plugin_path, config_lookup(&cfg, "backend-jail"), &err) < 0)
+    fail_msg("%s", err.message);
 }
 
 /* ------------------------------------------------------------ helpers */
@@ -664,7 +644,7 @@ setup(void **ctx)
 static int
 teardown(void **ctx)
 {
-  unload(*ctx);
+  fh_backend_unload(*ctx);
   return 0;
 }
 

@@ -83,32 +83,14 @@ log_count(const char *needle)
   return n;
 }
 
-typedef struct loaded {
-  void *dl;
-  const eph_plugin_t *p;
-  const eph_backend_ops_t *ops;
-  void *state;
-} loaded_t;
+typedef fh_backend_t loaded_t;
 
 static void
 load(loaded_t *l)
 {
-  l->dl = dlopen(plugin_path, RTLD_NOW | RTLD_LOCAL);
-  if (!l->dl)
-    fail_msg("dlopen %s: %s", plugin_path, dlerror());
-  l->p = dlsym(l->dl, EPH_PLUGIN_SYMBOL);
-  assert_non_null(l->p);
-  l->ops = l->p->ops;
   eph_error_t err = {0};
-  if (l->p->init(&fh_host, config_lookup(&cfg, "backend-qemu"), &l->state, &err) < 0)
-    fail_msg("init: %s", err.message);
-}
-
-static void
-unload(loaded_t *l)
-{
-  l->p->fini(l->state);
-  dlclose(l->dl);
+  if (fh_backend_load(l, plugin_path, config_lookup(&cfg, "backend-qemu"), &err) < 0)
+    fail_msg("%s", err.message);
 }
 
 /* The first frame of the guest (its hello, after the reseed), within 60 s. */
@@ -306,7 +288,7 @@ test_pool_serves_one_run_each(void **st)
   /* fini ends the pooled one waiting (or being started) now. */
   wait_loaded(3);
   assert_true(pooled_of(me) >= 1);
-  unload(&l);
+  fh_backend_unload(&l);
   assert_int_equal(pooled_of(me), 0);
   DIR *dir;
   snprintf(path, sizeof path, "%s/qemu/run", state_dir);
@@ -387,7 +369,7 @@ test_pool_dies_with_owner(void **st)
   char path[512];
   snprintf(path, sizeof path, "%s/qemu/run/pool-%d-0", state_dir, (int)child);
   assert_int_not_equal(access(path, F_OK), 0);
-  unload(&l);
+  fh_backend_unload(&l);
   close(pfd[0]);
 }
 
@@ -448,7 +430,7 @@ test_pool_refuses_an_older_image(void **st)
   drop(&l, &a, true);
   drop(&l, &b, true);
   drop(&l, &c, true);
-  unload(&l);
+  fh_backend_unload(&l);
   cfg = saved;
   config_destroy(&own);
   snprintf(

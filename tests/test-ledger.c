@@ -33,6 +33,7 @@
 
 #include "conf.h"
 #include "mock-host.h"
+#include "sqlite-damage.h"
 #include "loader.h"
 #include "log.h"
 #include "util.h"
@@ -735,36 +736,6 @@ test_append_only_enforced(void **st)
 }
 
 #if !TEST_LEDGER_PG
-/* Overwrites the page of `table`'s root with bytes that are no b-tree page. The plugin
- * skips the checkpoint at close (its commits are fsync()ed), so the WAL is checkpointed
- * into the file first: a page whose newer copy is in the WAL is not the damage tested
- * here (the next checkpoint would overwrite it). */
-static void
-damage_page(const char *path, const char *table)
-{
-  sqlite3 *db = NULL;
-  assert_int_equal(sqlite3_open_v2(path, &db, SQLITE_OPEN_READWRITE, NULL), SQLITE_OK);
-  assert_int_equal(sqlite3_exec(db, "PRAGMA wal_checkpoint(TRUNCATE)", NULL, NULL, NULL),
-                   SQLITE_OK);
-  sqlite3_stmt *s = NULL;
-  assert_int_equal(
-      sqlite3_prepare_v2(db, "SELECT rootpage FROM sqlite_master WHERE name = ?1", -1, &s, NULL),
-      SQLITE_OK);
-  sqlite3_bind_text(s, 1, table, -1, SQLITE_STATIC);
-  assert_int_equal(sqlite3_step(s), SQLITE_ROW);
-  int page = sqlite3_column_int(s, 0);
-  sqlite3_finalize(s);
-  sqlite3_close(db);
-  assert_true(page > 1);
-  FILE *fp = fopen(path, "r+b");
-  assert_non_null(fp);
-  char junk[4096];
-  memset(junk, 'y', sizeof junk);
-  assert_int_equal(fseek(fp, (long)(page - 1) * 4096, SEEK_SET), 0);
-  assert_int_equal(fwrite(junk, 1, sizeof junk, fp), sizeof junk);
-  assert_int_equal(fclose(fp), 0);
-}
-
 /* A damaged file is refused at init naming it (before: the plugin loaded and every
  * operation on the damaged table failed later); a sound one answers the write probe. */
 static void
@@ -777,7 +748,9 @@ test_damaged_file_refused(void **st)
   assert_true(EPH_OPS_HAS(f->ops, eph_ledger_ops_t, probe));
   assert_int_equal(f->ops->probe(f->state, &err), 0);
   unload(f);
-  damage_page(f->db_path, "reservations");
+  /* ledger-sqlite skips the checkpoint at close (its commits are fsync()ed): the WAL goes
+   * into the file first. */
+  damage_root_page(f->db_path, "reservations", true);
   err = (eph_error_t){0};
   assert_true(load(f, NULL, &err) < 0);
   assert_non_null(strstr(err.message, f->db_path));
@@ -1025,6 +998,21 @@ barrier_wait(int fd)
 
 #define PROCS 4
 
+/* Lets the PROCS children waiting on gate go (closing its write end, which they read EOF
+ * on) and reaps them: each must exit 0. */
+static void
+release_and_reap(int gate[2], const pid_t *pids)
+{
+  close(gate[0]);
+  close(gate[1]);
+  for (int i = 0; i < PROCS; i++) {
+    int status = 0;
+    assert_int_equal(waitpid(pids[i], &status, 0), pids[i]);
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
+  }
+}
+
 /* Several processes (separate plugin instances and connections, as separate hosts) at once:
  * all initialise the same fresh database (one schema, migrated once), all settle the same
  * reservation (settled once, every one gets the same totals), and all race for reservations
@@ -1056,14 +1044,7 @@ test_pg_processes_share_one_ledger(void **st)
       _exit(0); /* no fini: as a crash right after start */
     }
   }
-  close(gate[0]);
-  close(gate[1]);
-  for (int i = 0; i < PROCS; i++) {
-    int status = 0;
-    assert_int_equal(waitpid(pids[i], &status, 0), pids[i]);
-    assert_true(WIFEXITED(status));
-    assert_int_equal(WEXITSTATUS(status), 0);
-  }
+  release_and_reap(gate, pids);
   assert_int_equal(load(f, NULL, &err), 0);
   raw_t *db = raw_open(f);
   assert_int_equal(raw_int(db, "SELECT count(*) FROM schema_version", NULL), 1);
@@ -1109,14 +1090,7 @@ test_pg_processes_share_one_ledger(void **st)
       _exit(granted > 100 ? 14 : 0);
     }
   }
-  close(gate[0]);
-  close(gate[1]);
-  for (int i = 0; i < PROCS; i++) {
-    int status = 0;
-    assert_int_equal(waitpid(pids[i], &status, 0), pids[i]);
-    assert_true(WIFEXITED(status));
-    assert_int_equal(WEXITSTATUS(status), 0);
-  }
+  release_and_reap(gate, pids);
   db = raw_open(f);
   assert_int_equal(raw_int(db,
                            "SELECT count(*) FROM entries WHERE kind = 'settle'"

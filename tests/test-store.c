@@ -25,6 +25,7 @@
 #endif
 
 #include "admin.h"
+#include "sqlite-damage.h"
 #include "store.h"
 #include "util.h"
 
@@ -452,18 +453,17 @@ claimer(void *p)
   return NULL;
 }
 
+/* CLAIMERS threads claiming one key at once, thread i on stores[i] as run_claim_<i>: one
+ * winner, every other claim answers with the winner's run. */
 static void
-test_idempotency_concurrent_claims(void **st)
+race_claims(eph_store_t *const *stores, const char *hash)
 {
-  fixture_t *f = *st;
-  char h[65];
-  sha("{\"prompt\":\"race\"}", h);
   pthread_t th[CLAIMERS];
   claim_arg_t args[CLAIMERS];
   pthread_barrier_t barrier;
   pthread_barrier_init(&barrier, NULL, CLAIMERS);
   for (int i = 0; i < CLAIMERS; i++) {
-    args[i] = (claim_arg_t){.store = f->store, .hash = h, .index = i, .barrier = &barrier};
+    args[i] = (claim_arg_t){.store = stores[i], .hash = hash, .index = i, .barrier = &barrier};
     assert_int_equal(pthread_create(&th[i], NULL, claimer, &args[i]), 0);
   }
   for (int i = 0; i < CLAIMERS; i++)
@@ -485,6 +485,18 @@ test_idempotency_concurrent_claims(void **st)
       assert_string_equal(args[i].existing, won);
     free(args[i].existing);
   }
+}
+
+static void
+test_idempotency_concurrent_claims(void **st)
+{
+  fixture_t *f = *st;
+  char h[65];
+  sha("{\"prompt\":\"race\"}", h);
+  eph_store_t *stores[CLAIMERS];
+  for (int i = 0; i < CLAIMERS; i++)
+    stores[i] = f->store;
+  race_claims(stores, h);
 }
 
 /* A second store on the same file (another process's view) sees the claim: the claim is
@@ -687,26 +699,7 @@ test_damaged_file_refused(void **st)
   assert_false(eph_store_fault(f->store, NULL, 0));
   eph_store_close(f->store);
   f->store = NULL;
-  sqlite3 *db = NULL;
-  assert_int_equal(sqlite3_open_v2(f->path, &db, SQLITE_OPEN_READONLY, NULL), SQLITE_OK);
-  sqlite3_stmt *s = NULL;
-  assert_int_equal(sqlite3_prepare_v2(db,
-                                      "SELECT rootpage FROM sqlite_master"
-                                      " WHERE name = 'api_keys'",
-                                      -1, &s, NULL),
-                   SQLITE_OK);
-  assert_int_equal(sqlite3_step(s), SQLITE_ROW);
-  int page = sqlite3_column_int(s, 0);
-  sqlite3_finalize(s);
-  sqlite3_close(db);
-  assert_true(page > 1);
-  FILE *fp = fopen(f->path, "r+b");
-  assert_non_null(fp);
-  char junk[4096];
-  memset(junk, 'y', sizeof junk);
-  assert_int_equal(fseek(fp, (long)(page - 1) * 4096, SEEK_SET), 0);
-  assert_int_equal(fwrite(junk, 1, sizeof junk, fp), sizeof junk);
-  assert_int_equal(fclose(fp), 0);
+  damage_root_page(f->path, "api_keys", false);
   err = (eph_error_t){0};
   assert_int_equal(eph_store_open(f->path, NULL, &f->store, &err), -EIO);
   assert_null(f->store);
@@ -735,23 +728,8 @@ test_damage_found_while_open_is_sticky(void **st)
                                 "PRAGMA wal_checkpoint(TRUNCATE);",
                                 NULL, NULL, NULL),
                    SQLITE_OK);
-  sqlite3_stmt *s = NULL;
-  assert_int_equal(sqlite3_prepare_v2(db,
-                                      "SELECT rootpage FROM sqlite_master"
-                                      " WHERE name = 'api_keys'",
-                                      -1, &s, NULL),
-                   SQLITE_OK);
-  assert_int_equal(sqlite3_step(s), SQLITE_ROW);
-  int page = sqlite3_column_int(s, 0);
-  sqlite3_finalize(s);
   sqlite3_close(db);
-  FILE *fp = fopen(f->path, "r+b");
-  assert_non_null(fp);
-  char junk[4096];
-  memset(junk, 'y', sizeof junk);
-  assert_int_equal(fseek(fp, (long)(page - 1) * 4096, SEEK_SET), 0);
-  assert_int_equal(fwrite(junk, 1, sizeof junk, fp), sizeof junk);
-  assert_int_equal(fclose(fp), 0);
+  damage_root_page(f->path, "api_keys", false);
   assert_false(eph_store_fault(f->store, NULL, 0));
   err = (eph_error_t){0};
   assert_int_equal(eph_store_key_verify(f->store, key, NULL, NULL, &err), -EIO);
@@ -771,38 +749,15 @@ test_idempotency_concurrent_claims_separate_connections(void **st)
   fixture_t *f = *st;
   char h[65];
   sha("{\"prompt\":\"nodes\"}", h);
-  pthread_t th[CLAIMERS];
-  claim_arg_t args[CLAIMERS];
   eph_store_t *stores[CLAIMERS];
-  pthread_barrier_t barrier;
-  pthread_barrier_init(&barrier, NULL, CLAIMERS);
   for (int i = 0; i < CLAIMERS; i++) {
     eph_error_t err = {0};
     if (eph_store_open(f->path, NULL, &stores[i], &err) < 0)
       fail_msg("%s", err.message);
-    args[i] = (claim_arg_t){.store = stores[i], .hash = h, .index = i, .barrier = &barrier};
-    assert_int_equal(pthread_create(&th[i], NULL, claimer, &args[i]), 0);
   }
+  race_claims(stores, h);
   for (int i = 0; i < CLAIMERS; i++)
-    pthread_join(th[i], NULL);
-  pthread_barrier_destroy(&barrier);
-  int winners = 0, winner = -1;
-  for (int i = 0; i < CLAIMERS; i++) {
-    assert_true(args[i].result == 0 || args[i].result == 1);
-    if (args[i].result == 0) {
-      winners++;
-      winner = i;
-    }
     eph_store_close(stores[i]);
-  }
-  assert_int_equal(winners, 1);
-  char won[32];
-  snprintf(won, sizeof won, "run_claim_%02d", winner);
-  for (int i = 0; i < CLAIMERS; i++) {
-    if (i != winner)
-      assert_string_equal(args[i].existing, won);
-    free(args[i].existing);
-  }
 }
 
 typedef struct opener_arg {

@@ -33,13 +33,6 @@
 static th_httpd_t *httpd;
 static char secret_file[256];
 
-static const char *
-str_of(json_object *o, const char *key)
-{
-  json_object *v = NULL;
-  return json_object_object_get_ex(o, key, &v) ? json_object_get_string(v) : NULL;
-}
-
 static const eph_plugin_slot_t *
 load_broker(void)
 {

@@ -108,13 +108,6 @@ sbx_list(const char *path, eph_dirent_t **entries, size_t *count, eph_error_t *e
   return 0;
 }
 
-static const char *
-str_of(json_object *o, const char *key)
-{
-  json_object *v = NULL;
-  return json_object_object_get_ex(o, key, &v) ? json_object_get_string(v) : NULL;
-}
-
 static json_object *
 call(const eph_plugin_slot_t *s, const char *tool, const char *args)
 {

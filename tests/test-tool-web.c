@@ -37,13 +37,6 @@ ports_cfg(void)
   return buf;
 }
 
-static const char *
-str_of(json_object *o, const char *key)
-{
-  json_object *v = NULL;
-  return json_object_object_get_ex(o, key, &v) ? json_object_get_string(v) : NULL;
-}
-
 static int
 int_of(json_object *o, const char *key)
 {

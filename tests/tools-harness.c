@@ -243,6 +243,13 @@ completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestT
   *con_cls = NULL;
 }
 
+const char *
+str_of(json_object *o, const char *key)
+{
+  json_object *v = NULL;
+  return json_object_object_get_ex(o, key, &v) ? json_object_get_string(v) : NULL;
+}
+
 th_httpd_t *
 th_httpd_start(const char *ipv4)
 {

@@ -42,6 +42,10 @@ int th_teardown(void **state);
 json_object *th_call(const eph_plugin_slot_t *slot, const char *tool, const char *args,
                      const char *grants, int zdr, eph_error_t *err);
 
+/* A result's member key as text (json_object_get_string: a number or boolean as its JSON
+ * text), NULL when absent. Borrowed from o. */
+const char *str_of(json_object *o, const char *key);
+
 /* ---- the outside world: an HTTP server on 127.0.0.1 */
 
 typedef struct th_httpd th_httpd_t;
