@@ -75,20 +75,24 @@ static const eph_config_key_t ledger_keys[] = {
      "this node's open reservations. Unset: the core's `node_name` (default the hostname). "
      "Must differ between nodes sharing the database."},
     {"connections", EPH_CFG_INT, "4", NULL,
-     "Connections in the plugin's pool; an operation holds one for its transaction."},
+     "Connections in the plugin's pool; an operation holds one for its transaction.",
+     EPH_CFG_RANGE(1, 64)},
     {"connect_timeout_s", EPH_CFG_INT, "5", "seconds",
      "How long connecting (or reconnecting) waits for the server (a connect_timeout in the "
-     "URI wins)."},
+     "URI wins).",
+     EPH_CFG_RANGE(1, 3600)},
     {"statement_timeout_ms", EPH_CFG_INT, "10000", "ms",
      "A statement running longer (a lock held by a stuck client) is cancelled and the "
-     "operation fails with EBUSY."},
+     "operation fails with EBUSY. 0: no limit.",
+     EPH_CFG_RANGE(0, INT_MAX)},
     {"require_tls", EPH_CFG_BOOL, "true", NULL,
      "Refuse a `database` that reaches a host other than a Unix socket or loopback without "
      "sslmode=verify-full: money and credentials would cross the network readable and "
      "alterable."},
     {"max_attempts", EPH_CFG_INT, "20", NULL,
      "How many times a transaction aborted by a serialization failure or a deadlock is run "
-     "before the operation fails with EBUSY."},
+     "before the operation fails with EBUSY.",
+     EPH_CFG_RANGE(1, 1000)},
     {0},
 };
 
@@ -488,20 +492,8 @@ ledger_init(const eph_host_t *host, const config_setting_t *config, void **state
   const char *source = own_db ? "key 'database'" : "the core's `database`";
   if (require_tls && (r = check_transport(db, source, err)) < 0)
     return r;
-  if (conns < 1 || conns > 64)
-    return eph_error_set(err, EPH_E_CONFIG,
-                         PLUGIN ": key 'connections': %" PRId64 " is not within 1..64", conns);
-  if (connect_s < 1 || connect_s > 3600)
-    return eph_error_set(err, EPH_E_CONFIG,
-                         PLUGIN ": key 'connect_timeout_s': %" PRId64 " is not within 1..3600",
-                         connect_s);
-  if (stmt_ms < 0 || stmt_ms > INT_MAX)
-    return eph_error_set(err, EPH_E_CONFIG,
-                         PLUGIN ": key 'statement_timeout_ms': %" PRId64 " out of range", stmt_ms);
-  if (attempts < 1 || attempts > 1000)
-    return eph_error_set(err, EPH_E_CONFIG,
-                         PLUGIN ": key 'max_attempts': %" PRId64 " is not within 1..1000",
-                         attempts);
+  /* connections, connect_timeout_s, statement_timeout_ms and max_attempts are within their
+   * rows' ranges: the host refuses a value outside (file:line) before init and in cfg_int. */
 
   ledger_t *l = calloc(1, sizeof *l);
   if (!l)

@@ -229,7 +229,8 @@ static const eph_config_key_t ledger_keys[] = {
      "The ledger's SQLite file. A relative path is taken relative to the state directory."},
     {"busy_timeout_ms", EPH_CFG_INT, "5000", "ms",
      "How long an operation waits for another process holding the file's write lock before "
-     "failing with EBUSY."},
+     "failing with EBUSY.",
+     EPH_CFG_RANGE(0, INT_MAX)},
     {"synchronous", EPH_CFG_STRING, "\"full\"", NULL,
      "\"full\": credits, reservations and settlements are fsync()ed and survive power loss; "
      "charges are group-committed (fsync()ed at least once a second: a power cut may roll back "
@@ -684,9 +685,7 @@ ledger_init(const eph_host_t *host, const config_setting_t *config, void **state
                          "ledger-sqlite: key 'synchronous': \"%s\" is neither \"full\" nor "
                          "\"normal\"",
                          sync);
-  if (busy_ms < 0 || busy_ms > INT_MAX)
-    return eph_error_set(err, EPH_E_CONFIG,
-                         "ledger-sqlite: key 'busy_timeout_ms': %" PRId64 " out of range", busy_ms);
+  /* busy_timeout_ms is within its row's range (the host refuses a value outside it). */
 
   ledger_t *l = calloc(1, sizeof *l);
   if (!l)

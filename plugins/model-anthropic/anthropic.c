@@ -54,7 +54,8 @@ static const eph_config_key_t anthropic_keys[] = {
      "call: the next call of the run reads that prefix from Anthropic's prompt cache. Cache "
      "writes and reads are billed at their own prices (pricing.models)."},
     {"max_continuations", EPH_CFG_INT, "3", NULL,
-     "How many times one call continues a turn the API paused (stop_reason pause_turn)."},
+     "How many times one call continues a turn the API paused (stop_reason pause_turn).",
+     EPH_CFG_RANGE(0, 100)},
     EPH_MHTTP_POLICY_KEYS("408, 409, 429, 529 (overloaded) or other 5xx"),
     {0},
 };
@@ -114,10 +115,6 @@ anthropic_init(const eph_host_t *host, const config_setting_t *config, void **st
     goto fail;
   if (!*prefix) {
     r = eph_error_set(err, EPH_E_CONFIG, "strip_prefix must not be empty (e.g. \"anthropic/\")");
-    goto fail;
-  }
-  if (s->max_continuations < 0 || s->max_continuations > 100) {
-    r = eph_error_set(err, EPH_E_CONFIG, "max_continuations must be within 0..100");
     goto fail;
   }
   for (const char *p = version; *p; p++)
