@@ -139,15 +139,24 @@ eph_chat_stream_json(const char *data, size_t len, const char *where, const char
 }
 
 int
+eph_chat_parse_begin(json_object *body, const char *where, eph_model_response_t *resp,
+                     eph_error_t *err)
+{
+  resp->message = NULL;
+  if (!json_object_is_type(body, json_type_object))
+    return eph_error_set(err, EPH_E_PROTOCOL, "%s: response body is not a JSON object", where);
+  return 0;
+}
+
+int
 eph_chat_parse_response(json_object *body, const char *where, eph_model_response_t *resp,
                         eph_error_t *err)
 {
   json_object *choices = NULL, *choice = NULL, *msg = NULL, *usage = NULL, *v = NULL;
   int r;
 
-  resp->message = NULL;
-  if (!json_object_is_type(body, json_type_object))
-    return eph_error_set(err, EPH_E_PROTOCOL, "%s: response body is not a JSON object", where);
+  if ((r = eph_chat_parse_begin(body, where, resp, err)) < 0)
+    return r;
   if (!json_object_object_get_ex(body, "choices", &choices) ||
       !json_object_is_type(choices, json_type_array) || json_object_array_length(choices) == 0)
     return eph_error_set(err, EPH_E_PROTOCOL, "%s: response has no choices", where);

@@ -31,6 +31,12 @@
 int eph_chat_parse_response(json_object *body, const char *where, eph_model_response_t *resp,
                             eph_error_t *err);
 
+/* What every parser of a response body starts with: resp->message NULL (it stays so on
+ * failure), then -EPH_E_PROTOCOL "<where>: response body is not a JSON object" unless body
+ * is one. */
+int eph_chat_parse_begin(json_object *body, const char *where, eph_model_response_t *resp,
+                         eph_error_t *err);
+
 /* The response body's "usage" object (borrowed), or NULL with -EPH_E_PROTOCOL: every
  * wire format must count its tokens, they are billed. */
 json_object *eph_chat_usage(json_object *body, const char *where, eph_error_t *err);

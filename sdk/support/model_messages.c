@@ -172,9 +172,8 @@ eph_messages_parse(json_object *body, const char *where, eph_model_response_t *r
 {
   json_object *content = NULL, *usage = NULL, *v = NULL;
   int r;
-  resp->message = NULL;
-  if (!json_object_is_type(body, json_type_object))
-    return eph_error_set(err, EPH_E_PROTOCOL, "%s: response body is not a JSON object", where);
+  if ((r = eph_chat_parse_begin(body, where, resp, err)) < 0)
+    return r;
   const char *type = eph_json_get_string(body, "type");
   if (type && strcmp(type, "error") == 0) {
     json_object_object_get_ex(body, "error", &v);
