@@ -7,9 +7,7 @@
  * Figures only, never a test. usage: bench/qemu-pool-bench [N]   (as root; EPH_BUILDDIR,
  * EPH_STATE_DIR as for tests/qemu-pool.test: bench/qemu-bench sets them). */
 #define _GNU_SOURCE
-#include <dlfcn.h>
 #include <inttypes.h>
-#include <poll.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -50,9 +48,7 @@ bench_log(eph_log_level_t level, const char *fmt, ...)
 }
 
 typedef struct inst {
-  void *dl;
-  const eph_plugin_t *p;
-  void *state;
+  fh_backend_t b;
   config_t cfg;
 } inst_t;
 
@@ -65,14 +61,9 @@ load(inst_t *in, const char *so, int pool)
   if (config_read_string(&in->cfg, text) != CONFIG_TRUE)
     return -1;
   /* RTLD_LOCAL twice: one copy, two independent states */
-  if (!(in->dl = dlopen(so, RTLD_NOW | RTLD_LOCAL)) ||
-      !(in->p = dlsym(in->dl, EPH_PLUGIN_SYMBOL))) {
-    fprintf(stderr, "dlopen %s: %s\n", so, dlerror());
-    return -1;
-  }
   eph_error_t err = {0};
-  if (in->p->init(&fh_host, config_lookup(&in->cfg, "backend-qemu"), &in->state, &err) < 0) {
-    fprintf(stderr, "init: %s\n", err.message);
+  if (fh_backend_load(&in->b, so, config_lookup(&in->cfg, "backend-qemu"), &err) < 0) {
+    fprintf(stderr, "%s\n", err.message);
     return -1;
   }
   return 0;
@@ -87,19 +78,12 @@ one(inst_t *in, const char *id, int64_t ms[PHASES])
   int fd = -1;
   eph_error_t err = {0};
   int64_t t0 = eph_now_ms();
-  if (((const eph_backend_ops_t *)in->p->ops)->create(in->state, &spec, &s, &fd, &err) < 0) {
+  if (in->b.ops->create(in->b.state, &spec, &s, &fd, &err) < 0) {
     fprintf(stderr, "create: %s\n", err.message);
     return -1;
   }
-  eph_frame_reader_t rd = {0};
-  json_object *hello = NULL;
-  while (!hello && eph_now_ms() - t0 < 60000) {
-    struct pollfd p = {.fd = fd, .events = POLLIN};
-    if (poll(&p, 1, 1000) > 0 && eph_frame_reader_feed(&rd, fd, &hello) < 0)
-      break;
-  }
+  json_object *hello = fh_first_frame(fd, 60000 - (eph_now_ms() - t0));
   int64_t ready = eph_now_ms() - t0;
-  eph_frame_reader_clear(&rd);
   int r = hello ? 0 : -1;
   json_object_put(hello);
   long long v[6] = {0};
@@ -115,7 +99,7 @@ one(inst_t *in, const char *id, int64_t ms[PHASES])
   ms[0] = v[0], ms[1] = v[1], ms[2] = v[2], ms[3] = v[3], ms[4] = ready - v[4], ms[5] = ready;
   ms[6] = v[5];
   eph_sandbox_report_t rep = {.struct_size = sizeof rep};
-  ((const eph_backend_ops_t *)in->p->ops)->destroy(in->state, s, &rep, &err);
+  in->b.ops->destroy(in->b.state, s, &rep, &err);
   close(fd);
   return r;
 }
@@ -194,8 +178,8 @@ main(int argc, char **argv)
   }
   free(col);
   free(m);
-  pooled.p->fini(pooled.state);
-  plain.p->fini(plain.state);
+  fh_backend_unload(&pooled.b);
+  fh_backend_unload(&plain.b);
   config_destroy(&pooled.cfg);
   config_destroy(&plain.cfg);
   fh_free();

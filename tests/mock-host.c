@@ -10,7 +10,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <poll.h>
+
 #include "conf.h"
+#include "guest/protocol.h"
 #include "log.h"
 #include "util.h"
 
@@ -161,6 +164,23 @@ fh_backend_unload(fh_backend_t *b)
 {
   b->p->fini(b->state);
   dlclose(b->dl);
+}
+
+json_object *
+fh_first_frame(int fd, int64_t within_ms)
+{
+  eph_frame_reader_t rd = {0};
+  json_object *o = NULL;
+  int64_t end = eph_now_ms() + within_ms;
+  while (!o && eph_now_ms() < end) {
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    if (poll(&p, 1, 1000) <= 0)
+      continue;
+    if (eph_frame_reader_feed(&rd, fd, &o) < 0)
+      break;
+  }
+  eph_frame_reader_clear(&rd);
+  return o;
 }
 
 char *

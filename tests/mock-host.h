@@ -52,6 +52,9 @@ typedef struct fh_backend {
 int fh_backend_load(fh_backend_t *b, const char *path, const config_setting_t *block,
                     eph_error_t *err);
 void fh_backend_unload(fh_backend_t *b);
+/* The first frame the guest on fd sends (its hello), waited for within_ms at most; NULL
+ * when none came whole by then or the stream failed. Owned by the caller. */
+json_object *fh_first_frame(int fd, int64_t within_ms);
 
 /* Everything recorded (events, charges, log) as one string, to look for a secret in. Heap,
  * owned by the caller. */

@@ -14,7 +14,6 @@
  * EPH_STATE_DIR = the state directory holding the guest image. */
 #define _GNU_SOURCE
 #include <dirent.h>
-#include <dlfcn.h>
 #include <fcntl.h>
 #include <errno.h>
 #include <inttypes.h>
@@ -97,17 +96,7 @@ load(loaded_t *l)
 static json_object *
 read_hello(int fd)
 {
-  eph_frame_reader_t rd = {0};
-  json_object *o = NULL;
-  int64_t end = eph_now_ms() + 60000;
-  while (!o && eph_now_ms() < end) {
-    struct pollfd p = {.fd = fd, .events = POLLIN};
-    if (poll(&p, 1, 1000) <= 0)
-      continue;
-    if (eph_frame_reader_feed(&rd, fd, &o) < 0)
-      break;
-  }
-  eph_frame_reader_clear(&rd);
+  json_object *o = fh_first_frame(fd, 60000);
   if (!o)
     fail_msg("no hello from the guest");
   assert_string_equal(eph_proto_str(o, "type"), "hello");
