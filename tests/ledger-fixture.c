@@ -3,7 +3,6 @@
 
 #include "ledger-fixture.h"
 
-
 const char *
 plugin_path(void)
 {
