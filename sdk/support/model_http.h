@@ -133,6 +133,9 @@ void eph_mhttp_redact(char *msg, size_t size, const char *key);
 __attribute__((format(printf, 4, 5))) void
 eph_mhttp_log(const eph_host_t *host, const char *key, eph_log_level_t level, const char *fmt, ...);
 
+/* s without its leading and trailing white space (cut in place; a pointer into s). */
+char *eph_mhttp_trim(char *s);
+
 /* A printable excerpt of len bytes of body (control bytes become '.'). */
 void eph_mhttp_excerpt(const char *body, size_t len, char *out, size_t size);
 
