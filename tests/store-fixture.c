@@ -3,7 +3,6 @@
 
 #include "store-fixture.h"
 
-
 #ifdef HAVE_LIBPQ
 /* Runs sql on the test database through a connection of its own (a writer that bypasses
  * the store); params: up to 2 text values. Returns the result (caller clears) or fails. */
