@@ -55,19 +55,33 @@ eph_sqlrow_prepare(sqlite3 *db, const char *sql, const char *types, ...)
   return st;
 }
 
+/* Runs the statement sql, prepared and bound from ap: with rows, each row it returns is
+ * appended as an object of names; without, it must return none. *changes (when not NULL)
+ * gets sqlite3_changes(db). 0, or -1 (sqlite3_errmsg(db) says why: a statement's error
+ * stays the connection's after finalize). */
+static int
+run_va(sqlite3 *db, json_object *rows, const char *const *names, int n, int *changes,
+       const char *sql, const char *types, va_list ap)
+{
+  sqlite3_stmt *st = prepare_va(db, sql, types, ap);
+  if (!st)
+    return -1;
+  int rc;
+  while ((rc = sqlite3_step(st)) == SQLITE_ROW && rows)
+    json_object_array_add(rows, eph_sqlrow_object(st, names, n));
+  if (changes)
+    *changes = sqlite3_changes(db);
+  sqlite3_finalize(st);
+  return rc == SQLITE_DONE ? 0 : -1;
+}
+
 int
 eph_sqlrow_exec(sqlite3 *db, int *changes, const char *sql, const char *types, ...)
 {
   va_list ap;
   va_start(ap, types);
-  sqlite3_stmt *st = prepare_va(db, sql, types, ap);
+  int r = run_va(db, NULL, NULL, 0, changes, sql, types, ap);
   va_end(ap);
-  if (!st)
-    return -1;
-  int r = sqlite3_step(st) == SQLITE_DONE ? 0 : -1;
-  if (changes)
-    *changes = sqlite3_changes(db);
-  sqlite3_finalize(st);
   return r;
 }
 
@@ -77,16 +91,9 @@ eph_sqlrow_select(sqlite3 *db, json_object *rows, const char *const *names, int 
 {
   va_list ap;
   va_start(ap, types);
-  sqlite3_stmt *st = prepare_va(db, sql, types, ap);
+  int r = run_va(db, rows, names, n, NULL, sql, types, ap);
   va_end(ap);
-  if (!st)
-    return -1;
-  int rc;
-  while ((rc = sqlite3_step(st)) == SQLITE_ROW)
-    json_object_array_add(rows, eph_sqlrow_object(st, names, n));
-  /* The statement's error stays the connection's after finalize: sqlite3_errmsg(db). */
-  sqlite3_finalize(st);
-  return rc == SQLITE_DONE ? 0 : -1;
+  return r;
 }
 
 json_object *
