@@ -41,7 +41,6 @@
 #include <linux/netlink.h>
 #include <linux/rtnetlink.h>
 #include <net/if.h>
-#include <netinet/in.h>
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
@@ -605,9 +604,8 @@ new_clocks(const jail_child_args_t *a)
     die(a, "prctl(PR_SET_DUMPABLE)", NULL);
 }
 
-/* A run granting web: no IPv6 at all in the sandbox's netns (the proxy's listener is IPv4
- * only and nothing else may be reachable), through our own /proc (the host's may be
- * read-only). */
+/* A run granting web: no IPv6 in the sandbox's netns (the proxy's listener is IPv4 only),
+ * written through our own /proc (the host's may be read-only). */
 static void
 ipv6_off(const jail_child_args_t *a)
 {
