@@ -260,9 +260,7 @@ eph_cmd_exec(eph_ctx_t *ctx, int argc, char **argv)
       eph_error("exec: --web: %s", err.message);
       goto out;
     }
-    spec.network = 1;
-    spec.proxy_url = eph_egress_url(egress);
-    spec.proxy_netns_fd = eph_egress_netns_fd(egress);
+    eph_egress_spec(egress, &spec);
   }
   if (eph_sbx_create(backend, &spec, &sbx, &err) < 0) {
     eph_error("exec: %s", err.message);

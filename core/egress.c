@@ -18,7 +18,6 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
-#include <sched.h>
 #include <stdio.h>
 #include <string.h>
 #include <strings.h>
@@ -31,14 +30,18 @@
 #include "log.h"
 #include "util.h"
 
+#ifndef SO_NETNS_COOKIE
+#define SO_NETNS_COOKIE 71 /* Linux 5.14, asm-generic/socket.h */
+#endif
+
 #define HEAD_MAX_BYTES 16384
 #define RELAY_CHUNK 16384
 #define CONNECT_TIMEOUT_MS 10000
 
 struct eph_egress {
   eph_egress_options_t opt;
-  int listen_fd; /* in the proxy's own netns */
-  int netns_fd;  /* that netns */
+  uint32_t addr; /* P, the proxy's address (host byte order) */
+  int listen_fd; /* the backend's listener (eph_egress_attach), in the sandbox's reach; or -1 */
   int lock_fd;   /* bound to P:port in the host's netns: the /30 is ours */
   int wake[2];
   /* The host's network namespace (of the thread that started the proxy): connection
@@ -502,7 +505,7 @@ accept_main(void *arg)
       return NULL;
     int fd = accept4(e->listen_fd, NULL, NULL, SOCK_CLOEXEC);
     if (fd < 0)
-      continue;
+      continue; /* EAGAIN (a connection gone before we took it), EINTR, ECONNABORTED */
     pthread_mutex_lock(&e->lock);
     if (e->stopping || e->active >= e->opt.max_connections) {
       e->refused++;
@@ -571,45 +574,6 @@ address_is_local(uint32_t a)
   return local;
 }
 
-/* The listening socket lives in a network namespace of its own, made by a short-lived
- * thread (only that thread changes netns; a socket keeps the netns it was made in): the
- * sandbox's link ends there, so the proxy is the only thing a sandbox can reach. The
- * proxy's other sockets are made by threads in the host's netns and reach the world. */
-typedef struct listen_job {
-  uint32_t addr;
-  int port;
-  int listen_fd, netns_fd;
-  eph_error_t err;
-} listen_job_t;
-
-static void *
-listen_main(void *arg)
-{
-  listen_job_t *j = arg;
-  j->listen_fd = j->netns_fd = -1;
-  if (unshare(CLONE_NEWNET) < 0) {
-    eph_error_set(&j->err, errno, "egress: unshare(CLONE_NEWNET) for the proxy: %s",
-                  strerror(errno));
-    return NULL;
-  }
-  j->netns_fd = open("/proc/thread-self/ns/net", O_RDONLY | O_CLOEXEC);
-  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  int one = 1;
-  struct sockaddr_in sin = {.sin_family = AF_INET,
-                            .sin_port = htons((uint16_t)j->port),
-                            .sin_addr.s_addr = htonl(j->addr)};
-  /* FREEBIND: the address appears once the backend made the link. */
-  if (j->netns_fd < 0 || fd < 0 || setsockopt(fd, SOL_IP, IP_FREEBIND, &one, sizeof one) < 0 ||
-      bind(fd, (struct sockaddr *)&sin, sizeof sin) < 0 || listen(fd, 64) < 0) {
-    eph_error_set(&j->err, errno, "egress: the proxy's listening socket: %s", strerror(errno));
-    if (fd >= 0)
-      close(fd);
-    return NULL;
-  }
-  j->listen_fd = fd;
-  return NULL;
-}
-
 int
 eph_egress_start(const eph_egress_options_t *opt, eph_egress_t **out, eph_error_t *err)
 {
@@ -649,21 +613,6 @@ eph_egress_start(const eph_egress_options_t *opt, eph_egress_t **out, eph_error_
   if (lock < 0)
     return eph_error_set(err, EADDRNOTAVAIL, "egress: pool %s has no free /30 left", opt->pool);
 
-  listen_job_t job = {.addr = chosen, .port = opt->port};
-  pthread_t t;
-  if (pthread_create(&t, NULL, listen_main, &job) != 0) {
-    close(lock);
-    return eph_error_set(err, EAGAIN, "egress: cannot start a thread");
-  }
-  pthread_join(t, NULL);
-  if (job.listen_fd < 0) {
-    close(lock);
-    if (job.netns_fd >= 0)
-      close(job.netns_fd);
-    *err = job.err;
-    return -job.err.code;
-  }
-
   eph_egress_t *e = eph_xcalloc(1, sizeof *e);
   e->opt = *opt;
   struct stat ns;
@@ -671,8 +620,8 @@ eph_egress_start(const eph_egress_options_t *opt, eph_egress_t **out, eph_error_
     e->host_netns_dev = ns.st_dev;
     e->host_netns_ino = ns.st_ino;
   } /* else every connection is refused by in_host_netns(): fail closed */
-  e->listen_fd = job.listen_fd;
-  e->netns_fd = job.netns_fd;
+  e->addr = chosen;
+  e->listen_fd = -1;
   e->lock_fd = lock;
   e->wake[0] = e->wake[1] = -1;
   struct in_addr in = {.s_addr = htonl(chosen)};
@@ -683,34 +632,118 @@ eph_egress_start(const eph_egress_options_t *opt, eph_egress_t **out, eph_error_
   pthread_cond_init(&e->cond, NULL);
   if (pipe2(e->wake, O_CLOEXEC) < 0) {
     r = eph_error_set(err, errno, "egress: pipe: %s", strerror(errno));
-    goto fail;
+    close(e->lock_fd);
+    pthread_mutex_destroy(&e->lock);
+    pthread_cond_destroy(&e->cond);
+    free(e);
+    return r;
   }
-  if (pthread_create(&e->acceptor, NULL, accept_main, e) != 0) {
-    r = eph_error_set(err, EAGAIN, "egress: cannot start the accept thread");
-    goto fail;
-  }
-  e->acceptor_running = true;
-  eph_debug("egress: proxy listening on %s", e->url);
+  eph_debug("egress: proxy at %s, waiting for the sandbox's listener", e->url);
   *out = e;
   return 0;
-fail:
-  close(e->listen_fd);
-  close(e->netns_fd);
-  close(e->lock_fd);
-  if (e->wake[0] >= 0) {
-    close(e->wake[0]);
-    close(e->wake[1]);
+}
+
+static bool
+sockopt_int(int fd, int name, int *value)
+{
+  socklen_t len = sizeof *value;
+  return getsockopt(fd, SOL_SOCKET, name, value, &len) == 0 && len == sizeof *value;
+}
+
+static bool
+netns_cookie(int fd, uint64_t *cookie)
+{
+  socklen_t len = sizeof *cookie;
+  return getsockopt(fd, SOL_SOCKET, SO_NETNS_COOKIE, cookie, &len) == 0 && len == sizeof *cookie;
+}
+
+/* What eph_egress_attach accepts (see egress.h): the listener a backend made where only
+ * its sandbox reaches it. */
+static int
+check_listener(const eph_egress_t *e, int fd, eph_error_t *err)
+{
+  int domain = -1, type = -1, proto = -1, listening = 0;
+  if (!sockopt_int(fd, SO_DOMAIN, &domain) || domain != AF_INET ||
+      !sockopt_int(fd, SO_TYPE, &type) || type != SOCK_STREAM ||
+      !sockopt_int(fd, SO_PROTOCOL, &proto) || proto != IPPROTO_TCP)
+    return eph_error_set(err, EPROTOTYPE,
+                         "egress: the backend's proxy socket is not an IPv4 TCP socket: refused");
+  if (!sockopt_int(fd, SO_ACCEPTCONN, &listening) || !listening)
+    return eph_error_set(err, EINVAL,
+                         "egress: the backend's proxy socket is not listening: refused");
+  struct sockaddr_in sin;
+  socklen_t len = sizeof sin;
+  if (getsockname(fd, (struct sockaddr *)&sin, &len) < 0 || len != sizeof sin ||
+      sin.sin_family != AF_INET || sin.sin_addr.s_addr != htonl(e->addr) ||
+      ntohs(sin.sin_port) != e->opt.port)
+    return eph_error_set(err, EADDRNOTAVAIL,
+                         "egress: the backend's proxy socket is not bound to %s: refused",
+                         e->url + strlen("http://"));
+  /* Where it listens: a listener in the host's network namespace would take connections
+   * from every process of the host, on the run's budget. The kernel's namespace cookie
+   * (Linux 5.14) tells namespaces apart; a kernel that cannot tell is refused as well. The
+   * lock socket was made in the host's namespace. */
+  uint64_t cookie = 0, host = 0;
+  errno = 0;
+  if (!netns_cookie(fd, &cookie) || !netns_cookie(e->lock_fd, &host)) {
+    int en = errno ? errno : EINVAL;
+    return eph_error_set(err, en,
+                         "egress: SO_NETNS_COOKIE: %s: the proxy socket's network namespace "
+                         "cannot be told from the host's: refused",
+                         strerror(en));
   }
-  pthread_mutex_destroy(&e->lock);
-  pthread_cond_destroy(&e->cond);
-  free(e);
-  return r;
+  if (cookie == host)
+    return eph_error_set(err, EPERM,
+                         "egress: the backend's proxy socket listens in the host's network "
+                         "namespace, where every host process could reach it: refused");
+  return 0;
 }
 
 int
-eph_egress_netns_fd(const eph_egress_t *e)
+eph_egress_attach(eph_egress_t *e, int listen_fd, eph_error_t *err)
 {
-  return e->netns_fd;
+  if (e->listen_fd >= 0)
+    return eph_error_set(err, EBUSY, "egress: the proxy already has its listening socket");
+  int r = check_listener(e, listen_fd, err);
+  if (r < 0)
+    return r;
+  /* Non-blocking: a connection reset between poll() and accept() must not park the accept
+   * thread in accept() where stop's wake-up cannot reach it. (accept4 gives blocking
+   * connection sockets.) */
+  int fd = fcntl(listen_fd, F_DUPFD_CLOEXEC, 0);
+  if (fd < 0)
+    return eph_error_set(err, errno, "egress: dup of the proxy socket: %s", strerror(errno));
+  int fl = fcntl(fd, F_GETFL);
+  if (fl < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) < 0) {
+    r = eph_error_set(err, errno, "egress: the proxy socket: %s", strerror(errno));
+    close(fd);
+    return r;
+  }
+  e->listen_fd = fd;
+  if (pthread_create(&e->acceptor, NULL, accept_main, e) != 0) {
+    close(fd);
+    e->listen_fd = -1;
+    return eph_error_set(err, EAGAIN, "egress: cannot start the accept thread");
+  }
+  e->acceptor_running = true;
+  eph_debug("egress: proxy listening on %s", e->url);
+  return 0;
+}
+
+static int
+spec_attach(void *ctx, int listen_fd, eph_error_t *err)
+{
+  return eph_egress_attach(ctx, listen_fd, err);
+}
+
+void
+eph_egress_spec(eph_egress_t *e, eph_sandbox_spec_t *spec)
+{
+  spec->network = 1;
+  spec->proxy_url = e->url;
+  spec->proxy_netns_fd = -1;
+  spec->proxy_attach = spec_attach;
+  spec->proxy_ctx = e;
 }
 
 const char *
@@ -738,7 +771,8 @@ eph_egress_stop(eph_egress_t *e)
     (void)w;
     pthread_join(e->acceptor, NULL);
   }
-  close(e->listen_fd);
+  if (e->listen_fd >= 0)
+    close(e->listen_fd);
   pthread_mutex_lock(&e->lock);
   e->stopping = true;
   /* Wake every connection thread out of its poll: shutdown, not close, so no fd number is
@@ -753,7 +787,6 @@ eph_egress_stop(eph_egress_t *e)
   pthread_mutex_unlock(&e->lock);
   close(e->wake[0]);
   close(e->wake[1]);
-  close(e->netns_fd);
   close(e->lock_fd);
   pthread_mutex_destroy(&e->lock);
   pthread_cond_destroy(&e->cond);

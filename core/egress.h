@@ -1,8 +1,12 @@
 /* The sandbox egress proxy: the only way out of a sandbox whose run grants `web`.
  *
- * One proxy per run. Its listening socket lives in a network namespace of its own, where
- * the backend puts the host end of the sandbox's veth (eph_sandbox_spec_t.proxy_url and
- * proxy_netns_fd): the proxy is the only thing a sandbox can reach. It speaks two forms:
+ * One proxy per run, at proxy_url "http://P:PORT". Its listening socket is made by the
+ * backend in a network namespace the sandbox reaches and the host's processes do not (the
+ * jail: P on the sandbox's own lo; the microVM: P on the tap of a namespace of its own) and
+ * handed over with eph_sandbox_spec_t.proxy_attach (eph_egress_attach checks it): the
+ * proxy is the only thing a sandbox can reach, and the daemon needs no capability to set
+ * it up. Everything else the proxy does (resolving, connecting upstream) happens in the
+ * host's network namespace. It speaks two forms:
  *   CONNECT host:port HTTP/1.1            a TCP tunnel (HTTPS); the TLS inside is never
  *                                         decrypted, only its ClientHello's SNI is read
  *   GET|HEAD http://host[:port]/path ...  plain HTTP, rewritten to origin form with the
@@ -83,19 +87,29 @@ int eph_egress_load_config(const eph_config_t *config, const eph_host_t *host,
 
 /* Must be called in the host's network namespace: connection threads check the
  * destination against the interfaces of the namespace eph_egress_start() ran in (and
- * refuse everything if they find themselves elsewhere). Takes a free /30 of the pool,
- * makes the proxy's netns, binds there (IP_FREEBIND: the
- * address appears only when the backend creates the veth), listens and starts the accept
- * thread. *out owned by the caller, released by
+ * refuse everything if they find themselves elsewhere). Takes a free /30 of the pool (its
+ * first address P is the proxy's) and listens nowhere yet: the backend makes the listening
+ * socket (eph_egress_spec, eph_egress_attach). *out owned by the caller, released by
  * eph_egress_stop(). Errors: -EADDRNOTAVAIL when the pool is exhausted, -EINVAL for a bad
  * pool, or the socket error. */
 int eph_egress_start(const eph_egress_options_t *opt, eph_egress_t **out, eph_error_t *err);
 
 /* "http://10.213.0.1:3128": the spec's proxy_url. Borrowed, valid until stop. */
 const char *eph_egress_url(const eph_egress_t *e);
-/* The network namespace holding the proxy's listening socket and nothing else: the spec's
- * proxy_netns_fd. Borrowed, valid until stop. */
-int eph_egress_netns_fd(const eph_egress_t *e);
+
+/* Points a sandbox spec at the proxy: network = 1, proxy_url, proxy_attach and proxy_ctx
+ * (which call eph_egress_attach on e), proxy_netns_fd = -1. */
+void eph_egress_spec(eph_egress_t *e, eph_sandbox_spec_t *spec);
+
+/* Takes the listening socket a backend made for its sandbox (borrowed; a CLOEXEC,
+ * non-blocking dup is kept) and starts accepting on it. Refused unless it is an IPv4 TCP
+ * socket (SO_DOMAIN, SO_TYPE, SO_PROTOCOL), listening (SO_ACCEPTCONN), bound to exactly the
+ * proxy's address and port, and in another network namespace than the host's
+ * (SO_NETNS_COOKIE: a listener there would take connections from every host process, on
+ * the run's budget; a kernel that cannot tell is refused too). Once per proxy, never
+ * concurrently with eph_egress_stop. Errors: -EBUSY (already attached), -EPROTOTYPE,
+ * -EINVAL, -EADDRNOTAVAIL, -EPERM naming what is wrong, -EAGAIN (no thread). */
+int eph_egress_attach(eph_egress_t *e, int listen_fd, eph_error_t *err);
 
 /* Connections accepted, refused (policy, charge, errors) so far. */
 void eph_egress_counts(eph_egress_t *e, int64_t *allowed, int64_t *refused);

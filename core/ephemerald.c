@@ -122,7 +122,7 @@ main(int argc, char **argv)
   /* The unit hands its capabilities over as ambient ones (a non-root User= has no other
    * way under NoNewPrivileges): the daemon keeps them (permitted, effective), but nothing
    * it executes may inherit them. Without this QEMU, started by backend-qemu in the
-   * host's namespaces, would run with CAP_SYS_ADMIN and CAP_NET_ADMIN. EINVAL: a kernel
+   * host's namespaces, would run with CAP_SETUID and CAP_SETGID. EINVAL: a kernel
    * without ambient capabilities has nothing to clear. */
   if (prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) < 0 && errno != EINVAL) {
     eph_error("cannot clear the ambient capabilities: %s", strerror(errno));

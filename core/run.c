@@ -432,6 +432,8 @@ eph_run_execute(eph_run_t *run)
     spec.network = 0;
     spec.proxy_url = NULL;
     spec.proxy_netns_fd = -1;
+    spec.proxy_attach = NULL;
+    spec.proxy_ctx = NULL;
     err = (eph_error_t){0};
     cr = eph_sbx_create(run->backend, &spec, &sbx, &err);
   }

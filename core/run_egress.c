@@ -55,9 +55,9 @@ eph_run_egress_start(eph_run_egress_t *eg, eph_sandbox_spec_t *spec, const char 
     eph_net_policy_free(&eg->policy);
     return;
   }
-  spec->network = 1;
-  spec->proxy_url = eph_egress_url(eg->proxy);
-  spec->proxy_netns_fd = eph_egress_netns_fd(eg->proxy);
+  /* The backend makes the proxy's listening socket in its sandbox's reach and hands it
+   * over (eph_egress_attach checks it); a refused one fails the create, closed. */
+  eph_egress_spec(eg->proxy, spec);
 }
 
 void

@@ -371,8 +371,8 @@ write_sysctl(const char *path, const char *value)
 }
 
 /* --net ADDR/32,PROXY (from eph_net= on the kernel command line, when the run grants web):
- * the microVM's virtio-net NIC eth0, whose only peer is a tap in the proxy's netns. As in
- * the jail (plugins/backend-jail/veth.c): ADDR/32 on eth0, up, one route PROXY/32 dev eth0,
+ * the microVM's virtio-net NIC eth0, whose only peer is a tap beside the proxy's listener
+ * (plugins/backend-qemu/tap.c): ADDR/32 on eth0, up, one route PROXY/32 dev eth0,
  * no default route (every other destination is "Network is unreachable"), IPv6 disabled
  * before the link comes up (so no link-local address ever appears), no resolver (the image
  * has no /etc/resolv.conf). Plain ioctls (netdevice(7), SIOCADDRT of route(8)): a handful

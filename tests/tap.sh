@@ -19,6 +19,17 @@ EPH_JAIL_CGROUP_PARENT=ephemeral-test
 EPH_TESTCONF_DIR="$EPH_BUILDDIR/tests/etc"
 EPH_CONF="$EPH_TESTCONF_DIR/ephemeral.conf"
 EPH_CONFD="$EPH_TESTCONF_DIR/conf.d"
+# eph_private_jail_conf FILE: rewrites a backend-jail conf file (the tree's, or an installed
+# copy a test runs) to the tests' run_dir, cgroup parent and uid range; fails if a key is
+# missing, so a test never falls back to a real installation's.
+eph_private_jail_conf() {
+  sed -i -e "s|^  run_dir = .*;|  run_dir = \"$EPH_JAIL_RUN_DIR\";|" \
+    -e "s|^  cgroup_parent = .*;|  cgroup_parent = \"$EPH_JAIL_CGROUP_PARENT\";|" \
+    -e 's|^  uid_base = .*;|  uid_base = 1000000000;|' "$1" &&
+    grep -q "run_dir = \"$EPH_JAIL_RUN_DIR\"" "$1" &&
+    grep -q "cgroup_parent = \"$EPH_JAIL_CGROUP_PARENT\"" "$1" &&
+    grep -q 'uid_base = 1000000000;' "$1"
+}
 _tap_testconf() {
   local newer
   newer=$(find "$EPH_SRCDIR/ephemeral.conf" "$EPH_SRCDIR/conf.d" "$EPH_SRCDIR/tests/tap.sh" -newer "$EPH_CONF" 2>/dev/null | head -n1)
@@ -27,12 +38,7 @@ _tap_testconf() {
   t=$(mktemp -d "$EPH_BUILDDIR/tests/.etc.XXXXXX") || return 1
   mkdir "$t/conf.d" && cp "$EPH_SRCDIR/ephemeral.conf" "$t/" &&
     cp "$EPH_SRCDIR"/conf.d/*.conf "$t/conf.d/" &&
-    sed -i -e "s|^  run_dir = .*;|  run_dir = \"$EPH_JAIL_RUN_DIR\";|" \
-      -e "s|^  cgroup_parent = .*;|  cgroup_parent = \"$EPH_JAIL_CGROUP_PARENT\";|" \
-      -e 's|^  uid_base = .*;|  uid_base = 1000000000;|' "$t/conf.d/10-backend-jail.conf" &&
-    grep -q "run_dir = \"$EPH_JAIL_RUN_DIR\"" "$t/conf.d/10-backend-jail.conf" &&
-    grep -q "cgroup_parent = \"$EPH_JAIL_CGROUP_PARENT\"" "$t/conf.d/10-backend-jail.conf" &&
-    grep -q 'uid_base = 1000000000;' "$t/conf.d/10-backend-jail.conf" &&
+    eph_private_jail_conf "$t/conf.d/10-backend-jail.conf" &&
     sed -i 's|^\(  listen = \)"127.0.0.1:8080";|\1"127.0.0.1:0";|' "$t/ephemeral.conf" &&
     ! grep -q 8080 "$t/ephemeral.conf" || {
     echo "Bail out! cannot make the test configuration in $t"; rm -rf "$t"; exit 1; }

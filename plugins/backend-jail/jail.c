@@ -482,22 +482,21 @@ write_proc(pid_t pid, const char *file, const char *text, eph_error_t *err)
   return 0;
 }
 
-/* spec->network == 1 grants one route to spec->proxy_url: checked here, before anything
- * is made; the veth pair itself is built by jail_veth_setup() between the uid maps and
- * "go" (veth.c). */
+/* spec->network == 1 grants one socket, the proxy's at spec->proxy_url: checked here,
+ * before anything is made; its listener is put on the sandbox's lo by jail_net_setup()
+ * between the uid maps and "go" (net.c). */
 static int
-jail_network_grant(jail_t *j, const eph_sandbox_spec_t *spec, eph_error_t *err)
+jail_network_grant(const eph_sandbox_spec_t *spec, eph_error_t *err)
 {
-  (void)j;
   uint32_t proxy;
   uint16_t port;
   if (!spec->network)
     return 0;
-  if (spec->struct_size < offsetof(eph_sandbox_spec_t, proxy_netns_fd) + sizeof(int) ||
-      spec->proxy_netns_fd < 0)
+  if (spec->struct_size < offsetof(eph_sandbox_spec_t, proxy_ctx) + sizeof(void *) ||
+      !spec->proxy_attach)
     return eph_error_set(err, EINVAL,
-                         "network grant without the proxy's network namespace "
-                         "(proxy_netns_fd): refused, the host's own netns is never used");
+                         "network grant without proxy_attach (a core before ABI 1.2): "
+                         "refused, the sandbox would have no proxy to reach");
   return eph_proxy_url_parse(spec->proxy_url, &proxy, &port, err);
 }
 
@@ -544,7 +543,7 @@ jail_create(void *state, const eph_sandbox_spec_t *spec, eph_sandbox_t **out, in
                          spec->run_id ? spec->run_id : "(null)");
   if (spec->deadline_ms > 0 && spec->deadline_ms <= start)
     return eph_error_set(err, ETIMEDOUT, "sandbox %s: deadline already passed", spec->run_id);
-  if (check_limits(j, &spec->limits, &lim, err) < 0 || jail_network_grant(j, spec, err) < 0 ||
+  if (check_limits(j, &spec->limits, &lim, err) < 0 || jail_network_grant(spec, err) < 0 ||
       open_guest(j, err) < 0)
     return -err->code;
 
@@ -553,12 +552,6 @@ jail_create(void *state, const eph_sandbox_spec_t *spec, eph_sandbox_t **out, in
     return eph_error_set(err, ENOMEM, "sandbox %s: out of memory", spec->run_id);
   snprintf(sb->run_id, sizeof sb->run_id, "%s", spec->run_id);
   sb->pidfd = -1;
-  sb->proxy_ns_fd = -1;
-  if (spec->network && (sb->proxy_ns_fd = fcntl(spec->proxy_netns_fd, F_DUPFD_CLOEXEC, 0)) < 0) {
-    int e = errno;
-    free(sb);
-    return eph_error_set(err, e, "sandbox %s: proxy_netns_fd: %s", spec->run_id, strerror(e));
-  }
   sb->created_ms = start;
   sb->deadline_ms = spec->deadline_ms;
 
@@ -567,8 +560,6 @@ jail_create(void *state, const eph_sandbox_spec_t *spec, eph_sandbox_t **out, in
   int r;
   sb->slot = jail_slot_claim(j, sb->run_id, err);
   if (sb->slot < 0) {
-    if (sb->proxy_ns_fd >= 0)
-      close(sb->proxy_ns_fd);
     free(sb);
     return -err->code;
   }
@@ -664,8 +655,18 @@ jail_create(void *state, const eph_sandbox_spec_t *spec, eph_sandbox_t **out, in
       (r = write_proc(sb->pid, "gid_map", map, err)) < 0) {
     goto fail;
   }
-  if (spec->network && (r = jail_veth_setup(sb->slot, sb->pid, spec->proxy_url, sb->proxy_ns_fd,
-                                            sb->veth, err)) < 0) {
+  int64_t limit = start + SETUP_TIMEOUT_MS;
+  if (spec->deadline_ms > 0 && spec->deadline_ms < limit)
+    limit = spec->deadline_ms;
+  if (spec->network && (r = jail_net_setup(spec, go[1], limit, err)) < 0) {
+    /* A child that failed its step 0 said why on the error pipe before it closed its end. */
+    jail_child_error_t ce;
+    struct pollfd ep = {.fd = errp[0], .events = POLLIN};
+    if (poll(&ep, 1, 0) > 0 && read(errp[0], &ce, sizeof ce) == (ssize_t)sizeof ce) {
+      ce.step[sizeof ce.step - 1] = '\0';
+      r = eph_error_set(err, ce.errnum, "set-up step '%s' failed: %s", ce.step,
+                        strerror(ce.errnum));
+    }
     eph_error_wrap(err, "sandbox %s: egress network", sb->run_id);
     goto fail;
   }
@@ -691,9 +692,6 @@ jail_create(void *state, const eph_sandbox_spec_t *spec, eph_sandbox_t **out, in
   /* The error pipe closes on exec (CLOEXEC) or carries the failed step. */
   jail_child_error_t ce;
   struct pollfd pf = {.fd = errp[0], .events = POLLIN};
-  int64_t limit = start + SETUP_TIMEOUT_MS;
-  if (spec->deadline_ms > 0 && spec->deadline_ms < limit)
-    limit = spec->deadline_ms;
   int pr;
   do {
     int64_t wait = limit - eph_now_ms();
@@ -730,9 +728,6 @@ jail_create(void *state, const eph_sandbox_spec_t *spec, eph_sandbox_t **out, in
 fail:
   if (sb->pid > 0)
     reap_child(sb->pid, sb->pidfd);
-  jail_veth_remove(sb->proxy_ns_fd, sb->veth);
-  if (sb->proxy_ns_fd >= 0)
-    close(sb->proxy_ns_fd);
   if (cg_made) {
     jail_cg_kill_all(&j->cg, sb->run_id, 1000);
     jail_cg_remove(&j->cg, sb->run_id, 1000);
@@ -748,8 +743,6 @@ fail:
   }
   if (sb->pidfd >= 0)
     close(sb->pidfd);
-  if (sb->proxy_ns_fd >= 0)
-    close(sb->proxy_ns_fd);
   free(sb);
   return r;
 }
@@ -799,10 +792,8 @@ jail_destroy(void *state, eph_sandbox_t *sb, eph_sandbox_report_t *report, eph_e
   eph_error_t cerr = {0};
   (void)jail_cg_counters(&j->cg, sb->run_id, &c, &cerr);
 
-  /* 4. Remove the egress veth (the netns takes it along, but asynchronously: the slot's
-   * name must be free before the slot is), the groups and the slot record. */
-  jail_veth_remove(sb->proxy_ns_fd, sb->veth);
-  int veth_left = jail_veth_exists(sb->proxy_ns_fd, sb->veth) ? 1 : 0;
+  /* 4. Remove the groups and the slot record. (A run granting web left nothing on the
+   * host: its proxy's listener lives in the sandbox's netns, held by the core's proxy.) */
   int groups_left = jail_cg_remove(&j->cg, sb->run_id, 1000);
   if (groups_left == 0)
     jail_slot_release(j, sb->slot);
@@ -810,7 +801,7 @@ jail_destroy(void *state, eph_sandbox_t *sb, eph_sandbox_report_t *report, eph_e
   /* 5. Check, then report. */
   eph_sandbox_report_t rep = {.struct_size = sizeof rep};
   rep.processes_left = jail_cg_count(&j->cg, sb->run_id) + (init_gone ? 0 : 1);
-  rep.files_left = groups_left + veth_left + (jail_slot_record_exists(j, sb->slot) ? 1 : 0);
+  rep.files_left = groups_left + (jail_slot_record_exists(j, sb->slot) ? 1 : 0);
   rep.lifetime_ms = eph_now_ms() - sb->created_ms;
   rep.memory_peak_bytes = c.memory_peak_bytes;
   rep.oom_kills = c.oom_kills;
@@ -827,8 +818,6 @@ jail_destroy(void *state, eph_sandbox_t *sb, eph_sandbox_report_t *report, eph_e
                       "destroy (%d listed at kill time)",
                       sb->run_id, rep.processes_left, rep.files_left, listed);
   close(sb->pidfd);
-  if (sb->proxy_ns_fd >= 0)
-    close(sb->proxy_ns_fd);
   free(sb);
   return r;
 }

@@ -146,18 +146,18 @@ int jail_cg_remove(jail_cgroups_t *cg, const char *name, int timeout_ms);
 /* Calls fn for every run group found under the parent(s) (deduplicated by name). */
 int jail_cg_list(jail_cgroups_t *cg, void (*fn)(void *opaque, const char *name), void *opaque);
 
-/* ------------------------------------------------------------ egress (veth.c) */
+/* ------------------------------------------------------------ egress (net.c) */
 
-/* The veth pair of a sandbox whose run grants web, between the sandbox's netns (of pid)
- * and the proxy's (see veth.c for every rule). Called after the uid maps, before "go". On
- * success host_if (IFNAMSIZ bytes) names the end in the proxy's netns; on failure nothing
- * of the pair is left and host_if is "". */
-int jail_veth_setup(int slot, pid_t pid, const char *proxy_url, int proxy_ns_fd, char *host_if,
-                    eph_error_t *err);
-/* Deletes the pair by its end in the proxy's netns (no-op when already gone); exists: true
- * while it is still there. */
-void jail_veth_remove(int proxy_ns_fd, const char *host_if);
-bool jail_veth_exists(int proxy_ns_fd, const char *host_if);
+/* The child's step 0 of a run granting web: makes a NETLINK_ROUTE socket (bound) and an
+ * unbound TCP socket in its netns and sends both on go_fd (eph_fds_send, tag 'n'). System
+ * calls only. Returns 0, or -errno with *step naming what failed. */
+int jail_net_child_sockets(int go_fd, const char **step);
+/* The parent's side (see net.c for every rule), after the uid maps and before "go": receives
+ * the child's sockets on go_fd (until deadline_ms), puts P/32 on the sandbox's lo, binds the
+ * TCP socket to P:PORT of spec->proxy_url, listens and hands it to spec->proxy_attach. On
+ * failure nothing of it is left with the parent (the sandbox's netns goes with the child). */
+int jail_net_setup(const eph_sandbox_spec_t *spec, int go_fd, int64_t deadline_ms,
+                   eph_error_t *err);
 
 /* ------------------------------------------------------------ set-up plan (setup.c) */
 
@@ -223,7 +223,7 @@ typedef struct jail_child_args {
   uint64_t memory_bytes; /* shown as MemTotal in the sandbox's /proc/meminfo */
   char boot_id[40];      /* this sandbox's /proc/sys/kernel/random/boot_id (a UUID) */
   uint32_t nofile;
-  int network;
+  int network;      /* the run grants web: step 0 sends the proxy's sockets (net.c) */
   int close_fds[3]; /* the parent's ends, inherited by clone: closed first */
 } jail_child_args_t;
 
@@ -249,8 +249,6 @@ struct eph_sandbox {
   int64_t created_ms;
   int64_t deadline_ms;
   bool deadline_hit;
-  char veth[16];   /* the egress veth pair's end in the proxy's netns, or "" */
-  int proxy_ns_fd; /* the proxy's netns (dup of spec->proxy_netns_fd), or -1 */
 };
 
 typedef struct jail {

@@ -10,6 +10,8 @@
  * reads "mount proc on /proc: Operation not permitted".
  *
  * The steps, as bubblewrap orders them:
+ *   0. a run granting web: make a netlink and a TCP socket in this netns and send them to
+ *      the parent, which puts the proxy's listener on our lo with them (net.c)
  *   1. wait for the parent: uid/gid maps written (its cgroups are joined meanwhile, see 9)
  *   2. become root of the user namespace (setresgid/setgroups/setresuid): from here the
  *      host sees the sandbox's uids as the unprivileged slot range, never host root
@@ -22,7 +24,7 @@
  *   7. /proc (this pid namespace's, host identifiers masked: mask_proc; per-user limits of
  *      inotify and fanotify: user_limits), /dev/pts (new instance, max= ptys), /dev/shm
  *      and /tmp tmpfs (size = scratch limit: a full disk is ENOSPC, not an OOM kill)
- *   8. loopback up (netlink), hostname
+ *   8. loopback up (netlink), hostname; a run granting web: IPv6 off
  *   9. wait until we are in our cgroups (normally born there; a daemon that cannot step its
  *      thread into them moves us, and on cgroup v1 that move waits ~25 ms for an RCU grace
  *      period: steps 2-8 run meanwhile), then unshare(CLONE_NEWCGROUP): the
@@ -58,6 +60,7 @@
 #include <netlink/route/link.h>
 
 #include "jail.h"
+#include "support/netns.h"
 
 /* ------------------------------------------------------------ the plan (at init) */
 
@@ -601,6 +604,21 @@ new_clocks(const jail_child_args_t *a)
     die(a, "prctl(PR_SET_DUMPABLE)", NULL);
 }
 
+/* A run granting web: no IPv6 in the sandbox's netns (the proxy's listener is IPv4 only),
+ * written through our own /proc (the host's may be read-only). */
+static void
+ipv6_off(const jail_child_args_t *a)
+{
+  static const char *const names[] = {"all", "default", "lo", NULL};
+  char proc[4096];
+  const char *failed = NULL;
+  int r = eph_ipv6_off(in_root(proc, sizeof proc, a->plan, "/proc"), names, &failed);
+  if (r < 0) {
+    errno = -r;
+    die(a, "disable IPv6 (net.ipv6.conf.*.disable_ipv6) of", failed);
+  }
+}
+
 /* `ip link set lo up` with the message prepared at init. */
 static void
 loopback_up(const jail_child_args_t *a)
@@ -660,6 +678,13 @@ jail_child_main(const jail_child_args_t *args)
     die(a, "dup3 guest fds", NULL);
   local.exe_fd = 5;
   local.guest_fd = JAIL_GUEST_FD;
+  /* 0. A run granting web: the sockets of the proxy's listener to the parent (net.c). */
+  const char *step = NULL;
+  int nr = a->network ? jail_net_child_sockets(a->go_fd, &step) : 0;
+  if (nr < 0) {
+    errno = -nr;
+    die(a, step, NULL);
+  }
 
   /* 1. The parent writes our uid/gid maps, then says go. */
   errno = 0;
@@ -715,9 +740,11 @@ jail_child_main(const jail_child_args_t *args)
   mount_tmpfs(a, "/dev/shm", "1777", p->shm_bytes, MS_NOSUID | MS_NODEV | MS_NOEXEC);
   mount_tmpfs(a, "/tmp", "1777", a->scratch_bytes, MS_NOSUID | MS_NODEV);
 
-  /* 8. Network: loopback up. When the run grants web, the parent has already put eth0 with
-   * its one route to the proxy in this netns (veth.c), before "go". */
+  /* 8. Network: loopback up. When the run grants web, the parent has already put the
+   * proxy's address and listener on lo (net.c), before "go"; IPv6 goes. */
   loopback_up(a);
+  if (a->network)
+    ipv6_off(a);
   if (sethostname(p->hostname, strlen(p->hostname)) < 0)
     die(a, "sethostname", p->hostname);
 

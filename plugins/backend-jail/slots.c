@@ -1,8 +1,8 @@
-/* backend-jail: slot records and the sweep. A sandbox's slot (its uid range and veth
- * name) is claimed by an O_EXCL record in run_dir naming the run and its owner (pid and
- * start time); the sweep, at start-up and from the daemon's reconciler, reaps the cgroups
- * of runs whose owner is gone and drops their records, with the process tree as a second
- * witness so a lost record never gets a live sandbox killed. */
+/* backend-jail: slot records and the sweep. A sandbox's slot (its uid range) is claimed by
+ * an O_EXCL record in run_dir naming the run and its owner (pid and start time); the sweep,
+ * at start-up and from the daemon's reconciler, reaps the cgroups of runs whose owner is
+ * gone and drops their records, with the process tree as a second witness so a lost record
+ * never gets a live sandbox killed. */
 #include "config.h"
 
 #include <dirent.h>

@@ -205,7 +205,8 @@ build_argv(const qemu_t *q, const launch_t *l, char **argv, size_t max, char sto
   ARG("-mon");
   ARG("chardev=qmp,mode=control");
   if (l->tap_fd >= 0) {
-    /* The NIC's only peer is the tap in the proxy's netns (tap.c). */
+    /* The NIC's only peer is the tap in its own namespace, beside the proxy's listener
+     * (tap.c). */
     ARG("-netdev");
     ARGF("tap,id=n0,fd=%d", FD_TAP);
     ARG("-device");

@@ -9,7 +9,8 @@
  *   3. socketpairs for the guest's virtio console and for QMP, the kernel, initramfs and
  *      snapshot opened here and inherited (QEMU reads /proc/self/fd/N, so the unprivileged
  *      QEMU never needs a path into the state directory); for a run granting web, the tap
- *      of its NIC, made in the proxy's netns (tap.c), inherited as well (no snapshot then:
+ *      of its NIC, made in a network namespace of its own with the proxy's listener (tap.c),
+ *      inherited as well (no snapshot then:
  *      one saved without a NIC cannot be restored with one);
  *   4. a slot (slot-<k> record in <state_dir>/qemu/slots): QEMU runs as uid/gid
  *      uid_base + k, which no other microVM shares; fork the keeper (keeper_main, a
@@ -56,6 +57,8 @@
 #include <time.h>
 #include <unistd.h>
 #include <x86intrin.h>
+
+#include <netlink/netlink.h>
 
 #include "guest/protocol.h"
 #include "qemu.h"
@@ -132,8 +135,8 @@ struct eph_sandbox {
   int64_t created_ms, deadline_ms; /* deadline_ms: the run's (0 = none) */
   bool restored;
   char qemu_name[128]; /* QEMU's -name: ephemeral-<run_id>, or the pooled one it was */
-  int proxy_ns_fd;     /* a dup of spec->proxy_netns_fd when the microVM has a NIC, else -1 */
-  char tap[IFNAMSIZ];  /* the NIC's tap in that netns ("" without one) */
+  struct nl_sock *nl;  /* a netlink socket of the NIC's namespace when it has one, else NULL */
+  char tap[IFNAMSIZ];  /* the NIC's tap in that namespace ("" without one) */
 };
 
 /* ------------------------------------------------------------ init / fini */
@@ -281,8 +284,7 @@ static void
 sandbox_free(eph_sandbox_t *s)
 {
   qmp_close(&s->qmp);
-  if (s->proxy_ns_fd >= 0)
-    close(s->proxy_ns_fd);
+  nl_socket_free(s->nl);
   free(s);
 }
 
@@ -306,26 +308,22 @@ cpu_ms(pid_t pid)
   return hz > 0 ? (int64_t)((ut + st) * 1000ULL / (unsigned long long)hz) : -1;
 }
 
-/* A run granting web: a virtio-net NIC whose host side is a tap in the proxy's netns
- * (tap.c), and the guest's address on the kernel command line. On success l->tap_fd is the
- * tap (the caller closes its copy once QEMU has it), s->tap its name and s->proxy_ns_fd a
- * dup of the proxy's netns, kept to check at destroy that the tap went with QEMU. */
+/* A run granting web: a virtio-net NIC whose host side is a tap in a namespace of its own
+ * with the proxy's listener (tap.c), and the guest's address on the kernel command line. On
+ * success l->tap_fd is the tap (the caller closes its copy once QEMU has it), s->tap its
+ * name and s->nl a netlink socket of its namespace, kept to check at destroy that the tap
+ * went with QEMU. */
 static int
 add_network(const eph_sandbox_spec_t *spec, eph_sandbox_t *s, launch_t *l, eph_error_t *err)
 {
   if (!spec->network)
     return 0;
-  if (spec->struct_size < offsetof(eph_sandbox_spec_t, proxy_netns_fd) + sizeof(int))
-    return eph_error_set(err, ENOTSUP,
-                         "backend-qemu: network=1 from a core without "
-                         "proxy_netns_fd: refused");
   uint32_t proxy;
-  int fd = qemu_tap_open(spec->proxy_netns_fd, spec->proxy_url, &proxy, s->tap, err);
+  int fd = qemu_tap_open(spec, &proxy, s->tap, &s->nl, err);
   if (fd < 0)
     return eph_error_wrap(err, "the microVM's NIC");
-  s->proxy_ns_fd = fcntl(spec->proxy_netns_fd, F_DUPFD_CLOEXEC, 0);
   unsigned char m[3];
-  if (s->proxy_ns_fd < 0 || getrandom(m, sizeof m, 0) != (ssize_t)sizeof m) {
+  if (getrandom(m, sizeof m, 0) != (ssize_t)sizeof m) {
     int e = errno;
     close(fd);
     s->tap[0] = '\0';
@@ -415,7 +413,6 @@ qemu_create(void *state, const eph_sandbox_spec_t *spec, eph_sandbox_t **out, in
     return eph_error_set(err, ENOMEM, "out of memory");
   s->qmp.fd = -1;
   s->vm = (vmproc_t){.keeper = -1, .qemu = -1, .lifeline = -1, .slot = -1};
-  s->proxy_ns_fd = -1;
   s->created_ms = t0;
   s->deadline_ms = spec->deadline_ms;
   snprintf(s->run_id, sizeof s->run_id, "%s", spec->run_id ? spec->run_id : "");
@@ -589,7 +586,7 @@ qemu_destroy(void *state, eph_sandbox_t *s, eph_sandbox_report_t *report, eph_er
   rep->processes_left = uid_left + count_named(name, false);
   rep->files_left = count_files(s->dir);
   /* The tap is not persistent: QEMU's exit closed its last fd and removed it. */
-  bool tap_left = qemu_tap_exists(s->proxy_ns_fd, s->tap);
+  bool tap_left = qemu_tap_exists(s->nl, s->tap);
   rep->files_left += tap_left;
   char dir[PATH_MAX], tap[IFNAMSIZ + 40] = "";
   snprintf(dir, sizeof dir, "%s", s->dir);

@@ -120,20 +120,20 @@ int qmp_wait_migration(qmp_t *q, int64_t deadline_ms, uint64_t *bytes, eph_error
 
 /* tap.c: the microVM's NIC when a run grants web. */
 
-/* Parses proxy_url "http://A.B.C.D:PORT" into *proxy (host order); A.B.C.D must be the
- * first host of a /30. -EINVAL with the url in err otherwise. */
-int qemu_tap_parse_url(const char *url, uint32_t *proxy, eph_error_t *err);
+struct nl_sock;
 
-/* Creates a non-persistent tap (IFF_TAP | IFF_NO_PI) in the network namespace proxy_ns_fd,
- * gives it the proxy's address P/30 (from proxy_url) and brings it up. Returns the tap's
- * fd (O_CLOEXEC, owned by the caller: closing the last copy removes the tap), *proxy = P
- * in host order and name (>= IFNAMSIZ bytes) = the tap's name in that netns. On failure
+/* Creates a non-persistent tap (IFF_TAP | IFF_NO_PI) in a network namespace of its own (made
+ * by a short-lived helper, see tap.c), gives it the proxy's address P/30 (from
+ * spec->proxy_url), brings it up and hands the proxy's listener at P:PORT in that namespace to
+ * spec->proxy_attach. Returns the tap's fd (O_CLOEXEC, owned by the caller: closing the last
+ * copy removes the tap), *proxy = P in host order, name (>= IFNAMSIZ bytes) = the tap's name
+ * and *nl a netlink socket of that namespace (nl_socket_free) for qemu_tap_exists. On failure
  * nothing is left and a negative errno is returned with err set. */
-int qemu_tap_open(int proxy_ns_fd, const char *proxy_url, uint32_t *proxy, char *name,
+int qemu_tap_open(const eph_sandbox_spec_t *spec, uint32_t *proxy, char *name, struct nl_sock **nl,
                   eph_error_t *err);
 
-/* True when an interface `name` exists in the network namespace proxy_ns_fd. */
-bool qemu_tap_exists(int proxy_ns_fd, const char *name);
+/* True when an interface `name` exists in the namespace of nl (from qemu_tap_open). */
+bool qemu_tap_exists(struct nl_sock *nl, const char *name);
 
 /* proc.c: small file and /proc helpers. */
 

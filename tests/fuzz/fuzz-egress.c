@@ -1,7 +1,8 @@
 /* Fuzz target: the egress proxy's request-head parser (core/egress.c). A sandbox's
  * workload writes these bytes, so they are hostile. The proxy's static functions are
- * reached by including egress.c here (its public face needs a network namespace and a
- * veth). One connection is served from a socketpair: the input is what the sandbox sends.
+ * reached by including egress.c here (its public face needs a backend's listener in a
+ * sandbox's network namespace). One connection is served from a socketpair: the input is
+ * what the sandbox sends.
  *
  * No byte leaves the machine: the policy allows every name and the ports 80, 443 and 8080,
  * and the connection is in the host's network namespace (as eph_egress_start records it),

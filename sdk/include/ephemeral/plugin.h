@@ -447,11 +447,24 @@ typedef struct eph_sandbox_spec {
   int64_t deadline_ms;   /* CLOCK_MONOTONIC ms: the backend kills everything by then */
   int network;           /* 0: loopback only; 1: one egress route to proxy_url */
   const char *proxy_url; /* "http://ADDR:PORT" the sandbox may reach when network=1 */
-  /* (minor 1) With network=1: an fd of the network namespace holding the proxy's listening
-   * socket and nothing else; the backend puts the host end of the sandbox's link there,
-   * never in the host's own netns. Borrowed: the backend dup()s what it keeps. A backend
-   * reading a smaller spec (or seeing -1) must refuse network=1. */
+  /* (minor 1) No longer provided: always -1. It was the network namespace of the proxy's
+   * listening socket, which only a daemon holding CAP_SYS_ADMIN could make and enter; a
+   * backend built for minor 1 reads -1 and refuses network=1 (fail closed). */
   int proxy_netns_fd;
+  /* (minor 2, appended while 1.2 is unreleased) With network=1: how the backend hands the
+   * core's egress proxy the one socket the sandbox may reach. The backend makes, in a network
+   * namespace the sandbox reaches and the host's processes do not (the sandbox's own, or
+   * one whose only other interface is the sandbox's link), an AF_INET TCP socket bound to
+   * proxy_url's address and port, listening, and passes it to
+   * proxy_attach(proxy_ctx, fd, err) before create() returns. The core checks it (IPv4
+   * TCP, listening, bound to exactly that address and port, not in the host's network
+   * namespace), keeps a dup and accepts the sandbox's connections on it; its connections
+   * to the world are its own, made from the host's namespace. fd is borrowed (the backend
+   * closes its copy). Returns 0, or negative with err: then create() fails and leaves
+   * nothing. May be called once per spec. A backend reading a smaller spec (or NULL here)
+   * must refuse network=1. */
+  int (*proxy_attach)(void *proxy_ctx, int listen_fd, eph_error_t *err);
+  void *proxy_ctx;
 } eph_sandbox_spec_t;
 
 typedef struct eph_sandbox eph_sandbox_t; /* opaque: the backend's sandbox */
