@@ -446,7 +446,7 @@ guest_op_exec(guest_t *g, json_object *req, int64_t id)
       .stderr_fd = errp[1],
       .status_fd = stp[1],
       .nofile = (rlim_t)nofile,
-      .filter = g->filter,
+      .filter = &g->filter,
   };
   int64_t start = guest_now_ms();
   pid_t pid = fork();

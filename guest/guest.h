@@ -12,6 +12,7 @@
 #include <sys/types.h>
 
 #include <json-c/json.h>
+#include <linux/filter.h>
 #include <seccomp.h>
 
 #include "protocol.h"
@@ -25,14 +26,37 @@ typedef struct guest_worker_spec {
   char *const *argv; /* argv[0] is looked up in PATH of envp when it has no '/' */
   char *const *envp;
   int stdin_fd, stdout_fd, stderr_fd;
-  int status_fd;          /* CLOEXEC pipe: a failure "step: error" is written here */
-  rlim_t nofile;          /* RLIMIT_NOFILE soft and hard */
-  scmp_filter_ctx filter; /* loaded last, after no_new_privs */
+  int status_fd;                     /* CLOEXEC pipe: a failure "step: error" is written here */
+  rlim_t nofile;                     /* RLIMIT_NOFILE soft and hard */
+  const struct guest_filter *filter; /* installed last, after no_new_privs (or inherited) */
 } guest_worker_spec_t;
+
+/* The worker's seccomp filter, compiled once per guest: libseccomp builds the rules and
+ * generates the BPF program at start-up (guest_seccomp_compile), never again per command. */
+typedef struct guest_filter {
+  struct sock_fprog prog; /* exactly what libseccomp's seccomp_load() would install */
+  /* Installed on the guest itself (the jail: guest_seccomp_install at start-up), so every
+   * worker inherits it at fork and has it from its first instruction on. False in a
+   * microVM, whose guest needs reboot() and clock_settime(): there each worker installs
+   * prog itself, last, after no_new_privs. */
+  bool on_guest;
+} guest_filter_t;
 
 /* Builds the seccomp filter every worker command runs under (see worker.c for the list).
  * Returns NULL with why filled on failure. Release with seccomp_release(). */
 scmp_filter_ctx guest_seccomp_build(char *why, size_t why_size);
+/* guest_seccomp_build() compiled to BPF (seccomp_export_bpf) into out->prog (heap; the
+ * guest keeps it for its lifetime), out->on_guest false. 0, or -errno with why filled. */
+int guest_seccomp_compile(guest_filter_t *out, char *why, size_t why_size);
+/* What seccomp_load() does with a filter of default attributes: PR_SET_NO_NEW_PRIVS, then
+ * seccomp(SECCOMP_SET_MODE_FILTER, 0, prog) (prctl(PR_SET_SECCOMP) on a kernel without
+ * seccomp(2)). For the calling thread and whatever it forks later. 0 or -errno. */
+int guest_seccomp_install(const struct sock_fprog *prog);
+
+/* Empties the capability bounding set of the calling process (dropping only what is still
+ * in it) and clears the ambient set. The guest's own effective and permitted sets are
+ * untouched: the set only bounds what an execve() could grant. 0 or -errno. */
+int guest_drop_bounding_set(void);
 
 /* In the forked child: new session, fds, rlimits, oom_score_adj, every capability dropped,
  * uid/gid switched, no_new_privs, seccomp, exec. Never returns: on any failure it writes
@@ -91,7 +115,7 @@ typedef struct guest {
   guest_fs_t fs;
   uint32_t default_timeout_ms;
   rlim_t nofile;
-  scmp_filter_ctx filter;
+  guest_filter_t filter;
   job_t *job;
   unsigned char chunk[EPH_PROTO_OUTPUT_CHUNK_BYTES];
 } guest_t;

@@ -8,11 +8,14 @@
  *   4. rlimits: RLIMIT_NOFILE from the request, RLIMIT_CORE 0, RLIMIT_SIGPENDING and
  *      RLIMIT_MSGQUEUE small (host-wide per-user counts, below)
  *   5. oom_score_adj 1000: the kernel kills worker processes first, never the guest
- *   6. bounding set emptied, ambient set cleared
+ *   6. bounding set emptied (the guest empties its own at start-up: the worker inherits it
+ *      empty and checks), ambient set cleared
  *   7. supplementary groups cleared, gid then uid switched to the worker (which empties
  *      the permitted and effective sets), capset() with empty sets to be explicit
  *   8. chdir to the working directory, as the worker (its permissions apply)
- *   9. PR_SET_NO_NEW_PRIVS, then the seccomp filter
+ *   9. PR_SET_NO_NEW_PRIVS, then the seccomp filter (compiled once per guest; in the jail
+ *      installed on the guest itself, so inherited at fork and already in force: see
+ *      guest_worker_exec)
  *  10. execve
  */
 #include <config.h>
@@ -25,13 +28,16 @@
 #include <linux/capability.h>
 #include <linux/netlink.h>
 #include <linux/sched.h>
+#include <linux/seccomp.h>
 #include <paths.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
@@ -203,6 +209,47 @@ fail:
   return NULL;
 }
 
+int
+guest_seccomp_compile(guest_filter_t *out, char *why, size_t why_size)
+{
+  *out = (guest_filter_t){0};
+  scmp_filter_ctx ctx = guest_seccomp_build(why, why_size);
+  if (!ctx)
+    return -EINVAL;
+  /* libseccomp 2.5 exports only to a descriptor: a memfd, read back whole. */
+  int fd = memfd_create("seccomp-bpf", MFD_CLOEXEC);
+  int r = fd < 0 ? -errno : seccomp_export_bpf(ctx, fd);
+  seccomp_release(ctx);
+  off_t size = r < 0 ? -1 : lseek(fd, 0, SEEK_END);
+  size_t n = size > 0 ? (size_t)size / sizeof(struct sock_filter) : 0;
+  if (r == 0 && (n == 0 || n > BPF_MAXINSNS || (size_t)size % sizeof(struct sock_filter)))
+    r = -EINVAL;
+  struct sock_filter *insns = r == 0 ? malloc((size_t)size) : NULL;
+  if (r == 0 && (!insns || pread(fd, insns, (size_t)size, 0) != size))
+    r = insns ? -EIO : -ENOMEM;
+  if (fd >= 0)
+    close(fd);
+  if (r < 0) {
+    free(insns);
+    snprintf(why, why_size, "seccomp: compiling the filter: %s", strerror(-r));
+    return r;
+  }
+  out->prog = (struct sock_fprog){.len = (unsigned short)n, .filter = insns};
+  return 0;
+}
+
+int
+guest_seccomp_install(const struct sock_fprog *prog)
+{
+  if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0)
+    return -errno;
+  if (syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, prog) == 0)
+    return 0;
+  if (errno != ENOSYS)
+    return -errno;
+  return prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, prog, 0, 0) < 0 ? -errno : 0;
+}
+
 __attribute__((noreturn)) static void
 die(int status_fd, const char *step, int err)
 {
@@ -215,17 +262,20 @@ die(int status_fd, const char *step, int err)
   _exit(126);
 }
 
-static int
-drop_capabilities(void)
+int
+guest_drop_bounding_set(void)
 {
-  /* PR_CAPBSET_READ fails with EINVAL past the kernel's last capability. */
+  /* PR_CAPBSET_READ fails with EINVAL past the kernel's last capability. Only what is
+   * still in the set is dropped: each drop commits new credentials, so the guest empties
+   * the set once at start-up and a worker, which inherits it empty, only reads it. */
   for (unsigned long cap = 0; cap < 64; cap++) {
-    if (prctl(PR_CAPBSET_READ, cap, 0, 0, 0) < 0) {
+    int in_set = prctl(PR_CAPBSET_READ, cap, 0, 0, 0);
+    if (in_set < 0) {
       if (errno == EINVAL)
         break;
       return -errno;
     }
-    if (prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) < 0)
+    if (in_set && prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) < 0)
       return -errno;
   }
   if (prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) < 0 && errno != EINVAL)
@@ -314,7 +364,7 @@ guest_worker_exec(const guest_worker_spec_t *spec)
     die(sfd, "open(/proc/self/oom_score_adj)", errno);
   }
 
-  int r = drop_capabilities();
+  int r = guest_drop_bounding_set();
   if (r < 0)
     die(sfd, "dropping the capability bounding set", -r);
   if (setgroups(0, NULL) < 0)
@@ -333,8 +383,12 @@ guest_worker_exec(const guest_worker_spec_t *spec)
 
   if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0)
     die(sfd, "PR_SET_NO_NEW_PRIVS", errno);
-  if ((r = seccomp_load(spec->filter)) < 0)
-    die(sfd, "seccomp_load", -r);
+  /* In the jail the filter was installed on the guest before its first command and came
+   * with fork(): the same program, in force from this child's first instruction, so the
+   * steps above ran under it too (it refuses none of them). Installing it again would
+   * stack a second copy and pay the kernel's BPF check and JIT per command. */
+  if (!spec->filter->on_guest && (r = guest_seccomp_install(&spec->filter->prog)) < 0)
+    die(sfd, "seccomp", -r);
 
   /* execvp() searches the PATH of `environ`, so the worker's environment is installed
    * first: the guest's own PATH (possibly none as PID 1) never decides what runs. */
