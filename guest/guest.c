@@ -299,6 +299,11 @@ loop(guest_t *g)
       guest_forward_chunk(g, 2);
     if (j && i_in >= 0 && j->in_fd >= 0 && p[i_in].revents)
       guest_feed_stdin(j);
+    /* Both pipes at end of file: the command's main process is exiting (or closed them),
+     * usually reapable already; reaped now, the exit needs no second wake-up for SIGCHLD
+     * (still queued on the signalfd: the next poll returns at once). */
+    if (j && !j->reaped && j->out_fd < 0 && j->err_fd < 0)
+      guest_reap(g);
     if (j && !j->reaped && !j->timed_out && guest_now_ms() >= j->deadline_ms) {
       j->timed_out = true;
       kill(-j->pid, SIGKILL);

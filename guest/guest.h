@@ -92,6 +92,10 @@ typedef struct job {
   bool reaped;
   int status;
   int out_fd, err_fd, in_fd; /* guest ends; -1 once closed */
+  /* The worker set-up's status pipe: closed by its execve (CLOEXEC), or carrying the step
+   * that failed. Read once the worker is reaped (its write end is closed by then), not
+   * waited for after fork: a command then wakes the guest once less. */
+  int st_fd;
   unsigned char *stdin_buf;
   size_t stdin_len, stdin_off;
   int64_t start_ms, deadline_ms;
