@@ -481,9 +481,7 @@ guest_op_exec(guest_t *g, json_object *req, int64_t id)
       .filter = &g->filter,
   };
   int64_t start = guest_now_ms();
-  pid_t pid = fork();
-  if (pid == 0)
-    guest_worker_exec(&spec);
+  pid_t pid = guest_worker_spawn(&spec);
   if (pid < 0) {
     int e = errno;
     if (e == EAGAIN) {

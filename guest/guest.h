@@ -18,7 +18,7 @@
 #include "protocol.h"
 
 /* What the forked child needs to become the worker and exec the command. Everything is
- * prepared by the parent before fork() so the child only makes system calls. */
+ * prepared by the parent before the spawn so the child only makes system calls. */
 typedef struct guest_worker_spec {
   uid_t uid;
   gid_t gid;
@@ -62,6 +62,10 @@ int guest_drop_bounding_set(void);
  * uid/gid switched, no_new_privs, seccomp, exec. Never returns: on any failure it writes
  * "step: strerror" to status_fd and _exit(126)s, so a half-dropped child never runs code. */
 __attribute__((noreturn)) void guest_worker_exec(const guest_worker_spec_t *spec);
+/* Starts a child that runs guest_worker_exec(spec) (clone with CLONE_VM | CLONE_VFORK: the
+ * caller resumes once the child has exec'd or exited; spec must stay valid until then, as
+ * it does on the caller's stack). The child's pid, or -1 with errno (EAGAIN: pids limit). */
+pid_t guest_worker_spawn(const guest_worker_spec_t *spec);
 
 /* File operations of the protocol (write_file, read_file, list_dir), confined beneath the
  * scratch directory and done with the worker's filesystem identity. Each returns a reply

@@ -25,6 +25,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
+#include <limits.h>
 #include <linux/capability.h>
 #include <linux/netlink.h>
 #include <linux/sched.h>
@@ -301,6 +302,71 @@ clear_capability_sets(void)
   return 0;
 }
 
+/* execvpe() with the PATH of envp rather than of environ (which a CLONE_VM child must not
+ * set: it is the guest's), following glibc's execvpe: a name with a slash is executed as
+ * is; otherwise each PATH entry in turn (an empty one is the working directory), going on
+ * past ENOENT, ENOTDIR, ESTALE, ENODEV and ETIMEDOUT, remembering EACCES; a file the kernel
+ * does not recognise (ENOEXEC) runs as a /bin/sh script. Returns only on failure (errno). */
+static void
+exec_script(const char *file, char *const *argv, char *const *envp)
+{
+  size_t argc = 0;
+  while (argv[argc])
+    argc++;
+  const char *sh_argv[argc + 2];
+  sh_argv[0] = "/bin/sh";
+  sh_argv[1] = file;
+  for (size_t i = 1; i <= argc; i++)
+    sh_argv[i + 1] = argv[i];
+  execve("/bin/sh", (char *const *)sh_argv, envp);
+}
+
+static void
+exec_in_path(char *const *argv, char *const *envp)
+{
+  const char *file = argv[0];
+  if (!*file) {
+    errno = ENOENT;
+    return;
+  }
+  if (strchr(file, '/')) {
+    execve(file, argv, envp);
+    if (errno == ENOEXEC)
+      exec_script(file, argv, envp);
+    return;
+  }
+  const char *path = "/bin:/usr/bin"; /* glibc's default when PATH is unset */
+  for (char *const *e = envp; *e; e++)
+    if (strncmp(*e, "PATH=", 5) == 0)
+      path = *e + 5;
+  size_t flen = strlen(file);
+  bool eacces = false;
+  for (const char *p = path;; p++) {
+    const char *end = strchrnul(p, ':');
+    size_t dlen = (size_t)(end - p);
+    char full[PATH_MAX];
+    if (dlen + 1 + flen + 1 <= sizeof full) {
+      memcpy(full, p, dlen);
+      size_t at = dlen;
+      if (dlen)
+        full[at++] = '/';
+      memcpy(full + at, file, flen + 1);
+      execve(full, argv, envp);
+      if (errno == ENOEXEC)
+        exec_script(full, argv, envp);
+      if (errno == EACCES)
+        eacces = true;
+      else if (errno != ENOENT && errno != ENOTDIR && errno != ESTALE && errno != ENODEV &&
+               errno != ETIMEDOUT)
+        return;
+    }
+    if (!*end)
+      break;
+    p = end;
+  }
+  errno = eacces ? EACCES : ENOENT;
+}
+
 void
 guest_worker_exec(const guest_worker_spec_t *spec)
 {
@@ -390,12 +456,33 @@ guest_worker_exec(const guest_worker_spec_t *spec)
   if (!spec->filter->on_guest && (r = guest_seccomp_install(&spec->filter->prog)) < 0)
     die(sfd, "seccomp", -r);
 
-  /* execvp() searches the PATH of `environ`, so the worker's environment is installed
-   * first: the guest's own PATH (possibly none as PID 1) never decides what runs. */
-  environ = (char **)spec->envp;
-  execvp(spec->argv[0], spec->argv);
+  /* The worker's own PATH decides what runs, never the guest's (possibly none as PID 1). */
+  exec_in_path(spec->argv, spec->envp);
   int e = errno;
   /* Like a shell: 127 with a message on stderr when the program is missing. */
   dprintf(2, "%s: %s\n", spec->argv[0], strerror(e));
   _exit(e == ENOENT ? 127 : 126);
+}
+
+/* The child's stack: the guest is suspended while the child runs (CLONE_VFORK) and runs
+ * one command at a time, so one stack serves them all. */
+static char worker_stack[256 * 1024] __attribute__((aligned(64)));
+
+static int
+worker_main(void *arg)
+{
+  guest_worker_exec(arg);
+}
+
+pid_t
+guest_worker_spawn(const guest_worker_spec_t *spec)
+{
+  /* CLONE_VM | CLONE_VFORK, as posix_spawn does: no copy of the guest's page tables, no
+   * copy-on-write faults in the guest afterwards, no teardown of the copy at execve. The
+   * guest sleeps until the child has exec'd or exited, so the child has the memory to
+   * itself meanwhile; it writes only its own stack (worker_stack) and errno, and reads
+   * spec. Its files, signal handlers and fs (cwd) are its own copies (no CLONE_FILES,
+   * CLONE_SIGHAND, CLONE_FS), so every set-up step acts on the child alone, as after fork. */
+  return clone(worker_main, worker_stack + sizeof worker_stack, CLONE_VM | CLONE_VFORK | SIGCHLD,
+               (void *)spec);
 }
