@@ -15,6 +15,8 @@
 #      and the same in CPU time (perf stat task-clock of the process tree), when perf exists
 #   3. concurrent runs of the example (examples/sandbox-proof, replayed), N = 1, 4, 16:
 #      runs/s  vs  N bwrap sandboxes running the example's four commands; and CPU per run
+#  3b. the same through one ephemerald with N concurrent clients (POST /v1/runs?wait), and
+#      the daemon's own CPU per run
 #   4. core overhead per tool call and ledger charges/s (bench/core-overhead)
 #   5. GET /v1/runs/{id} of an ended run  vs  bench/bare-mhd serving the same bytes (and
 #      GET /v1/health), req/s over keep-alive connections (bench/http-bench)
@@ -67,28 +69,7 @@ rows=()
 row() { rows+=("| $1 | $2 | $3 | $4 | $5 |"); echo "  $1: $2 | $3: $4 | $5"; }
 
 # transcript N FILE: a replay transcript of N shell calls of `true` (10 per model answer).
-transcript() {
-  python3 - "$1" "$2" <<'PY'
-import json, sys
-n, out = int(sys.argv[1]), sys.argv[2]
-with open(out, "w") as f:
-    k = 0
-    while k < n:
-        calls = []
-        for _ in range(min(10, n - k)):
-            calls.append({"id": "call_%d" % k, "type": "function",
-                          "function": {"name": "shell", "arguments": json.dumps({"command": "true"})}})
-            k += 1
-        f.write(json.dumps({"object": "chat.completion", "model": "gpt-6-luna",
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": None,
-                "tool_calls": calls}, "finish_reason": "tool_calls"}],
-            "usage": {"prompt_tokens": 100, "completion_tokens": 10, "total_tokens": 110}}) + "\n")
-    f.write(json.dumps({"object": "chat.completion", "model": "gpt-6-luna",
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": "done"},
-            "finish_reason": "stop"}],
-        "usage": {"prompt_tokens": 100, "completion_tokens": 10, "total_tokens": 110}}) + "\n")
-PY
-}
+transcript() { python3 "$EPH_SRCDIR/bench/transcript.py" "$1" "$2"; }
 echo '{"prompt": "calls", "shell": true, "timeout_seconds": 120, "max_cost_micros": 400000}' >"$tmp/req.json"
 "$EPHEMERAL" orgs credit cli 1000000000 >/dev/null 2>&1
 
@@ -179,27 +160,36 @@ for line in open(sys.argv[1]):
         print(json.loads(c["function"]["arguments"])["command"])' "$ex/transcript.jsonl")
 printf '%s\n' "$cmds" >"$tmp/cmds"
 CROUNDS=$(( (ROUNDS + 4) / 5 ))
-for n in 1 4 16; do
-  : >"$tmp/c1.$n"; : >"$tmp/c2.$n"
-  for k in $(seq "$CROUNDS"); do
-    a=$(ms)
-    for i in $(seq $n); do
-      "$EPHEMERAL" run --quiet --replay "$ex/transcript.jsonl" "$ex/request.json" >/dev/null 2>&1 &
+# n_at_once N CMD...: N copies of CMD at once; waits for those only (a daemon may be ours too).
+n_at_once() {
+  local n=$1 pids="" i
+  shift
+  for i in $(seq "$n"); do "$@" & pids="$pids $!"; done
+  wait $pids
+}
+bwrap_example() {
+  "${BWRAP[@]}" --ro-bind "$tmp/cmds" /tmp/cmds sh -c 'while IFS= read -r c; do sh -c "$c" >/dev/null 2>&1; done </tmp/cmds'
+}
+cli_example() {
+  "$EPHEMERAL" run --quiet --replay "$ex/transcript.jsonl" "$ex/request.json" >/dev/null 2>&1
+}
+# concurrency TAG LABEL FN: for N = 1, 4, 16, CROUNDS rounds of N FN at once then N
+# bwrap_example at once; a row of runs/s each.
+concurrency() {
+  local tag=$1 label=$2 fn=$3 n k a b c
+  for n in 1 4 16; do
+    : >"$tmp/$tag.ours.$n"; : >"$tmp/$tag.bw.$n"
+    for k in $(seq "$CROUNDS"); do
+      a=$(ms); n_at_once "$n" "$fn"; b=$(ms); n_at_once "$n" bwrap_example; c=$(ms)
+      awk "BEGIN{printf \"%.1f\\n\", $n / (($b - $a) / 1e9)}" >>"$tmp/$tag.ours.$n"
+      awk "BEGIN{printf \"%.1f\\n\", $n / (($c - $b) / 1e9)}" >>"$tmp/$tag.bw.$n"
     done
-    wait
-    b=$(ms)
-    for i in $(seq $n); do
-      "${BWRAP[@]}" --ro-bind "$tmp/cmds" /tmp/cmds sh -c 'while IFS= read -r c; do sh -c "$c" >/dev/null 2>&1; done </tmp/cmds' &
-    done
-    wait
-    c=$(ms)
-    awk "BEGIN{printf \"%.1f\\n\", $n / (($b - $a) / 1e9)}" >>"$tmp/c1.$n"
-    awk "BEGIN{printf \"%.1f\\n\", $n / (($c - $b) / 1e9)}" >>"$tmp/c2.$n"
+    row "${label/N=/N=$n}, runs/s" "$(stats "$tmp/$tag.ours.$n")" \
+      "bwrap doing the same commands, runs/s" "$(stats "$tmp/$tag.bw.$n")" \
+      "$(ratio "$(med "$tmp/$tag.ours.$n")" "$(med "$tmp/$tag.bw.$n")") bwrap"
   done
-  row "concurrent runs of the example, N=$n, runs/s" "$(stats "$tmp/c1.$n")" \
-    "bwrap doing the same commands, runs/s" "$(stats "$tmp/c2.$n")" \
-    "$(ratio "$(med "$tmp/c1.$n")" "$(med "$tmp/c2.$n")") bwrap"
-done
+}
+concurrency c "concurrent runs of the example, N=" cli_example
 # CPU per run of the example (what bounds runs/s once the cores are busy), interleaved.
 if command -v perf >/dev/null; then
   for k in $(seq "$ROUNDS"); do
@@ -209,6 +199,36 @@ if command -v perf >/dev/null; then
   row "CPU per run of the example (perf stat task-clock), ms" "$(stats "$tmp/cpurun")" \
     "bwrap doing the same commands, CPU ms" "$(stats "$tmp/bwcpurun")" \
     "$(ratio "$(med "$tmp/bwcpurun")" "$(med "$tmp/cpurun")") bwrap (runs per CPU second)"
+fi
+
+echo "== 3b. concurrent runs of the example through ephemerald (N clients)"
+# What a service's users run: one daemon (process start-up, configuration, plugins and the
+# store opened once), N clients each POSTing the example and waiting for its end
+# (?wait=60), against the same N bwrap sandboxes as above, interleaved. Both rows are kept:
+# the CLI row above is N `ephemeral run` processes.
+daemon_config "$tmp/dc" "server: { max_concurrent_runs = 16; max_queued_runs = 256; };"
+DKEY=$(new_key benchc benchc)
+eph orgs credit benchc 1000000000 >/dev/null
+sed 's|^{|{"model": "replay:'"$ex"'/transcript.jsonl", |' "$ex/request.json" >"$tmp/req-c.json"
+if daemon_start >/dev/null; then
+  post_run() {
+    curl -sS -o /dev/null -w '%{http_code}\n' -X POST "$URL/v1/runs?wait=60" \
+      -H "Authorization: Bearer $DKEY" -H "Content-Type: application/json" \
+      --data-binary @"$tmp/req-c.json" >>"$tmp/dcodes"
+  }
+  post_run # warm: the first run loads the plugins it needs
+  concurrency d "runs of the example through ephemerald, N= clients" post_run
+  bad=$(grep -vc '^201$' "$tmp/dcodes" || true)
+  [ "$bad" = 0 ] || echo "  (ephemerald answered $bad of the POSTs with something else than 201)"
+  # The daemon's own CPU per run (its threads: HTTP, store, ledger, guest protocol, the
+  # sandbox's clone), from /proc, over the runs above.
+  ticks=$(awk '{print $14 + $15}' "/proc/$DPID/stat")
+  nruns=$(grep -c '^201$' "$tmp/dcodes")
+  row "ephemerald's own CPU per run (its threads, not the sandboxes), ms" \
+    "$(awk "BEGIN{printf \"%.1f\", $ticks * 1000 / $(getconf CLK_TCK) / $nruns}")" \
+    "bwrap's whole CPU per run (above), ms" "$([ -s "$tmp/bwcpurun" ] && med "$tmp/bwcpurun" || echo n/a)" \
+    "over $nruns runs"
+  daemon_stop >/dev/null 2>&1
 fi
 
 echo "== 4. core overhead per tool call, ledger charges/s"

@@ -89,6 +89,21 @@ signal_thread(void *arg)
   }
 }
 
+/* The signal thread, started by eph_sbx_create_booting once the backend has cloned (see
+ * below) and while the guest boots. */
+typedef struct signal_thread_start {
+  pthread_t thr;
+  sigset_t *set;
+  bool started;
+} signal_thread_start_t;
+
+static void
+start_signal_thread(void *opaque)
+{
+  signal_thread_start_t *st = opaque;
+  st->started = pthread_create(&st->thr, NULL, signal_thread, st->set) == 0;
+}
+
 static int
 log_egress(void *opaque, const char *method, const char *target, const char *refusal,
            eph_error_t *err)
@@ -237,13 +252,14 @@ eph_cmd_exec(eph_ctx_t *ctx, int argc, char **argv)
   sigaddset(&set, SIGHUP);
   sigaddset(&set, SIGUSR1);
   pthread_sigmask(SIG_BLOCK, &set, &old);
-  pthread_t thr;
-  bool have_thread = false;
+  signal_thread_start_t st = {.set = &set};
+  bool thread_told = false;
 
-  /* The signal thread starts only once the sandbox exists: a backend may clone() its
-   * sandbox's first process, and a child cloned while another thread holds a libc or
-   * sanitizer lock would hang on it. A signal arriving meanwhile stays pending and is
-   * taken by the thread, which then cancels. */
+  /* The signal thread starts only once the backend has made the sandbox (while its guest
+   * boots: start_signal_thread): a backend may clone() its sandbox's first process, and a
+   * child cloned while another thread holds a libc or sanitizer lock would hang on it. A
+   * signal arriving meanwhile stays pending and is taken by the thread, which then cancels
+   * (set_current below: the sandbox it cancels exists from then on). */
   int status = EXIT_FAILED;
   eph_sbx_t *sbx = NULL;
   eph_egress_t *egress = NULL;
@@ -262,12 +278,11 @@ eph_cmd_exec(eph_ctx_t *ctx, int argc, char **argv)
     }
     eph_egress_spec(egress, &spec);
   }
-  if (eph_sbx_create(backend, &spec, &sbx, &err) < 0) {
+  if (eph_sbx_create_booting(backend, &spec, start_signal_thread, &st, &sbx, &err) < 0) {
     eph_error("exec: %s", err.message);
     goto out;
   }
   set_current(sbx);
-  have_thread = pthread_create(&thr, NULL, signal_thread, &set) == 0;
 
   eph_exec_request_t req = {
       .struct_size = sizeof req,
@@ -298,6 +313,12 @@ eph_cmd_exec(eph_ctx_t *ctx, int argc, char **argv)
     eph_exec_result_clear(&res);
   }
   set_current(NULL);
+  /* The signal thread has nothing left to cancel: it ends while the sandbox is destroyed
+   * (joined below), rather than after. A signal arriving from here on stays pending. */
+  if (st.started) {
+    pthread_kill(st.thr, SIGUSR1);
+    thread_told = true;
+  }
   eph_sandbox_report_t report = {.struct_size = sizeof report};
   eph_error_t derr = {0};
   if (eph_sbx_destroy(sbx, &report, &derr) < 0) {
@@ -307,9 +328,10 @@ eph_cmd_exec(eph_ctx_t *ctx, int argc, char **argv)
 out:
   eph_egress_stop(egress);
   eph_net_policy_free(&policy);
-  if (have_thread) {
-    pthread_kill(thr, SIGUSR1);
-    pthread_join(thr, NULL);
+  if (st.started) {
+    if (!thread_told) /* the guest never said hello */
+      pthread_kill(st.thr, SIGUSR1);
+    pthread_join(st.thr, NULL);
   }
   pthread_sigmask(SIG_SETMASK, &old, NULL);
   return status;

@@ -89,6 +89,14 @@ int
 eph_sbx_create(const eph_plugin_slot_t *backend, const eph_sandbox_spec_t *spec, eph_sbx_t **out,
                eph_error_t *err)
 {
+  return eph_sbx_create_booting(backend, spec, NULL, NULL, out, err);
+}
+
+int
+eph_sbx_create_booting(const eph_plugin_slot_t *backend, const eph_sandbox_spec_t *spec,
+                       void (*booting)(void *opaque), void *opaque, eph_sbx_t **out,
+                       eph_error_t *err)
+{
   const eph_backend_ops_t *ops = backend_ops(backend, err);
   if (!ops)
     return -err->code;
@@ -111,6 +119,8 @@ eph_sbx_create(const eph_plugin_slot_t *backend, const eph_sandbox_spec_t *spec,
                       backend->desc->name);
     goto fail;
   }
+  if (booting)
+    booting(opaque);
   int64_t deadline = spec->deadline_ms > 0 ? spec->deadline_ms : s->created_ms + HELLO_DEFAULT_MS;
   r = eph_guest_open(fd, deadline, &s->guest, err); /* owns fd from here */
   if (r < 0)

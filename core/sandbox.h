@@ -15,6 +15,13 @@ typedef struct eph_sbx eph_sbx_t;
  * caller and released by eph_sbx_destroy(). */
 int eph_sbx_create(const eph_plugin_slot_t *backend, const eph_sandbox_spec_t *spec,
                    eph_sbx_t **out, eph_error_t *err);
+/* eph_sbx_create, calling booting(opaque) (when not NULL) once the backend made the
+ * machine and while its guest boots: work the caller does there (`exec` starts its signal
+ * thread, which must not exist while the backend clones) overlaps the boot instead of
+ * following the hello. */
+int eph_sbx_create_booting(const eph_plugin_slot_t *backend, const eph_sandbox_spec_t *spec,
+                           void (*booting)(void *opaque), void *opaque, eph_sbx_t **out,
+                           eph_error_t *err);
 
 /* The worker's scratch directory inside the sandbox, as the guest reported it
  * ("/tmp/ephemeral-run-XXXXXX/scratch"). Borrowed, valid until destroy. */

@@ -59,6 +59,8 @@ job_free(job_t *j)
     close(j->err_fd);
   if (j->in_fd >= 0)
     close(j->in_fd);
+  if (j->st_fd >= 0)
+    close(j->st_fd);
   free(j->stdin_buf);
   free(j);
 }
@@ -219,10 +221,40 @@ scratch_full(const guest_t *g)
 /* Called when the main process was reaped: takes what its pipes still hold (everything it
  * wrote before exiting is already there), closes them even if a background process keeps
  * them open, and reports the end. */
+/* What the worker's set-up wrote to the status pipe ("step: error"), NUL-terminated in
+ * buf; 0 when it exec'd (EOF at once: the worker is reaped, its end closed). */
+static size_t
+setup_failure(job_t *j, char *buf, size_t size)
+{
+  size_t got = 0;
+  ssize_t n;
+  while (j->st_fd >= 0 && got + 1 < size && (n = read(j->st_fd, buf + got, size - 1 - got)) != 0) {
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n < 0)
+      break;
+    got += (size_t)n;
+  }
+  buf[got] = '\0';
+  return got;
+}
+
 void
 guest_finish_job(guest_t *g)
 {
   job_t *j = g->job;
+  char failed_at[256], msg[320];
+  if (setup_failure(j, failed_at, sizeof failed_at) > 0) {
+    /* The worker never ran the command: the reply is the error it would have been. */
+    json_object *e = guest_new_msg("error", j->id, true);
+    json_object_object_add(e, "errno", json_object_new_int(EPERM));
+    snprintf(msg, sizeof msg, "exec: worker set-up failed at %s", failed_at);
+    json_object_object_add(e, "message", json_object_new_string(msg));
+    g->job = NULL;
+    job_free(j);
+    guest_send_frame(g, e);
+    return;
+  }
   for (int s = 1; s <= 2; s++) {
     int *fd = s == 1 ? &j->out_fd : &j->err_fd;
     while (*fd >= 0 && guest_forward_chunk(g, s))
@@ -446,12 +478,10 @@ guest_op_exec(guest_t *g, json_object *req, int64_t id)
       .stderr_fd = errp[1],
       .status_fd = stp[1],
       .nofile = (rlim_t)nofile,
-      .filter = g->filter,
+      .filter = &g->filter,
   };
   int64_t start = guest_now_ms();
-  pid_t pid = fork();
-  if (pid == 0)
-    guest_worker_exec(&spec);
+  pid_t pid = guest_worker_spawn(&spec);
   if (pid < 0) {
     int e = errno;
     if (e == EAGAIN) {
@@ -472,34 +502,16 @@ guest_op_exec(guest_t *g, json_object *req, int64_t id)
   close(inp[0]);
   close(stp[1]);
   outp[1] = errp[1] = inp[0] = stp[1] = -1;
-  /* The status pipe closes on a successful execve (CLOEXEC) or carries why set-up failed;
-   * the child makes no blocking call before either. */
-  char status[256];
-  ssize_t sn;
-  size_t got = 0;
-  while ((sn = read(stp[0], status + got, sizeof status - 1 - got)) != 0) {
-    if (sn < 0 && errno == EINTR)
-      continue;
-    if (sn < 0)
-      break;
-    got += (size_t)sn;
-    if (got == sizeof status - 1)
-      break;
-  }
-  if (got > 0) {
-    status[got] = '\0';
-    snprintf(msg, sizeof msg, "exec: worker set-up failed at %s", status);
-    kill(-pid, SIGKILL);
-    guest_send_error(g, req, EPERM, msg, false);
-    goto out; /* the child is reaped by the SIGCHLD loop */
-  }
+  /* The status pipe is read when the worker is reaped (guest_finish_job): a set-up that
+   * fails ends the worker (126) before it runs anything, and the reply is then the error. */
   job_t *j = calloc(1, sizeof *j);
   j->id = id;
   j->pid = pid;
   j->out_fd = outp[0];
   j->err_fd = errp[0];
   j->in_fd = inp[1];
-  outp[0] = errp[0] = inp[1] = -1;
+  j->st_fd = stp[0];
+  outp[0] = errp[0] = inp[1] = stp[0] = -1;
   fcntl(j->out_fd, F_SETFL, O_NONBLOCK);
   fcntl(j->err_fd, F_SETFL, O_NONBLOCK);
   fcntl(j->in_fd, F_SETFL, O_NONBLOCK);

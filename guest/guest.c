@@ -299,6 +299,11 @@ loop(guest_t *g)
       guest_forward_chunk(g, 2);
     if (j && i_in >= 0 && j->in_fd >= 0 && p[i_in].revents)
       guest_feed_stdin(j);
+    /* Both pipes at end of file: the command's main process is exiting (or closed them),
+     * usually reapable already; reaped now, the exit needs no second wake-up for SIGCHLD
+     * (still queued on the signalfd: the next poll returns at once). */
+    if (j && !j->reaped && j->out_fd < 0 && j->err_fd < 0)
+      guest_reap(g);
     if (j && !j->reaped && !j->timed_out && guest_now_ms() >= j->deadline_ms) {
       j->timed_out = true;
       kill(-j->pid, SIGKILL);
@@ -673,11 +678,33 @@ main(int argc, char **argv)
   }
 
   char why[256] = "";
-  g.filter = guest_seccomp_build(why, sizeof why);
-  if (!g.filter) {
+  /* Every worker inherits the emptied bounding set at fork (its own step 6 then only reads
+   * it): the guest needs no capability an execve() would grant, it execs nothing itself. */
+  int dr = guest_drop_bounding_set();
+  if (dr < 0) {
+    snprintf(why, sizeof why, "dropping the capability bounding set: %s", strerror(-dr));
+    guest_log("%s", why);
+    guest_send_error(&g, NULL, -dr, why, true);
+    guest_shutdown_and_exit(&g, 1);
+  }
+  if (guest_seccomp_compile(&g.filter, why, sizeof why) < 0) {
     guest_log("%s", why);
     guest_send_error(&g, NULL, EIO, why, true);
     guest_shutdown_and_exit(&g, 1);
+  }
+  /* The jail: the guest takes the workers' filter itself, once, and every fork inherits it.
+   * Nothing the guest does from here on is refused by it (no mount, no namespace, no
+   * reboot or clock_settime: those are the microVM's, which installs per worker instead),
+   * and without it no command runs: failing here fails the sandbox's start. */
+  if (!g.vm) {
+    int r = guest_seccomp_install(&g.filter.prog);
+    if (r < 0) {
+      snprintf(why, sizeof why, "seccomp: installing the filter: %s", strerror(-r));
+      guest_log("%s", why);
+      guest_send_error(&g, NULL, -r, why, true);
+      guest_shutdown_and_exit(&g, 1);
+    }
+    g.filter.on_guest = true;
   }
   int r = make_scratch(&g, tmp);
   if (r < 0) {

@@ -12,12 +12,13 @@
 #include <sys/types.h>
 
 #include <json-c/json.h>
+#include <linux/filter.h>
 #include <seccomp.h>
 
 #include "protocol.h"
 
 /* What the forked child needs to become the worker and exec the command. Everything is
- * prepared by the parent before fork() so the child only makes system calls. */
+ * prepared by the parent before the spawn so the child only makes system calls. */
 typedef struct guest_worker_spec {
   uid_t uid;
   gid_t gid;
@@ -25,19 +26,46 @@ typedef struct guest_worker_spec {
   char *const *argv; /* argv[0] is looked up in PATH of envp when it has no '/' */
   char *const *envp;
   int stdin_fd, stdout_fd, stderr_fd;
-  int status_fd;          /* CLOEXEC pipe: a failure "step: error" is written here */
-  rlim_t nofile;          /* RLIMIT_NOFILE soft and hard */
-  scmp_filter_ctx filter; /* loaded last, after no_new_privs */
+  int status_fd;                     /* CLOEXEC pipe: a failure "step: error" is written here */
+  rlim_t nofile;                     /* RLIMIT_NOFILE soft and hard */
+  const struct guest_filter *filter; /* installed last, after no_new_privs (or inherited) */
 } guest_worker_spec_t;
+
+/* The worker's seccomp filter, compiled once per guest: libseccomp builds the rules and
+ * generates the BPF program at start-up (guest_seccomp_compile), never again per command. */
+typedef struct guest_filter {
+  struct sock_fprog prog; /* exactly what libseccomp's seccomp_load() would install */
+  /* Installed on the guest itself (the jail: guest_seccomp_install at start-up), so every
+   * worker inherits it at fork and has it from its first instruction on. False in a
+   * microVM, whose guest needs reboot() and clock_settime(): there each worker installs
+   * prog itself, last, after no_new_privs. */
+  bool on_guest;
+} guest_filter_t;
 
 /* Builds the seccomp filter every worker command runs under (see worker.c for the list).
  * Returns NULL with why filled on failure. Release with seccomp_release(). */
 scmp_filter_ctx guest_seccomp_build(char *why, size_t why_size);
+/* guest_seccomp_build() compiled to BPF (seccomp_export_bpf) into out->prog (heap; the
+ * guest keeps it for its lifetime), out->on_guest false. 0, or -errno with why filled. */
+int guest_seccomp_compile(guest_filter_t *out, char *why, size_t why_size);
+/* What seccomp_load() does with a filter of default attributes: PR_SET_NO_NEW_PRIVS, then
+ * seccomp(SECCOMP_SET_MODE_FILTER, 0, prog) (prctl(PR_SET_SECCOMP) on a kernel without
+ * seccomp(2)). For the calling thread and whatever it forks later. 0 or -errno. */
+int guest_seccomp_install(const struct sock_fprog *prog);
+
+/* Empties the capability bounding set of the calling process (dropping only what is still
+ * in it) and clears the ambient set. The guest's own effective and permitted sets are
+ * untouched: the set only bounds what an execve() could grant. 0 or -errno. */
+int guest_drop_bounding_set(void);
 
 /* In the forked child: new session, fds, rlimits, oom_score_adj, every capability dropped,
  * uid/gid switched, no_new_privs, seccomp, exec. Never returns: on any failure it writes
  * "step: strerror" to status_fd and _exit(126)s, so a half-dropped child never runs code. */
 __attribute__((noreturn)) void guest_worker_exec(const guest_worker_spec_t *spec);
+/* Starts a child that runs guest_worker_exec(spec) (clone with CLONE_VM | CLONE_VFORK: the
+ * caller resumes once the child has exec'd or exited; spec must stay valid until then, as
+ * it does on the caller's stack). The child's pid, or -1 with errno (EAGAIN: pids limit). */
+pid_t guest_worker_spawn(const guest_worker_spec_t *spec);
 
 /* File operations of the protocol (write_file, read_file, list_dir), confined beneath the
  * scratch directory and done with the worker's filesystem identity. Each returns a reply
@@ -68,6 +96,10 @@ typedef struct job {
   bool reaped;
   int status;
   int out_fd, err_fd, in_fd; /* guest ends; -1 once closed */
+  /* The worker set-up's status pipe: closed by its execve (CLOEXEC), or carrying the step
+   * that failed. Read once the worker is reaped (its write end is closed by then), not
+   * waited for after fork: a command then wakes the guest once less. */
+  int st_fd;
   unsigned char *stdin_buf;
   size_t stdin_len, stdin_off;
   int64_t start_ms, deadline_ms;
@@ -91,7 +123,7 @@ typedef struct guest {
   guest_fs_t fs;
   uint32_t default_timeout_ms;
   rlim_t nofile;
-  scmp_filter_ctx filter;
+  guest_filter_t filter;
   job_t *job;
   unsigned char chunk[EPH_PROTO_OUTPUT_CHUNK_BYTES];
 } guest_t;

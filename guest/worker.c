@@ -8,11 +8,14 @@
  *   4. rlimits: RLIMIT_NOFILE from the request, RLIMIT_CORE 0, RLIMIT_SIGPENDING and
  *      RLIMIT_MSGQUEUE small (host-wide per-user counts, below)
  *   5. oom_score_adj 1000: the kernel kills worker processes first, never the guest
- *   6. bounding set emptied, ambient set cleared
+ *   6. bounding set emptied (the guest empties its own at start-up: the worker inherits it
+ *      empty and checks), ambient set cleared
  *   7. supplementary groups cleared, gid then uid switched to the worker (which empties
  *      the permitted and effective sets), capset() with empty sets to be explicit
  *   8. chdir to the working directory, as the worker (its permissions apply)
- *   9. PR_SET_NO_NEW_PRIVS, then the seccomp filter
+ *   9. PR_SET_NO_NEW_PRIVS, then the seccomp filter (compiled once per guest; in the jail
+ *      installed on the guest itself, so inherited at fork and already in force: see
+ *      guest_worker_exec)
  *  10. execve
  */
 #include <config.h>
@@ -22,16 +25,20 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
+#include <limits.h>
 #include <linux/capability.h>
 #include <linux/netlink.h>
 #include <linux/sched.h>
+#include <linux/seccomp.h>
 #include <paths.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
@@ -203,6 +210,47 @@ fail:
   return NULL;
 }
 
+int
+guest_seccomp_compile(guest_filter_t *out, char *why, size_t why_size)
+{
+  *out = (guest_filter_t){0};
+  scmp_filter_ctx ctx = guest_seccomp_build(why, why_size);
+  if (!ctx)
+    return -EINVAL;
+  /* libseccomp 2.5 exports only to a descriptor: a memfd, read back whole. */
+  int fd = memfd_create("seccomp-bpf", MFD_CLOEXEC);
+  int r = fd < 0 ? -errno : seccomp_export_bpf(ctx, fd);
+  seccomp_release(ctx);
+  off_t size = r < 0 ? -1 : lseek(fd, 0, SEEK_END);
+  size_t n = size > 0 ? (size_t)size / sizeof(struct sock_filter) : 0;
+  if (r == 0 && (n == 0 || n > BPF_MAXINSNS || (size_t)size % sizeof(struct sock_filter)))
+    r = -EINVAL;
+  struct sock_filter *insns = r == 0 ? malloc((size_t)size) : NULL;
+  if (r == 0 && (!insns || pread(fd, insns, (size_t)size, 0) != size))
+    r = insns ? -EIO : -ENOMEM;
+  if (fd >= 0)
+    close(fd);
+  if (r < 0) {
+    free(insns);
+    snprintf(why, why_size, "seccomp: compiling the filter: %s", strerror(-r));
+    return r;
+  }
+  out->prog = (struct sock_fprog){.len = (unsigned short)n, .filter = insns};
+  return 0;
+}
+
+int
+guest_seccomp_install(const struct sock_fprog *prog)
+{
+  if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0)
+    return -errno;
+  if (syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, prog) == 0)
+    return 0;
+  if (errno != ENOSYS)
+    return -errno;
+  return prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, prog, 0, 0) < 0 ? -errno : 0;
+}
+
 __attribute__((noreturn)) static void
 die(int status_fd, const char *step, int err)
 {
@@ -215,17 +263,20 @@ die(int status_fd, const char *step, int err)
   _exit(126);
 }
 
-static int
-drop_capabilities(void)
+int
+guest_drop_bounding_set(void)
 {
-  /* PR_CAPBSET_READ fails with EINVAL past the kernel's last capability. */
+  /* PR_CAPBSET_READ fails with EINVAL past the kernel's last capability. Only what is
+   * still in the set is dropped: each drop commits new credentials, so the guest empties
+   * the set once at start-up and a worker, which inherits it empty, only reads it. */
   for (unsigned long cap = 0; cap < 64; cap++) {
-    if (prctl(PR_CAPBSET_READ, cap, 0, 0, 0) < 0) {
+    int in_set = prctl(PR_CAPBSET_READ, cap, 0, 0, 0);
+    if (in_set < 0) {
       if (errno == EINVAL)
         break;
       return -errno;
     }
-    if (prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) < 0)
+    if (in_set && prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) < 0)
       return -errno;
   }
   if (prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) < 0 && errno != EINVAL)
@@ -249,6 +300,71 @@ clear_capability_sets(void)
     if (data[i].effective || data[i].permitted || data[i].inheritable)
       return -EPERM;
   return 0;
+}
+
+/* execvpe() with the PATH of envp rather than of environ (which a CLONE_VM child must not
+ * set: it is the guest's), following glibc's execvpe: a name with a slash is executed as
+ * is; otherwise each PATH entry in turn (an empty one is the working directory), going on
+ * past ENOENT, ENOTDIR, ESTALE, ENODEV and ETIMEDOUT, remembering EACCES; a file the kernel
+ * does not recognise (ENOEXEC) runs as a /bin/sh script. Returns only on failure (errno). */
+static void
+exec_script(const char *file, char *const *argv, char *const *envp)
+{
+  size_t argc = 0;
+  while (argv[argc])
+    argc++;
+  const char *sh_argv[argc + 2];
+  sh_argv[0] = "/bin/sh";
+  sh_argv[1] = file;
+  for (size_t i = 1; i <= argc; i++)
+    sh_argv[i + 1] = argv[i];
+  execve("/bin/sh", (char *const *)sh_argv, envp);
+}
+
+static void
+exec_in_path(char *const *argv, char *const *envp)
+{
+  const char *file = argv[0];
+  if (!*file) {
+    errno = ENOENT;
+    return;
+  }
+  if (strchr(file, '/')) {
+    execve(file, argv, envp);
+    if (errno == ENOEXEC)
+      exec_script(file, argv, envp);
+    return;
+  }
+  const char *path = "/bin:/usr/bin"; /* glibc's default when PATH is unset */
+  for (char *const *e = envp; *e; e++)
+    if (strncmp(*e, "PATH=", 5) == 0)
+      path = *e + 5;
+  size_t flen = strlen(file);
+  bool eacces = false;
+  for (const char *p = path;; p++) {
+    const char *end = strchrnul(p, ':');
+    size_t dlen = (size_t)(end - p);
+    char full[PATH_MAX];
+    if (dlen + 1 + flen + 1 <= sizeof full) {
+      memcpy(full, p, dlen);
+      size_t at = dlen;
+      if (dlen)
+        full[at++] = '/';
+      memcpy(full + at, file, flen + 1);
+      execve(full, argv, envp);
+      if (errno == ENOEXEC)
+        exec_script(full, argv, envp);
+      if (errno == EACCES)
+        eacces = true;
+      else if (errno != ENOENT && errno != ENOTDIR && errno != ESTALE && errno != ENODEV &&
+               errno != ETIMEDOUT)
+        return;
+    }
+    if (!*end)
+      break;
+    p = end;
+  }
+  errno = eacces ? EACCES : ENOENT;
 }
 
 void
@@ -314,7 +430,7 @@ guest_worker_exec(const guest_worker_spec_t *spec)
     die(sfd, "open(/proc/self/oom_score_adj)", errno);
   }
 
-  int r = drop_capabilities();
+  int r = guest_drop_bounding_set();
   if (r < 0)
     die(sfd, "dropping the capability bounding set", -r);
   if (setgroups(0, NULL) < 0)
@@ -333,15 +449,40 @@ guest_worker_exec(const guest_worker_spec_t *spec)
 
   if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0)
     die(sfd, "PR_SET_NO_NEW_PRIVS", errno);
-  if ((r = seccomp_load(spec->filter)) < 0)
-    die(sfd, "seccomp_load", -r);
+  /* In the jail the filter was installed on the guest before its first command and came
+   * with fork(): the same program, in force from this child's first instruction, so the
+   * steps above ran under it too (it refuses none of them). Installing it again would
+   * stack a second copy and pay the kernel's BPF check and JIT per command. */
+  if (!spec->filter->on_guest && (r = guest_seccomp_install(&spec->filter->prog)) < 0)
+    die(sfd, "seccomp", -r);
 
-  /* execvp() searches the PATH of `environ`, so the worker's environment is installed
-   * first: the guest's own PATH (possibly none as PID 1) never decides what runs. */
-  environ = (char **)spec->envp;
-  execvp(spec->argv[0], spec->argv);
+  /* The worker's own PATH decides what runs, never the guest's (possibly none as PID 1). */
+  exec_in_path(spec->argv, spec->envp);
   int e = errno;
   /* Like a shell: 127 with a message on stderr when the program is missing. */
   dprintf(2, "%s: %s\n", spec->argv[0], strerror(e));
   _exit(e == ENOENT ? 127 : 126);
+}
+
+/* The child's stack: the guest is suspended while the child runs (CLONE_VFORK) and runs
+ * one command at a time, so one stack serves them all. */
+static char worker_stack[256 * 1024] __attribute__((aligned(64)));
+
+static int
+worker_main(void *arg)
+{
+  guest_worker_exec(arg);
+}
+
+pid_t
+guest_worker_spawn(const guest_worker_spec_t *spec)
+{
+  /* CLONE_VM | CLONE_VFORK, as posix_spawn does: no copy of the guest's page tables, no
+   * copy-on-write faults in the guest afterwards, no teardown of the copy at execve. The
+   * guest sleeps until the child has exec'd or exited, so the child has the memory to
+   * itself meanwhile; it writes only its own stack (worker_stack) and errno, and reads
+   * spec. Its files, signal handlers and fs (cwd) are its own copies (no CLONE_FILES,
+   * CLONE_SIGHAND, CLONE_FS), so every set-up step acts on the child alone, as after fork. */
+  return clone(worker_main, worker_stack + sizeof worker_stack, CLONE_VM | CLONE_VFORK | SIGCHLD,
+               (void *)spec);
 }

@@ -253,6 +253,21 @@ test_worker_is_unprivileged(void **state)
   run(&gp, "ls /proc/self/fd | sort -n | tr '\\n' ' '", 0, &res);
   assert_string_equal(res.stdout_text, "0 1 2 3 ");
   eph_exec_result_clear(&res);
+
+  /* A set-up step that fails (chdir into a missing directory) is an error naming the step,
+   * never a run of the command; the guest reads the step once it reaps the worker. The
+   * connection stays usable. */
+  eph_exec_request_t bad = {
+      .struct_size = sizeof bad, .command = "echo ran", .cwd = "/nonexistent"};
+  eph_error_t err = {0};
+  memset(&res, 0, sizeof res);
+  assert_true(eph_guest_exec(gp.g, &bad, &res, &err) < 0);
+  assert_non_null(strstr(err.message, "worker set-up failed at chdir"));
+  assert_null(strstr(err.message, "ran"));
+  eph_exec_result_clear(&res);
+  run(&gp, "echo after", 0, &res);
+  assert_string_equal(res.stdout_text, "after\n");
+  eph_exec_result_clear(&res);
   stop_guest(&gp);
 }
 

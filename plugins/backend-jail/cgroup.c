@@ -92,19 +92,6 @@ exists_at(int dirfd, const char *name)
   return faccessat(dirfd, name, F_OK, 0) == 0;
 }
 
-/* The value after "key " on its own line of a flat-keyed file ("oom_kill 3"). */
-static uint64_t
-keyed_value(const char *text, const char *key)
-{
-  size_t klen = strlen(key);
-  for (const char *line = text; line && *line;
-       line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL) {
-    if (strncmp(line, key, klen) == 0 && line[klen] == ' ')
-      return strtoull(line + klen + 1, NULL, 10);
-  }
-  return 0;
-}
-
 /* True when /proc/cmdline holds cgroup.memory=...nosocket...: the kernel then charges no
  * socket memory to any v2 group (mm/memcontrol.c, cgroup_memory_nosocket). */
 static bool
@@ -129,21 +116,25 @@ v2_sockets_uncharged(void)
   return false;
 }
 
-/* True when the mount at `dir` (a v1 hierarchy) has root "/" in /proc/self/mountinfo (field
- * 4, relative to our cgroup namespace's root): then a path from /proc/thread-self/cgroup
- * appended to dir names the thread's own group. A hierarchy mounted from elsewhere (a
- * host's whole tree bind-mounted into a container with its own cgroup namespace) would make
- * that path name another group, and a "no-op" move there a real one. */
+/* True when the mount at each of dirs[0..n) (v1 hierarchies) has root "/" in
+ * /proc/self/mountinfo (field 4, relative to our cgroup namespace's root): then a path from
+ * /proc/thread-self/cgroup appended to dir names the thread's own group. A hierarchy
+ * mounted from elsewhere (a host's whole tree bind-mounted into a container with its own
+ * cgroup namespace) would make that path name another group, and a "no-op" move there a real
+ * one. One pass over the file for all of them (it is generated anew at every open). */
 static bool
-mount_root_is_ns_root(const char *dir)
+mount_roots_are_ns_root(const char *const *dirs, int n)
 {
-  char real[4096];
-  if (!realpath(dir, real))
+  char real[JAIL_CG_N][4096];
+  bool found[JAIL_CG_N] = {false}, ok[JAIL_CG_N] = {false};
+  if (n > JAIL_CG_N)
     return false;
+  for (int i = 0; i < n; i++)
+    if (!realpath(dirs[i], real[i]))
+      return false;
   FILE *f = fopen("/proc/self/mountinfo", "re");
   if (!f)
     return false;
-  bool ok = false, found = false;
   char *line = NULL;
   size_t cap = 0;
   while (getline(&line, &cap, f) > 0) {
@@ -152,14 +143,19 @@ mount_root_is_ns_root(const char *dir)
     char *fields[5] = {0};
     for (int i = 0; tok && i < 5; i++, tok = strtok_r(NULL, " ", &save))
       fields[i] = tok;
-    if (!fields[4] || strcmp(fields[4], real) != 0)
-      continue;
-    found = true;
-    ok = strcmp(fields[3], "/") == 0; /* the last mount on the point is the one seen */
+    for (int i = 0; fields[4] && i < n; i++) {
+      if (strcmp(fields[4], real[i]) != 0)
+        continue;
+      found[i] = true;
+      ok[i] = strcmp(fields[3], "/") == 0; /* the last mount on the point is the one seen */
+    }
   }
   free(line);
   fclose(f);
-  return found && ok;
+  bool all = true;
+  for (int i = 0; i < n; i++)
+    all = all && found[i] && ok[i];
+  return all;
 }
 
 int
@@ -238,11 +234,13 @@ jail_cg_init(jail_cgroups_t *cg, const char *root, const char *parent, eph_error
     }
     cg->parent_path[i] = strdup(path);
   }
-  cg->thread_paths_ok = true;
+  char dirs[JAIL_CG_N][4096];
+  const char *dirp[JAIL_CG_N];
   for (int i = 0; i < JAIL_CG_N; i++) {
-    snprintf(path, sizeof path, "%s/%s", root, v1_controllers[i]);
-    cg->thread_paths_ok = cg->thread_paths_ok && mount_root_is_ns_root(path);
+    snprintf(dirs[i], sizeof dirs[i], "%s/%s", root, v1_controllers[i]);
+    dirp[i] = dirs[i];
   }
+  cg->thread_paths_ok = mount_roots_are_ns_root(dirp, JAIL_CG_N);
   cg->memsw = exists_at(cg->parent_fd[JAIL_CG_MEMORY], "memory.memsw.limit_in_bytes");
   cg->kmem = exists_at(cg->parent_fd[JAIL_CG_MEMORY], "memory.kmem.limit_in_bytes");
   if (!exists_at(cg->parent_fd[JAIL_CG_MEMORY], "memory.kmem.tcp.limit_in_bytes")) {
@@ -534,25 +532,6 @@ jail_cg_clone_fd(jail_cgroups_t *cg, const char *name)
   if (!cg->v2)
     return -1;
   return openat(cg->parent_fd[0], name, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-}
-
-int
-jail_cg_counters(jail_cgroups_t *cg, const char *name, jail_counters_t *out, eph_error_t *err)
-{
-  char buf[2048];
-  memset(out, 0, sizeof *out);
-  int mi = cg->v2 ? 0 : JAIL_CG_MEMORY, pi = cg->v2 ? 0 : JAIL_CG_PIDS;
-  cleanup_close int mem = open_group(cg, mi, name);
-  cleanup_close int pids = open_group(cg, pi, name);
-  if (mem < 0 || pids < 0)
-    return eph_error_set(err, errno, "cgroup of %s: %s", name, strerror(errno));
-  if (read_at(mem, cg->v2 ? "memory.events" : "memory.oom_control", buf, sizeof buf) >= 0)
-    out->oom_kills = keyed_value(buf, "oom_kill");
-  if (read_at(mem, cg->v2 ? "memory.peak" : "memory.max_usage_in_bytes", buf, sizeof buf) >= 0)
-    out->memory_peak_bytes = strtoull(buf, NULL, 10);
-  if (read_at(pids, "pids.events", buf, sizeof buf) >= 0)
-    out->pids_refused = keyed_value(buf, "max");
-  return 0;
 }
 
 /* True when pid lives in this process's pid namespace: a host process, never a sandbox's

@@ -319,7 +319,7 @@ jail_fini(void *state)
   jail_t *j = state;
   if (!j)
     return;
-  if (j->watchdog_running) {
+  if (j->watchdog_joinable) {
     pthread_mutex_lock(&j->lock);
     j->stopping = true;
     pthread_cond_signal(&j->cond);
@@ -337,84 +337,6 @@ jail_fini(void *state)
   free(j->run_dir);
   free(j->guest_path);
   free(j);
-}
-
-/* ------------------------------------------------------------ the deadline watchdog */
-
-/* SIGKILL of the pid namespace's init: the kernel kills every process of the namespace.
- * The cgroup pass catches anything that is in the group but not (yet) in the namespace. */
-static void
-kill_sandbox(jail_t *j, struct eph_sandbox *sb)
-{
-  if (sb->pidfd >= 0)
-    syscall(SYS_pidfd_send_signal, sb->pidfd, SIGKILL, NULL, 0);
-  jail_cg_kill_all(&j->cg, sb->run_id, 0);
-}
-
-static void *
-watchdog_main(void *arg)
-{
-  jail_t *j = arg;
-  pthread_mutex_lock(&j->lock);
-  while (!j->stopping) {
-    int64_t now = eph_now_ms(), next = INT64_MAX;
-    for (struct eph_sandbox *sb = j->live; sb; sb = sb->next) {
-      if (sb->deadline_hit || sb->deadline_ms <= 0)
-        continue;
-      if (sb->deadline_ms <= now) {
-        sb->deadline_hit = true;
-        j->host->log(EPH_LOG_INFO, "sandbox %s: deadline passed, killing it", sb->run_id);
-        kill_sandbox(j, sb);
-      } else if (sb->deadline_ms < next) {
-        next = sb->deadline_ms;
-      }
-    }
-    if (next == INT64_MAX) {
-      pthread_cond_wait(&j->cond, &j->lock);
-    } else {
-      struct timespec ts = {next / 1000, (long)(next % 1000) * 1000000L};
-      pthread_cond_timedwait(&j->cond, &j->lock, &ts);
-    }
-  }
-  pthread_mutex_unlock(&j->lock);
-  return NULL;
-}
-
-/* Started on the first sandbox rather than at init, so a daemon that forks after loading
- * its plugins still has it. */
-static int
-watch(jail_t *j, struct eph_sandbox *sb, eph_error_t *err)
-{
-  pthread_mutex_lock(&j->lock);
-  if (!j->watchdog_running) {
-    int r = pthread_create(&j->watchdog, NULL, watchdog_main, j);
-    if (r != 0) {
-      pthread_mutex_unlock(&j->lock);
-      return eph_error_set(err, r, "starting the deadline watchdog: %s", strerror(r));
-    }
-    j->watchdog_running = true;
-  }
-  sb->next = j->live;
-  if (j->live)
-    j->live->prev = sb;
-  j->live = sb;
-  pthread_cond_signal(&j->cond);
-  pthread_mutex_unlock(&j->lock);
-  return 0;
-}
-
-static void
-unwatch(jail_t *j, struct eph_sandbox *sb)
-{
-  pthread_mutex_lock(&j->lock);
-  if (sb->prev)
-    sb->prev->next = sb->next;
-  else if (j->live == sb)
-    j->live = sb->next;
-  if (sb->next)
-    sb->next->prev = sb->prev;
-  sb->next = sb->prev = NULL;
-  pthread_mutex_unlock(&j->lock);
 }
 
 /* ------------------------------------------------------------ create */
@@ -552,6 +474,7 @@ jail_create(void *state, const eph_sandbox_spec_t *spec, eph_sandbox_t **out, in
     return eph_error_set(err, ENOMEM, "sandbox %s: out of memory", spec->run_id);
   snprintf(sb->run_id, sizeof sb->run_id, "%s", spec->run_id);
   sb->pidfd = -1;
+  sb->counters = JAIL_COUNTER_FDS_NONE;
   sb->created_ms = start;
   sb->deadline_ms = spec->deadline_ms;
 
@@ -717,7 +640,11 @@ jail_create(void *state, const eph_sandbox_spec_t *spec, eph_sandbox_t **out, in
   }
   close(go[1]);
   close(errp[0]);
-  if ((r = watch(j, sb, err)) < 0) {
+  /* The counter files the core reads around every command, opened while the guest boots
+   * (stats() opens them itself if this failed). */
+  eph_error_t cerr = {0};
+  (void)jail_cg_counters_open(&j->cg, sb->run_id, &sb->counters, &cerr);
+  if ((r = jail_watch(j, sb, err)) < 0) {
     go[1] = errp[0] = -1;
     goto fail;
   }
@@ -726,6 +653,7 @@ jail_create(void *state, const eph_sandbox_spec_t *spec, eph_sandbox_t **out, in
   return 0;
 
 fail:
+  jail_cg_counters_close(&sb->counters);
   if (sb->pid > 0)
     reap_child(sb->pid, sb->pidfd);
   if (cg_made) {
@@ -754,8 +682,11 @@ jail_stats(void *state, eph_sandbox_t *sb, eph_sandbox_report_t *out, eph_error_
 {
   jail_t *j = state;
   jail_counters_t c;
-  if (jail_cg_counters(&j->cg, sb->run_id, &c, err) < 0)
+  /* The core reads them before and after every command: the files stay open. */
+  if (sb->counters.oom < 0 && sb->counters.peak < 0 && sb->counters.pids < 0 &&
+      jail_cg_counters_open(&j->cg, sb->run_id, &sb->counters, err) < 0)
     return -err->code;
+  jail_cg_counters_read(&j->cg, &sb->counters, &c);
   uint32_t size = out->struct_size ? out->struct_size : sizeof *out;
   eph_sandbox_report_t rep = {.struct_size = size};
   rep.lifetime_ms = eph_now_ms() - sb->created_ms;
@@ -773,7 +704,7 @@ jail_destroy(void *state, eph_sandbox_t *sb, eph_sandbox_report_t *report, eph_e
   jail_t *j = state;
   if (!sb)
     return 0;
-  unwatch(j, sb);
+  jail_unwatch(j, sb);
 
   /* 1. Kill init of the pid namespace: the kernel kills the rest, and init's exit completes
    * only after every process of its namespace is gone (the pidfd turns readable then).
@@ -790,7 +721,11 @@ jail_destroy(void *state, eph_sandbox_t *sb, eph_sandbox_report_t *report, eph_e
   /* 3. Counters, before the groups go. */
   jail_counters_t c = {0};
   eph_error_t cerr = {0};
-  (void)jail_cg_counters(&j->cg, sb->run_id, &c, &cerr);
+  if (sb->counters.oom >= 0 || sb->counters.peak >= 0 || sb->counters.pids >= 0)
+    jail_cg_counters_read(&j->cg, &sb->counters, &c);
+  else
+    (void)jail_cg_counters(&j->cg, sb->run_id, &c, &cerr);
+  jail_cg_counters_close(&sb->counters); /* before the rmdir: an open file keeps nothing */
 
   /* 4. Remove the groups and the slot record. (A run granting web left nothing on the
    * host: its proxy's listener lives in the sandbox's netns, held by the core's proxy.) */

@@ -129,6 +129,20 @@ int jail_cg_leave_thread(jail_cgroups_t *cg, jail_cg_home_t *home, eph_error_t *
 int jail_cg_attach(jail_cgroups_t *cg, const char *name, pid_t pid, eph_error_t *err);
 /* Reads the counters (missing files read as 0). */
 int jail_cg_counters(jail_cgroups_t *cg, const char *name, jail_counters_t *out, eph_error_t *err);
+/* The counter files of one run's group(s), opened once (jail_cg_counters_open) and re-read
+ * from offset 0 before and after every command (cgroup files regenerate their text at
+ * offset 0): three preads instead of five opens, six reads and five closes per command.
+ * An fd is -1 where its file is missing (it then reads as 0). */
+typedef struct jail_counter_fds {
+  int oom, peak, pids;
+} jail_counter_fds_t;
+#define JAIL_COUNTER_FDS_NONE ((jail_counter_fds_t){-1, -1, -1})
+/* 0, or negative + err when the group is gone; fds is then all -1. */
+int jail_cg_counters_open(jail_cgroups_t *cg, const char *name, jail_counter_fds_t *fds,
+                          eph_error_t *err);
+void jail_cg_counters_read(const jail_cgroups_t *cg, const jail_counter_fds_t *fds,
+                           jail_counters_t *out);
+void jail_cg_counters_close(jail_counter_fds_t *fds);
 /* SIGKILLs every process listed in the run's group(s) but host processes (those in our pid
  * namespace: a creator's thread stepping in, see jail_cg_enter_thread) until none is left
  * or timeout_ms passed. Returns how many processes are still listed (0 = empty), or 0 when the
@@ -249,6 +263,7 @@ struct eph_sandbox {
   int64_t created_ms;
   int64_t deadline_ms;
   bool deadline_hit;
+  jail_counter_fds_t counters; /* opened by the first stats(), closed by destroy() */
 };
 
 typedef struct jail {
@@ -268,9 +283,17 @@ typedef struct jail {
   pthread_mutex_t lock;
   pthread_cond_t cond;
   pthread_t watchdog;
-  bool watchdog_running, stopping;
+  /* watchdog_running: the thread is in its loop; watchdog_joinable: a thread was started
+   * and not yet joined (it may have ended: it does when no sandbox is left). */
+  bool watchdog_running, watchdog_joinable, stopping;
   struct eph_sandbox *live;
 } jail_t;
+
+/* The watchdog (watchdog.c): jail_watch adds a created sandbox to the live list (starting
+ * the thread if none runs; 0 or negative + err), jail_unwatch removes it (the thread ends
+ * when the list is empty). */
+int jail_watch(jail_t *j, struct eph_sandbox *sb, eph_error_t *err);
+void jail_unwatch(jail_t *j, struct eph_sandbox *sb);
 
 /* ------------------------------------------------------------ slot records, sweep (slots.c) */
 

@@ -1,0 +1,191 @@
+#!/bin/bash
+# bench/compare.sh OLD_BUILDDIR [NEW_BUILDDIR]: issue 17's sandbox figures for two builds and
+# bubblewrap, interleaved in one loop (old, new, bwrap in turn, so all three see the same
+# machine load), as median (min-max) and the ratios to bwrap. For judging a change: build the
+# code before it in a second tree (e.g. `git worktree add ../base main`, configure and make
+# there without sanitizers) and run this from the new tree, as root:
+#
+#   bench/compare.sh ../base/_b          (NEW_BUILDDIR defaults to the current directory)
+#
+#   1. `ephemeral exec -- true`, wall ms and CPU ms (perf stat task-clock, every process)
+#   2. a run's cost per shell call: (replayed run of 100 `true` calls - one of 1) / 99, wall
+#      and CPU, against a loop of `sh -c true` in one bwrap sandbox
+#   3. concurrent runs of examples/sandbox-proof, N = 1, 4, 16: N `ephemeral run` processes,
+#      and N clients of one ephemerald per build (POST /v1/runs?wait), against N bwrap
+#      sandboxes running the example's commands
+# Knobs: CMP_EXEC_ROUNDS (default 41), CMP_CALL_ROUNDS (7), CMP_RUN_ROUNDS (5), CMP_ONLY=exec.
+# Figures only: nothing here passes or fails on speed.
+set -u
+OLD=$(cd "${1:?usage: bench/compare.sh OLD_BUILDDIR [NEW_BUILDDIR]}" && pwd)
+NEW=$(cd "${2:-.}" && pwd)
+top=$(cd "$(dirname "$0")/.." && pwd)
+export EPH_BUILDDIR=$NEW EPH_SRCDIR=${EPH_SRCDIR:-$top}
+[ "$(id -u)" = 0 ] || { echo "compare: needs root (sandboxes)"; exit 1; }
+for b in "$OLD" "$NEW"; do
+  [ -x "$b/ephemeral" ] || { echo "compare: no $b/ephemeral"; exit 1; }
+done
+command -v bwrap >/dev/null || { echo "compare: needs bwrap"; exit 1; }
+. "$EPH_SRCDIR/tests/tap.sh" >/dev/null
+tmp=$(mktemp -d /tmp/eph-compare.XXXXXX)
+dpids=()
+trap 'for p in "${dpids[@]}"; do kill -TERM "$p" 2>/dev/null; wait "$p" 2>/dev/null; done; rm -rf "$tmp"' EXIT
+BWRAP=(bwrap --unshare-all --die-with-parent --ro-bind / / --dev /dev --proc /proc --tmpfs /tmp
+  --chdir /tmp --setenv PATH /usr/local/bin:/usr/bin:/bin)
+ms() { date +%s%N; }
+have_perf=0
+perf stat -x, -e task-clock -o "$tmp/probe" true 2>/dev/null && have_perf=1
+cpu() { perf stat -x, -e task-clock -- "$@" 2>&1 >/dev/null | sed -n 's/^\([0-9.]*\),.*task-clock.*/\1/p'; }
+stats() {
+  python3 -c 'import sys, statistics as s
+v = [float(x) for x in open(sys.argv[1]) if x.strip()]
+print("%.2f (%.2f-%.2f)" % (s.median(v), min(v), max(v)) if v else "n/a")' "$1"
+}
+ratio() {
+  python3 -c 'import sys, statistics as s
+m = lambda p: s.median([float(x) for x in open(p) if x.strip()])
+a, b = m(sys.argv[1]), m(sys.argv[2]); print("%.2fx" % (a / b) if b else "n/a")' "$1" "$2"
+}
+rows=()
+row() { # NAME FILE_OLD FILE_NEW FILE_BWRAP
+  local r="| $1 | $(stats "$2") | $(stats "$3") | $(stats "$4") | $(ratio "$2" "$4") | $(ratio "$3" "$4") |"
+  rows+=("$r")
+  echo "  $r"
+}
+for b in old new; do mkdir -p "$tmp/$b/state"; done
+st() { [ "$1" = "$OLD" ] && echo "$tmp/old/state" || echo "$tmp/new/state"; }
+
+echo "== 1. exec -- true"
+R=${CMP_EXEC_ROUNDS:-41}
+for i in $(seq "$R"); do
+  for b in "$OLD" "$NEW"; do
+    n=$([ "$b" = "$OLD" ] && echo old || echo new)
+    a=$(ms); EPHEMERAL_STATE_DIR=$(st "$b") "$b/ephemeral" exec -- true >/dev/null 2>&1; c=$(ms)
+    echo "$(( (c - a) / 1000 ))" | awk '{print $1/1000}' >>"$tmp/exec.$n"
+  done
+  a=$(ms); bwrap --unshare-all --die-with-parent --ro-bind / / true; c=$(ms)
+  echo "$(( (c - a) / 1000 ))" | awk '{print $1/1000}' >>"$tmp/exec.bw"
+  if [ $have_perf = 1 ]; then
+    for b in "$OLD" "$NEW"; do
+      n=$([ "$b" = "$OLD" ] && echo old || echo new)
+      EPHEMERAL_STATE_DIR=$(st "$b") cpu "$b/ephemeral" exec -- true >>"$tmp/execcpu.$n"
+    done
+    cpu bwrap --unshare-all --die-with-parent --ro-bind / / true >>"$tmp/execcpu.bw"
+  fi
+done
+row '`ephemeral exec -- true`, ms ('"$R"' rounds)' "$tmp/exec.old" "$tmp/exec.new" "$tmp/exec.bw"
+[ $have_perf = 1 ] && row '`exec -- true`, CPU ms (perf stat task-clock)' "$tmp/execcpu.old" \
+  "$tmp/execcpu.new" "$tmp/execcpu.bw"
+
+if [ "${CMP_ONLY:-}" != exec ]; then
+  echo "== 2. per shell call"
+  python3 "$EPH_SRCDIR/bench/transcript.py" 100 "$tmp/t100.jsonl"
+  python3 "$EPH_SRCDIR/bench/transcript.py" 1 "$tmp/t1.jsonl"
+  echo '{"prompt": "calls", "shell": true, "timeout_seconds": 120, "max_cost_micros": 400000}' >"$tmp/req.json"
+  for b in "$OLD" "$NEW"; do
+    EPHEMERAL_STATE_DIR=$(st "$b") "$b/ephemeral" orgs credit cli 1000000000 >/dev/null 2>&1
+  done
+  loop='i=0; while [ $i -lt 100 ]; do sh -c true; i=$((i+1)); done'
+  R=${CMP_CALL_ROUNDS:-7}
+  for i in $(seq "$R"); do
+    for b in "$OLD" "$NEW"; do
+      n=$([ "$b" = "$OLD" ] && echo old || echo new)
+      export EPHEMERAL_STATE_DIR=$(st "$b")
+      a=$(ms); "$b/ephemeral" run --quiet --replay "$tmp/t100.jsonl" "$tmp/req.json" >/dev/null 2>&1; m=$(ms)
+      "$b/ephemeral" run --quiet --replay "$tmp/t1.jsonl" "$tmp/req.json" >/dev/null 2>&1; c=$(ms)
+      echo "$(( (m - a) - (c - m) ))" | awk '{print $1/99/1e6}' >>"$tmp/call.$n"
+      if [ $have_perf = 1 ]; then
+        x=$(cpu "$b/ephemeral" run --quiet --replay "$tmp/t100.jsonl" "$tmp/req.json")
+        y=$(cpu "$b/ephemeral" run --quiet --replay "$tmp/t1.jsonl" "$tmp/req.json")
+        awk "BEGIN{print ($x - $y) / 99}" >>"$tmp/callcpu.$n"
+      fi
+      unset EPHEMERAL_STATE_DIR
+    done
+    a=$(ms); "${BWRAP[@]}" sh -c "$loop"; m=$(ms); "${BWRAP[@]}" sh -c 'sh -c true'; c=$(ms)
+    echo "$(( (m - a) - (c - m) ))" | awk '{print $1/99/1e6}' >>"$tmp/call.bw"
+    if [ $have_perf = 1 ]; then
+      x=$(cpu "${BWRAP[@]}" sh -c "$loop"); y=$(cpu "${BWRAP[@]}" sh -c 'sh -c true')
+      awk "BEGIN{print ($x - $y) / 99}" >>"$tmp/callcpu.bw"
+    fi
+  done
+  row "a run's cost per shell call, ms ($R rounds; bwrap: a loop of \`sh -c true\`)" \
+    "$tmp/call.old" "$tmp/call.new" "$tmp/call.bw"
+  [ $have_perf = 1 ] && row "a run's CPU per shell call, ms" "$tmp/callcpu.old" "$tmp/callcpu.new" \
+    "$tmp/callcpu.bw"
+
+  echo "== 3. concurrent runs of the example (CLI processes, and ephemerald clients)"
+  ex=$EPH_SRCDIR/examples/sandbox-proof
+  python3 -c 'import json, sys
+for line in open(sys.argv[1]):
+    m = json.loads(line)["choices"][0]["message"]
+    for c in m.get("tool_calls") or []:
+        print(json.loads(c["function"]["arguments"])["command"])' "$ex/transcript.jsonl" >"$tmp/cmds"
+  sed 's|^{|{"model": "replay:'"$ex"'/transcript.jsonl", |' "$ex/request.json" >"$tmp/req-d.json"
+  # One daemon per build, on the tests' configuration (replayed model), each its own state.
+  mkdir -p "$tmp/cfg"
+  sed -e 's/^model_plugin = .*/model_plugin = "model-replay";/' -e '/^server: {/,/^};/d' "$EPH_CONF" \
+    >"$tmp/cfg/ephemeral.conf"
+  echo 'server: { max_concurrent_runs = 16; max_queued_runs = 256; };' >>"$tmp/cfg/ephemeral.conf"
+  ln -sfn "$EPH_CONFD" "$tmp/cfg/conf.d"
+  for b in "$OLD" "$NEW"; do
+    n=$([ "$b" = "$OLD" ] && echo old || echo new)
+    e=(--config "$tmp/cfg/ephemeral.conf" --state-dir "$tmp/$n/dstate")
+    "$b/ephemeral" "${e[@]}" keys create --org benchc --name benchc >"$tmp/$n/key" 2>/dev/null
+    "$b/ephemeral" "${e[@]}" orgs credit benchc 1000000000 >/dev/null
+    "$b/ephemerald" "${e[@]}" --listen 127.0.0.1:0 2>"$tmp/$n/dlog" &
+    dpids+=($!)
+    for _ in $(seq 200); do grep -q 'listening on' "$tmp/$n/dlog" && break; sleep 0.05; done
+    sed -n 's/^ephemerald: listening on //p' "$tmp/$n/dlog" | tail -1 >"$tmp/$n/url"
+  done
+  post() { # post OLD|NEW: one run through that build's daemon, waiting for its end
+    curl -sS -o /dev/null -w '%{http_code}\n' -X POST "$(cat "$tmp/$1/url")/v1/runs?wait=60" \
+      -H "Authorization: Bearer $(cat "$tmp/$1/key")" -H "Content-Type: application/json" \
+      --data-binary @"$tmp/req-d.json" >>"$tmp/$1/codes"
+  }
+  post old; post new # warm: the first run loads the plugins it needs
+  R=${CMP_RUN_ROUNDS:-5}
+  for n in 1 4 16; do
+    for k in $(seq "$R"); do
+      for b in "$OLD" "$NEW"; do
+        w=$([ "$b" = "$OLD" ] && echo old || echo new)
+        a=$(ms); pids=""
+        for i in $(seq $n); do
+          EPHEMERAL_STATE_DIR=$(st "$b") "$b/ephemeral" run --quiet --replay "$ex/transcript.jsonl" \
+            "$ex/request.json" >/dev/null 2>&1 &
+          pids="$pids $!"
+        done
+        wait $pids
+        c=$(ms)
+        awk "BEGIN{printf \"%.2f\\n\", $n / (($c - $a) / 1e9)}" >>"$tmp/cli.$n.$w"
+        a=$(ms); pids=""
+        for i in $(seq $n); do post "$w" & pids="$pids $!"; done
+        wait $pids
+        c=$(ms)
+        awk "BEGIN{printf \"%.2f\\n\", $n / (($c - $a) / 1e9)}" >>"$tmp/d.$n.$w"
+      done
+      a=$(ms); pids=""
+      for i in $(seq $n); do
+        "${BWRAP[@]}" --ro-bind "$tmp/cmds" /tmp/cmds sh -c 'while IFS= read -r c; do sh -c "$c" >/dev/null 2>&1; done </tmp/cmds' &
+        pids="$pids $!"
+      done
+      wait $pids
+      c=$(ms)
+      awk "BEGIN{printf \"%.2f\\n\", $n / (($c - $a) / 1e9)}" >>"$tmp/bw.$n"
+    done
+    row "concurrent runs of the example, N=$n \`ephemeral run\` processes, runs/s ($R rounds)" \
+      "$tmp/cli.$n.old" "$tmp/cli.$n.new" "$tmp/bw.$n"
+    row "the same through one ephemerald, N=$n clients, runs/s" "$tmp/d.$n.old" "$tmp/d.$n.new" "$tmp/bw.$n"
+  done
+  for w in old new; do
+    bad=$(grep -vc '^201$' "$tmp/$w/codes" || true)
+    [ "$bad" = 0 ] || echo "  ($w ephemerald answered $bad POSTs with something else than 201)"
+  done
+fi
+
+echo
+echo "Interleaved (old, new, bwrap in turn); median (min-max); load average $(cut -d' ' -f1-3 /proc/loadavg); $(nproc) cores"
+echo "old: $OLD"
+echo "new: $NEW"
+echo
+echo "| figure | old | new | bwrap | old / bwrap | new / bwrap |"
+echo "|---|---|---|---|---|---|"
+printf '%s\n' "${rows[@]}"
