@@ -172,7 +172,14 @@ typedef struct eph_run_egress {
   eph_egress_t *proxy;
   eph_net_policy_t policy;
   int64_t price_micros; /* per connection: egress.price_micros_per_request */
+  /* Connections that cost the run nothing (refused, or allowed at price 0), counted from
+   * the proxy's threads: past EPH_EGRESS_UNCHARGED_EVENTS they get no event of their own. */
+  atomic_int_fast64_t uncharged;
 } eph_run_egress_t;
+/* Uncharged connections shown one `egress` event each; the rest are counted in one
+ * `egress_dropped` event when the proxy stops. Charged ones are all shown (the budget
+ * bounds them). */
+#define EPH_EGRESS_UNCHARGED_EVENTS 256
 /* Starts the run's proxy and points the spec at it. On failure the sandbox gets no
  * network (fail closed) and the timeline says why. */
 void eph_run_egress_start(eph_run_egress_t *eg, eph_sandbox_spec_t *spec, const char *source);

@@ -713,6 +713,19 @@ export interface components {
                 reason?: string;
             };
         } & components["schemas"]["EventBase"];
+        /** @description Past 256 connections that cost the run nothing (refused, or allowed at a price of 0) in one run, the proxy counts the rest instead of giving each an egress event; this one event, when the proxy stops, says how many were not shown. */
+        EgressDroppedEvent: {
+            /** @constant */
+            kind?: "egress_dropped";
+            /** @constant */
+            source?: "Web";
+            data?: {
+                /** @description uncharged connections that got no egress event */
+                connections: number;
+                /** @description uncharged connections in all (the first 256 were shown) */
+                uncharged: number;
+            };
+        } & components["schemas"]["EventBase"];
         /** @description The sandbox is gone; what it left behind. */
         SandboxDestroyedEvent: {
             /** @constant */
@@ -855,7 +868,7 @@ export interface components {
             kind?: string;
         } & components["schemas"]["EventBase"];
         /** @description A timeline event, typed by kind (each member's kind is a constant; PluginEvent takes any other kind). In the SSE stream each is `id: <seq>`, `event: <kind>`, `data: <this JSON>`. */
-        Event: components["schemas"]["ReservedEvent"] | components["schemas"]["SandboxReadyEvent"] | components["schemas"]["SandboxErrorEvent"] | components["schemas"]["EgressErrorEvent"] | components["schemas"]["WorkerStartedEvent"] | components["schemas"]["ModelDeltaEvent"] | components["schemas"]["ModelRetryEvent"] | components["schemas"]["ModelCallEvent"] | components["schemas"]["ModelErrorEvent"] | components["schemas"]["ToolCallEvent"] | components["schemas"]["ToolResultEvent"] | components["schemas"]["OutputEvent"] | components["schemas"]["DeniedEvent"] | components["schemas"]["EgressEvent"] | components["schemas"]["SandboxDestroyedEvent"] | components["schemas"]["EndedEvent"] | components["schemas"]["SettledEvent"] | components["schemas"]["WebRequestEvent"] | components["schemas"]["WebRefusedEvent"] | components["schemas"]["FileReadEvent"] | components["schemas"]["FileWriteEvent"] | components["schemas"]["FileListEvent"] | components["schemas"]["FileRefusedEvent"] | components["schemas"]["ConnectionRequestEvent"] | components["schemas"]["HeaderDroppedEvent"] | components["schemas"]["PluginEvent"];
+        Event: components["schemas"]["ReservedEvent"] | components["schemas"]["SandboxReadyEvent"] | components["schemas"]["SandboxErrorEvent"] | components["schemas"]["EgressErrorEvent"] | components["schemas"]["WorkerStartedEvent"] | components["schemas"]["ModelDeltaEvent"] | components["schemas"]["ModelRetryEvent"] | components["schemas"]["ModelCallEvent"] | components["schemas"]["ModelErrorEvent"] | components["schemas"]["ToolCallEvent"] | components["schemas"]["ToolResultEvent"] | components["schemas"]["OutputEvent"] | components["schemas"]["DeniedEvent"] | components["schemas"]["EgressEvent"] | components["schemas"]["EgressDroppedEvent"] | components["schemas"]["SandboxDestroyedEvent"] | components["schemas"]["EndedEvent"] | components["schemas"]["SettledEvent"] | components["schemas"]["WebRequestEvent"] | components["schemas"]["WebRefusedEvent"] | components["schemas"]["FileReadEvent"] | components["schemas"]["FileWriteEvent"] | components["schemas"]["FileListEvent"] | components["schemas"]["FileRefusedEvent"] | components["schemas"]["ConnectionRequestEvent"] | components["schemas"]["HeaderDroppedEvent"] | components["schemas"]["PluginEvent"];
         WebhookRequest: {
             /** @description http:// or https:// URL the run-end notices are POSTed to */
             url: string;
