@@ -223,18 +223,30 @@ v4_refusal(const eph_net_policy_t *p, uint32_t a /* host order */)
   return NULL;
 }
 
+/* The forms with an IPv4 address in their last 32 bits: IPv4-mapped ::ffff:0:0/96,
+ * IPv4-compatible ::/96, IPv4-translated ::ffff:0:0:0/96 (RFC 2765's SIIT: a translator
+ * turns it into the IPv4) and NAT64's well-known 64:ff9b::/96. */
+static bool
+v6_embeds_v4_at_96(const struct in6_addr *a6)
+{
+  static const uint8_t nat64[12] = {0x00, 0x64, 0xff, 0x9b};
+  static const uint8_t translated[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0, 0};
+  return IN6_IS_ADDR_V4MAPPED(a6) || IN6_IS_ADDR_V4COMPAT(a6) ||
+         memcmp(a6->s6_addr, nat64, 12) == 0 || memcmp(a6->s6_addr, translated, 12) == 0;
+}
+
 static const char *
 v6_refusal(const eph_net_policy_t *p, const struct in6_addr *a6)
 {
   const uint8_t *b = a6->s6_addr;
   static const uint8_t zero[16];
-  static const uint8_t nat64[12] = {0x00, 0x64, 0xff, 0x9b};
+  static const uint8_t nat64_local[6] = {0x00, 0x64, 0xff, 0x9b, 0x00, 0x01};
   if (memcmp(b, zero, 16) == 0)
     return "unspecified address (::)";
   if (memcmp(b, zero, 15) == 0 && b[15] == 1)
     return p->allow_loopback ? NULL : "loopback address (::1)";
   /* Forms that carry an IPv4 address: judge the IPv4. */
-  if (IN6_IS_ADDR_V4MAPPED(a6) || IN6_IS_ADDR_V4COMPAT(a6) || memcmp(b, nat64, 12) == 0) {
+  if (v6_embeds_v4_at_96(a6)) {
     uint32_t v4 = (uint32_t)b[12] << 24 | (uint32_t)b[13] << 16 | (uint32_t)b[14] << 8 | b[15];
     return v4_refusal(p, v4);
   }
@@ -242,6 +254,11 @@ v6_refusal(const eph_net_policy_t *p, const struct in6_addr *a6)
     uint32_t v4 = (uint32_t)b[2] << 24 | (uint32_t)b[3] << 16 | (uint32_t)b[4] << 8 | b[5];
     return v4_refusal(p, v4);
   }
+  /* RFC 8215's local-use translation prefix: a NAT64 of the operator's network, which puts
+   * the IPv4 at an offset of its choosing (RFC 6052: /48 to /96), so which IPv4 address a
+   * destination here leads to (a private one, the metadata service) cannot be told. */
+  if (memcmp(b, nat64_local, sizeof nat64_local) == 0)
+    return "local-use IPv4/IPv6 translation address (64:ff9b:1::/48): its IPv4 cannot be told";
   if (b[0] == 0xff)
     return "multicast address (ff00::/8)";
   if (b[0] == 0xfe && (b[1] & 0xc0) == 0x80)
@@ -272,8 +289,8 @@ eph_net_addr_refusal(const eph_net_policy_t *p, const struct sockaddr *sa)
 }
 
 /* The IPv4 address an AF_INET address carries, or an IPv6 form that leads to one (the
- * forms v6_refusal judges by their IPv4: mapped, compatible, NAT64 64:ff9b::/96, 6to4
- * 2002::/16), in network order; or false. */
+ * forms v6_refusal judges by their IPv4: v6_embeds_v4_at_96's, 6to4 2002::/16), in network
+ * order; or false. */
 static bool
 carried_v4(const struct sockaddr *sa, uint32_t *v4)
 {
@@ -284,8 +301,7 @@ carried_v4(const struct sockaddr *sa, uint32_t *v4)
   if (sa->sa_family != AF_INET6)
     return false;
   const struct in6_addr *a6 = &((const struct sockaddr_in6 *)sa)->sin6_addr;
-  static const uint8_t nat64[12] = {0x00, 0x64, 0xff, 0x9b};
-  if (IN6_IS_ADDR_V4MAPPED(a6) || IN6_IS_ADDR_V4COMPAT(a6) || memcmp(a6->s6_addr, nat64, 12) == 0) {
+  if (v6_embeds_v4_at_96(a6)) {
     memcpy(v4, a6->s6_addr + 12, 4);
     return true;
   }
