@@ -37,6 +37,7 @@
 #define HEAD_MAX_BYTES 16384
 #define RELAY_CHUNK 16384
 #define CONNECT_TIMEOUT_MS 10000
+#define REPLY_WAIT_MS 2000 /* for a client to take one of the proxy's own answers */
 
 struct eph_egress {
   eph_egress_options_t opt;
@@ -70,18 +71,40 @@ typedef struct conn {
 
 /* ------------------------------------------------------------------ small I/O */
 
-static void
-send_all(int fd, const char *data, size_t bytes)
+/* Sends all of data unless the peer takes nothing for idle_ms or end_ms passes. The
+ * sockets are blocking, and a peer that stops reading once held a connection thread (and
+ * the upstream connection with it) for as long as the run lived, whatever idle_ms and
+ * max_connection_ms said. */
+static bool
+send_until(int fd, const char *data, size_t bytes, int64_t idle_ms, int64_t end_ms)
 {
   while (bytes > 0) {
-    ssize_t w = send(fd, data, bytes, MSG_NOSIGNAL);
+    ssize_t w = send(fd, data, bytes, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (w < 0 && errno == EINTR)
       continue;
+    if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      int64_t left = end_ms - eph_now_ms();
+      struct pollfd pf = {.fd = fd, .events = POLLOUT};
+      int pr = left <= 0 ? 0 : poll(&pf, 1, (int)(left < idle_ms ? left : idle_ms));
+      if (pr < 0 && errno == EINTR)
+        continue;
+      if (pr <= 0)
+        return false;
+      continue;
+    }
     if (w <= 0)
-      return;
+      return false;
     data += w;
     bytes -= (size_t)w;
   }
+  return true;
+}
+
+/* The proxy's own short messages (an HTTP answer, a TLS alert, the CONNECT's 200). */
+static void
+send_all(int fd, const char *data, size_t bytes)
+{
+  (void)send_until(fd, data, bytes, REPLY_WAIT_MS, eph_now_ms() + REPLY_WAIT_MS);
 }
 
 static void
@@ -100,10 +123,11 @@ reply(int fd, int status, const char *reason, const char *msg)
 }
 
 /* Reads until the end of the request head. Returns the head length (up to and including
- * the blank line) with *got the bytes in buf (may include bytes after the head), 0 on EOF
- * or timeout, -1 when the head is too large. */
+ * the blank line) with *got the bytes in buf (may include bytes after the head), 0 on EOF,
+ * idle_ms without a byte or end_ms passed (a head trickled a byte at a time once kept its
+ * connection past max_connection_ms), -1 when the head is too large. */
 static ssize_t
-read_head(int fd, char *buf, size_t size, size_t *got, int64_t idle_ms)
+read_head(int fd, char *buf, size_t size, size_t *got, int64_t idle_ms, int64_t end_ms)
 {
   *got = 0;
   for (;;) {
@@ -113,8 +137,11 @@ read_head(int fd, char *buf, size_t size, size_t *got, int64_t idle_ms)
       return end + 4 - buf;
     if (*got + 1 >= size)
       return -1;
+    int64_t left = end_ms - eph_now_ms();
+    if (left <= 0)
+      return 0;
     struct pollfd pf = {.fd = fd, .events = POLLIN};
-    int pr = poll(&pf, 1, (int)idle_ms);
+    int pr = poll(&pf, 1, (int)(left < idle_ms ? left : idle_ms));
     if (pr < 0 && errno == EINTR)
       continue;
     if (pr <= 0)
@@ -182,9 +209,8 @@ relay(eph_egress_t *e, int client, int upstream, bool both, int64_t end_ms)
         continue;
       int64_t room = e->opt.max_bytes - moved;
       ssize_t n = recv(pf[i].fd, buf, room < (int64_t)sizeof buf ? (size_t)room : sizeof buf, 0);
-      if (n <= 0)
+      if (n <= 0 || !send_until(pf[1 - i].fd, buf, (size_t)n, e->opt.idle_ms, end_ms))
         return;
-      send_all(pf[1 - i].fd, buf, (size_t)n);
       moved += n;
     }
   }
@@ -281,7 +307,7 @@ serve(conn_t *c)
   char *buf = eph_xmalloc(HEAD_MAX_BYTES);
   uint8_t *rec = NULL;
   size_t got = 0;
-  ssize_t head = read_head(c->client, buf, HEAD_MAX_BYTES, &got, e->opt.idle_ms);
+  ssize_t head = read_head(c->client, buf, HEAD_MAX_BYTES, &got, e->opt.idle_ms, end_ms);
   if (head <= 0) {
     if (head < 0)
       reply(c->client, 431, "Request Header Fields Too Large", "request head too large");
@@ -452,14 +478,15 @@ serve(conn_t *c)
   count(e, true);
   if (!stop) {
     if (is_connect) {
-      send_all(up, (const char *)rec, have); /* the checked ClientHello (and what followed) */
-      relay(e, c->client, up, true, end_ms);
+      /* the checked ClientHello (and what followed) */
+      if (send_until(up, (const char *)rec, have, e->opt.idle_ms, end_ms))
+        relay(e, c->client, up, true, end_ms);
     } else {
       cleanup_free char *req = rewrite_request(method, target, host, port, headers);
-      send_all(up, req, strlen(req));
       /* Nothing more from the client goes upstream: a second request on this connection
        * would skip the checks and the charge. */
-      relay(e, c->client, up, false, end_ms);
+      if (send_until(up, req, strlen(req), e->opt.idle_ms, end_ms))
+        relay(e, c->client, up, false, end_ms);
     }
   }
 out:
