@@ -28,6 +28,7 @@
 #include <curl/curl.h>
 
 #include "log.h"
+#include "support/text.h"
 #include "util.h"
 
 #ifndef SO_NETNS_COOKIE
@@ -291,6 +292,19 @@ refuse(eph_egress_t *e, int fd, const char *method, const char *target, int stat
     reply(fd, status, reason, why);
 }
 
+/* Whether a host name may be quoted and resolved: valid UTF-8 (an IDN may be), with no
+ * control character and no space. */
+static bool
+host_is_text(const char *host)
+{
+  if (!eph_utf8_is_text((const unsigned char *)host, strlen(host)))
+    return false;
+  for (const unsigned char *p = (const unsigned char *)host; *p; p++)
+    if (*p == ' ' || eph_control_len(p))
+      return false;
+  return true;
+}
+
 /* Whether the calling thread is in the host's network namespace (see host_netns_ino). */
 static bool
 in_host_netns(const eph_egress_t *e)
@@ -330,6 +344,15 @@ serve(conn_t *c)
   }
   char method[16], target[2048], version[16];
   const char *line_end = strstr(buf, "\r\n");
+  /* The request line is ASCII (a method, a URI, a version: RFC 9112 3): a byte outside
+   * printable ASCII is refused before the target reaches an event, where it once put raw
+   * control bytes and invalid UTF-8 into the run's record and every JSON rendering of it. */
+  for (const char *q = buf; q < line_end; q++)
+    if ((unsigned char)*q < 0x20 || (unsigned char)*q > 0x7e) {
+      reply(c->client, 400, "Bad Request", "a byte outside printable ASCII in the request line");
+      free(buf);
+      return;
+    }
   if (sscanf(buf, "%15s %2047s %15s", method, target, version) != 3 ||
       strncmp(version, "HTTP/1.", 7) != 0) {
     reply(c->client, 400, "Bad Request", "malformed request line");
@@ -378,6 +401,13 @@ serve(conn_t *c)
     }
     if (eph_net_url_host(target, &host, &port, &err) < 0) {
       refuse(e, c->client, method, display, 400, "Bad Request", err.message);
+      goto out;
+    }
+    /* The URL parser decodes the host (%ff is the byte 0xff): such a name went to the
+     * resolver and, quoted in a refusal, put invalid UTF-8 into the run's record. */
+    if (!host_is_text(host)) {
+      refuse(e, c->client, method, display, 400, "Bad Request",
+             "the URL's host has bytes no host name has");
       goto out;
     }
     const char *why = host_header_refusal(headers, host, port, msg, sizeof msg);

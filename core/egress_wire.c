@@ -98,8 +98,13 @@ host_header_refusal(const char *headers, const char *host, int port, char *msg, 
   if (n > 1)
     return "several Host headers";
   char value[512] = "";
-  if (!egress_header_value(headers, "host", value, sizeof value) || !*value ||
-      strpbrk(value, "/?#@\\ \t")) {
+  bool got = egress_header_value(headers, "host", value, sizeof value);
+  /* A host name is printable ASCII (IDNs travel as punycode): anything else is refused
+   * without being echoed into the refusal (an event: no raw bytes, valid UTF-8). */
+  for (const char *q = value; got && *q; q++)
+    if ((unsigned char)*q <= 0x20 || (unsigned char)*q > 0x7e)
+      return "the Host header has bytes no host name has";
+  if (!got || !*value || strpbrk(value, "/?#@\\ \t")) {
     snprintf(msg, size, "Host header '%.200s' is not host[:port]", value);
     return msg;
   }
