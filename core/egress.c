@@ -28,7 +28,6 @@
 #include <curl/curl.h>
 
 #include "log.h"
-#include "support/text.h"
 #include "util.h"
 
 #ifndef SO_NETNS_COOKIE
@@ -292,19 +291,6 @@ refuse(eph_egress_t *e, int fd, const char *method, const char *target, int stat
     reply(fd, status, reason, why);
 }
 
-/* Whether a host name may be quoted and resolved: valid UTF-8 (an IDN may be), with no
- * control character and no space. */
-static bool
-host_is_text(const char *host)
-{
-  if (!eph_utf8_is_text((const unsigned char *)host, strlen(host)))
-    return false;
-  for (const unsigned char *p = (const unsigned char *)host; *p; p++)
-    if (*p == ' ' || eph_control_len(p))
-      return false;
-  return true;
-}
-
 /* Whether the calling thread is in the host's network namespace (see host_netns_ino). */
 static bool
 in_host_netns(const eph_egress_t *e)
@@ -401,13 +387,6 @@ serve(conn_t *c)
     }
     if (eph_net_url_host(target, &host, &port, &err) < 0) {
       refuse(e, c->client, method, display, 400, "Bad Request", err.message);
-      goto out;
-    }
-    /* The URL parser decodes the host (%ff is the byte 0xff): such a name went to the
-     * resolver and, quoted in a refusal, put invalid UTF-8 into the run's record. */
-    if (!host_is_text(host)) {
-      refuse(e, c->client, method, display, 400, "Bad Request",
-             "the URL's host has bytes no host name has");
       goto out;
     }
     const char *why = host_header_refusal(headers, host, port, msg, sizeof msg);

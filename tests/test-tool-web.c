@@ -173,6 +173,10 @@ test_refusals(void **state)
   expect_refused(s, "ftp://127.0.0.1/", "only http");
   expect_refused(s, "http://user:pw@127.0.0.1/", "credentials");
   expect_refused(s, "file:///etc/passwd", "only http");
+  /* A host libcurl decodes into bytes no name has (0xff 0xfe, an overlong NUL) is refused before
+   * any charge or resolution and never quoted (it once put invalid UTF-8 in the result). */
+  expect_refused(s, "http://%ff%fe.example/", "the URL's host has bytes no host name has");
+  expect_refused(s, "http://a%c0%80b.example/", "the URL's host has bytes no host name has");
   /* Every refusal is on the timeline. */
   size_t refused = 0;
   for (size_t i = 0; i < json_object_array_length(th.events); i++)

@@ -16,6 +16,7 @@
 #include "curl_api.h"
 
 #include "cleanup.h"
+#include "text.h"
 
 /* ---------------------------------------------------------------- policy */
 
@@ -442,6 +443,17 @@ eph_net_resolve_checked(const eph_net_policy_t *p, const char *host, int port,
 
 /* ---------------------------------------------------------------- URLs */
 
+static bool
+host_is_text(const char *host)
+{
+  if (!eph_utf8_is_text((const unsigned char *)host, strlen(host)))
+    return false;
+  for (const unsigned char *p = (const unsigned char *)host; *p; p++)
+    if (*p == ' ' || eph_control_len(p))
+      return false;
+  return true;
+}
+
 static int
 parse_url(const char *url, CURLU **out, char **host, int *port, eph_error_t *err)
 {
@@ -476,6 +488,14 @@ parse_url(const char *url, CURLU **out, char **host, int *port, eph_error_t *err
   }
   if (curl_url_get(u, CURLUPART_PORT, &portstr, CURLU_DEFAULT_PORT) != CURLUE_OK) {
     r = eph_error_set(err, EINVAL, "URL has no port");
+    goto out;
+  }
+  /* libcurl decodes the host (%ff is the byte 0xff): such a name went to the resolver and,
+   * quoted in the errors below and in the callers' refusals, put invalid UTF-8 and raw
+   * control bytes into events and tool results. A host must be UTF-8 text (an IDN may be)
+   * without controls or spaces. */
+  if (!host_is_text(h)) {
+    r = eph_error_set(err, EINVAL, "the URL's host has bytes no host name has");
     goto out;
   }
   *port = atoi(portstr);

@@ -139,8 +139,9 @@ int64_t eph_net_time_left(int64_t timeout_ms, int64_t deadline_ms);
 int eph_net_fetch_within(const eph_net_policy_t *p, eph_net_request_t *req, int64_t left_ms,
                          eph_net_response_t *resp, eph_error_t *err);
 
-/* Host and port of an http(s) URL (host without IPv6 brackets, lower case). Returns 0 and a
- * heap *host owned by the caller, or -EINVAL. */
+/* Host and port of an http(s) URL (host without IPv6 brackets, lower case, as libcurl
+ * decodes it: UTF-8 text without controls or spaces, else refused). Returns 0 and a heap
+ * *host owned by the caller, or -EINVAL. */
 int eph_net_url_host(const char *url, char **host, int *port, eph_error_t *err);
 
 #endif
