@@ -1,7 +1,9 @@
 /* backend-qemu internals shared by its files. Nothing here is exported: the plugin's only
  * public symbol is eph_plugin.
  *   qemu.c      the plugin: configuration, create/destroy/stats/sweep
- *   launch.c    starting QEMU: argv, slots, the keeper, the accelerator, run directories
+ *   launch.c    starting QEMU: argv, the keeper, the accelerator, run directories
+ *   ids.c       a microVM's own ids: who may give them, slots, QEMU's user and mount
+ *               namespace, the copy of QEMU its uid cannot read
  *   snapshot.c  the snapshot store: identity, save, restore checks, garbage collection
  *   proc.c      small file and /proc helpers
  *   pool.c      restored microVMs kept loaded and paused for the next runs (key `pool`)
