@@ -316,6 +316,18 @@ ids_enter_namespaces(int sync, const char *exec_src, const char *qemu_path, cons
     *what = "binding the unreadable QEMU copy over QEMU's path";
     return errno;
   }
+  /* QEMU opens no path of its own there (its images, sockets and log are passed fds), but
+   * they are writable by every uid: a QEMU a guest escaped into could fill the host's tmpfs
+   * or leave files for another tenant's QEMU. An empty read-only tmpfs over each, in this
+   * mount namespace only. A directory the host lacks is skipped. */
+  static const char *const world_writable[] = {"/tmp", "/var/tmp", "/dev/shm"};
+  for (size_t i = 0; i < sizeof world_writable / sizeof *world_writable; i++)
+    if (mount("tmpfs", world_writable[i], "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC,
+              "mode=0555,size=4k,nr_inodes=1") < 0 &&
+        errno != ENOENT) {
+      *what = "masking a world-writable directory (/tmp, /var/tmp, /dev/shm) from QEMU";
+      return errno;
+    }
   return 0;
 }
 
