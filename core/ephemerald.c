@@ -11,7 +11,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -124,8 +123,9 @@ main(int argc, char **argv)
    * it executes may inherit them. Without this QEMU, started by backend-qemu in the
    * host's namespaces, would run with CAP_SETUID and CAP_SETGID. EINVAL: a kernel
    * without ambient capabilities has nothing to clear. */
-  if (prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) < 0 && errno != EINVAL) {
-    eph_error("cannot clear the ambient capabilities: %s", strerror(errno));
+  int e;
+  if ((e = eph_clear_ambient_caps()) < 0) {
+    eph_error("cannot clear the ambient capabilities: %s", strerror(-e));
     return 1;
   }
 
