@@ -398,6 +398,15 @@ eph_runstore_recover(eph_ctx_t *ctx, eph_store_t *store, bool quiet, int *pendin
       st = own;
     }
     if (!st || complete_record(st, run_id, note, &totals, have_totals, &e) < 0) {
+      if (st && e.code == ESTALE) {
+        /* A cluster node lost this run to another node (its lease expired: a stall, a
+         * restart slower than lease_seconds), which ended, settled and recorded it: the
+         * record is that node's, and nothing is left to do here. */
+        eph_info("%s; nothing left to record here", e.message);
+        unlink(path);
+        recovered++;
+        continue;
+      }
       if (st)
         eph_log(quiet ? EPH_LOG_DEBUG : EPH_LOG_WARN, "run %s: recording its end: %s", run_id,
                 e.message);

@@ -5,6 +5,7 @@
 #include "config.h"
 
 #include <errno.h>
+#include <string.h>
 
 #include "store_pg_int.h"
 #include "util.h"
@@ -99,6 +100,40 @@ eph_pg_leases_take_expired(eph_store_t *base, json_object **out, eph_error_t *er
   if (r >= 0)
     *out = run_ids(res);
   return r;
+}
+
+int
+eph_pg_run_take_ended(eph_store_t *base, const char *run_id, eph_error_t *err)
+{
+  pg_store_t *s = PG(base);
+  if (!s->node)
+    return eph_error_set(err, ENOTSUP, "%s: no node_name: no leases", base->path);
+  int r;
+  const char *v[] = {run_id, s->node};
+  /* No lease: an ended run is never taken over again (the takeover looks at queued and
+   * running rows only); the node column alone fences the old holder's writes. */
+  cleanup_pgresult PGresult *res =
+      eph_pg_run(s,
+                 "UPDATE runs SET node = $2, lease_expires_us = NULL WHERE id = $1"
+                 " AND status NOT IN ('queued', 'running') AND node IS DISTINCT FROM $2",
+                 2, v, "taking over an ended run's record", &r, err);
+  return r < 0 ? r : affected(res) > 0;
+}
+
+int
+eph_pg_not_held(pg_store_t *s, const char *run_id, bool exists, const char *holder,
+                eph_error_t *err)
+{
+  if (!exists)
+    return eph_error_set(err, ENOENT, "run %s does not exist", run_id);
+  /* The holder as the statement's snapshot saw it: a takeover committed while the write
+   * waited shows this node's own name there. */
+  if (!holder || !*holder || (s->node && strcmp(holder, s->node) == 0))
+    holder = "another node";
+  return eph_error_set(err, ESTALE,
+                       "run %s: held by node '%s' now, not by this node ('%s'): this node's "
+                       "lease on it expired and that node took it over; nothing written",
+                       run_id, holder, s->node ? s->node : "");
 }
 
 /* ---------------------------------------------------------------- the shared queue */
