@@ -476,6 +476,7 @@ pg_close(eph_store_t *base)
   if (s->local) /* its own close: this unit stays below store.c's dispatch */
     s->local->ops->close(s->local);
   free(s->node);
+  free(s->session_sql);
   pthread_mutex_destroy(&s->lock);
   eph_store_base_free(&s->base);
   free(s);
@@ -635,10 +636,9 @@ eph_store_pg_open(const char *conninfo, const eph_store_options_t *opt, eph_stor
   }
   PQsetNoticeProcessor(s->conn, quiet_notice, NULL);
   /* Statements that wait on a lock give up rather than hang a request forever. */
-  char set[96];
-  snprintf(set, sizeof set, "SET lock_timeout = %d; SET client_encoding = 'UTF8'",
-           opt->busy_timeout_ms);
-  if ((r = exec_plain(s, set, "setting the session", err)) < 0 || (r = migrate(s, err)) < 0)
+  s->session_sql =
+      eph_xasprintf("SET lock_timeout = %d; SET client_encoding = 'UTF8'", opt->busy_timeout_ms);
+  if ((r = eph_pg_session(s, "setting the session", err)) < 0 || (r = migrate(s, err)) < 0)
     goto fail;
   if (opt->local_path && (r = eph_store_sqlite_open(opt->local_path, opt, &s->local, err)) < 0)
     goto fail;

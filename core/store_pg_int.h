@@ -19,6 +19,7 @@ typedef struct pg_store {
   pthread_mutex_t lock; /* one connection, one user at a time */
   eph_store_t *local;   /* node-local SQLite for eph_store_with_db, or NULL */
   char *node;           /* this node's name, or NULL (no leases) */
+  char *session_sql;    /* the session's settings, set again on every new connection */
   int64_t lease_us;
 } pg_store_t;
 
@@ -81,10 +82,15 @@ affected(const PGresult *res)
  * Returns the negative errno. */
 int eph_pg_error(pg_store_t *s, const PGresult *res, const char *what, eph_error_t *err);
 
+/* Sets this store's session settings (s->session_sql) on its connection: at open and after
+ * every reconnect. 0, or the negative errno with err naming the operation. */
+int eph_pg_session(pg_store_t *s, const char *what, eph_error_t *err);
+
 /* Runs one parameterised statement; the caller holds s->lock. Text parameters when lens and
  * fmts are NULL. Returns the result (the caller PQclear()s it) with *r = 0, or NULL with *r
- * the negative errno and err filled. A connection the server closed is reset and the
- * statement retried once. */
+ * the negative errno and err filled. A connection the server closed is reset (its session
+ * settings set again) and the statement retried once, unless it ran inside a transaction:
+ * then -EIO (the transaction is lost with the old session; the caller rolls back). */
 PGresult *eph_pg_exec(pg_store_t *s, const char *sql, int n, const char *const *vals,
                       const int *lens, const int *fmts, int binary_result, const char *what, int *r,
                       eph_error_t *err);
