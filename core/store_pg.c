@@ -201,20 +201,18 @@ pg_run_update(eph_store_t *base, const char *id, const char *status, json_object
    * node stalled past its lease (SIGSTOP, a paused VM) whose run was ended host_lost and
    * settled by another node would otherwise overwrite that record when it resumes. The
    * UPDATE re-checks the condition against a takeover committed while it waited. */
-  cleanup_pgresult PGresult *res = eph_pg_run(
-      s,
-      "WITH u AS (UPDATE runs SET status = coalesce($2, status),"
-      " output = CASE WHEN zdr THEN NULL ELSE coalesce($3, output) END,"
-      " usage = coalesce($4, usage), updated_at_us = $5 WHERE id = $1"
-      " AND ($6::text IS NULL OR node IS NULL OR node = $6) RETURNING id),"
-      " n AS (SELECT pg_notify('eph_events', id) FROM u"
-      "  WHERE $2 NOT IN ('queued', 'running'))"
-      " SELECT (SELECT count(*) FROM u), (SELECT count(*) FROM n),"
-      "  (SELECT count(*) FROM runs WHERE id = $1), (SELECT node FROM runs WHERE id = $1)",
-      6, v, "updating the run", &r, err);
-  if (r >= 0 && get_i64(res, 0, 0) == 0)
-    r = eph_pg_not_held(s, id, get_i64(res, 0, 2) > 0, PQgetvalue(res, 0, 3), err);
-  return r;
+  cleanup_pgresult PGresult *res =
+      eph_pg_run(s,
+                 "WITH u AS (UPDATE runs SET status = coalesce($2, status),"
+                 " output = CASE WHEN zdr THEN NULL ELSE coalesce($3, output) END,"
+                 " usage = coalesce($4, usage), updated_at_us = $5 WHERE id = $1"
+                 " AND ($6::text IS NULL OR node IS NULL OR node = $6) RETURNING id),"
+                 " n AS (SELECT pg_notify('eph_events', id) FROM u"
+                 "  WHERE $2 NOT IN ('queued', 'running'))"
+                 " SELECT (SELECT count(*) FROM u), (SELECT count(*) FROM runs WHERE id = $1),"
+                 "  (SELECT node FROM runs WHERE id = $1), (SELECT count(*) FROM n)",
+                 6, v, "updating the run", &r, err);
+  return r < 0 ? r : eph_pg_fenced(s, id, res, err);
 }
 
 /* A run object from a row of the run queries (same columns). */
@@ -307,9 +305,7 @@ pg_event_append(eph_store_t *base, const char *run_id, int64_t seq, int64_t t_ms
       " n AS (SELECT pg_notify('eph_events', run_id) FROM ins)"
       " SELECT (SELECT count(*) FROM n), (SELECT count(*) FROM r), (SELECT node FROM r)",
       8, v, "appending the event", &r, err);
-  if (r >= 0 && get_i64(res, 0, 0) == 0)
-    r = eph_pg_not_held(s, run_id, get_i64(res, 0, 1) > 0, PQgetvalue(res, 0, 2), err);
-  return r;
+  return r < 0 ? r : eph_pg_fenced(s, run_id, res, err);
 }
 
 static int

@@ -121,11 +121,13 @@ eph_pg_run_take_ended(eph_store_t *base, const char *run_id, eph_error_t *err)
 }
 
 int
-eph_pg_not_held(pg_store_t *s, const char *run_id, bool exists, const char *holder,
-                eph_error_t *err)
+eph_pg_fenced(pg_store_t *s, const char *run_id, const PGresult *res, eph_error_t *err)
 {
-  if (!exists)
+  if (get_i64(res, 0, 0) > 0)
+    return 0;
+  if (get_i64(res, 0, 1) == 0)
     return eph_error_set(err, ENOENT, "run %s does not exist", run_id);
+  const char *holder = PQgetvalue(res, 0, 2);
   /* The holder as the statement's snapshot saw it: a takeover committed while the write
    * waited shows this node's own name there. */
   if (!holder || !*holder || (s->node && strcmp(holder, s->node) == 0))

@@ -106,10 +106,10 @@ int eph_pg_cancels_pending(eph_store_t *base, json_object **out, eph_error_t *er
 int eph_pg_leases_renew(eph_store_t *base, json_object *ids, eph_error_t *err);
 int eph_pg_leases_take_expired(eph_store_t *base, json_object **out, eph_error_t *err);
 int eph_pg_run_take_ended(eph_store_t *base, const char *run_id, eph_error_t *err);
-/* The error of a write to run_id the fence refused (store_pg.c's run_update, event_append):
- * -ESTALE naming the holder, or -ENOENT when the run does not exist (exists false). */
-int eph_pg_not_held(pg_store_t *s, const char *run_id, bool exists, const char *holder,
-                    eph_error_t *err);
+/* The outcome of a fenced write to run_id (store_pg.c's run_update, event_append), from its
+ * result's first row: (rows written, rows of the run, the run's holder). 0 when written;
+ * else -ESTALE naming the holder, or -ENOENT when the run does not exist. */
+int eph_pg_fenced(pg_store_t *s, const char *run_id, const PGresult *res, eph_error_t *err);
 int eph_pg_queue_push(eph_store_t *base, const char *run_id, int64_t reserved_micros,
                       bool local_only, int max_queued, eph_error_t *err);
 int eph_pg_queue_claim(eph_store_t *base, json_object **out, eph_error_t *err);
