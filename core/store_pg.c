@@ -167,7 +167,7 @@ pg_run_insert(eph_store_t *base, const char *id, const char *org, const char *st
 {
   int r;
   pg_store_t *s = PG(base);
-  i64s_t t = i64s(created_at_us), lease = i64s(eph_wall_us() + s->lease_us);
+  i64s_t t = i64s(created_at_us), lease = i64s(s->lease_us);
   const char *v[] = {id,
                      org,
                      status,
@@ -181,7 +181,7 @@ pg_run_insert(eph_store_t *base, const char *id, const char *org, const char *st
   cleanup_pgresult PGresult *res = eph_pg_run(
       s,
       "INSERT INTO runs(id, org, status, created_at_us, updated_at_us, zdr, request, node,"
-      " lease_expires_us) VALUES ($1, $2, $3, $4, $4, $5, $6, $7, $8)",
+      " lease_expires_us) VALUES ($1, $2, $3, $4, $4, $5, $6, $7, " PG_NOW_US " + $8::bigint)",
       8, v, "inserting the run", &r, err);
   return r;
 }

@@ -63,12 +63,12 @@ eph_pg_leases_renew(eph_store_t *base, json_object *ids, eph_error_t *err)
   if (!s->node)
     return eph_error_set(err, ENOTSUP, "%s: no node_name: no leases", base->path);
   int r;
-  i64s_t until = i64s(eph_wall_us() + s->lease_us);
+  i64s_t lease = i64s(s->lease_us);
   /* The ids travel as one JSON parameter, expanded by the server: no SQL is built. */
-  const char *v[] = {s->node, until.s, json_text(ids)};
+  const char *v[] = {s->node, lease.s, json_text(ids)};
   cleanup_pgresult PGresult *res =
       eph_pg_run(s,
-                 "UPDATE runs SET lease_expires_us = $2 WHERE node = $1"
+                 "UPDATE runs SET lease_expires_us = " PG_NOW_US " + $2::bigint WHERE node = $1"
                  " AND status IN ('queued', 'running')"
                  " AND id IN (SELECT jsonb_array_elements_text($3::jsonb))",
                  3, v, "renewing leases", &r, err);
@@ -82,21 +82,21 @@ eph_pg_leases_take_expired(eph_store_t *base, json_object **out, eph_error_t *er
   if (!s->node)
     return eph_error_set(err, ENOTSUP, "%s: no node_name: no leases", base->path);
   int r;
-  int64_t now = eph_wall_us();
-  i64s_t now_s = i64s(now), until = i64s(now + s->lease_us);
-  const char *v[] = {s->node, until.s, now_s.s};
+  i64s_t lease = i64s(s->lease_us);
+  const char *v[] = {s->node, lease.s};
   /* Conditional: a second node updating the same row waits for the first, then re-checks
    * the WHERE against the new lease and skips it. Exactly one node takes each run. */
   cleanup_pgresult PGresult *res =
       eph_pg_run(s,
-                 "WITH t AS (UPDATE runs SET node = $1, lease_expires_us = $2"
-                 "  WHERE status IN ('queued', 'running') AND lease_expires_us < $3 RETURNING id),"
+                 "WITH t AS (UPDATE runs SET node = $1, lease_expires_us = " PG_NOW_US
+                 " + $2::bigint WHERE status IN ('queued', 'running')"
+                 "  AND lease_expires_us < " PG_NOW_US " RETURNING id),"
                  /* A dead node's local_only queued runs (zero data retention) end with it. */
                  " q AS (DELETE FROM run_queue WHERE run_id IN (SELECT id FROM t) RETURNING 1),"
                  " d AS (UPDATE run_queue_length SET n = n - (SELECT count(*) FROM q) WHERE id = 1"
                  "  AND EXISTS (SELECT 1 FROM q))"
                  " SELECT id FROM t",
-                 3, v, "taking over expired leases", &r, err);
+                 2, v, "taking over expired leases", &r, err);
   if (r >= 0)
     *out = run_ids(res);
   return r;
@@ -176,16 +176,16 @@ eph_pg_queue_push(eph_store_t *base, const char *run_id, int64_t reserved_micros
   return 0;
 }
 
-/* The rest of a claim after the row is picked (CTE c): the row leaves the queue and its count,
- * and the run gets this node ($1) and a lease until $2, only while it is still queued. A
- * row whose run is no longer queued (a push committed whose answer was lost: the retry
- * failed and the admitting node ended the run) is dropped, never claimed: an ended run is
- * not run again. */
+/* The rest of a claim after the row is picked (CTE c): the row leaves the queue and its
+ * count, and the run gets this node ($1) and a lease of $2 micros (server time), only while
+ * it is still queued. A row whose run is no longer queued (a push committed whose answer was
+ * lost: the retry failed and the admitting node ended the run) is dropped, never claimed:
+ * an ended run is not run again. */
 #define CLAIM_REST                                                                                 \
   "  RETURNING run_id, reserved_micros, local_only),"                                              \
   " d AS (UPDATE run_queue_length SET n = n - (SELECT count(*) FROM c) WHERE id = 1"               \
   "  AND EXISTS (SELECT 1 FROM c)),"                                                               \
-  " u AS (UPDATE runs SET node = $1, lease_expires_us = $2 FROM c"                                 \
+  " u AS (UPDATE runs SET node = $1, lease_expires_us = " PG_NOW_US " + $2::bigint FROM c"         \
   "  WHERE runs.id = c.run_id AND runs.status = 'queued'"                                          \
   "  RETURNING runs.id, runs.org, runs.request, runs.zdr,"                                         \
   "  runs.created_at_us)"                                                                          \
@@ -201,8 +201,8 @@ claim_with(pg_store_t *s, const char *sql, const char *run_id, const char *what,
   if (!s->node)
     return eph_error_set(err, ENOTSUP, "%s: no node_name: no shared queue", s->base.path);
   int r;
-  i64s_t until = i64s(eph_wall_us() + s->lease_us);
-  const char *v[] = {s->node, until.s, run_id};
+  i64s_t lease = i64s(s->lease_us);
+  const char *v[] = {s->node, lease.s, run_id};
   cleanup_pgresult PGresult *res = eph_pg_run(s, sql, run_id ? 3 : 2, v, what, &r, err);
   if (r < 0 || PQntuples(res) == 0)
     return r;

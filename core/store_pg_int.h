@@ -25,6 +25,13 @@ typedef struct pg_store {
 
 #define PG(x) ((pg_store_t *)(x))
 
+/* The database server's time in micros (the start of the statement's transaction), in SQL:
+ * what leases are written and compared in. Every node's lease is then measured by one
+ * clock: a node whose own clock is ahead does not take the others' live runs over, one
+ * behind does not lose its own (a node's eph_wall_us() still stamps created_at and the
+ * like, which order but decide nothing). */
+#define PG_NOW_US "(extract(epoch FROM now()) * 1000000)::bigint"
+
 /* A result freed when it goes out of scope. */
 static inline void
 pqclearp(PGresult **r)

@@ -7,7 +7,11 @@
  *   - a transaction (eph_store_with_pg) whose connection is lost between two statements is
  *     not continued on the new connection outside any transaction: its first statement died
  *     with the old session, so the second alone must not be committed and reported as the
- *     whole; the call fails and nothing of it is stored. */
+ *     whole; the call fails and nothing of it is stored.
+ * And the leases' clock: a node whose wall clock is wrong (NTP broken, a VM restored from a
+ * snapshot) must neither take over the live runs of the others (its clock ahead) nor lose
+ * its own (behind): the leases are the database server's time, one clock for every node.
+ * This program's CLOCK_REALTIME is skewed (clock_gettime below) while one "node" acts. */
 #include "config.h"
 
 #include <errno.h>
@@ -17,6 +21,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 #include <libpq-fe.h>
@@ -24,6 +31,19 @@
 #include "admin.h"
 #include "store.h"
 #include "util.h"
+
+/* Added to CLOCK_REALTIME while a skewed node acts, seconds. This definition wins over the C
+ * library's for the code linked into this program (core/util.c's eph_wall_us). */
+static long skew_s;
+
+int
+clock_gettime(clockid_t id, struct timespec *ts)
+{
+  int r = (int)syscall(SYS_clock_gettime, id, ts);
+  if (r == 0 && id == CLOCK_REALTIME)
+    ts->tv_sec += skew_s;
+  return r;
+}
 
 typedef struct fixture {
   const char *db;
@@ -168,6 +188,66 @@ test_transaction_not_continued_after_reconnect(void **st)
                    0);
 }
 
+static eph_store_t *
+node(fixture_t *f, const char *name)
+{
+  eph_store_options_t o = {.node_name = name, .lease_seconds = 5};
+  eph_store_t *s = NULL;
+  eph_error_t err = {0};
+  if (eph_store_open(f->db, &o, &s, &err) < 0)
+    fail_msg("%s", err.message);
+  return s;
+}
+
+/* The node holding run_id, as text (heap). */
+static char *
+holder(fixture_t *f, const char *run_id)
+{
+  char sql[128];
+  snprintf(sql, sizeof sql, "SELECT coalesce(node, '-') FROM runs WHERE id = '%s'", run_id);
+  PGresult *res = side(f, sql);
+  char *out = eph_xstrdup(PQgetvalue(res, 0, 0));
+  PQclear(res);
+  return out;
+}
+
+static void
+test_leases_use_one_clock(void **st)
+{
+  fixture_t *f = *st;
+  eph_store_t *a = node(f, "na"), *b = node(f, "nb");
+  eph_error_t err = {0};
+  cleanup_json json_object *req = json_tokener_parse("{\"prompt\":\"p\"}");
+  cleanup_json json_object *ids = json_tokener_parse("[\"run_a\"]");
+  assert_int_equal(eph_store_run_insert(a, "run_a", "acme", "running", 1, req, false, &err), 0);
+  /* b's clock 10 minutes ahead: a's live run (its lease 5 s from a's now) is not expired. */
+  skew_s = 600;
+  cleanup_json json_object *taken = NULL;
+  assert_int_equal(eph_store_leases_take_expired(b, &taken, &err), 0);
+  skew_s = 0;
+  assert_int_equal(json_object_array_length(taken), 0);
+  cleanup_free char *h1 = holder(f, "run_a");
+  assert_string_equal(h1, "na");
+  /* a's clock 10 minutes behind when it renews: its lease still runs from the true now. */
+  skew_s = -600;
+  assert_int_equal(eph_store_leases_renew(a, ids, &err), 0);
+  skew_s = 0;
+  cleanup_json json_object *taken2 = NULL;
+  assert_int_equal(eph_store_leases_take_expired(b, &taken2, &err), 0);
+  assert_int_equal(json_object_array_length(taken2), 0);
+  cleanup_free char *h2 = holder(f, "run_a");
+  assert_string_equal(h2, "na");
+  /* And an expired lease is still taken (a stopped renewing). */
+  PQclear(side(f, "UPDATE runs SET lease_expires_us = 1 WHERE id = 'run_a'"));
+  cleanup_json json_object *taken3 = NULL;
+  assert_int_equal(eph_store_leases_take_expired(b, &taken3, &err), 0);
+  assert_int_equal(json_object_array_length(taken3), 1);
+  cleanup_free char *h3 = holder(f, "run_a");
+  assert_string_equal(h3, "nb");
+  eph_store_close(a);
+  eph_store_close(b);
+}
+
 int
 main(void)
 {
@@ -175,6 +255,7 @@ main(void)
       cmocka_unit_test_setup_teardown(test_session_settings_survive_reconnect, setup, teardown),
       cmocka_unit_test_setup_teardown(test_transaction_not_continued_after_reconnect, setup,
                                       teardown),
+      cmocka_unit_test_setup_teardown(test_leases_use_one_clock, setup, teardown),
   };
   return cmocka_run_group_tests_name("store (PostgreSQL connection)", tests, NULL, NULL);
 }
