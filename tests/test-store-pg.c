@@ -29,6 +29,7 @@
 #include <libpq-fe.h>
 
 #include "admin.h"
+#include "store-fixture.h"
 #include "store.h"
 #include "util.h"
 
@@ -45,50 +46,48 @@ clock_gettime(clockid_t id, struct timespec *ts)
   return r;
 }
 
-typedef struct fixture {
-  const char *db;
-  PGconn *side; /* a connection of the test's own, behind the store's back */
-  eph_store_t *store;
-} fixture_t;
+/* A connection of the test's own, behind the store's back, kept open across statements (a
+ * lock held by its transaction). */
+static PGconn *side_conn;
 
-/* sql on the test's own connection; the result (caller clears), failing the test on error. */
+/* sql on side_conn; the result (caller clears), failing the test on error. */
 static PGresult *
 side(fixture_t *f, const char *sql)
 {
-  PGresult *res = PQexec(f->side, sql);
+  (void)f;
+  PGresult *res = PQexec(side_conn, sql);
   ExecStatusType s = PQresultStatus(res);
   if (s != PGRES_COMMAND_OK && s != PGRES_TUPLES_OK)
     fail_msg("%s: %s", sql, PQresultErrorMessage(res));
   return res;
 }
 
+/* tests/store-fixture.c's (an emptied database), the store reopened with a short lock
+ * timeout, and side_conn. */
 static int
-setup(void **st)
+pg_setup(void **st)
 {
-  fixture_t *f = calloc(1, sizeof *f);
-  f->db = getenv("EPH_TEST_DATABASE");
-  if (!f->db || !*f->db)
+  if (!getenv("EPH_TEST_DATABASE"))
     fail_msg("EPH_TEST_DATABASE is not set (run tests/store-pg-conn.test)");
-  f->side = PQconnectdb(f->db);
-  if (PQstatus(f->side) != CONNECTION_OK)
-    fail_msg("connecting to %s: %s", f->db, PQerrorMessage(f->side));
-  PQclear(side(f, "DROP SCHEMA public CASCADE; CREATE SCHEMA public"));
+  setup(st);
+  fixture_t *f = *st;
+  eph_store_close(f->store);
   eph_store_options_t o = {.busy_timeout_ms = 300};
   eph_error_t err = {0};
-  if (eph_store_open(f->db, &o, &f->store, &err) < 0)
+  if (eph_store_open(f->path, &o, &f->store, &err) < 0)
     fail_msg("%s", err.message);
-  *st = f;
+  side_conn = PQconnectdb(f->path);
+  if (PQstatus(side_conn) != CONNECTION_OK)
+    fail_msg("connecting to %s: %s", f->path, PQerrorMessage(side_conn));
   return 0;
 }
 
 static int
-teardown(void **st)
+pg_teardown(void **st)
 {
-  fixture_t *f = *st;
-  eph_store_close(f->store);
-  PQfinish(f->side);
-  free(f);
-  return 0;
+  PQfinish(side_conn);
+  side_conn = NULL;
+  return teardown(st);
 }
 
 /* One statement's rows on the store's own connection. */
@@ -194,7 +193,7 @@ node(fixture_t *f, const char *name)
   eph_store_options_t o = {.node_name = name, .lease_seconds = 5};
   eph_store_t *s = NULL;
   eph_error_t err = {0};
-  if (eph_store_open(f->db, &o, &s, &err) < 0)
+  if (eph_store_open(f->path, &o, &s, &err) < 0)
     fail_msg("%s", err.message);
   return s;
 }
@@ -252,10 +251,11 @@ int
 main(void)
 {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test_setup_teardown(test_session_settings_survive_reconnect, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_transaction_not_continued_after_reconnect, setup,
-                                      teardown),
-      cmocka_unit_test_setup_teardown(test_leases_use_one_clock, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_session_settings_survive_reconnect, pg_setup,
+                                      pg_teardown),
+      cmocka_unit_test_setup_teardown(test_transaction_not_continued_after_reconnect, pg_setup,
+                                      pg_teardown),
+      cmocka_unit_test_setup_teardown(test_leases_use_one_clock, pg_setup, pg_teardown),
   };
   return cmocka_run_group_tests_name("store (PostgreSQL connection)", tests, NULL, NULL);
 }
