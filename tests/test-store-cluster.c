@@ -126,9 +126,9 @@ test_leases(void **st)
   /* The old node (stalled past its lease, then resumed) writes nothing any more: neither
    * an event nor its row (-ESTALE naming the holder); the taker writes both. */
   int old = winner == 0 ? 1 : 0; /* n0 inserted it, but any loser is "not the holder" */
-  assert_int_equal(eph_store_event_append(nodes[old], "run_l", 7, 1, "Failed", "ended", "late",
-                                          NULL, &err),
-                   -ESTALE);
+  assert_int_equal(
+      eph_store_event_append(nodes[old], "run_l", 7, 1, "Failed", "ended", "late", NULL, &err),
+      -ESTALE);
   assert_non_null(strstr(err.message, want));
   assert_int_equal(eph_store_run_update(nodes[old], "run_l", "succeeded", NULL, NULL, &err),
                    -ESTALE);
@@ -141,9 +141,8 @@ test_leases(void **st)
   PQclear(res);
   /* The holder writes; so does a store without a node name (the CLI: no leases, no fence);
    * an unknown run is still -ENOENT. */
-  assert_int_equal(eph_store_event_append(nodes[winner], "run_l", 7, 1, "Failed", "ended", "x",
-                                          NULL, &err),
-                   0);
+  assert_int_equal(
+      eph_store_event_append(nodes[winner], "run_l", 7, 1, "Failed", "ended", "x", NULL, &err), 0);
   assert_int_equal(eph_store_run_update(f->store, "run_l", NULL, NULL, NULL, &err), 0);
   assert_int_equal(eph_store_run_update(nodes[old], "run_none", "failed", NULL, NULL, &err),
                    -ENOENT);
