@@ -89,8 +89,14 @@ eph_orphans_tick(eph_orphans_t *o, eph_ctx_t *ctx, eph_store_t *store, int64_t n
       /* Ended, yet its reservation is open: its node's settle failed (its reconciler
        * retries from a lock file only that node sees) and the node may be gone. The run
        * charges nothing after it ended, so settling it here is what that node would do;
-       * the record is completed from its stored `ended` event. */
-      s = eph_runstore_settle_lost(ctx, store, id, &t, &err);
+       * the record is completed from its stored `ended` event, by this node: it takes the
+       * row first, so the old node's own late retry is refused (-ESTALE) instead of
+       * writing beside it. */
+      s = eph_store_run_take_ended(store, id, &err);
+      if (s >= 0) {
+        err = (eph_error_t){0};
+        s = eph_runstore_settle_lost(ctx, store, id, &t, &err);
+      }
       if (s == 0) {
         eph_info("run %s: ended with its reservation open (its node's settle failed); "
                  "settled here, %" PRId64 " billed, %" PRId64 " released",

@@ -170,6 +170,12 @@ eph_run_org(const eph_run_t *run)
   return run->org;
 }
 
+int64_t
+eph_run_created_us(const eph_run_t *run)
+{
+  return run->created_us;
+}
+
 bool
 eph_run_zdr(const eph_run_t *run)
 {

@@ -47,11 +47,27 @@ eph_pg_error(pg_store_t *s, const PGresult *res, const char *what, eph_error_t *
   return r;
 }
 
+int
+eph_pg_session(pg_store_t *s, const char *what, eph_error_t *err)
+{
+  PGresult *res = PQexec(s->conn, s->session_sql);
+  ExecStatusType st = res ? PQresultStatus(res) : PGRES_FATAL_ERROR;
+  int r = st == PGRES_COMMAND_OK || st == PGRES_TUPLES_OK ? 0 : eph_pg_error(s, res, what, err);
+  PQclear(res);
+  return r;
+}
+
 /* A success clears the store's fault: the server answered. */
 PGresult *
 eph_pg_exec(pg_store_t *s, const char *sql, int n, const char *const *vals, const int *lens,
             const int *fmts, int binary_result, const char *what, int *r, eph_error_t *err)
 {
+  /* Inside a transaction (eph_pg_with_pg) a lost connection took the transaction with it:
+   * the statement is not retried, or it would run alone on the new connection, outside
+   * any transaction, and a COMMIT after it would "succeed" with a warning (there is no
+   * transaction) while the statements before it were rolled back. */
+  PGTransactionStatusType tx = PQtransactionStatus(s->conn);
+  bool in_tx = tx == PQTRANS_INTRANS || tx == PQTRANS_INERROR;
   for (int attempt = 0;; attempt++) {
     PGresult *res = PQexecParams(s->conn, sql, n, NULL, vals, lens, fmts, binary_result);
     ExecStatusType st = res ? PQresultStatus(res) : PGRES_FATAL_ERROR;
@@ -63,11 +79,21 @@ eph_pg_exec(pg_store_t *s, const char *sql, int n, const char *const *vals, cons
     if (attempt == 0 && PQstatus(s->conn) == CONNECTION_BAD) {
       PQclear(res);
       PQreset(s->conn);
-      if (PQstatus(s->conn) == CONNECTION_OK) {
-        eph_info("%s: reconnected", s->base.path);
-        continue;
+      if (PQstatus(s->conn) != CONNECTION_OK) {
+        *r = eph_pg_error(s, NULL, what, err);
+        return NULL;
       }
-      *r = eph_pg_error(s, NULL, what, err);
+      /* A new session: this store's settings (lock_timeout above all: without it a
+       * statement waiting on a lock would hang its request for ever) are set again. */
+      if ((*r = eph_pg_session(s, "setting up the new session", err)) < 0)
+        return NULL;
+      eph_info("%s: reconnected", s->base.path);
+      if (!in_tx)
+        continue;
+      *r = eph_error_set(err, EIO,
+                         "%s: %s: the connection was lost inside a transaction, which the "
+                         "server rolled back; reconnected",
+                         s->base.path, what);
       return NULL;
     }
     *r = eph_pg_error(s, res, what, err);

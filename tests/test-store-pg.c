@@ -1,0 +1,261 @@
+/* Tests of the PostgreSQL store's connection (core/store_pg_conn.c) when the server closes
+ * it, on a real database (tests/store-pg-conn.test runs this program under tests/with-pg):
+ * the store's backend is terminated behind its back (pg_terminate_backend, as a server
+ * restart or a failover does) and the store must reconnect as the session it was:
+ *   - the session's settings (lock_timeout, from busy_timeout_ms) hold on the new session,
+ *     so a statement waiting on another session's lock still gives up instead of hanging;
+ *   - a transaction (eph_store_with_pg) whose connection is lost between two statements is
+ *     not continued on the new connection outside any transaction: its first statement died
+ *     with the old session, so the second alone must not be committed and reported as the
+ *     whole; the call fails and nothing of it is stored.
+ * And the leases' clock: a node whose wall clock is wrong (NTP broken, a VM restored from a
+ * snapshot) must neither take over the live runs of the others (its clock ahead) nor lose
+ * its own (behind): the leases are the database server's time, one clock for every node.
+ * This program's CLOCK_REALTIME is skewed (clock_gettime below) while one "node" acts. */
+#include "config.h"
+
+#include <errno.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+#include <libpq-fe.h>
+
+#include "admin.h"
+#include "store-fixture.h"
+#include "store.h"
+#include "util.h"
+
+/* Added to CLOCK_REALTIME while a skewed node acts, seconds. This definition wins over the C
+ * library's for the code linked into this program (core/util.c's eph_wall_us). */
+static long skew_s;
+
+int
+clock_gettime(clockid_t id, struct timespec *ts)
+{
+  int r = (int)syscall(SYS_clock_gettime, id, ts);
+  if (r == 0 && id == CLOCK_REALTIME)
+    ts->tv_sec += skew_s;
+  return r;
+}
+
+/* A connection of the test's own, behind the store's back, kept open across statements (a
+ * lock held by its transaction). */
+static PGconn *side_conn;
+
+/* sql on side_conn; the result (caller clears), failing the test on error. */
+static PGresult *
+side(fixture_t *f, const char *sql)
+{
+  (void)f;
+  PGresult *res = PQexec(side_conn, sql);
+  ExecStatusType s = PQresultStatus(res);
+  if (s != PGRES_COMMAND_OK && s != PGRES_TUPLES_OK)
+    fail_msg("%s: %s", sql, PQresultErrorMessage(res));
+  return res;
+}
+
+/* tests/store-fixture.c's (an emptied database), the store reopened with a short lock
+ * timeout, and side_conn. */
+static int
+pg_setup(void **st)
+{
+  if (!getenv("EPH_TEST_DATABASE"))
+    fail_msg("EPH_TEST_DATABASE is not set (run tests/store-pg-conn.test)");
+  setup(st);
+  fixture_t *f = *st;
+  eph_store_close(f->store);
+  eph_store_options_t o = {.busy_timeout_ms = 300};
+  eph_error_t err = {0};
+  if (eph_store_open(f->path, &o, &f->store, &err) < 0)
+    fail_msg("%s", err.message);
+  side_conn = PQconnectdb(f->path);
+  if (PQstatus(side_conn) != CONNECTION_OK)
+    fail_msg("connecting to %s: %s", f->path, PQerrorMessage(side_conn));
+  return 0;
+}
+
+static int
+pg_teardown(void **st)
+{
+  PQfinish(side_conn);
+  side_conn = NULL;
+  return teardown(st);
+}
+
+/* One statement's rows on the store's own connection. */
+typedef struct {
+  const char *sql;
+  json_object *rows;
+} query_t;
+
+static int
+one_query(eph_store_t *s, void *opaque, eph_error_t *err)
+{
+  query_t *q = opaque;
+  return eph_store_pg_query(s, &q->rows, NULL, "test query", err, q->sql, "");
+}
+
+/* The first column of the first row of sql run by the store, as text (heap). */
+static char *
+store_value(fixture_t *f, const char *sql)
+{
+  query_t q = {.sql = sql};
+  eph_error_t err = {0};
+  if (eph_store_with_pg(f->store, false, one_query, &q, &err) < 0)
+    fail_msg("%s: %s", sql, err.message);
+  json_object *row = json_object_array_get_idx(q.rows, 0);
+  char *out = NULL;
+  json_object_object_foreach(row, k, v) {
+    (void)k;
+    out = eph_xstrdup(json_object_get_string(v));
+    break;
+  }
+  json_object_put(q.rows);
+  assert_non_null(out);
+  return out;
+}
+
+/* Terminates the store's backend from the side connection, as a server restart would. */
+static void
+kill_store_backend(fixture_t *f)
+{
+  cleanup_free char *pid = store_value(f, "SELECT pg_backend_pid()::text");
+  char sql[96];
+  snprintf(sql, sizeof sql, "SELECT pg_terminate_backend(%s)", pid);
+  PQclear(side(f, sql));
+}
+
+static void
+test_session_settings_survive_reconnect(void **st)
+{
+  fixture_t *f = *st;
+  cleanup_free char *before = store_value(f, "SHOW lock_timeout");
+  assert_string_equal(before, "300ms");
+  kill_store_backend(f);
+  /* The next statement finds the connection closed, reconnects and is retried once. */
+  eph_error_t err = {0};
+  assert_int_equal(eph_store_probe(f->store, &err), 0);
+  cleanup_free char *after = store_value(f, "SHOW lock_timeout");
+  assert_string_equal(after, "300ms");
+  /* And it works: a run row another session holds locked makes an update give up. */
+  cleanup_json json_object *req = json_tokener_parse("{\"prompt\":\"p\"}");
+  assert_int_equal(eph_store_run_insert(f->store, "run_lk", "acme", "running", 1, req, false, &err),
+                   0);
+  PQclear(side(f, "BEGIN; SELECT 1 FROM runs WHERE id = 'run_lk' FOR UPDATE"));
+  assert_int_equal(eph_store_run_update(f->store, "run_lk", "failed", NULL, NULL, &err), -EBUSY);
+  PQclear(side(f, "ROLLBACK"));
+}
+
+static void
+test_transaction_not_continued_after_reconnect(void **st)
+{
+  fixture_t *f = *st;
+  /* The audit record's transaction is two statements (the INSERT, then the purge of old
+   * records): the purge kills its own backend, once (a sequence is not rolled back). */
+  PQclear(side(f,
+               "CREATE SEQUENCE once;"
+               "CREATE FUNCTION die_once() RETURNS trigger LANGUAGE plpgsql AS $$"
+               " BEGIN IF nextval('once') = 1 THEN PERFORM pg_terminate_backend(pg_backend_pid());"
+               " END IF; RETURN NULL; END $$;"
+               "CREATE TRIGGER die_once BEFORE DELETE ON audit"
+               " FOR EACH STATEMENT EXECUTE FUNCTION die_once()"));
+  eph_error_t err = {0};
+  int r = eph_admin_audit_add(f->store, "key_1", "acme", "keys.create", "acme", NULL, NULL,
+                              "127.0.0.1", 201, 30, &err);
+  PGresult *res = side(f, "SELECT count(*), (SELECT last_value FROM once) FROM audit");
+  int rows = atoi(PQgetvalue(res, 0, 0)), deaths = atoi(PQgetvalue(res, 0, 1));
+  PQclear(res);
+  assert_true(deaths >= 1); /* the purge's backend did die (the old code retried it: 2) */
+  /* Either the whole record (retried as a whole) or a failure the caller logs: never a
+   * success with the record lost. */
+  if (r == 0)
+    assert_int_equal(rows, 1);
+  else
+    assert_int_equal(rows, 0);
+  /* The store works afterwards. */
+  err = (eph_error_t){0};
+  assert_int_equal(eph_admin_audit_add(f->store, "key_1", "acme", "keys.create", "acme", NULL, NULL,
+                                       "127.0.0.1", 201, 30, &err),
+                   0);
+}
+
+static eph_store_t *
+node(fixture_t *f, const char *name)
+{
+  eph_store_options_t o = {.node_name = name, .lease_seconds = 5};
+  eph_store_t *s = NULL;
+  eph_error_t err = {0};
+  if (eph_store_open(f->path, &o, &s, &err) < 0)
+    fail_msg("%s", err.message);
+  return s;
+}
+
+/* The node holding run_id, as text (heap). */
+static char *
+holder(fixture_t *f, const char *run_id)
+{
+  char sql[128];
+  snprintf(sql, sizeof sql, "SELECT coalesce(node, '-') FROM runs WHERE id = '%s'", run_id);
+  PGresult *res = side(f, sql);
+  char *out = eph_xstrdup(PQgetvalue(res, 0, 0));
+  PQclear(res);
+  return out;
+}
+
+static void
+test_leases_use_one_clock(void **st)
+{
+  fixture_t *f = *st;
+  eph_store_t *a = node(f, "na"), *b = node(f, "nb");
+  eph_error_t err = {0};
+  cleanup_json json_object *req = json_tokener_parse("{\"prompt\":\"p\"}");
+  cleanup_json json_object *ids = json_tokener_parse("[\"run_a\"]");
+  assert_int_equal(eph_store_run_insert(a, "run_a", "acme", "running", 1, req, false, &err), 0);
+  /* b's clock 10 minutes ahead: a's live run (its lease 5 s from a's now) is not expired. */
+  skew_s = 600;
+  cleanup_json json_object *taken = NULL;
+  assert_int_equal(eph_store_leases_take_expired(b, &taken, &err), 0);
+  skew_s = 0;
+  assert_int_equal(json_object_array_length(taken), 0);
+  cleanup_free char *h1 = holder(f, "run_a");
+  assert_string_equal(h1, "na");
+  /* a's clock 10 minutes behind when it renews: its lease still runs from the true now. */
+  skew_s = -600;
+  assert_int_equal(eph_store_leases_renew(a, ids, &err), 0);
+  skew_s = 0;
+  cleanup_json json_object *taken2 = NULL;
+  assert_int_equal(eph_store_leases_take_expired(b, &taken2, &err), 0);
+  assert_int_equal(json_object_array_length(taken2), 0);
+  cleanup_free char *h2 = holder(f, "run_a");
+  assert_string_equal(h2, "na");
+  /* And an expired lease is still taken (a stopped renewing). */
+  PQclear(side(f, "UPDATE runs SET lease_expires_us = 1 WHERE id = 'run_a'"));
+  cleanup_json json_object *taken3 = NULL;
+  assert_int_equal(eph_store_leases_take_expired(b, &taken3, &err), 0);
+  assert_int_equal(json_object_array_length(taken3), 1);
+  cleanup_free char *h3 = holder(f, "run_a");
+  assert_string_equal(h3, "nb");
+  eph_store_close(a);
+  eph_store_close(b);
+}
+
+int
+main(void)
+{
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test_setup_teardown(test_session_settings_survive_reconnect, pg_setup,
+                                      pg_teardown),
+      cmocka_unit_test_setup_teardown(test_transaction_not_continued_after_reconnect, pg_setup,
+                                      pg_teardown),
+      cmocka_unit_test_setup_teardown(test_leases_use_one_clock, pg_setup, pg_teardown),
+  };
+  return cmocka_run_group_tests_name("store (PostgreSQL connection)", tests, NULL, NULL);
+}
