@@ -11,7 +11,9 @@
  * And the leases' clock: a node whose wall clock is wrong (NTP broken, a VM restored from a
  * snapshot) must neither take over the live runs of the others (its clock ahead) nor lose
  * its own (behind): the leases are the database server's time, one clock for every node.
- * This program's CLOCK_REALTIME is skewed (clock_gettime below) while one "node" acts. */
+ * This program's CLOCK_REALTIME is skewed (clock_gettime below) while one "node" acts; the
+ * same holds for the orphan sweep (cluster_orphans.c with the real ledger-postgres, whose
+ * clock_gettime calls resolve to this program's too). */
 #include "config.h"
 
 #include <errno.h>
@@ -29,6 +31,10 @@
 #include <libpq-fe.h>
 
 #include "admin.h"
+#include "cluster_ledger.h"
+#include "context.h"
+#include "host.h"
+#include "loader.h"
 #include "store-fixture.h"
 #include "store.h"
 #include "util.h"
@@ -247,6 +253,147 @@ test_leases_use_one_clock(void **st)
   eph_store_close(b);
 }
 
+/* ---------------------------------------------------------------- the orphan sweep's clock */
+
+/* A sweeping node as the daemon has it (eph_orphans_*): a context whose only plugin is the
+ * real ledger-postgres on the test database (reserving as node "na"), the default
+ * lease_seconds (15: reservations open for more than 15 + EPH_ORPHAN_GRACE_S s are
+ * orphans when their run has no row). */
+typedef struct sweeper {
+  eph_ctx_t ctx;
+  config_t cfg;
+  const eph_ledger_ops_t *ops;
+  void *state;
+} sweeper_t;
+
+static bool
+sweeper_open(sweeper_t *w, fixture_t *f)
+{
+  const char *b = getenv("EPH_BUILDDIR");
+  cleanup_free char *path =
+      eph_xasprintf("%s/plugins/.libs/ledger-postgres.so", b ? b : EPH_BUILDDIR);
+  if (access(path, F_OK) != 0)
+    return false;
+  *w = (sweeper_t){0};
+  w->ctx.state_dir = eph_xstrdup(f->dir);
+  eph_host_init(&w->ctx.host, &w->ctx);
+  config_init(&w->cfg);
+  cleanup_free char *text =
+      eph_xasprintf("ledger-postgres: { database = \"%s\"; node_name = \"na\"; };", f->path);
+  assert_int_equal(config_read_string(&w->cfg, text), CONFIG_TRUE);
+  eph_error_t err = {0};
+  if (eph_plugin_load_file(&w->ctx.plugins, path, config_lookup(&w->cfg, "ledger-postgres"),
+                           &w->ctx.host, NULL, &err) < 0)
+    fail_msg("%s", err.message);
+  const eph_plugin_slot_t *l = eph_plugins_first(&w->ctx.plugins, EPH_KIND_LEDGER);
+  w->ops = l->desc->ops;
+  w->state = l->state;
+  return true;
+}
+
+static void
+sweeper_close(sweeper_t *w)
+{
+  eph_plugins_unload(&w->ctx.plugins);
+  config_destroy(&w->cfg);
+  free(w->ctx.state_dir);
+}
+
+/* One sweep by `store` with this program's clock skewed by skew (s); how many it released. */
+static int
+sweep(sweeper_t *w, eph_store_t *store, long skew)
+{
+  eph_orphans_t o;
+  eph_orphans_init(&o, &w->ctx, store);
+  assert_true(o.enabled);
+  skew_s = skew;
+  int n = eph_orphans_tick(&o, &w->ctx, store, 0);
+  skew_s = 0;
+  return n;
+}
+
+/* Reserves run_id's budget as node "na" with this program's clock skewed by skew (s). */
+static void
+reserve(sweeper_t *w, const char *run_id, long skew)
+{
+  eph_error_t err = {0};
+  skew_s = skew;
+  int r = w->ops->reserve(w->state, "acme", run_id, 100, &err);
+  skew_s = 0;
+  if (r < 0)
+    fail_msg("reserving %s: %s", run_id, err.message);
+}
+
+/* Whether run_id's reservation is settled, and its row's status ("-" without a row). */
+static void
+orphan_state(fixture_t *f, const char *run_id, char *out, size_t size)
+{
+  char sql[320];
+  snprintf(sql, sizeof sql,
+           "SELECT (SELECT settled FROM ledger.reservations WHERE run_id = '%s')::text || ' ' ||"
+           " coalesce((SELECT status || '/' || (usage::jsonb->>'reason') FROM runs"
+           " WHERE id = '%s'), '-')",
+           run_id, run_id);
+  PGresult *res = side(f, sql);
+  snprintf(out, size, "%s", PQgetvalue(res, 0, 0));
+  PQclear(res);
+}
+
+/* The orphan sweep measures a reservation's age by one clock (the ledger's: the database
+ * server's), not by the reserving node's nor the sweeper's: a sweeper whose clock is 10
+ * minutes ahead ends no admission in progress, nor does any sweeper end one whose node's
+ * clock is 10 minutes behind; a dead node's reservation (made a minute ago, truly) is
+ * released by a sweeper whose clock is 10 minutes behind, and when the dead node's clock
+ * was 10 minutes ahead. */
+static void
+test_orphan_sweep_uses_one_clock(void **st)
+{
+  fixture_t *f = *st;
+  PQclear(side(f, "DROP SCHEMA IF EXISTS ledger CASCADE"));
+  setenv("EPHEMERAL_DATABASE", f->path, 1);
+  sweeper_t w;
+  if (!sweeper_open(&w, f)) {
+    unsetenv("EPHEMERAL_DATABASE");
+    skip(); /* a build without plugins/ledger-postgres */
+  }
+  eph_store_t *b = node(f, "nb");
+  eph_error_t err = {0};
+  assert_int_equal(w.ops->credit(w.state, "acme", 1000000, &err), 0);
+  /* Admissions in progress (reserved, no row yet): "na" with the true time, and with its
+   * clock 10 minutes behind. */
+  reserve(&w, "run_live1", 0);
+  reserve(&w, "run_live2", -600);
+  assert_int_equal(sweep(&w, b, 600), 0); /* the sweeper 10 minutes ahead */
+  assert_int_equal(sweep(&w, b, 0), 0);
+  char s1[64], s2[64];
+  orphan_state(f, "run_live1", s1, sizeof s1);
+  orphan_state(f, "run_live2", s2, sizeof s2);
+  assert_string_equal(s1, "0 -");
+  assert_string_equal(s2, "0 -");
+  /* A node that reserved a minute ago and died before storing the rows: with the true time
+   * and with its clock 10 minutes ahead. (Their journal entries are moved a minute back,
+   * behind the append-only trigger's back, as a minute's wait would.) */
+  reserve(&w, "run_dead1", 0);
+  reserve(&w, "run_dead2", 600);
+  PQclear(side(f, "SET session_replication_role = replica;"
+                  " UPDATE ledger.entries SET t_us = t_us - 60000000"
+                  " WHERE run_id IN ('run_dead1', 'run_dead2') AND kind = 'reserve';"
+                  " SET session_replication_role = origin"));
+  assert_int_equal(sweep(&w, b, -600), 2); /* the sweeper 10 minutes behind */
+  char d1[64], d2[64];
+  orphan_state(f, "run_dead1", d1, sizeof d1);
+  orphan_state(f, "run_dead2", d2, sizeof d2);
+  assert_string_equal(d1, "1 failed/host_lost");
+  assert_string_equal(d2, "1 failed/host_lost");
+  orphan_state(f, "run_live1", s1, sizeof s1);
+  orphan_state(f, "run_live2", s2, sizeof s2);
+  assert_string_equal(s1, "0 -");
+  assert_string_equal(s2, "0 -");
+  eph_store_close(b);
+  sweeper_close(&w);
+  unsetenv("EPHEMERAL_DATABASE");
+}
+
 int
 main(void)
 {
@@ -256,6 +403,7 @@ main(void)
       cmocka_unit_test_setup_teardown(test_transaction_not_continued_after_reconnect, pg_setup,
                                       pg_teardown),
       cmocka_unit_test_setup_teardown(test_leases_use_one_clock, pg_setup, pg_teardown),
+      cmocka_unit_test_setup_teardown(test_orphan_sweep_uses_one_clock, pg_setup, pg_teardown),
   };
   return cmocka_run_group_tests_name("store (PostgreSQL connection)", tests, NULL, NULL);
 }
