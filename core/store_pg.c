@@ -631,9 +631,15 @@ eph_store_pg_open(const char *conninfo, const eph_store_options_t *opt, eph_stor
     goto fail;
   }
   PQsetNoticeProcessor(s->conn, quiet_notice, NULL);
-  /* Statements that wait on a lock give up rather than hang a request forever. */
-  s->session_sql =
-      eph_xasprintf("SET lock_timeout = %d; SET client_encoding = 'UTF8'", opt->busy_timeout_ms);
+  /* The search path pinned to the store's schema (store_pg_conn.c), on this session and
+   * every one a reconnect makes. Statements that wait on a lock give up rather than hang a
+   * request forever. */
+  char *search_path = NULL;
+  if ((r = eph_pg_choose_schema(s, &search_path, err)) < 0)
+    goto fail;
+  s->session_sql = eph_xasprintf("%s; SET lock_timeout = %d; SET client_encoding = 'UTF8'",
+                                 search_path, opt->busy_timeout_ms);
+  free(search_path);
   if ((r = eph_pg_session(s, "setting the session", err)) < 0 || (r = migrate(s, err)) < 0)
     goto fail;
   if (opt->local_path && (r = eph_store_sqlite_open(opt->local_path, opt, &s->local, err)) < 0)

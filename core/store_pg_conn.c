@@ -57,6 +57,58 @@ eph_pg_session(pg_store_t *s, const char *what, eph_error_t *err)
   return r;
 }
 
+/* The store's tables are named unqualified, so the session's search_path decides which
+ * tables a statement reads and writes: left as the connection came (the server's default
+ * "$user", public; a role's or database's default; the URI's options), a schema named
+ * after this role that another role created, or any schema put before the store's, could
+ * hold tables, functions or operators shadowing the store's (a table api_keys of someone
+ * else's making would authenticate that someone's keys). The store's schema is chosen once,
+ * here, with nothing resolved through the path it came with: the first schema of that path
+ * this role owns (the secure usage pattern's schema of its own, or one the URI names),
+ * else public; pg_catalog, left out of the pinned path, is searched before it. */
+int
+eph_pg_choose_schema(pg_store_t *s, char **set_sql, eph_error_t *err)
+{
+  /* The path as it came, read by a schema-qualified function: no name is looked up in it. */
+  cleanup_pgresult PGresult *path =
+      PQexec(s->conn, "SELECT pg_catalog.current_schemas(false)::pg_catalog.text[]");
+  if (!path || PQresultStatus(path) != PGRES_TUPLES_OK || PQntuples(path) != 1)
+    return eph_pg_error(s, path, "reading the search path", err);
+  cleanup_pgresult PGresult *pin = PQexec(s->conn, "SET search_path = pg_catalog, pg_temp");
+  if (!pin || PQresultStatus(pin) != PGRES_COMMAND_OK)
+    return eph_pg_error(s, pin, "pinning the search path", err);
+  const char *v[] = {PQgetvalue(path, 0, 0)};
+  cleanup_pgresult PGresult *res = PQexecParams(
+      s->conn,
+      "WITH p AS (SELECT u.s, u.i FROM unnest($1::text[]) WITH ORDINALITY AS u(s, i)),"
+      " c AS (SELECT coalesce((SELECT p.s FROM p JOIN pg_namespace n ON n.nspname = p.s"
+      "  WHERE n.nspowner = (SELECT oid FROM pg_roles WHERE rolname = current_user)"
+      "  AND p.s NOT LIKE 'pg\\_%' AND p.s <> 'information_schema' ORDER BY p.i LIMIT 1),"
+      "  'public') AS s)"
+      " SELECT c.s, format('SET search_path = %I, pg_temp', c.s),"
+      "  to_regclass(format('%I.eph_schema', c.s)) IS NOT NULL,"
+      "  (SELECT string_agg(p.s, ', ' ORDER BY p.i) FROM p WHERE p.s <> c.s"
+      "   AND to_regclass(format('%I.eph_schema', p.s)) IS NOT NULL), current_user::text"
+      " FROM c",
+      1, NULL, v, NULL, NULL, 0);
+  if (!res || PQresultStatus(res) != PGRES_TUPLES_OK || PQntuples(res) != 1)
+    return eph_pg_error(s, res, "choosing the store's schema", err);
+  /* The store was created where the path used to lead (a schema of another role's named
+   * after this one, say): a second, empty store beside it would take the runs in flight
+   * for orphans. The operator moves the tables, or names their schema. */
+  if (PQgetvalue(res, 0, 2)[0] != 't' && !PQgetisnull(res, 0, 3))
+    return eph_error_set(err, EPH_E_CONFIG,
+                         "%s: the store's tables belong in schema '%s' (the first schema of the "
+                         "search path that role '%s' owns, else public), which has none, but "
+                         "schema '%s' on the connection's search path has them: refusing to "
+                         "start a second, empty store; move them (ALTER TABLE ... SET SCHEMA) "
+                         "or give role '%s' their schema (docs/cluster.md)",
+                         s->base.path, PQgetvalue(res, 0, 0), PQgetvalue(res, 0, 4),
+                         PQgetvalue(res, 0, 3), PQgetvalue(res, 0, 4));
+  *set_sql = eph_xstrdup(PQgetvalue(res, 0, 1));
+  return 0;
+}
+
 /* A success clears the store's fault: the server answered. */
 PGresult *
 eph_pg_exec(pg_store_t *s, const char *sql, int n, const char *const *vals, const int *lens,

@@ -89,6 +89,12 @@ affected(const PGresult *res)
  * Returns the negative errno. */
 int eph_pg_error(pg_store_t *s, const PGresult *res, const char *what, eph_error_t *err);
 
+/* The store's schema, chosen on a new connection before anything else runs on it (see
+ * store_pg_conn.c): *set_sql (heap) the statement pinning the session's search_path to it,
+ * part of s->session_sql from then on. -EPH_E_CONFIG when the store's tables are in another
+ * schema of the connection's search path; another negative errno when the server failed. */
+int eph_pg_choose_schema(pg_store_t *s, char **set_sql, eph_error_t *err);
+
 /* Sets this store's session settings (s->session_sql) on its connection: at open and after
  * every reconnect. 0, or the negative errno with err naming the operation. */
 int eph_pg_session(pg_store_t *s, const char *what, eph_error_t *err);

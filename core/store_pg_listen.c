@@ -83,6 +83,17 @@ connect_listening(pg_listener_t *l, char *why, size_t size)
       PQfinish(c);
     return NULL;
   }
+  /* This session reads only the catalog: pg_catalog alone on its path (see the store's
+   * eph_pg_choose_schema), so no schema the connection's path names shadows it. */
+  PGresult *pin = PQexec(c, "SET search_path = pg_catalog, pg_temp");
+  bool pinned = pin && PQresultStatus(pin) == PGRES_COMMAND_OK;
+  if (pin)
+    PQclear(pin);
+  if (!pinned) {
+    conn_error(c, why, size);
+    PQfinish(c);
+    return NULL;
+  }
   /* Two daemons with one node_name (two on one host, both defaulting to its hostname) would
    * take each other's runs for their own after a restart: said at start. Every node's
    * listener is named "ephemeral-listen <node_name>", so another session with this name is

@@ -109,13 +109,13 @@ one_query(eph_store_t *s, void *opaque, eph_error_t *err)
   return eph_store_pg_query(s, &q->rows, NULL, "test query", err, q->sql, "");
 }
 
-/* The first column of the first row of sql run by the store, as text (heap). */
+/* The first column of the first row of sql run by store s, as text (heap). */
 static char *
-store_value(fixture_t *f, const char *sql)
+value_of(eph_store_t *s, const char *sql)
 {
   query_t q = {.sql = sql};
   eph_error_t err = {0};
-  if (eph_store_with_pg(f->store, false, one_query, &q, &err) < 0)
+  if (eph_store_with_pg(s, false, one_query, &q, &err) < 0)
     fail_msg("%s: %s", sql, err.message);
   json_object *row = json_object_array_get_idx(q.rows, 0);
   char *out = NULL;
@@ -129,14 +129,27 @@ store_value(fixture_t *f, const char *sql)
   return out;
 }
 
-/* Terminates the store's backend from the side connection, as a server restart would. */
-static void
-kill_store_backend(fixture_t *f)
+/* The same on the fixture's store. */
+static char *
+store_value(fixture_t *f, const char *sql)
 {
-  cleanup_free char *pid = store_value(f, "SELECT pg_backend_pid()::text");
+  return value_of(f->store, sql);
+}
+
+/* Terminates store st's backend from the side connection, as a server restart would. */
+static void
+kill_backend_of(fixture_t *f, eph_store_t *st)
+{
+  cleanup_free char *pid = value_of(st, "SELECT pg_backend_pid()::text");
   char sql[96];
   snprintf(sql, sizeof sql, "SELECT pg_terminate_backend(%s)", pid);
   PQclear(side(f, sql));
+}
+
+static void
+kill_store_backend(fixture_t *f)
+{
+  kill_backend_of(f, f->store);
 }
 
 static void
@@ -251,6 +264,113 @@ test_leases_use_one_clock(void **st)
   assert_string_equal(h3, "nb");
   eph_store_close(a);
   eph_store_close(b);
+}
+
+/* ---------------------------------------------------------------- the search path */
+
+/* Whether key authenticates on store st, and as which organisation ("-" when refused). */
+static void
+key_org(eph_store_t *st, const char *key, char *out, size_t size)
+{
+  cleanup_free char *org = NULL;
+  eph_error_t err = {0};
+  int r = eph_store_key_verify(st, key, &org, NULL, &err);
+  snprintf(out, size, "%s", r == 0 ? org : "-");
+}
+
+/* The count of sql's rows on the side connection. */
+static int
+side_count(fixture_t *f, const char *sql)
+{
+  PGresult *res = side(f, sql);
+  int n = atoi(PQgetvalue(res, 0, 0));
+  PQclear(res);
+  return n;
+}
+
+/* Attack: another role of the database (mallory) makes a schema named after the store's
+ * role (the server's default search_path begins with "$user": such a schema, usable by the
+ * store, comes before public, where the store's tables are) and another one the URI's
+ * options put first (`options=-c search_path=shady,...`), each holding tables shadowing the
+ * store's: an api_keys with a key of mallory's making for organisation "victim", an empty
+ * runs, an eph_schema saying the schema is migrated. The store's statements must read and
+ * write its own tables whatever the path says: on the fixture's session (open before the
+ * attack), on a new one, on one opened with the hostile options, and after that one's
+ * reconnect (a new session starts with the hostile path again). */
+static void
+test_search_path_cannot_shadow_tables(void **st)
+{
+  fixture_t *f = *st;
+  eph_error_t err = {0};
+  cleanup_free char *key = NULL, *forged = NULL, *forged_id = NULL;
+  assert_int_equal(eph_store_key_create(f->store, "acme", "real", &key, NULL, &err), 0);
+  assert_int_equal(eph_store_key_create(f->store, "victim", "forged", &forged, &forged_id, &err),
+                   0);
+  PGresult *u = side(f, "SELECT quote_ident(current_user)");
+  cleanup_free char *me = eph_xstrdup(PQgetvalue(u, 0, 0));
+  PQclear(u);
+  char sql[2048];
+  PQclear(side(f, "DROP ROLE IF EXISTS mallory; CREATE ROLE mallory"));
+  static const char *const schemas[] = {NULL, "shady"};
+  for (int i = 0; i < 2; i++) {
+    const char *sch = schemas[i] ? schemas[i] : me;
+    snprintf(sql, sizeof sql,
+             "CREATE SCHEMA %1$s AUTHORIZATION mallory; GRANT USAGE ON SCHEMA %1$s TO PUBLIC;"
+             "CREATE TABLE %1$s.api_keys (LIKE public.api_keys INCLUDING ALL);"
+             "CREATE TABLE %1$s.runs (LIKE public.runs INCLUDING ALL);"
+             "CREATE TABLE %1$s.eph_schema AS SELECT * FROM public.eph_schema;"
+             "INSERT INTO %1$s.api_keys SELECT * FROM public.api_keys WHERE id = '%2$s';"
+             "ALTER TABLE %1$s.api_keys OWNER TO mallory; ALTER TABLE %1$s.runs OWNER TO mallory;"
+             "ALTER TABLE %1$s.eph_schema OWNER TO mallory;"
+             "GRANT ALL ON ALL TABLES IN SCHEMA %1$s TO PUBLIC",
+             sch, forged_id);
+    PQclear(side(f, sql));
+  }
+  snprintf(sql, sizeof sql, "DELETE FROM public.api_keys WHERE id = '%s'", forged_id);
+  PQclear(side(f, sql)); /* the forged key is mallory's alone now */
+  cleanup_free char *hostile =
+      eph_xasprintf("%s&options=-c%%20search_path%%3Dshady%%2Cpg_catalog%%2Cpublic", f->path);
+  eph_store_t *fresh = NULL, *opts = NULL;
+  if (eph_store_open(f->path, NULL, &fresh, &err) < 0 ||
+      eph_store_open(hostile, NULL, &opts, &err) < 0)
+    fail_msg("%s", err.message);
+  eph_store_t *stores[] = {f->store, fresh, opts, opts};
+  for (int i = 0; i < 4; i++) {
+    if (i == 3)
+      kill_backend_of(f, opts); /* reconnected at the next statement */
+    char a[64], b[64];
+    key_org(stores[i], forged, a, sizeof a);
+    key_org(stores[i], key, b, sizeof b);
+    print_message("# session %d: mallory's key: %s, the real key: %s\n", i, a, b);
+    assert_string_equal(a, "-");
+    assert_string_equal(b, "acme");
+    char id[32];
+    snprintf(id, sizeof id, "run_sp%d", i);
+    cleanup_json json_object *req = json_tokener_parse("{\"prompt\":\"p\"}");
+    assert_int_equal(eph_store_run_insert(stores[i], id, "acme", "queued", 1, req, false, &err), 0);
+    snprintf(sql, sizeof sql, "SELECT count(*) FROM public.runs WHERE id = '%s'", id);
+    assert_int_equal(side_count(f, sql), 1);
+  }
+  snprintf(sql, sizeof sql,
+           "SELECT (SELECT count(*) FROM %s.runs) + (SELECT count(*) FROM shady.runs)", me);
+  assert_int_equal(side_count(f, sql), 0);
+  eph_store_close(fresh);
+  eph_store_close(opts);
+
+  /* The store kept where the path used to lead (a schema this role does not own) is not
+   * silently replaced by a second, empty one in public: the open is refused, naming it. */
+  PQclear(side(f, "DROP SCHEMA public CASCADE; CREATE SCHEMA public"));
+  eph_store_t *second = NULL;
+  err = (eph_error_t){0};
+  assert_int_equal(eph_store_open(hostile, NULL, &second, &err), -EPH_E_CONFIG);
+  print_message("# %s\n", err.message);
+  assert_non_null(strstr(err.message, "schema 'shady'"));
+  assert_int_equal(side_count(f, "SELECT count(*) FROM pg_tables WHERE schemaname = 'public'"), 0);
+  snprintf(sql, sizeof sql,
+           "DROP SCHEMA %s CASCADE; DROP SCHEMA shady CASCADE; DROP OWNED BY mallory;"
+           " DROP ROLE mallory",
+           me);
+  PQclear(side(f, sql));
 }
 
 /* ---------------------------------------------------------------- the orphan sweep's clock */
@@ -404,6 +524,7 @@ main(void)
                                       pg_teardown),
       cmocka_unit_test_setup_teardown(test_leases_use_one_clock, pg_setup, pg_teardown),
       cmocka_unit_test_setup_teardown(test_orphan_sweep_uses_one_clock, pg_setup, pg_teardown),
+      cmocka_unit_test_setup_teardown(test_search_path_cannot_shadow_tables, pg_setup, pg_teardown),
   };
   return cmocka_run_group_tests_name("store (PostgreSQL connection)", tests, NULL, NULL);
 }
