@@ -58,7 +58,16 @@ on_update(void *opaque, eph_run_t *run)
   json_object *reason = NULL, *error = NULL;
   if (json_object_object_get_ex(obj, "reason", &reason))
     json_object_object_add(usage, "reason", json_object_get(reason));
-  /* A replayed run stays marked as one in its stored record (honest replay). */
+  /* What the run object says of the run besides its money, kept in the row so that every
+   * node answers the same object (eph_srv_run_shape lifts them out of usage again): the
+   * backend that ran it, the model that answered. A replayed run stays marked as one in
+   * its stored record (honest replay). */
+  static const char *const facts[] = {"backend", "model"};
+  for (size_t i = 0; i < sizeof facts / sizeof facts[0]; i++) {
+    json_object *v = NULL;
+    if (json_object_object_get_ex(obj, facts[i], &v))
+      json_object_object_add(usage, facts[i], json_object_get(v));
+  }
   json_object *replayed = NULL, *transcript = NULL;
   if (json_object_object_get_ex(obj, "replayed", &replayed) && json_object_get_boolean(replayed)) {
     json_object_object_add(usage, "replayed", json_object_get(replayed));
