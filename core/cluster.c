@@ -81,6 +81,34 @@ eph_cluster_config_free(eph_cluster_config_t *c)
   *c = (eph_cluster_config_t){0};
 }
 
+/* eph_store_open on the target in force; a database that does not open is named by its
+ * setting: the operator's next question is which one to fix. */
+static int
+open_target(const eph_ctx_t *ctx, const eph_cluster_config_t *cc, const char *local,
+            const eph_store_options_t *o, eph_store_t **out, eph_error_t *err)
+{
+  int r = eph_store_open(cc->database ? cc->database : local, o, out, err);
+  if (r < 0 && cc->database) {
+    char where[256];
+    eph_error_wrap(err, "%s: database", database_where(ctx, where, sizeof where));
+  }
+  return r;
+}
+
+int
+eph_cluster_probe(const eph_ctx_t *ctx, eph_error_t *err)
+{
+  eph_cluster_config_t cc;
+  int r = eph_cluster_config(ctx, &cc, err);
+  if (r == 0 && cc.database) {
+    eph_store_t *s = NULL;
+    if ((r = open_target(ctx, &cc, NULL, NULL, &s, err)) == 0)
+      eph_store_close(s);
+  }
+  eph_cluster_config_free(&cc);
+  return r;
+}
+
 int
 eph_store_open_ctx(const eph_ctx_t *ctx, const eph_store_options_t *opt, bool as_node,
                    eph_store_t **out, eph_error_t *err)
@@ -104,12 +132,7 @@ eph_store_open_ctx(const eph_ctx_t *ctx, const eph_store_options_t *opt, bool as
                "money is shared only with processes on this machine using the same file; "
                "use ledger-postgres for several hosts (docs/cluster.md)");
   }
-  r = eph_store_open(cc.database ? cc.database : local, &o, out, err);
-  if (r < 0 && cc.database) {
-    /* The operator's next question is which setting to fix. */
-    char where[256];
-    eph_error_wrap(err, "%s: database", database_where(ctx, where, sizeof where));
-  }
+  r = open_target(ctx, &cc, local, &o, out, err);
   /* One ledger for the whole cluster: the first process records it, the others must match. */
   if (r == 0 && (r = eph_cluster_ledger_check(ctx, *out, cc.node_name, err)) < 0) {
     eph_store_close(*out);

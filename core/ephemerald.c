@@ -16,6 +16,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "cluster.h"
 #include "context.h"
 #include "log.h"
 #include "server.h"
@@ -82,7 +83,10 @@ main(int argc, char **argv)
       {"version", no_argument, NULL, 'V'},
       {0},
   };
-  eph_ctx_options_t copt = {.daemon = true, .load_plugins = true};
+  /* The database is opened once before anything is created: a daemon that cannot reach it
+   * (or is given a bad one) exits leaving the state directory as it found it. */
+  eph_ctx_options_t copt = {
+      .daemon = true, .load_plugins = true, .before_state = eph_cluster_probe};
   const char *listen = NULL;
   int verbose = 0, c;
   eph_log_set_program("ephemerald");
