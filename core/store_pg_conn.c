@@ -95,7 +95,7 @@ eph_pg_choose_schema(pg_store_t *s, char **set_sql, eph_error_t *err)
     return eph_pg_error(s, res, "choosing the store's schema", err);
   /* The store was created where the path used to lead (a schema of another role's named
    * after this one, say): a second, empty store beside it would take the runs in flight
-   * for orphans. The operator moves the tables, or names their schema. */
+   * for orphans. The operator moves the tables, or gives the role their schema. */
   if (PQgetvalue(res, 0, 2)[0] != 't' && !PQgetisnull(res, 0, 3))
     return eph_error_set(err, EPH_E_CONFIG,
                          "%s: the store's tables belong in schema '%s' (the first schema of the "
