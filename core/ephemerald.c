@@ -83,6 +83,8 @@ main(int argc, char **argv)
       {"version", no_argument, NULL, 'V'},
       {0},
   };
+  eph_malloc_tune();
+
   eph_ctx_options_t copt = {.daemon = true, .load_plugins = true};
   const char *listen = NULL;
   int verbose = 0, c;
