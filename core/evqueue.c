@@ -45,8 +45,8 @@ struct eph_evq {
 static struct {
   pthread_mutex_t lock;
   pthread_cond_t wake, idle; /* wake: a queue to watch; idle: an inflight commit ended */
-  bool started, failed; /* failed: it could not be started; events are committed at once */
-  int64_t wait_until; /* the deadline it sleeps to (INT64_MAX: none) */
+  bool started, failed;      /* failed: it could not be started; events are committed at once */
+  int64_t wait_until;        /* the deadline it sleeps to (INT64_MAX: none) */
   eph_evq_t *queues;
 } writer = {.lock = PTHREAD_MUTEX_INITIALIZER, .wait_until = INT64_MAX};
 
@@ -227,8 +227,9 @@ eph_evq_push(eph_evq_t *q, int64_t seq, int64_t t_ms, const char *source, const 
              .source = eph_xstrdup(source ? source : ""),
              .kind = eph_xstrdup(kind ? kind : ""),
              .text = eph_xstrdup(text ? text : ""),
-             .data = data ? eph_xstrdup(json_object_to_json_string_ext(data, JSON_C_TO_STRING_PLAIN))
-                          : NULL};
+             .data = data
+                         ? eph_xstrdup(json_object_to_json_string_ext(data, JSON_C_TO_STRING_PLAIN))
+                         : NULL};
   size_t bytes = strlen(e.text) + (e.data ? strlen(e.data) : 0) + 64;
   int64_t now = eph_now_ms();
   pthread_mutex_lock(&q->lock);
@@ -241,8 +242,8 @@ eph_evq_push(eph_evq_t *q, int64_t seq, int64_t t_ms, const char *source, const 
   bool first = q->n == 1;
   if (first)
     q->first_ms = now;
-  bool commit = q->n >= EVQ_MAX_EVENTS || q->bytes >= EVQ_MAX_BYTES ||
-                now - q->first_ms >= q->flush_ms;
+  bool commit =
+      q->n >= EVQ_MAX_EVENTS || q->bytes >= EVQ_MAX_BYTES || now - q->first_ms >= q->flush_ms;
   pthread_mutex_unlock(&q->lock);
   if (commit || ends || (first && !writer_watch(q, now)))
     eph_evq_flush(q);
