@@ -369,4 +369,3 @@ jail_plan_free(jail_plan_t *p)
   free(p->hostname);
   memset(p, 0, sizeof *p);
 }
-
