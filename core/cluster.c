@@ -15,6 +15,18 @@
 #include "log.h"
 #include "util.h"
 
+/* Where the database setting in force came from, for messages: the environment (which
+ * --database sets) or ephemeral.conf's file:line. */
+static const char *
+database_where(const eph_ctx_t *ctx, char *buf, size_t size)
+{
+  const char *env = getenv("EPHEMERAL_DATABASE");
+  if (env && *env)
+    return "EPHEMERAL_DATABASE or --database";
+  const config_setting_t *core = ctx->config.core;
+  return eph_cfg_where(core ? config_setting_get_member(core, "database") : NULL, buf, size);
+}
+
 int
 eph_cluster_config(const eph_ctx_t *ctx, eph_cluster_config_t *out, eph_error_t *err)
 {
@@ -32,15 +44,13 @@ eph_cluster_config(const eph_ctx_t *ctx, eph_cluster_config_t *out, eph_error_t 
   if (env_node && *env_node)
     node = env_node;
   char where[256];
-  const config_setting_t *s = core ? config_setting_get_member(core, "database") : NULL;
-  const char *chosen = eph_config_database(&ctx->config), *env = getenv("EPHEMERAL_DATABASE");
+  const char *chosen = eph_config_database(&ctx->config);
   if (chosen && !eph_store_target_is_pg(chosen))
     return eph_error_set(err, EPH_E_CONFIG,
                          "%s: database: expected a PostgreSQL URI (postgresql://...) or libpq "
                          "key=value string; unset it for the local SQLite store",
-                         env && *env ? "EPHEMERAL_DATABASE or --database"
-                                     : eph_cfg_where(s, where, sizeof where));
-  s = core ? config_setting_get_member(core, "lease_seconds") : NULL;
+                         database_where(ctx, where, sizeof where));
+  const config_setting_t *s = core ? config_setting_get_member(core, "lease_seconds") : NULL;
   if (lease < 2 || lease > 3600)
     return eph_error_set(err, EPH_E_CONFIG, "%s: lease_seconds = %" PRId64 ": expected 2..3600",
                          eph_cfg_where(s, where, sizeof where), lease);
@@ -71,6 +81,34 @@ eph_cluster_config_free(eph_cluster_config_t *c)
   *c = (eph_cluster_config_t){0};
 }
 
+/* eph_store_open on the target in force; a database that does not open is named by its
+ * setting: the operator's next question is which one to fix. */
+static int
+open_target(const eph_ctx_t *ctx, const eph_cluster_config_t *cc, const char *local,
+            const eph_store_options_t *o, eph_store_t **out, eph_error_t *err)
+{
+  int r = eph_store_open(cc->database ? cc->database : local, o, out, err);
+  if (r < 0 && cc->database) {
+    char where[256];
+    eph_error_wrap(err, "%s: database", database_where(ctx, where, sizeof where));
+  }
+  return r;
+}
+
+int
+eph_cluster_probe(const eph_ctx_t *ctx, eph_error_t *err)
+{
+  eph_cluster_config_t cc;
+  int r = eph_cluster_config(ctx, &cc, err);
+  if (r == 0 && cc.database) {
+    eph_store_t *s = NULL;
+    if ((r = open_target(ctx, &cc, NULL, NULL, &s, err)) == 0)
+      eph_store_close(s);
+  }
+  eph_cluster_config_free(&cc);
+  return r;
+}
+
 int
 eph_store_open_ctx(const eph_ctx_t *ctx, const eph_store_options_t *opt, bool as_node,
                    eph_store_t **out, eph_error_t *err)
@@ -94,7 +132,7 @@ eph_store_open_ctx(const eph_ctx_t *ctx, const eph_store_options_t *opt, bool as
                "money is shared only with processes on this machine using the same file; "
                "use ledger-postgres for several hosts (docs/cluster.md)");
   }
-  r = eph_store_open(cc.database ? cc.database : local, &o, out, err);
+  r = open_target(ctx, &cc, local, &o, out, err);
   /* One ledger for the whole cluster: the first process records it, the others must match. */
   if (r == 0 && (r = eph_cluster_ledger_check(ctx, *out, cc.node_name, err)) < 0) {
     eph_store_close(*out);

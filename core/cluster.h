@@ -27,6 +27,13 @@ typedef struct eph_cluster_config {
 int eph_cluster_config(const eph_ctx_t *ctx, eph_cluster_config_t *out, eph_error_t *err);
 void eph_cluster_config_free(eph_cluster_config_t *c);
 
+/* Opens the configured PostgreSQL database (connects, migrates its schema) and closes it
+ * again: 0 when it opened or none is configured (the local SQLite store), else the error
+ * eph_store_open_ctx would give, naming the setting. The daemon calls it before it creates
+ * anything (eph_ctx_options_t.before_state): a daemon that cannot reach its database
+ * leaves no state directory, plugin directories or files behind. Nothing local is opened. */
+int eph_cluster_probe(const eph_ctx_t *ctx, eph_error_t *err);
+
 /* Opens the store this process is configured for (see the top comment). On PostgreSQL the
  * node-local tables (webhooks, admin audit) stay in <state_dir>/ephemeral.sqlite. as_node:
  * the daemon, whose runs carry node_name and a lease it renews (the CLI's do not: nothing

@@ -60,10 +60,14 @@ eph_orphans_tick(eph_orphans_t *o, eph_ctx_t *ctx, eph_store_t *store, int64_t n
   cleanup_json json_object *open = json_object_new_array();
   eph_error_t err = {0};
   /* Older than a lease and a grace: a live node stores the row within milliseconds of the
-   * reservation; one silent that long has lost its runs to the lease takeover too. */
-  int64_t before = eph_wall_us() - o->lease_us - EPH_ORPHAN_GRACE_S * 1000000LL;
-  int n = EPH_WITH_PLUGIN(
-      ledger, ops->open_reservations(ledger->state, before, ORPHAN_BATCH, collect, open, &err));
+   * reservation; one silent that long has lost its runs to the lease takeover too. The age
+   * is the ledger's to measure, in its own clock (ledger-postgres: the database server's,
+   * as the leases are the store's): neither this node's clock nor the reserving node's
+   * decides, so a node whose clock is ahead does not end another node's admission in
+   * progress, and one whose clock is behind does not leave a dead node's budget held. */
+  int64_t open_for_us = o->lease_us + EPH_ORPHAN_GRACE_S * 1000000LL;
+  int n = EPH_WITH_PLUGIN(ledger, ops->open_reservations(ledger->state, open_for_us, ORPHAN_BATCH,
+                                                         collect, open, &err));
   if (n < 0) {
     eph_warn("looking for orphan reservations: %s", err.message);
     return 0;
@@ -89,8 +93,14 @@ eph_orphans_tick(eph_orphans_t *o, eph_ctx_t *ctx, eph_store_t *store, int64_t n
       /* Ended, yet its reservation is open: its node's settle failed (its reconciler
        * retries from a lock file only that node sees) and the node may be gone. The run
        * charges nothing after it ended, so settling it here is what that node would do;
-       * the record is completed from its stored `ended` event. */
-      s = eph_runstore_settle_lost(ctx, store, id, &t, &err);
+       * the record is completed from its stored `ended` event, by this node: it takes the
+       * row first, so the old node's own late retry is refused (-ESTALE) instead of
+       * writing beside it. */
+      s = eph_store_run_take_ended(store, id, &err);
+      if (s >= 0) {
+        err = (eph_error_t){0};
+        s = eph_runstore_settle_lost(ctx, store, id, &t, &err);
+      }
       if (s == 0) {
         eph_info("run %s: ended with its reservation open (its node's settle failed); "
                  "settled here, %" PRId64 " billed, %" PRId64 " released",

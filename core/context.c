@@ -82,6 +82,8 @@ eph_ctx_open(eph_ctx_t *ctx, const eph_ctx_options_t *opt, eph_error_t *err)
                                 : plugin_dir                     ? plugin_dir
                                                                  : ctx->paths.plugin_dir);
 
+  if (opt->before_state && (r = opt->before_state(ctx, err)) < 0)
+    goto fail;
   r = resolve_state_dir(ctx, opt, err);
   if (r < 0)
     goto fail;

@@ -11,6 +11,8 @@
 #include "loader.h"
 #include "paths.h"
 
+struct eph_ctx;
+
 typedef struct eph_ctx_options {
   const char *config_file; /* --config: ephemeral.conf to use (its conf.d beside it) */
   const char *plugin_dir;  /* --plugin-dir override */
@@ -22,6 +24,11 @@ typedef struct eph_ctx_options {
                             * no recovery of dead runs, which needs the ledger) */
   bool lazy_backends;      /* with load_plugins: load all but the backends now (and recover
                             * dead runs); eph_ctx_backend() loads the one asked for (run) */
+  /* Optional: called once the configuration is loaded, before the state directory is
+   * created or any plugin loaded (they make directories and files in it); a negative
+   * return fails eph_ctx_open with its err, nothing created. The daemon checks its
+   * database there (eph_cluster_probe). */
+  int (*before_state)(const struct eph_ctx *ctx, eph_error_t *err);
 } eph_ctx_options_t;
 
 typedef struct eph_ctx {

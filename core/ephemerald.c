@@ -11,12 +11,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "cluster.h"
 #include "context.h"
 #include "log.h"
 #include "server.h"
@@ -85,7 +85,10 @@ main(int argc, char **argv)
   };
   eph_malloc_tune();
 
-  eph_ctx_options_t copt = {.daemon = true, .load_plugins = true};
+  /* The database is opened once before anything is created: a daemon that cannot reach it
+   * (or is given a bad one) exits leaving the state directory as it found it. */
+  eph_ctx_options_t copt = {
+      .daemon = true, .load_plugins = true, .before_state = eph_cluster_probe};
   const char *listen = NULL;
   int verbose = 0, c;
   eph_log_set_program("ephemerald");
@@ -126,8 +129,9 @@ main(int argc, char **argv)
    * it executes may inherit them. Without this QEMU, started by backend-qemu in the
    * host's namespaces, would run with CAP_SETUID and CAP_SETGID. EINVAL: a kernel
    * without ambient capabilities has nothing to clear. */
-  if (prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) < 0 && errno != EINVAL) {
-    eph_error("cannot clear the ambient capabilities: %s", strerror(errno));
+  int e;
+  if ((e = eph_clear_ambient_caps()) < 0) {
+    eph_error("cannot clear the ambient capabilities: %s", strerror(-e));
     return 1;
   }
 

@@ -61,6 +61,14 @@ main(int argc, char **argv)
   /* A sandbox that dies mid-write (deadline, OOM) must not take the host process with it:
    * writes to its channel fail with EPIPE instead. */
   signal(SIGPIPE, SIG_IGN);
+  /* Run under the unit's privileges (the daemon's user with ambient CAP_SETUID and
+   * CAP_SETGID, as an operator's `runuser`/`setpriv` would), the CLI keeps them for the jail's
+   * id maps and the microVMs' ids, but nothing it executes (QEMU, a helper) may inherit them. */
+  int e;
+  if ((e = eph_clear_ambient_caps()) < 0) {
+    eph_error("cannot clear the ambient capabilities: %s", strerror(-e));
+    return 1;
+  }
   while ((c = getopt_long(argc, argv, "+c:vqhV", options, NULL)) != -1) {
     switch (c) {
     case 'h':

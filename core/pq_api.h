@@ -43,7 +43,8 @@
   X(PQresultStatus)                                                                                \
   X(PQsetNoticeProcessor)                                                                          \
   X(PQsocket)                                                                                      \
-  X(PQstatus)
+  X(PQstatus)                                                                                      \
+  X(PQtransactionStatus)
 
 EPH_LAZYLIB_API(eph_pq_api_t, EPH_PQ_FUNCTIONS);
 
@@ -84,6 +85,7 @@ int eph_pq_load(eph_error_t *err);
 #define PQsetNoticeProcessor (eph_pq_api.PQsetNoticeProcessor)
 #define PQsocket (eph_pq_api.PQsocket)
 #define PQstatus (eph_pq_api.PQstatus)
+#define PQtransactionStatus (eph_pq_api.PQtransactionStatus)
 #endif
 
 #endif

@@ -237,8 +237,8 @@ eph_run_new(eph_ctx_t *ctx, eph_request_t *req, const eph_run_options_t *opt, ep
       goto fail;
   }
   run->reserved = run->req.max_cost_micros;
-  /* t = 0 is the moment the run is queued with its reservation, as on the product page. */
-  run->start_ms = eph_now_ms();
+  /* t = 0 is the moment the run is queued with its reservation, as on the product page:
+   * its `reserved` event, the first, sets start_ms (eph_run_emit_full). */
   char budget[32];
   eph_run_emit(run, "Queued", "reserved", false, ({
                  json_object *d = json_object_new_object();

@@ -129,6 +129,8 @@ void eph_run_free(eph_run_t *run);
 /* Accessors (thread-safe). */
 const char *eph_run_id(const eph_run_t *run);
 const char *eph_run_org(const eph_run_t *run);
+/* When the run was created (its created_at), CLOCK_REALTIME micros. */
+int64_t eph_run_created_us(const eph_run_t *run);
 eph_run_status_t eph_run_status(eph_run_t *run);
 bool eph_run_zdr(const eph_run_t *run);
 /* How long its events may wait to be committed to the store together (config event_flush_ms;

@@ -48,10 +48,15 @@ eph_run_emit_full(eph_run_t *run, const char *source, const char *kind, const ch
     run->cap_events = run->cap_events ? run->cap_events * 2 : 32;
     run->events = eph_xrealloc(run->events, run->cap_events * sizeof *run->events);
   }
+  /* t counts from the first event, the reservation (run.c): its t is 0 exactly, on the
+   * admitting node and on a node that claims the run and rebuilds it alike. */
+  int64_t now_ms = eph_now_ms();
+  if (run->n_events == 0)
+    run->start_ms = now_ms;
   eph_event_t *ev = &run->events[run->n_events];
   *ev = (eph_event_t){
       .seq = (int64_t)run->n_events + 1,
-      .t_ms = eph_now_ms() - run->start_ms,
+      .t_ms = now_ms - run->start_ms,
       .source = eph_xstrdup(source),
       .kind = eph_xstrdup(kind),
       .text = eph_xstrdup(text),
@@ -168,6 +173,12 @@ const char *
 eph_run_org(const eph_run_t *run)
 {
   return run->org;
+}
+
+int64_t
+eph_run_created_us(const eph_run_t *run)
+{
+  return run->created_us;
 }
 
 bool

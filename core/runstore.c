@@ -58,7 +58,16 @@ on_update(void *opaque, eph_run_t *run)
   json_object *reason = NULL, *error = NULL;
   if (json_object_object_get_ex(obj, "reason", &reason))
     json_object_object_add(usage, "reason", json_object_get(reason));
-  /* A replayed run stays marked as one in its stored record (honest replay). */
+  /* What the run object says of the run besides its money, kept in the row so that every
+   * node answers the same object (eph_srv_run_shape lifts them out of usage again): the
+   * backend that ran it, the model that answered. A replayed run stays marked as one in
+   * its stored record (honest replay). */
+  static const char *const facts[] = {"backend", "model"};
+  for (size_t i = 0; i < sizeof facts / sizeof facts[0]; i++) {
+    json_object *v = NULL;
+    if (json_object_object_get_ex(obj, facts[i], &v))
+      json_object_object_add(usage, facts[i], json_object_get(v));
+  }
   json_object *replayed = NULL, *transcript = NULL;
   if (json_object_object_get_ex(obj, "replayed", &replayed) && json_object_get_boolean(replayed)) {
     json_object_object_add(usage, "replayed", json_object_get(replayed));
@@ -82,12 +91,12 @@ eph_runstore_attach(eph_store_t *store, eph_run_t *run, const eph_run_observer_t
                     eph_error_t *err)
 {
   cleanup_json json_object *obj = eph_run_to_json(run, false);
-  json_object *request = NULL, *created = NULL;
+  json_object *request = NULL;
   json_object_object_get_ex(obj, "request", &request);
-  json_object_object_get_ex(obj, "created_at", &created);
-  (void)created;
-  int r = eph_store_run_insert(store, eph_run_id(run), eph_run_org(run), "queued", eph_wall_us(),
-                               request, eph_run_zdr(run), err);
+  /* The run's own creation time, not the insert's (later by the reservation): the stored
+   * row, which other nodes and the list read, says the created_at the 201 said. */
+  int r = eph_store_run_insert(store, eph_run_id(run), eph_run_org(run), "queued",
+                               eph_run_created_us(run), request, eph_run_zdr(run), err);
   if (r < 0)
     return r;
   return eph_runstore_adopt(store, run, next, 0, err);
@@ -403,6 +412,15 @@ eph_runstore_recover(eph_ctx_t *ctx, eph_store_t *store, bool quiet, int *pendin
       st = own;
     }
     if (!st || complete_record(st, run_id, note, &totals, have_totals, &e) < 0) {
+      if (st && e.code == ESTALE) {
+        /* A cluster node lost this run to another node (its lease expired: a stall, a
+         * restart slower than lease_seconds), which ended, settled and recorded it: the
+         * record is that node's, and nothing is left to do here. */
+        eph_info("%s; nothing left to record here", e.message);
+        unlink(path);
+        recovered++;
+        continue;
+      }
       if (st)
         eph_log(quiet ? EPH_LOG_DEBUG : EPH_LOG_WARN, "run %s: recording its end: %s", run_id,
                 e.message);

@@ -227,8 +227,22 @@ eph_srv_run_shape(json_object *row, json_object *events)
                      created, sizeof created);
   json_object_object_add(o, "created_at", json_object_new_string(created));
   json_object_object_add(o, "organisation", json_object_get(json_object_object_get(row, "org")));
-  if (json_object_object_get_ex(row, "request", &v))
-    json_object_object_add(o, "request", json_object_get(v));
+  /* The facts of the run the executing node keeps in usage (core/runstore.c), in the places
+   * and order of the live object (eph_run_to_json): any node answers the same object. A row
+   * no node has run yet has no backend; its model is the one requested. */
+  if (usage && json_object_object_get_ex(usage, "backend", &v))
+    json_object_object_add(o, "backend", json_object_get(v));
+  json_object *request = NULL, *model = NULL;
+  if (json_object_object_get_ex(row, "request", &request))
+    json_object_object_add(o, "request", json_object_get(request));
+  if ((usage && json_object_object_get_ex(usage, "model", &model)) ||
+      (request && json_object_object_get_ex(request, "model", &model)))
+    json_object_object_add(o, "model", json_object_get(model));
+  bool replayed =
+      usage && json_object_object_get_ex(usage, "replayed", &v) && json_object_get_boolean(v);
+  json_object_object_add(o, "replayed", json_object_new_boolean(replayed));
+  if (replayed && json_object_object_get_ex(usage, "transcript", &v))
+    json_object_object_add(o, "transcript", json_object_get(v));
   if (events) {
     json_object *a = json_object_new_array();
     for (size_t i = 0; i < json_object_array_length(events); i++)
@@ -240,9 +254,14 @@ eph_srv_run_shape(json_object *row, json_object *events)
   else if (json_object_object_get_ex(row, "request", &v))
     json_object_object_add(o, "output", json_object_new_object());
   json_object *u = json_object_new_object();
+  static const char *const lifted[] = {"reason", "error",    "backend",
+                                       "model",  "replayed", "transcript"};
   if (usage) {
     json_object_object_foreach(usage, k, uv) {
-      if (strcmp(k, "reason") != 0 && strcmp(k, "error") != 0)
+      size_t i = 0;
+      while (i < sizeof lifted / sizeof lifted[0] && strcmp(k, lifted[i]) != 0)
+        i++;
+      if (i == sizeof lifted / sizeof lifted[0])
         json_object_object_add(u, k, json_object_get(uv));
     }
   }

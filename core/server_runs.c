@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "admin.h"
 #include "log.h"
 #include "server_cache.h"
 #include "util.h"
@@ -161,6 +162,21 @@ eph_srv_runs_continue(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *r
       pthread_mutex_unlock(&srv->lock);
       json_object_put(o);
       return MHD_YES;
+    }
+  }
+  /* A wait can outlast its key: revoked meanwhile (through any node), the key gets nothing
+   * of the run, as a stream it opened gets nothing more (server_sse.c). Fail closed: a key
+   * the store cannot vouch for now gets no run either. */
+  if (req->wait_until_ms && req->key_id) {
+    cleanup_free char *org = NULL;
+    int r = eph_admin_key_org(srv->store, req->key_id, &org, &err);
+    if (r < 0) {
+      json_object_put(o);
+      if (r != -ENOENT)
+        return eph_srv_store_failure(srv, c, &err);
+      return eph_srv_error_h(c, srv, MHD_HTTP_UNAUTHORIZED, MHD_HTTP_HEADER_WWW_AUTHENTICATE,
+                             "Bearer realm=\"ephemeral\"", "authentication_error", NULL,
+                             "the API key was revoked while the request waited");
     }
   }
   return eph_srv_json(c, srv, (unsigned)req->status, o);

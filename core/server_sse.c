@@ -15,7 +15,12 @@
  * cluster's shared store (PostgreSQL) it may be executing on another node, so its stored
  * events are read again whenever that node announces one (NOTIFY eph_events, delivered by
  * server_listen.c), and at the latest every cluster_poll_ms (every SSE_REMOTE_POLL_MS while
- * the listener is down), until its `settled` event (docs/cluster.md). */
+ * the listener is down), until its `settled` event (docs/cluster.md).
+ *
+ * The API key that opened a stream is verified again in the store before each batch of
+ * events it sends: a key revoked (on any node of a cluster) while its streams are open ends
+ * them before anything more of the run goes out (at the latest at the next keep-alive, when
+ * nothing happens), as every new request with it is refused; a reconnect gets 401. */
 #include <config.h>
 
 #include "server_int.h"
@@ -25,6 +30,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "admin.h"
 #include "log.h"
 #include "util.h"
 
@@ -39,6 +45,7 @@ typedef struct sse {
   live_t *live; /* a ref, or NULL: read from the store */
   bool remote;  /* not live here, the store shared (PostgreSQL): follow it until settled */
   char run_id[64];
+  char *key_id; /* the key that opened the stream, verified before each batch; owned */
   int64_t last_seq;
   char *buf;
   size_t len, off;
@@ -96,12 +103,40 @@ keepalive_due(sse_t *s, int64_t now)
   return true;
 }
 
+/* False when the stream's key no longer authenticates (revoked): the stream is ended with
+ * a comment saying so. A store that cannot answer ends it too (fail closed: the client
+ * reconnects with Last-Event-ID and is authenticated afresh). */
+static bool
+key_still_valid(sse_t *s)
+{
+  if (!s->key_id)
+    return true;
+  cleanup_free char *org = NULL;
+  eph_error_t err = {0};
+  int r = eph_admin_key_org(s->srv->store, s->key_id, &org, &err);
+  if (r == 0)
+    return true;
+  static const char revoked[] = ": the API key of this stream was revoked\n\n";
+  static const char failed[] = ": the API key of this stream could not be verified\n\n";
+  if (r != -ENOENT)
+    eph_warn("events of %s: verifying the stream's key: %s", s->run_id, err.message);
+  free(s->buf);
+  s->buf = eph_xstrdup(r == -ENOENT ? revoked : failed);
+  s->len = strlen(s->buf);
+  s->off = 0;
+  s->done = true;
+  return false;
+}
+
 static ssize_t
 sse_read(void *cls, uint64_t pos, char *out, size_t max)
 {
   (void)pos;
   sse_t *s = cls;
   eph_server_t *srv = s->srv;
+  /* Once per call that produces output (MHD calls again after each resume): before the
+   * batch of events or the keep-alive it sends. */
+  bool verified = false;
   for (;;) {
     if (s->off < s->len) {
       size_t n = s->len - s->off < max ? s->len - s->off : max;
@@ -111,6 +146,11 @@ sse_read(void *cls, uint64_t pos, char *out, size_t max)
     }
     if (s->done)
       return MHD_CONTENT_READER_END_OF_STREAM;
+    if (!verified) {
+      verified = true;
+      if (!key_still_valid(s))
+        continue;
+    }
     if (!s->live) {
       pthread_mutex_lock(&srv->lock);
       uint64_t gen = srv->events_gen;
@@ -213,6 +253,7 @@ sse_free(void *cls)
   pthread_mutex_unlock(&s->srv->lock);
   eph_srv_live_put(s->live);
   free(s->buf);
+  free(s->key_id);
   free(s);
 }
 
@@ -302,6 +343,7 @@ eph_srv_runs_events(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req
   s->live = l;
   s->remote = !l && eph_store_kind(srv->store) == EPH_STORE_POSTGRES;
   s->last_seq = last;
+  s->key_id = req->key_id ? eph_xstrdup(req->key_id) : NULL;
   s->waiter.conn = c;
   snprintf(s->run_id, sizeof s->run_id, "%s", id);
   s->buf = eph_xasprintf("retry: %d\n\n", SSE_RETRY_MS);

@@ -505,6 +505,17 @@ eph_store_leases_take_expired(eph_store_t *s, json_object **out, eph_error_t *er
 }
 
 int
+eph_store_run_take_ended(eph_store_t *s, const char *run_id, eph_error_t *err)
+{
+  int r = check_text("run id", run_id, MAX_ID_BYTES, err);
+  if (r < 0)
+    return r;
+  if (!s->ops->run_take_ended)
+    return eph_error_set(err, ENOTSUP, "%s: no cluster on this store", s->path);
+  return s->ops->run_take_ended(s, run_id, err);
+}
+
+int
 eph_store_queue_push(eph_store_t *s, const char *run_id, int64_t reserved_micros, bool local_only,
                      int max_queued, eph_error_t *err)
 {

@@ -143,7 +143,12 @@ int eph_store_run_insert(eph_store_t *store, const char *id, const char *org, co
                          int64_t created_at_us, json_object *request, bool zdr, eph_error_t *err);
 
 /* Updates a run: any of status, output, usage may be NULL to leave it unchanged (output is
- * never stored under zdr). The objects are borrowed. -ENOENT for an unknown run. */
+ * never stored under zdr). The objects are borrowed. -ENOENT for an unknown run.
+ * -ESTALE, nothing written, when the store is a cluster node's (PostgreSQL with a node_name)
+ * and another node holds the run (the row's `node`): this node's lease expired and that
+ * node took the run over, so this node's view of it is stale (docs/cluster.md). A row held
+ * by no node (waiting in the shared queue) or a store without a node_name (the CLI) is
+ * written as before. */
 int eph_store_run_update(eph_store_t *store, const char *id, const char *status,
                          json_object *output, json_object *usage, eph_error_t *err);
 
@@ -167,7 +172,8 @@ int eph_store_run_list(eph_store_t *store, const char *org, int limit, const cha
 
 /* Appends one timeline event of a run: seq (>= 0, unique per run, else -EEXIST), t_ms
  * (milliseconds since the run was queued), source ("Shell"), kind ("tool_call"), text (one
- * line), data (optional JSON, borrowed; not stored under zdr). -ENOENT for an unknown run. */
+ * line), data (optional JSON, borrowed; not stored under zdr). -ENOENT for an unknown run;
+ * -ESTALE when another node holds it (as eph_store_run_update). */
 int eph_store_event_append(eph_store_t *store, const char *run_id, int64_t seq, int64_t t_ms,
                            const char *source, const char *kind, const char *text,
                            json_object *data, eph_error_t *err);
@@ -259,6 +265,14 @@ int eph_store_leases_renew(eph_store_t *store, json_object *ids, eph_error_t *er
  * taken, owned by the caller; the caller settles and ends them (host_lost). -ENOTSUP on
  * SQLite or without a node_name. */
 int eph_store_leases_take_expired(eph_store_t *store, json_object **out, eph_error_t *err);
+
+/* Makes this node the holder of run_id when the run has ended (neither queued nor running)
+ * and its row names another node: for a node completing an ended run's record on behalf of
+ * its node (cluster_orphans.c: the run ended, its settle failed, its node may be gone).
+ * From then on the old holder's writes to the run are refused (-ESTALE). 1 when taken, 0
+ * when not (queued or running: the lease takeover's; unknown; already this node's).
+ * -ENOTSUP on SQLite or without a node_name. */
+int eph_store_run_take_ended(eph_store_t *store, const char *run_id, eph_error_t *err);
 
 /* The ledger every node of a cluster must share (docs/cluster.md). With identity (the
  * ledger's eph_ledger_ops_t.identity), plugin (its name) and node (this node's name): records

@@ -63,6 +63,7 @@ typedef struct eph_store_ops {
   int (*cancels_pending)(eph_store_t *s, json_object **out, eph_error_t *err);
   int (*leases_renew)(eph_store_t *s, json_object *ids, eph_error_t *err);
   int (*leases_take_expired)(eph_store_t *s, json_object **out, eph_error_t *err);
+  int (*run_take_ended)(eph_store_t *s, const char *run_id, eph_error_t *err);
   int (*queue_push)(eph_store_t *s, const char *run_id, int64_t reserved_micros, bool local_only,
                     int max_queued, eph_error_t *err);
   int (*queue_claim)(eph_store_t *s, json_object **out, eph_error_t *err);

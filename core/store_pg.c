@@ -167,7 +167,7 @@ pg_run_insert(eph_store_t *base, const char *id, const char *org, const char *st
 {
   int r;
   pg_store_t *s = PG(base);
-  i64s_t t = i64s(created_at_us), lease = i64s(eph_wall_us() + s->lease_us);
+  i64s_t t = i64s(created_at_us), lease = i64s(s->lease_us);
   const char *v[] = {id,
                      org,
                      status,
@@ -181,7 +181,7 @@ pg_run_insert(eph_store_t *base, const char *id, const char *org, const char *st
   cleanup_pgresult PGresult *res = eph_pg_run(
       s,
       "INSERT INTO runs(id, org, status, created_at_us, updated_at_us, zdr, request, node,"
-      " lease_expires_us) VALUES ($1, $2, $3, $4, $4, $5, $6, $7, $8)",
+      " lease_expires_us) VALUES ($1, $2, $3, $4, $4, $5, $6, $7, " PG_NOW_US " + $8::bigint)",
       8, v, "inserting the run", &r, err);
   return r;
 }
@@ -191,22 +191,28 @@ pg_run_update(eph_store_t *base, const char *id, const char *status, json_object
               json_object *usage, eph_error_t *err)
 {
   int r;
+  pg_store_t *s = PG(base);
   i64s_t now = i64s(eph_wall_us());
-  const char *v[] = {id, status, json_text(output), json_text(usage), now.s};
+  const char *v[] = {id, status, json_text(output), json_text(usage), now.s, s->node};
   /* output is kept NULL under zdr whatever is bound. The end of a run (its row written
    * after its `settled` event) is announced like an event: a node waiting for the run to
-   * end (?wait=) reads the finished row then, not at its next poll. */
+   * end (?wait=) reads the finished row then, not at its next poll.
+   * The fence ($6, this node): a row another node holds is not this node's to write. A
+   * node stalled past its lease (SIGSTOP, a paused VM) whose run was ended host_lost and
+   * settled by another node would otherwise overwrite that record when it resumes. The
+   * UPDATE re-checks the condition against a takeover committed while it waited. */
   cleanup_pgresult PGresult *res =
-      eph_pg_run(PG(base),
+      eph_pg_run(s,
                  "WITH u AS (UPDATE runs SET status = coalesce($2, status),"
                  " output = CASE WHEN zdr THEN NULL ELSE coalesce($3, output) END,"
-                 " usage = coalesce($4, usage), updated_at_us = $5 WHERE id = $1 RETURNING id)"
-                 " SELECT CASE WHEN $2 NOT IN ('queued', 'running')"
-                 "  THEN pg_notify('eph_events', id) END FROM u",
-                 5, v, "updating the run", &r, err);
-  if (r >= 0 && PQntuples(res) == 0)
-    r = eph_error_set(err, ENOENT, "run %s does not exist", id);
-  return r;
+                 " usage = coalesce($4, usage), updated_at_us = $5 WHERE id = $1"
+                 " AND ($6::text IS NULL OR node IS NULL OR node = $6) RETURNING id),"
+                 " n AS (SELECT pg_notify('eph_events', id) FROM u"
+                 "  WHERE $2 NOT IN ('queued', 'running'))"
+                 " SELECT (SELECT count(*) FROM u), (SELECT count(*) FROM runs WHERE id = $1),"
+                 "  (SELECT node FROM runs WHERE id = $1), (SELECT count(*) FROM n)",
+                 6, v, "updating the run", &r, err);
+  return r < 0 ? r : eph_pg_fenced(s, id, res, err);
 }
 
 /* A run object from a row of the run queries (same columns). */
@@ -280,21 +286,26 @@ pg_event_append(eph_store_t *base, const char *run_id, int64_t seq, int64_t t_ms
                 eph_error_t *err)
 {
   int r;
+  pg_store_t *s = PG(base);
   i64s_t sq = i64s(seq), t = i64s(t_ms);
-  const char *v[] = {run_id, sq.s, t.s, source, kind, text, json_text(data)};
+  const char *v[] = {run_id, sq.s, t.s, source, kind, text, json_text(data), s->node};
   /* One statement decides on zdr from the run row itself, inserts nothing for an unknown
    * run, and announces the event to every node following the run (channel eph_events,
-   * payload the run id; delivered at commit). */
-  cleanup_pgresult PGresult *res =
-      eph_pg_run(PG(base),
-                 "WITH ins AS (INSERT INTO events(run_id, seq, t_ms, source, kind, text, data)"
-                 " SELECT id, $2, $3, $4, $5, $6, CASE WHEN zdr THEN NULL ELSE $7 END"
-                 " FROM runs WHERE id = $1 RETURNING run_id)"
-                 " SELECT pg_notify('eph_events', run_id) FROM ins",
-                 7, v, "appending the event", &r, err);
-  if (r >= 0 && PQntuples(res) == 0)
-    r = eph_error_set(err, ENOENT, "run %s does not exist", run_id);
-  return r;
+   * payload the run id; delivered at commit). The fence ($8) as in pg_run_update: the row
+   * is read FOR SHARE, so a takeover (an UPDATE of the row) waits for this insert to
+   * commit, and an insert waiting for a takeover re-reads the row and sees its new holder:
+   * the taker, reading the events after its takeover, sees every event the old holder
+   * wrote, and none comes after. */
+  cleanup_pgresult PGresult *res = eph_pg_run(
+      s,
+      "WITH r AS (SELECT id, zdr, node FROM runs WHERE id = $1 FOR SHARE),"
+      " ins AS (INSERT INTO events(run_id, seq, t_ms, source, kind, text, data)"
+      " SELECT id, $2, $3, $4, $5, $6, CASE WHEN zdr THEN NULL ELSE $7 END"
+      " FROM r WHERE $8::text IS NULL OR r.node IS NULL OR r.node = $8 RETURNING run_id),"
+      " n AS (SELECT pg_notify('eph_events', run_id) FROM ins)"
+      " SELECT (SELECT count(*) FROM n), (SELECT count(*) FROM r), (SELECT node FROM r)",
+      8, v, "appending the event", &r, err);
+  return r < 0 ? r : eph_pg_fenced(s, run_id, res, err);
 }
 
 static int
@@ -461,6 +472,7 @@ pg_close(eph_store_t *base)
   if (s->local) /* its own close: this unit stays below store.c's dispatch */
     s->local->ops->close(s->local);
   free(s->node);
+  free(s->session_sql);
   pthread_mutex_destroy(&s->lock);
   eph_store_base_free(&s->base);
   free(s);
@@ -495,6 +507,7 @@ static const eph_store_ops_t pg_ops = {
     .listen = eph_pg_listen,
     .leases_renew = eph_pg_leases_renew,
     .leases_take_expired = eph_pg_leases_take_expired,
+    .run_take_ended = eph_pg_run_take_ended,
     .cluster_ledger = eph_pg_cluster_ledger,
     .with_db = pg_with_db,
     .with_pg = eph_pg_with_pg,
@@ -618,11 +631,16 @@ eph_store_pg_open(const char *conninfo, const eph_store_options_t *opt, eph_stor
     goto fail;
   }
   PQsetNoticeProcessor(s->conn, quiet_notice, NULL);
-  /* Statements that wait on a lock give up rather than hang a request forever. */
-  char set[96];
-  snprintf(set, sizeof set, "SET lock_timeout = %d; SET client_encoding = 'UTF8'",
-           opt->busy_timeout_ms);
-  if ((r = exec_plain(s, set, "setting the session", err)) < 0 || (r = migrate(s, err)) < 0)
+  /* The search path pinned to the store's schema (store_pg_conn.c), on this session and
+   * every one a reconnect makes. Statements that wait on a lock give up rather than hang a
+   * request forever. */
+  char *search_path = NULL;
+  if ((r = eph_pg_choose_schema(s, &search_path, err)) < 0)
+    goto fail;
+  s->session_sql = eph_xasprintf("%s; SET lock_timeout = %d; SET client_encoding = 'UTF8'",
+                                 search_path, opt->busy_timeout_ms);
+  free(search_path);
+  if ((r = eph_pg_session(s, "setting the session", err)) < 0 || (r = migrate(s, err)) < 0)
     goto fail;
   if (opt->local_path && (r = eph_store_sqlite_open(opt->local_path, opt, &s->local, err)) < 0)
     goto fail;

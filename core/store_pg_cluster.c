@@ -5,6 +5,7 @@
 #include "config.h"
 
 #include <errno.h>
+#include <string.h>
 
 #include "store_pg_int.h"
 #include "util.h"
@@ -62,12 +63,12 @@ eph_pg_leases_renew(eph_store_t *base, json_object *ids, eph_error_t *err)
   if (!s->node)
     return eph_error_set(err, ENOTSUP, "%s: no node_name: no leases", base->path);
   int r;
-  i64s_t until = i64s(eph_wall_us() + s->lease_us);
+  i64s_t lease = i64s(s->lease_us);
   /* The ids travel as one JSON parameter, expanded by the server: no SQL is built. */
-  const char *v[] = {s->node, until.s, json_text(ids)};
+  const char *v[] = {s->node, lease.s, json_text(ids)};
   cleanup_pgresult PGresult *res =
       eph_pg_run(s,
-                 "UPDATE runs SET lease_expires_us = $2 WHERE node = $1"
+                 "UPDATE runs SET lease_expires_us = " PG_NOW_US " + $2::bigint WHERE node = $1"
                  " AND status IN ('queued', 'running')"
                  " AND id IN (SELECT jsonb_array_elements_text($3::jsonb))",
                  3, v, "renewing leases", &r, err);
@@ -81,24 +82,60 @@ eph_pg_leases_take_expired(eph_store_t *base, json_object **out, eph_error_t *er
   if (!s->node)
     return eph_error_set(err, ENOTSUP, "%s: no node_name: no leases", base->path);
   int r;
-  int64_t now = eph_wall_us();
-  i64s_t now_s = i64s(now), until = i64s(now + s->lease_us);
-  const char *v[] = {s->node, until.s, now_s.s};
+  i64s_t lease = i64s(s->lease_us);
+  const char *v[] = {s->node, lease.s};
   /* Conditional: a second node updating the same row waits for the first, then re-checks
    * the WHERE against the new lease and skips it. Exactly one node takes each run. */
   cleanup_pgresult PGresult *res =
       eph_pg_run(s,
-                 "WITH t AS (UPDATE runs SET node = $1, lease_expires_us = $2"
-                 "  WHERE status IN ('queued', 'running') AND lease_expires_us < $3 RETURNING id),"
+                 "WITH t AS (UPDATE runs SET node = $1, lease_expires_us = " PG_NOW_US
+                 " + $2::bigint WHERE status IN ('queued', 'running')"
+                 "  AND lease_expires_us < " PG_NOW_US " RETURNING id),"
                  /* A dead node's local_only queued runs (zero data retention) end with it. */
                  " q AS (DELETE FROM run_queue WHERE run_id IN (SELECT id FROM t) RETURNING 1),"
                  " d AS (UPDATE run_queue_length SET n = n - (SELECT count(*) FROM q) WHERE id = 1"
                  "  AND EXISTS (SELECT 1 FROM q))"
                  " SELECT id FROM t",
-                 3, v, "taking over expired leases", &r, err);
+                 2, v, "taking over expired leases", &r, err);
   if (r >= 0)
     *out = run_ids(res);
   return r;
+}
+
+int
+eph_pg_run_take_ended(eph_store_t *base, const char *run_id, eph_error_t *err)
+{
+  pg_store_t *s = PG(base);
+  if (!s->node)
+    return eph_error_set(err, ENOTSUP, "%s: no node_name: no leases", base->path);
+  int r;
+  const char *v[] = {run_id, s->node};
+  /* No lease: an ended run is never taken over again (the takeover looks at queued and
+   * running rows only); the node column alone fences the old holder's writes. */
+  cleanup_pgresult PGresult *res =
+      eph_pg_run(s,
+                 "UPDATE runs SET node = $2, lease_expires_us = NULL WHERE id = $1"
+                 " AND status NOT IN ('queued', 'running') AND node IS DISTINCT FROM $2",
+                 2, v, "taking over an ended run's record", &r, err);
+  return r < 0 ? r : affected(res) > 0;
+}
+
+int
+eph_pg_fenced(pg_store_t *s, const char *run_id, const PGresult *res, eph_error_t *err)
+{
+  if (get_i64(res, 0, 0) > 0)
+    return 0;
+  if (get_i64(res, 0, 1) == 0)
+    return eph_error_set(err, ENOENT, "run %s does not exist", run_id);
+  const char *holder = PQgetvalue(res, 0, 2);
+  /* The holder as the statement's snapshot saw it: a takeover committed while the write
+   * waited shows this node's own name there. */
+  if (!holder || !*holder || (s->node && strcmp(holder, s->node) == 0))
+    holder = "another node";
+  return eph_error_set(err, ESTALE,
+                       "run %s: held by node '%s' now, not by this node ('%s'): this node's "
+                       "lease on it expired and that node took it over; nothing written",
+                       run_id, holder, s->node ? s->node : "");
 }
 
 /* ---------------------------------------------------------------- the shared queue */
@@ -139,16 +176,16 @@ eph_pg_queue_push(eph_store_t *base, const char *run_id, int64_t reserved_micros
   return 0;
 }
 
-/* The rest of a claim after the row is picked (CTE c): the row leaves the queue and its count,
- * and the run gets this node ($1) and a lease until $2, only while it is still queued. A
- * row whose run is no longer queued (a push committed whose answer was lost: the retry
- * failed and the admitting node ended the run) is dropped, never claimed: an ended run is
- * not run again. */
+/* The rest of a claim after the row is picked (CTE c): the row leaves the queue and its
+ * count, and the run gets this node ($1) and a lease of $2 micros (server time), only while
+ * it is still queued. A row whose run is no longer queued (a push committed whose answer was
+ * lost: the retry failed and the admitting node ended the run) is dropped, never claimed:
+ * an ended run is not run again. */
 #define CLAIM_REST                                                                                 \
   "  RETURNING run_id, reserved_micros, local_only),"                                              \
   " d AS (UPDATE run_queue_length SET n = n - (SELECT count(*) FROM c) WHERE id = 1"               \
   "  AND EXISTS (SELECT 1 FROM c)),"                                                               \
-  " u AS (UPDATE runs SET node = $1, lease_expires_us = $2 FROM c"                                 \
+  " u AS (UPDATE runs SET node = $1, lease_expires_us = " PG_NOW_US " + $2::bigint FROM c"         \
   "  WHERE runs.id = c.run_id AND runs.status = 'queued'"                                          \
   "  RETURNING runs.id, runs.org, runs.request, runs.zdr,"                                         \
   "  runs.created_at_us)"                                                                          \
@@ -164,8 +201,8 @@ claim_with(pg_store_t *s, const char *sql, const char *run_id, const char *what,
   if (!s->node)
     return eph_error_set(err, ENOTSUP, "%s: no node_name: no shared queue", s->base.path);
   int r;
-  i64s_t until = i64s(eph_wall_us() + s->lease_us);
-  const char *v[] = {s->node, until.s, run_id};
+  i64s_t lease = i64s(s->lease_us);
+  const char *v[] = {s->node, lease.s, run_id};
   cleanup_pgresult PGresult *res = eph_pg_run(s, sql, run_id ? 3 : 2, v, what, &r, err);
   if (r < 0 || PQntuples(res) == 0)
     return r;

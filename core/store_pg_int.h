@@ -19,10 +19,18 @@ typedef struct pg_store {
   pthread_mutex_t lock; /* one connection, one user at a time */
   eph_store_t *local;   /* node-local SQLite for eph_store_with_db, or NULL */
   char *node;           /* this node's name, or NULL (no leases) */
+  char *session_sql;    /* the session's settings, set again on every new connection */
   int64_t lease_us;
 } pg_store_t;
 
 #define PG(x) ((pg_store_t *)(x))
+
+/* The database server's time in micros (the start of the statement's transaction), in SQL:
+ * what leases are written and compared in. Every node's lease is then measured by one
+ * clock: a node whose own clock is ahead does not take the others' live runs over, one
+ * behind does not lose its own (a node's eph_wall_us() still stamps created_at and the
+ * like, which order but decide nothing). */
+#define PG_NOW_US "(extract(epoch FROM now()) * 1000000)::bigint"
 
 /* A result freed when it goes out of scope. */
 static inline void
@@ -81,10 +89,21 @@ affected(const PGresult *res)
  * Returns the negative errno. */
 int eph_pg_error(pg_store_t *s, const PGresult *res, const char *what, eph_error_t *err);
 
+/* The store's schema, chosen on a new connection before anything else runs on it (see
+ * store_pg_conn.c): *set_sql (heap) the statement pinning the session's search_path to it,
+ * part of s->session_sql from then on. -EPH_E_CONFIG when the store's tables are in another
+ * schema of the connection's search path; another negative errno when the server failed. */
+int eph_pg_choose_schema(pg_store_t *s, char **set_sql, eph_error_t *err);
+
+/* Sets this store's session settings (s->session_sql) on its connection: at open and after
+ * every reconnect. 0, or the negative errno with err naming the operation. */
+int eph_pg_session(pg_store_t *s, const char *what, eph_error_t *err);
+
 /* Runs one parameterised statement; the caller holds s->lock. Text parameters when lens and
  * fmts are NULL. Returns the result (the caller PQclear()s it) with *r = 0, or NULL with *r
- * the negative errno and err filled. A connection the server closed is reset and the
- * statement retried once. */
+ * the negative errno and err filled. A connection the server closed is reset (its session
+ * settings set again) and the statement retried once, unless it ran inside a transaction:
+ * then -EIO (the transaction is lost with the old session; the caller rolls back). */
 PGresult *eph_pg_exec(pg_store_t *s, const char *sql, int n, const char *const *vals,
                       const int *lens, const int *fmts, int binary_result, const char *what, int *r,
                       eph_error_t *err);
@@ -99,6 +118,11 @@ int eph_pg_cancel_request(eph_store_t *base, const char *run_id, eph_error_t *er
 int eph_pg_cancels_pending(eph_store_t *base, json_object **out, eph_error_t *err);
 int eph_pg_leases_renew(eph_store_t *base, json_object *ids, eph_error_t *err);
 int eph_pg_leases_take_expired(eph_store_t *base, json_object **out, eph_error_t *err);
+int eph_pg_run_take_ended(eph_store_t *base, const char *run_id, eph_error_t *err);
+/* The outcome of a fenced write to run_id (store_pg.c's run_update, event_append), from its
+ * result's first row: (rows written, rows of the run, the run's holder). 0 when written;
+ * else -ESTALE naming the holder, or -ENOENT when the run does not exist. */
+int eph_pg_fenced(pg_store_t *s, const char *run_id, const PGresult *res, eph_error_t *err);
 int eph_pg_queue_push(eph_store_t *base, const char *run_id, int64_t reserved_micros,
                       bool local_only, int max_queued, eph_error_t *err);
 int eph_pg_queue_claim(eph_store_t *base, json_object **out, eph_error_t *err);

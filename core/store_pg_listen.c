@@ -72,6 +72,21 @@ conn_error(PGconn *c, char *buf, size_t size)
   return buf;
 }
 
+/* Runs the command sql on c: true, or false with why filled and c finished. */
+static bool
+command(PGconn *c, const char *sql, char *why, size_t size)
+{
+  PGresult *res = PQexec(c, sql);
+  bool ok = res && PQresultStatus(res) == PGRES_COMMAND_OK;
+  if (res)
+    PQclear(res);
+  if (!ok) {
+    conn_error(c, why, size);
+    PQfinish(c);
+  }
+  return ok;
+}
+
 /* A connection LISTENing on every channel, or NULL with why filled. */
 static PGconn *
 connect_listening(pg_listener_t *l, char *why, size_t size)
@@ -83,6 +98,10 @@ connect_listening(pg_listener_t *l, char *why, size_t size)
       PQfinish(c);
     return NULL;
   }
+  /* This session reads only the catalog: pg_catalog alone on its path (see the store's
+   * eph_pg_choose_schema), so no schema the connection's path names shadows it. */
+  if (!command(c, "SET search_path = pg_catalog, pg_temp", why, size))
+    return NULL;
   /* Two daemons with one node_name (two on one host, both defaulting to its hostname) would
    * take each other's runs for their own after a restart: said at start. Every node's
    * listener is named "ephemeral-listen <node_name>", so another session with this name is
@@ -102,16 +121,8 @@ connect_listening(pg_listener_t *l, char *why, size_t size)
     if (dup)
       PQclear(dup);
   }
-  PGresult *res = PQexec(c, "LISTEN eph_queue; LISTEN eph_events; LISTEN eph_cancels");
-  bool ok = res && PQresultStatus(res) == PGRES_COMMAND_OK;
-  if (res)
-    PQclear(res);
-  if (!ok) {
-    conn_error(c, why, size);
-    PQfinish(c);
-    return NULL;
-  }
-  return c;
+  return command(c, "LISTEN eph_queue; LISTEN eph_events; LISTEN eph_cancels", why, size) ? c
+                                                                                          : NULL;
 }
 
 /* Hands every notification received to fn. */

@@ -8,6 +8,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/random.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -276,4 +277,12 @@ eph_closest(const char *word, const char *const *candidates, size_t n)
     }
   }
   return best;
+}
+
+int
+eph_clear_ambient_caps(void)
+{
+  if (prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) < 0 && errno != EINVAL)
+    return -errno;
+  return 0;
 }

@@ -61,6 +61,11 @@ int64_t eph_wall_us(void);
 int eph_random_bytes(void *buf, size_t n);
 /* Writes 2*n lowercase hex digits of n random bytes plus NUL into out (2n+1 bytes). */
 int eph_random_hex(char *out, size_t n);
+/* Clears the ambient capability set, so nothing this process executes inherits a
+ * capability it was handed as an ambient one (the packaged unit hands CAP_SETUID and
+ * CAP_SETGID that way; the process itself keeps them as permitted and effective).
+ * Returns 0, or -errno (EINVAL, a kernel without ambient capabilities, counts as done). */
+int eph_clear_ambient_caps(void);
 
 /* mkdir -p with mode; returns 0 or negative + err naming the path. */
 int eph_mkdir_p(const char *path, mode_t mode, eph_error_t *err);

@@ -123,12 +123,45 @@ test_leases(void **st)
   res = pg_query(f, "SELECT node FROM runs WHERE id = 'run_l'", NULL, NULL, true);
   assert_string_equal(PQgetvalue(res, 0, 0), want);
   PQclear(res);
+  /* The old node (stalled past its lease, then resumed) writes nothing any more: neither
+   * an event nor its row (-ESTALE naming the holder); the taker writes both. */
+  int old = winner == 0 ? 1 : 0; /* n0 inserted it, but any loser is "not the holder" */
+  assert_int_equal(
+      eph_store_event_append(nodes[old], "run_l", 7, 1, "Failed", "ended", "late", NULL, &err),
+      -ESTALE);
+  assert_non_null(strstr(err.message, want));
+  assert_int_equal(eph_store_run_update(nodes[old], "run_l", "succeeded", NULL, NULL, &err),
+                   -ESTALE);
+  res = pg_query(f,
+                 "SELECT status, (SELECT count(*) FROM events WHERE run_id = 'run_l') FROM runs"
+                 " WHERE id = 'run_l'",
+                 NULL, NULL, true);
+  assert_string_equal(PQgetvalue(res, 0, 0), "running");
+  assert_string_equal(PQgetvalue(res, 0, 1), "0");
+  PQclear(res);
+  /* The holder writes; so does a store without a node name (the CLI: no leases, no fence);
+   * an unknown run is still -ENOENT. */
+  assert_int_equal(
+      eph_store_event_append(nodes[winner], "run_l", 7, 1, "Failed", "ended", "x", NULL, &err), 0);
+  assert_int_equal(eph_store_run_update(f->store, "run_l", NULL, NULL, NULL, &err), 0);
+  assert_int_equal(eph_store_run_update(nodes[old], "run_none", "failed", NULL, NULL, &err),
+                   -ENOENT);
   /* Once ended, an expired lease is nobody's business. */
-  assert_int_equal(eph_store_run_update(nodes[0], "run_l", "failed", NULL, NULL, &err), 0);
+  assert_int_equal(eph_store_run_update(nodes[winner], "run_l", "failed", NULL, NULL, &err), 0);
   assert_int_equal(sql_exec(f, "UPDATE runs SET lease_expires_us = 1 WHERE id = 'run_l'"), 0);
   cleanup_json json_object *after = NULL;
   assert_int_equal(eph_store_leases_take_expired(nodes[1], &after, &err), 0);
   assert_int_equal(json_object_array_length(after), 0);
+  /* An ended run's record completed by another node (cluster_orphans.c): it takes the row,
+   * once; the previous holder is fenced from then on. A running run is not taken so. */
+  assert_int_equal(eph_store_run_take_ended(nodes[old], "run_l", &err), 1);
+  assert_int_equal(eph_store_run_take_ended(nodes[old], "run_l", &err), 0);
+  assert_int_equal(eph_store_run_update(nodes[winner], "run_l", "failed", NULL, NULL, &err),
+                   -ESTALE);
+  assert_int_equal(eph_store_run_insert(nodes[0], "run_l2", "acme", "running", 1, req, false, &err),
+                   0);
+  assert_int_equal(eph_store_run_take_ended(nodes[1], "run_l2", &err), 0);
+  assert_int_equal(eph_store_run_take_ended(f->store, "run_l2", &err), -ENOTSUP);
   for (int i = 0; i < TAKERS; i++)
     eph_store_close(nodes[i]);
 #endif

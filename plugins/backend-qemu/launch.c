@@ -1,6 +1,7 @@
 /* backend-qemu: starting and ending one QEMU. build_argv makes the command line, a slot gives
- * QEMU its own uid, the keeper (a small root process) owns QEMU and kills it at the run's
- * deadline or the moment we die; resolve_accel picks KVM only after a bounded test boot. */
+ * QEMU its own uid (ids.c), the keeper (a small process of ours) owns QEMU and kills it at
+ * the run's deadline or the moment we die; resolve_accel picks KVM only after a bounded test
+ * boot. */
 #include <config.h>
 
 #include <dirent.h>
@@ -16,9 +17,7 @@
 #include <unistd.h>
 #include <grp.h>
 #include <poll.h>
-#include <sched.h>
 #include <sys/file.h>
-#include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -61,75 +60,6 @@ qemu_tsc_khz(qemu_t *q)
   int64_t khz = q->tsc_khz;
   pthread_mutex_unlock(&q->lock);
   return khz;
-}
-
-/* QEMU 7.2 never makes itself non-dumpable, and its own -runas cannot be combined with
- * -sandbox elevateprivileges=deny. The kernel marks a process non-dumpable when it execs a
- * binary its user cannot read (would_dump(), fs.suid_dumpable = 0): so QEMU runs from a
- * copy only root may read (0711, <state_dir>/qemu/bin/, kept in step with the original's
- * size and mtime), bind-mounted over the original's path in QEMU's own mount namespace (so
- * QEMU still finds its modules and firmware relative to that path). Non-dumpable, QEMU's
- * /proc/PID files belong to root: nobody but root may ptrace it, read its memory, environ
- * or fds, and it never dumps core. Made at the first create (a host using only the jail
- * never pays for it). Returns 0, or -1 (logged; QEMU then runs dumpable, still under its
- * own uid). */
-int
-qemu_exec_copy(const qemu_t *q)
-{
-  char dir[PATH_MAX], path[PATH_MAX + 16], tmp[PATH_MAX + 32];
-  snprintf(dir, sizeof dir, "%s/bin", q->base);
-  snprintf(path, sizeof path, "%s/qemu", dir);
-  struct stat src, dst;
-  if (stat(q->qemu_path, &src) < 0)
-    return -1; /* reported by launch_qemu() */
-  int e = 0;
-  if (mkdir(dir, 0711) < 0 && errno != EEXIST) {
-    e = errno;
-    goto fail;
-  }
-  if (stat(path, &dst) < 0 || dst.st_size != src.st_size ||
-      dst.st_mtim.tv_sec != src.st_mtim.tv_sec || (dst.st_mode & 07777) != 0711 ||
-      dst.st_uid != 0) {
-    snprintf(tmp, sizeof tmp, "%s.%d.tmp", path, (int)getpid());
-    int in = open(q->qemu_path, O_RDONLY | O_CLOEXEC);
-    int out = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0700);
-    bool ok = in >= 0 && out >= 0;
-    e = ok ? 0 : errno;
-    char buf[65536];
-    ssize_t n;
-    while (ok && (n = read(in, buf, sizeof buf)) != 0) {
-      if (n < 0 || write(out, buf, (size_t)n) != n) {
-        e = n < 0 ? errno : EIO;
-        ok = false;
-      }
-    }
-    struct timespec times[2] = {src.st_atim, src.st_mtim};
-    if (ok && (fchmod(out, 0711) < 0 || futimens(out, times) < 0 || fsync(out) < 0)) {
-      e = errno;
-      ok = false;
-    }
-    if (in >= 0)
-      close(in);
-    if (out >= 0 && close(out) < 0 && ok) {
-      e = errno;
-      ok = false;
-    }
-    if (ok && rename(tmp, path) < 0) {
-      e = errno;
-      ok = false;
-    }
-    if (!ok) {
-      unlink(tmp);
-      goto fail;
-    }
-  }
-  return 0;
-fail:
-  q->host->log(EPH_LOG_WARN,
-               "backend-qemu: %s: %s; QEMU runs from %s and stays dumpable "
-               "(its own uid still keeps other microVMs out)",
-               path, strerror(e ? e : EIO), q->qemu_path);
-  return -1;
 }
 
 /* ------------------------------------------------------------ launching QEMU */
@@ -224,87 +154,32 @@ build_argv(const qemu_t *q, const launch_t *l, char **argv, size_t max, char sto
 #undef ARGF
 }
 
-/* Claims a free slot k for the microVM `name`: its QEMU will run as uid_base + k. The slot
- * is held by <state_dir>/qemu/slots/slot-<k>, created O_EXCL, holding "NAME OWNER_PID
- * OWNER_START" so the sweep of a later start frees the slots of a dead owner. A slot whose
- * uid still runs a process (left by a crash) is skipped, never shared. */
-static int
-claim_slot(const qemu_t *q, const char *name, eph_error_t *err)
-{
-  uint32_t h = 2166136261u; /* FNV-1a: spreads concurrent runs over the slots */
-  for (const char *c = name; *c; c++)
-    h = (h ^ (unsigned char)*c) * 16777619u;
-  char text[256];
-  snprintf(text, sizeof text, "%s %d %llu\n", name, (int)getpid(), q->owner_start);
-  for (int64_t i = 0; i < q->cfg.slots; i++) {
-    int slot = (int)((h + (uint64_t)i) % (uint64_t)q->cfg.slots);
-    char path[PATH_MAX];
-    snprintf(path, sizeof path, "%s/slot-%d", q->slot_dir, slot);
-    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-    if (fd < 0 && errno == EEXIST)
-      continue;
-    if (fd < 0)
-      return eph_error_set(err, errno, "slot record %s: %s", path, strerror(errno));
-    ssize_t n = write(fd, text, strlen(text));
-    int e = errno;
-    close(fd);
-    if (n != (ssize_t)strlen(text)) {
-      unlink(path);
-      return eph_error_set(err, n < 0 ? e : EIO, "slot record %s: %s", path,
-                           strerror(n < 0 ? e : EIO));
-    }
-    uid_t uid = (uid_t)(q->cfg.uid_base + slot);
-    if (uid_processes(uid, false) > 0) {
-      q->host->log(EPH_LOG_WARN, "slot %d: uid %u still runs a process; slot skipped", slot,
-                   (unsigned)uid);
-      unlink(path);
-      continue;
-    }
-    return slot;
-  }
-  return eph_error_set(err, EAGAIN, "all %" PRId64 " microVM slots are in use (key 'slots')",
-                       q->cfg.slots);
-}
-
-static void
-release_slot(const qemu_t *q, int slot)
-{
-  if (slot < 0)
-    return;
-  char path[PATH_MAX];
-  snprintf(path, sizeof path, "%s/slot-%d", q->slot_dir, slot);
-  unlink(path);
-}
-
 /* ------------------------------------------------------------ the keeper */
 
-/* In QEMU's process, before exec: only async-signal-safe calls. */
+/* In QEMU's process, before exec: only async-signal-safe calls. slot >= 0: QEMU gets the
+ * slot's ids, in a user namespace of its own (ids.c; `sync` is our end of the socketpair to
+ * the keeper, which writes its maps), where its binary's path shows the copy its uid cannot
+ * read (qemu_exec_copy): exec'd, QEMU starts non-dumpable and finds its modules and firmware
+ * where it always does. Every step fails closed: QEMU never runs as our uid then. */
 static void __attribute__((noreturn))
 child_exec(const qemu_t *q, char **argv, const int *src, int nsrc, int log_fd, int slot,
-           gid_t extra_gid, const char *exec_src, pid_t keeper)
+           gid_t extra_gid, const char *exec_src, pid_t keeper, int sync)
 {
   static char *const no_env[] = {NULL};
   setsid();
+  const char *what = NULL;
+  int e;
+  if (slot >= 0 && (e = ids_enter_namespaces(sync, exec_src, argv[0], &what))) {
+    ids_log_errno(log_fd, what, e);
+    _exit(126);
+  }
+  if (sync >= 0)
+    close(sync);
   /* Every source first above the target range, then onto its target. */
   int moved[8];
   for (int i = 0; i < nsrc; i++)
     moved[i] = src[i] >= 0 ? fcntl(src[i], F_DUPFD, 64) : -1;
   int log_moved = fcntl(log_fd, F_DUPFD, 64);
-  /* QEMU's own mount namespace, where its binary's path shows the root-only-readable copy
-   * (qemu_exec_copy): exec'd as the VM's uid, QEMU starts non-dumpable, and finds its
-   * modules and firmware where it always does. Fails closed. */
-  if (exec_src &&
-      (unshare(CLONE_NEWNS) < 0 || mount(NULL, "/", NULL, MS_REC | MS_SLAVE, NULL) < 0 ||
-       mount(exec_src, argv[0], NULL, MS_BIND, NULL) < 0)) {
-    /* strerror is not async-signal-safe: the errno in digits */
-    int e = errno;
-    char msg[] = "backend-qemu: binding the unreadable QEMU copy failed: errno 000\n";
-    msg[sizeof msg - 5] = (char)('0' + e / 100 % 10);
-    msg[sizeof msg - 4] = (char)('0' + e / 10 % 10);
-    msg[sizeof msg - 3] = (char)('0' + e % 10);
-    (void)!write(log_fd, msg, sizeof msg - 1);
-    _exit(126);
-  }
   int null = open("/dev/null", O_RDONLY);
   if (null < 0 || dup2(null, 0) < 0 || dup2(log_moved, 1) < 0 || dup2(log_moved, 2) < 0)
     _exit(126);
@@ -326,10 +201,16 @@ child_exec(const qemu_t *q, char **argv, const int *src, int nsrc, int log_fd, i
     uid_t id = (uid_t)(q->cfg.uid_base + slot);
     if (setgroups(extra_gid != (gid_t)-1 ? 1 : 0, &extra_gid) < 0 || setresgid(id, id, id) < 0 ||
         setresuid(id, id, id) < 0) {
-      static const char msg[] = "backend-qemu: dropping privileges failed\n";
-      (void)!write(2, msg, sizeof msg - 1);
+      ids_log_errno(2, "taking the microVM's own ids", errno);
       _exit(126);
     }
+  }
+  /* No capability reaches QEMU: those of its user namespace (full until exec, whose uid is
+   * not that namespace's root) and any ambient ones a caller left (the CLI under the unit's
+   * AmbientCapabilities) are dropped here. */
+  if ((e = ids_drop_caps())) {
+    ids_log_errno(2, "dropping QEMU's capabilities", e);
+    _exit(126);
   }
   /* After the id change (which clears it): QEMU dies with its keeper, whatever kills it. */
   if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) < 0 || getppid() != keeper)
@@ -346,8 +227,10 @@ child_exec(const qemu_t *q, char **argv, const int *src, int nsrc, int log_fd, i
   _exit(127);
 }
 
-/* The keeper: a small root process between us and QEMU (a forked copy of us, so only
- * async-signal-safe calls). It starts QEMU as its child, tells us QEMU's pid, then waits
+/* The keeper: a small process between us and QEMU (a forked copy of us, so only
+ * async-signal-safe calls; root, or our uid with our CAP_SETUID/CAP_SETGID). It starts QEMU
+ * as its child (for a slot: maps the child's user namespace first), tells us QEMU's pid
+ * (-1: it could not start it; the reason is in QEMU's log), then waits
  * for the first of: our end of the lifeline closing (destroy, or our death: the kernel
  * closes it whichever thread or process of ours dies) -> kill QEMU, reap, exit 0; QEMU
  * ending by itself -> reap, exit 1; the run's deadline -> kill QEMU, reap, exit 3. So the
@@ -359,9 +242,38 @@ keeper_main(const qemu_t *q, char **argv, const int *src, int nsrc, int log_fd, 
 {
   prctl(PR_SET_NAME, "eph-vm-keeper", 0, 0, 0);
   pid_t self = getpid();
+  int sp[2] = {-1, -1};
+  if (slot >= 0 && socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp) < 0) {
+    ids_log_errno(log_fd, "socketpair for the microVM's id maps", errno);
+    int32_t none = -1;
+    (void)!write(lifeline, &none, sizeof none);
+    _exit(KEEPER_FAILED);
+  }
   pid_t qemu = fork();
-  if (qemu == 0)
-    child_exec(q, argv, src, nsrc, log_fd, slot, extra_gid, exec_src, self);
+  if (qemu == 0) {
+    if (sp[0] >= 0)
+      close(sp[0]);
+    child_exec(q, argv, src, nsrc, log_fd, slot, extra_gid, exec_src, self, sp[1]);
+  }
+  if (sp[1] >= 0)
+    close(sp[1]);
+  if (qemu > 0 && slot >= 0) {
+    /* The child is in its new user namespace when it says 'u'; its ids go in now. */
+    char c = 0;
+    const char *what = "waiting for QEMU's child to make its user namespace";
+    int e = read(sp[0], &c, 1) == 1 && c == 'u' ? 0 : EPROTO; /* else the child said why */
+    if (!e && !(e = ids_write_maps(qemu, (uid_t)(q->cfg.uid_base + slot), extra_gid, &what)))
+      e = write(sp[0], "m", 1) == 1 ? 0 : errno;
+    if (e) {
+      if (e != EPROTO)
+        ids_log_errno(log_fd, what, e);
+      kill(qemu, SIGKILL);
+      while (waitpid(qemu, NULL, 0) < 0 && errno == EINTR)
+        ;
+      qemu = -1;
+    }
+    close(sp[0]);
+  }
   int32_t msg = qemu;
   (void)!write(lifeline, &msg, sizeof msg);
   if (qemu < 0)
@@ -451,10 +363,16 @@ launch_qemu(const qemu_t *q, const launch_t *l, vmproc_t *vm, int *guest_fd, int
   if (access(q->qemu_path, X_OK) < 0)
     return eph_error_set(err, errno, "%s: %s (install the Debian package qemu-system-x86)",
                          q->qemu_path, strerror(errno));
-  /* As root, every microVM gets its own uid/gid from a slot; unprivileged (tests without
-   * root), QEMU keeps ours. */
+  /* Holding CAP_SETUID and CAP_SETGID (root, or the packaged unit's user), every microVM
+   * gets its own uid/gid from a slot; with neither (tests without root), QEMU keeps ours
+   * (qemu_ids_mode said so once); with half of them, or root without them, none starts. */
   int slot = -1;
-  if (geteuid() == 0 && (slot = claim_slot(q, l->name, err)) < 0)
+  if (q->ids == QEMU_IDS_REFUSED || q->ids == QEMU_IDS_UNKNOWN)
+    return eph_error_set(err, EPERM,
+                         "refusing to start a microVM that could not get a uid of its own "
+                         "(this process, uid %u, needs both CAP_SETUID and CAP_SETGID)",
+                         (unsigned)geteuid());
+  if (q->ids == QEMU_IDS_OWN && (slot = claim_slot(q, l->name, err)) < 0)
     return slot;
   int gp[2] = {-1, -1}, mp[2] = {-1, -1}, lp[2] = {-1, -1};
   if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, gp) < 0 ||
@@ -478,8 +396,11 @@ launch_qemu(const qemu_t *q, const launch_t *l, vmproc_t *vm, int *guest_fd, int
 
   gid_t kvm_gid = (gid_t)-1;
   struct stat st;
-  if (slot >= 0 && strcmp(l->accel, "kvm") == 0 && stat("/dev/kvm", &st) == 0)
-    kvm_gid = st.st_gid; /* Debian's udev makes /dev/kvm root:kvm 0660 */
+  /* Debian's udev makes /dev/kvm root:kvm 0660: QEMU keeps that group (mapped into its
+   * user namespace too). Never root's group: a /dev/kvm left root:root opens to root only,
+   * and gid 0 would give QEMU every file readable by that group. */
+  if (slot >= 0 && strcmp(l->accel, "kvm") == 0 && stat("/dev/kvm", &st) == 0 && st.st_gid != 0)
+    kvm_gid = st.st_gid;
   int src[] = {gp[1], mp[1], kfd, ifd, l->incoming_fd, l->tap_fd};
   pid_t keeper = fork();
   if (keeper == 0) {
@@ -505,7 +426,8 @@ launch_qemu(const qemu_t *q, const launch_t *l, vmproc_t *vm, int *guest_fd, int
         ;
     release_slot(q, slot);
     return keeper < 0 ? eph_error_set(err, e, "fork: %s", strerror(e))
-                      : eph_error_set(err, EAGAIN, "the QEMU keeper could not start QEMU");
+                      : eph_error_set(err, EAGAIN, "the QEMU keeper could not start QEMU%s",
+                                      slot >= 0 ? " under the microVM's own ids" : "");
   }
   *vm = (vmproc_t){.keeper = keeper, .qemu = qpid, .lifeline = lp[0], .slot = slot};
   *guest_fd = gp[0];

@@ -12,14 +12,16 @@
  *      of its NIC, made in a network namespace of its own with the proxy's listener (tap.c),
  *      inherited as well (no snapshot then:
  *      one saved without a NIC cannot be restored with one);
- *   4. a slot (slot-<k> record in <state_dir>/qemu/slots): QEMU runs as uid/gid
- *      uid_base + k, which no other microVM shares; fork the keeper (keeper_main, a
- *      small root process that owns QEMU: it kills QEMU at the run's deadline or the
- *      moment we die, even by SIGKILL); the keeper forks QEMU: new session, fds placed,
- *      a private mount namespace where QEMU's path is a root-only-readable copy (so QEMU
- *      is non-dumpable), supplementary groups dropped, setresgid/setresuid to the slot's
- *      ids, PR_SET_PDEATHSIG(SIGKILL) towards the keeper, no_new_privs, RLIMIT_CORE 0, exec
- *      with an empty environment and
+ *   4. holding CAP_SETUID and CAP_SETGID (ids.c; root or the packaged unit's user), a slot
+ *      (slot-<k> record in <state_dir>/qemu/slots): QEMU runs as uid/gid uid_base + k,
+ *      which no other microVM shares; fork the keeper (keeper_main, a small process of
+ *      ours that owns QEMU: it kills QEMU at the run's deadline or the moment we die, even
+ *      by SIGKILL); the keeper forks QEMU: new session, a user namespace of its own whose
+ *      maps the keeper writes (the slot's ids onto themselves only), a mount namespace in
+ *      it where QEMU's path is a copy QEMU's uid cannot read (so QEMU is non-dumpable),
+ *      fds placed, supplementary groups dropped, setresgid/setresuid to the slot's ids,
+ *      every capability dropped, PR_SET_PDEATHSIG(SIGKILL) towards the keeper,
+ *      no_new_privs, RLIMIT_CORE 0, exec with an empty environment and
  *      -sandbox on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny;
  *   5. QMP handshake; after a restore: the reseed frame (fresh entropy, wall clock, new
  *      scratch; the guest answers with a new hello) is queued, then `cont`.
@@ -106,10 +108,11 @@ static const eph_config_key_t qemu_keys[] = {
      "emulated timer fails now and then on a busy host); 0 = measured once (~20 ms) at the "
      "first cold boot. Never part of a snapshot's identity."},
     {"uid_base", EPH_CFG_INT, "68000000", NULL,
-     "When ephemeral runs as root, the QEMU of the microVM in slot k runs as uid and gid "
-     "uid_base + k, ids owning nothing: two microVMs never share one, so neither can read "
-     "the other's /proc files, ptrace it or signal it. The range must not meet a host user "
-     "or the jail's (backend-jail uid_base + slots*65536; the defaults end at 67208864)."},
+     "When ephemeral holds CAP_SETUID and CAP_SETGID (root, or the packaged unit's user), the "
+     "QEMU of the microVM in slot k runs as uid and gid uid_base + k, ids owning nothing: two "
+     "microVMs never share one, so neither can read the other's /proc files, ptrace it or "
+     "signal it, nor reach our files. The range must not meet a host user or the jail's "
+     "(backend-jail uid_base + slots*65536; the defaults end at 67208864)."},
     {"slots", EPH_CFG_INT, "1024", NULL,
      "How many microVMs (and their ids) may exist at once; slot records live in "
      "<state_dir>/qemu/slots."},
@@ -429,7 +432,7 @@ qemu_create(void *state, const eph_sandbox_spec_t *spec, eph_sandbox_t **out, in
                 .log_fd = -1,
                 .tap_fd = -1};
   pthread_mutex_lock(&q->lock);
-  if (!q->exec_checked && geteuid() == 0 && qemu_exec_copy(q) == 0)
+  if (!q->exec_checked && qemu_ids_mode(q) == QEMU_IDS_OWN && qemu_exec_copy(q) == 0)
     snprintf(q->exec_copy, sizeof q->exec_copy, "%s/bin/qemu", q->base);
   q->exec_checked = true;
   pthread_mutex_unlock(&q->lock);

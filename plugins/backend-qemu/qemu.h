@@ -1,7 +1,9 @@
 /* backend-qemu internals shared by its files. Nothing here is exported: the plugin's only
  * public symbol is eph_plugin.
  *   qemu.c      the plugin: configuration, create/destroy/stats/sweep
- *   launch.c    starting QEMU: argv, slots, the keeper, the accelerator, run directories
+ *   launch.c    starting QEMU: argv, the keeper, the accelerator, run directories
+ *   ids.c       a microVM's own ids: who may give them, slots, QEMU's user and mount
+ *               namespace, the copy of QEMU its uid cannot read
  *   snapshot.c  the snapshot store: identity, save, restore checks, garbage collection
  *   proc.c      small file and /proc helpers
  *   pool.c      restored microVMs kept loaded and paused for the next runs (key `pool`)
@@ -34,6 +36,14 @@ typedef struct qemu_cfg {
 
 typedef struct pool_vm pool_vm_t;
 
+/* How microVMs get their ids (qemu_ids_mode, decided at the first create). */
+typedef enum {
+  QEMU_IDS_UNKNOWN = 0,
+  QEMU_IDS_OWN,     /* CAP_SETUID + CAP_SETGID: a slot's uid/gid, non-dumpable (ids.c) */
+  QEMU_IDS_SHARED,  /* neither capability, not root: QEMU runs as we do (logged once) */
+  QEMU_IDS_REFUSED, /* one of the two, or root without them: no microVM starts */
+} qemu_ids_t;
+
 typedef struct qemu {
   const eph_host_t *host;
   qemu_cfg_t cfg;
@@ -42,11 +52,12 @@ typedef struct qemu {
   char *snap_dir; /* <state_dir>/qemu/snapshots */
   char *slot_dir; /* <state_dir>/qemu/slots: slot-<k> records */
   char qemu_path[PATH_MAX];
+  qemu_ids_t ids;                 /* how QEMU gets its ids (qemu_ids_mode, under lock) */
   bool exec_checked;              /* qemu_exec_copy ran (under lock) */
-  char exec_copy[PATH_MAX];       /* a root-only-readable copy of QEMU (qemu_exec_copy), or "" */
+  char exec_copy[PATH_MAX];       /* a copy of QEMU only we may read (qemu_exec_copy), or "" */
   unsigned long long owner_start; /* our start time, in the slot records */
   int64_t tsc_khz;      /* host TSC rate for a cold-booting TCG guest (qemu_tsc_khz), -1 unknown */
-  pthread_mutex_t lock; /* accel verdict, exec copy, tsc_khz */
+  pthread_mutex_t lock; /* accel verdict, ids, exec copy, tsc_khz */
   char accel[8];        /* resolved: "kvm" or "tcg"; "" until the first create */
   /* pool.c, all under pool_lock: the loaded microVMs, the limits they are made for, the
    * filler thread (started at the second restore of this process) and its stop flag. */
@@ -64,8 +75,8 @@ typedef struct qemu {
   } pool_want;
 } qemu_t;
 
-/* One running QEMU: the keeper (our child, a small root process that owns QEMU, enforces
- * the deadline and our lifetime; see keeper_main) and QEMU (the keeper's child). */
+/* One running QEMU: the keeper (our child, a small process that owns QEMU, enforces the
+ * deadline and our lifetime; see keeper_main) and QEMU (the keeper's child). */
 typedef struct vmproc {
   pid_t keeper, qemu;
   int lifeline; /* our end of the keeper's socketpair: closing it stops QEMU */
@@ -169,7 +180,6 @@ enum { KEEPER_STOPPED = 0, KEEPER_QEMU_ENDED = 1, KEEPER_DEADLINE = 3, KEEPER_FA
 int64_t qemu_tsc_khz(qemu_t *q);
 /* The argument vector of one QEMU start; strings live in store (16 x 512 bytes). */
 void build_argv(const qemu_t *q, const launch_t *l, char **argv, size_t max, char store[][512]);
-int qemu_exec_copy(const qemu_t *q);
 int launch_qemu(const qemu_t *q, const launch_t *l, vmproc_t *vm, int *guest_fd, int *qmp_fd,
                 eph_error_t *err);
 int vm_stop(const qemu_t *q, vmproc_t *vm, int *left);
@@ -185,6 +195,32 @@ int write_pid_record(const char *dir, const qemu_t *q, pid_t qemu_pid, const cha
 /* Tells the keeper of vm the run's deadline (CLOCK_MONOTONIC ms, > 0): a pooled QEMU was
  * started before its run existed, so without one. */
 int vm_set_deadline(const vmproc_t *vm, int64_t deadline_ms, eph_error_t *err);
+
+/* ids.c: a microVM's own ids. */
+
+/* How microVMs get their ids, from our effective capabilities (not from being root): decided
+ * at the first call (the caller holds q->lock) and logged then unless QEMU_IDS_OWN. */
+qemu_ids_t qemu_ids_mode(qemu_t *q);
+/* Makes <state_dir>/qemu/bin/qemu, a copy of QEMU (0711, ours) that QEMU's uid may execute
+ * but not read: exec'ing it makes QEMU non-dumpable. 0, or -1 (logged: QEMU stays dumpable). */
+int qemu_exec_copy(const qemu_t *q);
+/* A free slot for the microVM `name` (its record created O_EXCL in q->slot_dir), or a
+ * negative errno with err set (EAGAIN: all in use). release_slot removes the record. */
+int claim_slot(const qemu_t *q, const char *name, eph_error_t *err);
+void release_slot(const qemu_t *q, int slot);
+/* Async-signal-safe (the keeper and QEMU's child are forked copies of a threaded process);
+ * each returns 0 or an errno and names the failed step in *what.
+ * In QEMU's child: a new user namespace; 'u' on `sync`, then waits for the keeper's 'm';
+ * a mount namespace of that user namespace's, slave of ours; exec_src (may be NULL) bound
+ * over qemu_path. */
+int ids_enter_namespaces(int sync, const char *exec_src, const char *qemu_path, const char **what);
+/* In the keeper: the child's uid_map "ID ID 1" and gid_map "ID ID 1" (plus extra_gid onto
+ * itself unless (gid_t)-1: the /dev/kvm group), needing our CAP_SETUID/CAP_SETGID. */
+int ids_write_maps(pid_t child, uid_t id, gid_t extra_gid, const char **what);
+/* No capability left, none ambient: what QEMU keeps through exec. */
+int ids_drop_caps(void);
+/* Writes "backend-qemu: WHAT failed: errno E" to fd (QEMU's log). */
+void ids_log_errno(int fd, const char *what, int e);
 
 /* pool.c: restored microVMs started ahead of their runs (key `pool`, default 1; 0 = none).
  * Each one is a QEMU restored from the snapshot under its own keeper and slot exactly like

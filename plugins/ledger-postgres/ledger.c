@@ -147,12 +147,12 @@ entry_add(void *ctx, const char *org, const char *run_id, const char *kind, cons
           int64_t micros, const char *memo, eph_error_t *err)
 {
   tx_t *tx = ctx; /* void *: it is the store's entry_add (eph_ledger_store_t) */
-  char t[24], m[24], memo_buf[EPH_LEDGER_MAX_MEMO_BYTES + 1];
-  snprintf(t, sizeof t, "%" PRId64, eph_ledger_wall_us());
+  char m[24], memo_buf[EPH_LEDGER_MAX_MEMO_BYTES + 1];
   snprintf(m, sizeof m, "%" PRId64, micros);
   if (memo)
     eph_ledger_memo_clean(memo, memo_buf);
-  const char *p[] = {t, org, run_id, tx->l->node, kind, category, m, memo ? memo_buf : NULL};
+  /* The entry's time is the database server's (ST_ENTRY_ADD), not this node's. */
+  const char *p[] = {org, run_id, tx->l->node, kind, category, m, memo ? memo_buf : NULL};
   PGresult *res = q(tx, ST_ENTRY_ADD, p, "appending a ledger entry", err);
   if (!res)
     return -err->code;
@@ -394,7 +394,7 @@ ledger_identity(void *state, char *out, size_t size, eph_error_t *err)
 }
 
 typedef struct open_arg {
-  int64_t before_us;
+  int64_t open_for_us;
   int limit;
   PGresult *res; /* the rows of the committed attempt */
 } open_arg_t;
@@ -404,7 +404,7 @@ open_body(tx_t *tx, void *p, eph_error_t *err)
 {
   open_arg_t *a = p;
   char t[24], n[24];
-  snprintf(t, sizeof t, "%" PRId64, a->before_us);
+  snprintf(t, sizeof t, "%" PRId64, a->open_for_us);
   snprintf(n, sizeof n, "%d", a->limit);
   const char *params[] = {t, n};
   if (a->res) /* an attempt run again: its rows were not reported */
@@ -414,13 +414,14 @@ open_body(tx_t *tx, void *p, eph_error_t *err)
 }
 
 static int
-ledger_open_reservations(void *state, int64_t reserved_before_unix_us, int limit,
+ledger_open_reservations(void *state, int64_t open_for_us, int limit,
                          void (*each)(void *ctx, const eph_ledger_open_t *r), void *ctx,
                          eph_error_t *err)
 {
-  if (!each || limit < 1)
-    return eph_error_set(err, EINVAL, PLUGIN ": open_reservations: each and limit > 0 required");
-  open_arg_t a = {reserved_before_unix_us, limit, NULL};
+  if (!each || limit < 1 || open_for_us < 0)
+    return eph_error_set(
+        err, EINVAL, PLUGIN ": open_reservations: each, limit > 0 and open_for_us >= 0 required");
+  open_arg_t a = {open_for_us, limit, NULL};
   int r = run_tx(state, 0, NULL, open_body, &a, err);
   /* Reported once the transaction committed, so a retried one never reports a row twice. */
   int rows = r >= 0 && a.res ? PQntuples(a.res) : 0;

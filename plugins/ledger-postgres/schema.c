@@ -17,6 +17,8 @@
 #define SCHEMA_VERSION 2
 /* pg_advisory_xact_lock key of the schema migration: "ephl" */
 #define MIGRATION_LOCK_KEY "1701865580"
+/* The database server's time in unix micros (the start of the statement's transaction). */
+#define LEDGER_NOW_US "(extract(epoch FROM now()) * 1000000)::bigint"
 
 /* The schema check runs under the advisory lock, so several nodes starting at once migrate
  * one after the other; the second finds the version written and does nothing. */
@@ -185,9 +187,11 @@ const pg_statement_t statements[ST_COUNT] = {
                      " web_micros, compute_micros, settled FROM ledger.reservations"
                      " WHERE run_id = $1 FOR NO KEY UPDATE",
                      1},
+    /* Stamped with the database server's time (the transaction's start), one clock for
+     * every node: the orphan sweep compares a reservation's age in it (ST_OPEN_BEFORE). */
     [ST_ENTRY_ADD] = {"INSERT INTO ledger.entries(t_us, org, run_id, node, kind, category, micros,"
-                      " memo) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
-                      8},
+                      " memo) VALUES (" LEDGER_NOW_US ", $1, $2, $3, $4, $5, $6, $7)",
+                      7},
     [ST_RES_ORG] = {"SELECT org FROM ledger.reservations WHERE run_id = $1", 1},
     [ST_OPEN_LIST] = {"SELECT run_id FROM ledger.reservations WHERE settled = 0 AND node = $1"
                       " ORDER BY run_id",
@@ -195,7 +199,8 @@ const pg_statement_t statements[ST_COUNT] = {
     [ST_OPEN_BEFORE] = {"SELECT r.run_id, r.org, r.node, r.reserved_micros, e.t_us"
                         " FROM ledger.reservations r JOIN ledger.entries e"
                         " ON e.run_id = r.run_id AND e.kind = 'reserve'"
-                        " WHERE r.settled = 0 AND e.t_us < $1 ORDER BY e.t_us, r.run_id LIMIT $2",
+                        " WHERE r.settled = 0 AND e.t_us < " LEDGER_NOW_US " - $1::bigint"
+                        " ORDER BY e.t_us, r.run_id LIMIT $2",
                         2},
     [ST_PROBE] = {"INSERT INTO ledger.probe(id, t_us) VALUES (1, $1)"
                   " ON CONFLICT (id) DO UPDATE SET t_us = excluded.t_us",

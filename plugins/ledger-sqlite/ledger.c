@@ -620,17 +620,20 @@ ledger_identity(void *state, char *out, size_t size, eph_error_t *err)
 }
 
 static int
-ledger_open_reservations(void *state, int64_t reserved_before_unix_us, int limit,
+ledger_open_reservations(void *state, int64_t open_for_us, int limit,
                          void (*each)(void *ctx, const eph_ledger_open_t *r), void *ctx,
                          eph_error_t *err)
 {
   ledger_t *l = state;
-  if (!each || limit < 1)
-    return eph_error_set(err, EINVAL,
-                         "ledger-sqlite: open_reservations: each and limit > 0 required");
+  if (!each || limit < 1 || open_for_us < 0)
+    return eph_error_set(
+        err, EINVAL,
+        "ledger-sqlite: open_reservations: each, limit > 0 and open_for_us >= 0 required");
   pthread_mutex_lock(&l->lock);
   sqlite3_stmt *s = l->st[ST_OPEN_BEFORE];
-  sqlite3_bind_int64(s, 1, reserved_before_unix_us);
+  /* One host's file: its entries are stamped with this host's clock (eph_ledger_wall_us),
+   * which the age is measured by too. */
+  sqlite3_bind_int64(s, 1, eph_ledger_wall_us() - open_for_us);
   sqlite3_bind_int(s, 2, limit);
   int n = 0, rc;
   /* One statement: SQLite reads it from one snapshot; each() must not call the ledger. */

@@ -646,7 +646,8 @@ typedef struct eph_ledger_open {
   const char *org;
   const char *node; /* the node that reserved it, or "" when the ledger does not record it */
   int64_t reserved_micros;
-  int64_t reserved_unix_us; /* when it was reserved (CLOCK_REALTIME micros) */
+  int64_t reserved_unix_us; /* when it was reserved, unix micros by the ledger's clock (see
+                             * open_reservations) */
 } eph_ledger_open_t;
 
 typedef struct eph_ledger_ops {
@@ -681,12 +682,16 @@ typedef struct eph_ledger_ops {
    * recorded (docs/cluster.md). NULL: the ledger cannot be identified, and a cluster node
    * refuses it. 0 or negative. */
   int (*identity)(void *state, char *out, size_t size, eph_error_t *err);
-  /* open_reservations: calls each(ctx, r) for every reservation not yet settled that was
-   * made before reserved_before_unix_us (CLOCK_REALTIME micros), oldest first, at most
-   * limit of them (limit > 0). each must not call the ledger (it may run under the
-   * ledger's lock). Returns how many, or negative. A cluster node uses it to
-   * release the reservations of runs whose node died before recording them. */
-  int (*open_reservations)(void *state, int64_t reserved_before_unix_us, int limit,
+  /* open_reservations: calls each(ctx, r) for every reservation not yet settled that has
+   * been open for more than open_for_us (micros, >= 0), oldest first, at most limit of
+   * them (limit > 0). The age is measured by ONE clock, the ledger's own: the time a
+   * reservation is stamped with and the "now" it is compared with come from the same
+   * place (ledger-postgres: its database server's now(); ledger-sqlite: this host's
+   * CLOCK_REALTIME), never from the clocks of the nodes that reserve and sweep, which may
+   * disagree. each must not call the ledger (it may run under the ledger's lock). Returns
+   * how many, or negative. A cluster node uses it to release the reservations of runs
+   * whose node died before recording them. */
+  int (*open_reservations)(void *state, int64_t open_for_us, int limit,
                            void (*each)(void *ctx, const eph_ledger_open_t *r), void *ctx,
                            eph_error_t *err);
 } eph_ledger_ops_t;
