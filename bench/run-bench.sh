@@ -17,7 +17,8 @@
 #      runs/s  vs  N bwrap sandboxes running the example's four commands; and CPU per run
 #  3b. the same through one ephemerald with N concurrent clients (POST /v1/runs?wait), and
 #      the daemon's own CPU per run
-#   4. core overhead per tool call and ledger charges/s (bench/core-overhead)
+#   4. core overhead per tool call and ledger charges/s (bench/core-overhead); a timeline
+#      event committed with 31 others (as a run commits them) against one committed alone
 #   5. GET /v1/runs/{id} of an ended run  vs  bench/bare-mhd serving the same bytes (and
 #      GET /v1/health), req/s over keep-alive connections (bench/http-bench)
 #   6. bench/qemu-bench and bench/ledger-bench (other helpers' benches), when built
@@ -244,6 +245,12 @@ if [ -x "$CORE_OVERHEAD" ]; then
   row "core overhead per tool call (gate + ledger + event), p50 us" "${core:-n/a}" \
     "bare guest exec, p50 us" "${bare:-n/a}" "ledger charge p50 ${lp50:-n/a} us"
   row "ledger charges/s" "${lps:-n/a}" "goal" "5000" "$(ratio "${lps:-0}" 5000) goal"
+  ev1=$(sed -n 's/^event store append *p50 *\([0-9.]*\) us.*/\1/p' "$tmp/core")
+  evb=$(sed -n 's/^event, batched x32 *p50 *\([0-9.]*\) us.*/\1/p' "$tmp/core")
+  [ -n "$ev1" ] && [ -n "$evb" ] &&
+    row "a timeline event in the store, committed 32 per transaction (core/evqueue.c), p50 us per event" \
+      "$evb" "the same event in a transaction of its own (the old way), p50 us" "$ev1" \
+      "$(ratio "$evb" "$ev1") of one alone"
 fi
 
 echo "== 5. GET /v1/runs/{id} vs a bare libmicrohttpd server"

@@ -152,6 +152,10 @@ eph_agent_loop(eph_run_t *run)
   json_object_array_add(messages, m);
   cleanup_json json_object *tools = eph_tools_offered(run);
   const eph_model_ops_t *mops = run->model->desc->ops;
+  /* The conversation's length as JSON, kept as messages are appended (they are not changed
+   * once in the array): serialising the whole of it before every model call, only to
+   * measure it, made a run's cost grow with the square of its tool calls. */
+  size_t wire_bytes = 2, counted = 0; /* "[" "]" */
 
   for (int64_t step = 1;; step++) {
     if (check_stop(run))
@@ -163,8 +167,13 @@ eph_agent_loop(eph_run_t *run)
     /* Pre-authorisation at the worst case: the prompt as it stands (~1 token per 3 bytes,
      * rounded up) plus max output tokens; the output allowance shrinks to what the
      * remaining reservation can pay, and below a useful minimum the run stops. */
-    const char *wire = json_object_to_json_string_ext(messages, JSON_C_TO_STRING_PLAIN);
-    int64_t est_in = (int64_t)strlen(wire) / 3 + 1;
+    for (size_t n = json_object_array_length(messages); counted < n; counted++) {
+      size_t len = 0;
+      json_object_to_json_string_length(json_object_array_get_idx(messages, counted),
+                                        JSON_C_TO_STRING_PLAIN, &len);
+      wire_bytes += len + (counted ? 1 : 0); /* "," between elements */
+    }
+    int64_t est_in = (int64_t)wire_bytes / 3 + 1;
     int64_t left = eph_meter_remaining(run);
     int64_t max_out = run->max_output_tokens;
     /* The prompt may be billed as a cache write (Anthropic: 1.25x input), so the estimate

@@ -82,6 +82,11 @@
   I(compute_meter_ms, 2000, 10, 3600000, "ms",                                                     \
     "How often sandbox compute is charged while a run lives (a crash loses at most one "           \
     "interval).")                                                                                  \
+  I(event_flush_ms, 50, 0, 10000, "ms",                                                          \
+    "Longest a timeline event waits before it is committed to an SQLite store: a run's "         \
+    "events are written in one transaction per batch (a kill -9 loses at most this "              \
+    "interval of events; the run's end and every write of its record are committed at "          \
+    "once). 0: one transaction per event. PostgreSQL stores each event as it comes.")              \
   I(retention_days, 30, 0, 36500, "days",                                                          \
     "Runs and their events older than this are purged (the product page keeps 30 days).")          \
   S(cli_org, "local", "Organisation the CLI's runs are billed to.")                                \

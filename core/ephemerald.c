@@ -83,6 +83,8 @@ main(int argc, char **argv)
       {"version", no_argument, NULL, 'V'},
       {0},
   };
+  eph_malloc_tune();
+
   /* The database is opened once before anything is created: a daemon that cannot reach it
    * (or is given a bad one) exits leaving the state directory as it found it. */
   eph_ctx_options_t copt = {

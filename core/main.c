@@ -53,6 +53,8 @@ main(int argc, char **argv)
       {"version", no_argument, NULL, 'V'},
       {0},
   };
+  eph_malloc_tune();
+
   eph_ctx_options_t opt = {0};
   int verbose = 0, c;
   eph_log_set_program("ephemeral");

@@ -183,6 +183,7 @@ eph_run_new(eph_ctx_t *ctx, eph_request_t *req, const eph_run_options_t *opt, ep
   run->max_steps = conf->max_steps;
   run->max_output_tokens = conf->max_output_tokens;
   run->meter_ms = conf->compute_meter_ms; /* at least 10: its row's range */
+  run->event_flush_ms = conf->event_flush_ms;
 
   run->ledger = eph_plugins_first(&ctx->plugins, EPH_KIND_LEDGER);
   if (!run->ledger) {

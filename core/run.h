@@ -133,6 +133,9 @@ const char *eph_run_org(const eph_run_t *run);
 int64_t eph_run_created_us(const eph_run_t *run);
 eph_run_status_t eph_run_status(eph_run_t *run);
 bool eph_run_zdr(const eph_run_t *run);
+/* How long its events may wait to be committed to the store together (config event_flush_ms;
+ * evqueue.h). */
+int64_t eph_run_event_flush_ms(const eph_run_t *run);
 
 /* What a run has used so far; after settle, the ledger's totals. Micros throughout. */
 typedef struct eph_run_usage {

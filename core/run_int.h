@@ -84,6 +84,7 @@ struct eph_run {
   int64_t model_calls, input_tokens, output_tokens;
   int64_t reserved, billed, released, model_micros, web_micros, compute_micros;
   int64_t in_price_mtok, out_price_mtok, compute_price_s, meter_ms;
+  int64_t event_flush_ms; /* config event_flush_ms: the store's batches (evqueue.h) */
   int64_t cache_read_price_mtok, cache_write_price_mtok; /* cached prompt tokens */
   int64_t max_steps, max_output_tokens;
 

@@ -187,6 +187,12 @@ eph_run_zdr(const eph_run_t *run)
   return run->req.zero_data_retention;
 }
 
+int64_t
+eph_run_event_flush_ms(const eph_run_t *run)
+{
+  return run->event_flush_ms;
+}
+
 eph_run_status_t
 eph_run_status(eph_run_t *run)
 {

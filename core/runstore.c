@@ -13,12 +13,14 @@
 #include <unistd.h>
 
 #include "cluster.h"
+#include "evqueue.h"
 #include "log.h"
 #include "util.h"
 
 typedef struct link {
   eph_run_t *run;
   eph_store_t *store;
+  eph_evq_t *events; /* the run's events on their way to the store (evqueue.h) */
   eph_run_observer_t next;
   struct link *older;
 } link_t;
@@ -33,14 +35,10 @@ on_event(void *opaque, eph_run_t *run, const eph_event_t *ev)
 {
   link_t *l = opaque;
   bool zdr = eph_run_zdr(run);
-  eph_error_t err = {0};
   const char *text = (zdr && ev->content) ? "[redacted: zero data retention]" : ev->text;
-  if (eph_store_event_append(l->store, eph_run_id(run), ev->seq, ev->t_ms, ev->source, ev->kind,
-                             text, (zdr && ev->content) ? NULL : ev->data, &err) < 0) {
-    eph_warn("run %s: storing event %lld: %s", eph_run_id(run), (long long)ev->seq, err.message);
-    /* A timeline with a hole is not a record: the run stops (storage_error). */
-    eph_run_storage_failed(run, err.message);
-  }
+  /* A failed write stops the run (storage_error), reported by the queue. */
+  eph_evq_push(l->events, ev->seq, ev->t_ms, ev->source, ev->kind, text,
+               (zdr && ev->content) ? NULL : ev->data);
   if (l->next.on_event)
     l->next.on_event(l->next.opaque, run, ev);
 }
@@ -49,6 +47,8 @@ static void
 on_update(void *opaque, eph_run_t *run)
 {
   link_t *l = opaque;
+  /* The row never says more than the stored timeline. */
+  eph_evq_flush(l->events);
   cleanup_json json_object *obj = eph_run_to_json(run, false);
   json_object *output = NULL, *usage = NULL, *status = NULL;
   json_object_object_get_ex(obj, "output", &output);
@@ -110,6 +110,7 @@ eph_runstore_adopt(eph_store_t *store, eph_run_t *run, const eph_run_observer_t 
   link_t *l = eph_xcalloc(1, sizeof *l);
   l->run = run;
   l->store = store;
+  l->events = eph_evq_new(store, run, eph_run_event_flush_ms(run));
   if (next)
     l->next = *next;
   pthread_mutex_lock(&links_lock);
@@ -124,16 +125,20 @@ eph_runstore_adopt(eph_store_t *store, eph_run_t *run, const eph_run_observer_t 
 void
 eph_runstore_detach(eph_run_t *run)
 {
+  link_t *l = NULL;
   pthread_mutex_lock(&links_lock);
   for (link_t **p = &links; *p; p = &(*p)->older) {
     if ((*p)->run == run) {
-      link_t *l = *p;
+      l = *p;
       *p = l->older;
-      free(l);
       break;
     }
   }
   pthread_mutex_unlock(&links_lock);
+  if (l) {
+    eph_evq_free(l->events); /* its last events committed: outside the leaf lock */
+    free(l);
+  }
 }
 
 /* ------------------------------------------------------------------ recovery */

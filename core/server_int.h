@@ -3,6 +3,7 @@
 #define EPH_SERVER_INT_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -32,7 +33,11 @@ typedef struct live live_t;
  * or SSE state that owns it; listed in srv->waiters while suspended. */
 typedef struct waiter {
   struct MHD_Connection *conn;
-  live_t *live; /* whose events wake it, or NULL */
+  live_t *live; /* whose end (and, with events, whose events) wakes it, or NULL */
+  /* Woken by each of live's events (an SSE stream), not only by its end (a ?wait=): counted
+   * in live->event_waiters while listed, so that an event nobody streams takes no lock. */
+  bool events;
+  bool counted; /* counted in live->event_waiters (eph_srv_count_event_waiter) */
   /* A run executing on another cluster node whose announced events (NOTIFY eph_events)
    * wake it, or NULL; borrowed from the owner of the waiter. */
   const char *remote_id;
@@ -48,6 +53,9 @@ struct live {
   char id[40];
   char *org;
   int refs; /* the table's own ref + readers; freed at 0 */
+  /* Listed waiters woken by its events (waiter_t.events): an event takes srv->lock, to wake
+   * them, only when there is one. Changed under srv->lock, read without it. */
+  atomic_int event_waiters;
   bool in_table, queued, running, settled;
   int64_t settled_ms;
   live_t *bucket_next;
@@ -205,6 +213,10 @@ live_t *eph_srv_live_unlink_locked(eph_server_t *srv, bool all, int64_t now_ms);
 bool eph_srv_live_free_chain(live_t *dead);
 /* Resumes every connection waiting on l (all of them when l is NULL); one waiter. */
 void eph_srv_wake_locked(eph_server_t *srv, live_t *l);
+/* Under srv->lock: counts w (events, live set) in w->live->event_waiters before the caller
+ * checks for new events and suspends it with eph_srv_wait_add: an event appended before the
+ * count is seen by that check, one after it wakes w. Removing w uncounts it. */
+void eph_srv_count_event_waiter(waiter_t *w);
 void eph_srv_resume_locked(eph_server_t *srv, waiter_t *w);
 /* Books a run that has settled: counters, waiters, the drain's condition, its webhook. */
 void eph_srv_live_finished(eph_server_t *srv, live_t *l);

@@ -100,8 +100,21 @@ eph_srv_wait_add(eph_server_t *srv, waiter_t *w)
 }
 
 void
+eph_srv_count_event_waiter(waiter_t *w)
+{
+  if (w->live && w->events && !w->counted) {
+    atomic_fetch_add(&w->live->event_waiters, 1);
+    w->counted = true;
+  }
+}
+
+void
 eph_srv_wait_remove(eph_server_t *srv, waiter_t *w)
 {
+  if (w->counted) {
+    atomic_fetch_sub(&w->live->event_waiters, 1);
+    w->counted = false;
+  }
   if (!w->listed)
     return;
   if (w->prev)
@@ -132,13 +145,24 @@ eph_srv_wake_locked(eph_server_t *srv, live_t *l)
   }
 }
 
+/* A new event or state of l's run: resumes the streams following it. A ?wait= for the run's
+ * end is not woken by every event (it would only suspend again): eph_srv_live_finished
+ * resumes it. With nobody streaming the run, no lock is taken (event_waiters is counted
+ * before a stream checks for events and suspends: see eph_srv_count_event_waiter). */
 static void
 obs_wake(void *opaque, eph_run_t *run)
 {
   (void)run;
   live_t *l = opaque;
+  if (atomic_load(&l->event_waiters) == 0)
+    return;
   pthread_mutex_lock(&l->srv->lock);
-  eph_srv_wake_locked(l->srv, l);
+  waiter_t *next;
+  for (waiter_t *w = l->srv->waiters; w; w = next) {
+    next = w->next;
+    if (w->live == l && w->events)
+      eph_srv_resume_locked(l->srv, w);
+  }
   pthread_mutex_unlock(&l->srv->lock);
 }
 

@@ -108,6 +108,7 @@ eph_srv_runs_continue(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *r
       req->live = l; /* keeps the ref while suspended */
       req->waiter.conn = c;
       req->waiter.live = l;
+      req->waiter.events = false; /* its end resumes it (eph_srv_live_finished) */
       req->waiter.remote_id = NULL;
       req->waiter.deadline_ms = req->wait_until_ms;
       eph_srv_wait_add(srv, &req->waiter);

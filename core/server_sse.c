@@ -198,6 +198,7 @@ sse_read(void *cls, uint64_t pos, char *out, size_t max)
       s->slept = true;
       s->slept_gen = gen;
       s->waiter.live = NULL;
+      s->waiter.events = false;
       s->waiter.remote_id = s->run_id;
       s->waiter.deadline_ms = s->poll_at < s->keepalive_at ? s->poll_at : s->keepalive_at;
       eph_srv_wait_add(srv, &s->waiter);
@@ -223,14 +224,18 @@ sse_read(void *cls, uint64_t pos, char *out, size_t max)
       s->done = true;
       continue;
     }
-    /* Checked again under srv->lock: an event appended from here on wakes us. */
+    /* Counted as a stream of the run first, then checked again: an event appended before
+     * the count is seen here, one after it wakes us (server_live.c obs_wake). */
+    s->waiter.live = s->live;
+    s->waiter.events = true;
+    eph_srv_count_event_waiter(&s->waiter);
     if (eph_run_wait_events(s->live->run, s->last_seq, 0)) {
+      eph_srv_wait_remove(srv, &s->waiter);
       pthread_mutex_unlock(&srv->lock);
       continue;
     }
     if (!s->keepalive_at)
       s->keepalive_at = now + SSE_KEEPALIVE_MS;
-    s->waiter.live = s->live;
     s->waiter.remote_id = NULL;
     s->waiter.deadline_ms = s->keepalive_at;
     eph_srv_wait_add(srv, &s->waiter);

@@ -373,6 +373,37 @@ eph_store_event_append(eph_store_t *s, const char *run_id, int64_t seq, int64_t 
 }
 
 int
+eph_store_events_append(eph_store_t *s, const char *run_id, const eph_store_event_t *evs, size_t n,
+                        eph_error_t *err)
+{
+  int r = check_text("run id", run_id, MAX_ID_BYTES, err);
+  if (r < 0)
+    return r;
+  if (!s->ops->events_append)
+    return eph_error_set(err, ENOTSUP, "%s: events are stored one at a time", s->path);
+  if (n == 0)
+    return eph_error_set(err, EINVAL, "no events to append");
+  for (size_t i = 0; i < n; i++) {
+    if ((r = check_text("event source", evs[i].source, 64, err)) < 0 ||
+        (r = check_text("event kind", evs[i].kind, 64, err)) < 0)
+      return r;
+    if (evs[i].seq < 0)
+      return eph_error_set(err, EINVAL, "event seq %" PRId64 ": negative", evs[i].seq);
+  }
+  r = s->ops->events_append(s, run_id, evs, n, err);
+  if (r == -EEXIST)
+    r = eph_error_set(err, EEXIST, "run %s already has one of events %" PRId64 "..%" PRId64, run_id,
+                      evs[0].seq, evs[n - 1].seq);
+  return r;
+}
+
+bool
+eph_store_groups_events(const eph_store_t *s)
+{
+  return s->ops->events_append != NULL;
+}
+
+int
 eph_store_events_since(eph_store_t *s, const char *run_id, int64_t since_seq, int limit,
                        json_object **out, eph_error_t *err)
 {

@@ -178,6 +178,24 @@ int eph_store_event_append(eph_store_t *store, const char *run_id, int64_t seq, 
                            const char *source, const char *kind, const char *text,
                            json_object *data, eph_error_t *err);
 
+/* One event of eph_store_events_append: the arguments of eph_store_event_append. */
+typedef struct eph_store_event {
+  int64_t seq, t_ms;
+  const char *source, *kind, *text; /* text may be NULL (stored empty) */
+  const char *data_json;            /* data serialised (JSON text), NULL: none */
+} eph_store_event_t;
+
+/* Appends n >= 1 events of run_id (each checked as eph_store_event_append checks it) in
+ * one transaction: all of them or, on any error, none. -ENOTSUP when the store writes
+ * events one by one (eph_store_groups_events() false: PostgreSQL announces each event to
+ * the cluster as it is stored). */
+int eph_store_events_append(eph_store_t *store, const char *run_id, const eph_store_event_t *evs,
+                            size_t n, eph_error_t *err);
+
+/* Whether eph_store_events_append is implemented (SQLite: one commit for many events is
+ * what makes a shell call cheap; PostgreSQL: no). */
+bool eph_store_groups_events(const eph_store_t *store);
+
 /* Events of a run with seq > since_seq in seq order (since_seq = -1: from the start), at
  * most limit (0 = all): the SSE resume point is Last-Event-ID. *out: JSON array owned by the
  * caller of {"seq","t_ms","source","kind","text","data"?}. An unknown run gives an empty

@@ -84,6 +84,10 @@ typedef struct eph_store_ops {
   /* NULL when the implementation has no SQLite connection to lend. */
   int (*with_db)(eph_store_t *s, int (*fn)(struct sqlite3 *db, void *opaque, eph_error_t *err),
                  void *opaque, eph_error_t *err);
+  /* n events of run_id in one transaction (all or none); NULL: events are written one by
+   * one (event_append). The events are checked by store.c. */
+  int (*events_append)(eph_store_t *s, const char *run_id, const eph_store_event_t *evs, size_t n,
+                       eph_error_t *err);
 } eph_store_ops_t;
 
 /* A listener's implementation starts with this (see eph_store_listen). */

@@ -496,6 +496,28 @@ sq_event_append(eph_store_t *base, const char *run_id, int64_t seq, int64_t t_ms
   return r;
 }
 
+static int
+sq_events_append(eph_store_t *base, const char *run_id, const eph_store_event_t *evs, size_t n,
+                 eph_error_t *err)
+{
+  sq_store_t *s = SQ(base);
+  int r = tx_begin(s, err);
+  if (r < 0)
+    return r;
+  for (size_t i = 0; i < n && r >= 0; i++) {
+    cleanup_reset sqlite3_stmt *st = s->st[ST_EVENT_INSERT];
+    bind_text(st, 1, run_id);
+    sqlite3_bind_int64(st, 2, evs[i].seq);
+    sqlite3_bind_int64(st, 3, evs[i].t_ms);
+    bind_text(st, 4, evs[i].source);
+    bind_text(st, 5, evs[i].kind);
+    bind_text(st, 6, evs[i].text ? evs[i].text : "");
+    bind_text(st, 7, evs[i].data_json);
+    r = step_run_write(s, st, "appending the events", run_id, err);
+  }
+  return tx_end(s, r, err);
+}
+
 /* A row of ST_EVENTS_SINCE ("data" only when the event has some). */
 static json_object *
 event_from_row(sqlite3_stmt *st)
@@ -677,6 +699,7 @@ static const eph_store_ops_t sqlite_ops = {
     .purge = sq_purge,
     .probe = sq_probe,
     .with_db = sq_with_db,
+    .events_append = sq_events_append,
 };
 
 /* ---------------------------------------------------------------- open */

@@ -3,6 +3,7 @@
 #include "util.h"
 
 #include <errno.h>
+#include <malloc.h>
 #include <fcntl.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -84,6 +85,14 @@ eph_json_int64(json_object *o, const char *key)
 {
   json_object *v = NULL;
   return json_object_object_get_ex(o, key, &v) ? json_object_get_int64(v) : 0;
+}
+
+void
+eph_malloc_tune(void)
+{
+  mallopt(M_MMAP_THRESHOLD, 2 * 1024 * 1024);
+  mallopt(M_TRIM_THRESHOLD, 8 * 1024 * 1024);
+  mallopt(M_TOP_PAD, 1024 * 1024);
 }
 
 void

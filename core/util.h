@@ -31,6 +31,14 @@ json_object *eph_json_parse_strict(const char *text, size_t len, eph_error_t *er
  * member: eph_json_get_string, support/text.h.) */
 int64_t eph_json_int64(json_object *o, const char *key);
 
+/* The allocator's thresholds for a process that runs sandboxes (the CLI, the daemon), set
+ * first thing in main: heap chunks up to 2 MiB (not a mmap and munmap of their own each)
+ * and 8 MiB of free heap top kept (M_TRIM_THRESHOLD), 1 MiB grown at a time. With glibc's
+ * defaults the heap's top sat at the 128 KiB trim edge: each SQLite transaction's page
+ * grew it with brk() and its free shrank it again, two system calls and fresh zeroed
+ * pages (page faults) per transaction, and per shell call. */
+void eph_malloc_tune(void);
+
 /* pthread_cond_init of c with CLOCK_MONOTONIC: the core's deadlines are monotonic ms
  * (eph_now_ms), so a timed wait must not move with the wall clock. */
 void eph_cond_init_monotonic(pthread_cond_t *c);

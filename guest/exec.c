@@ -59,8 +59,6 @@ job_free(job_t *j)
     close(j->err_fd);
   if (j->in_fd >= 0)
     close(j->in_fd);
-  if (j->st_fd >= 0)
-    close(j->st_fd);
   free(j->stdin_buf);
   free(j);
 }
@@ -221,34 +219,16 @@ scratch_full(const guest_t *g)
 /* Called when the main process was reaped: takes what its pipes still hold (everything it
  * wrote before exiting is already there), closes them even if a background process keeps
  * them open, and reports the end. */
-/* What the worker's set-up wrote to the status pipe ("step: error"), NUL-terminated in
- * buf; 0 when it exec'd (EOF at once: the worker is reaped, its end closed). */
-static size_t
-setup_failure(job_t *j, char *buf, size_t size)
-{
-  size_t got = 0;
-  ssize_t n;
-  while (j->st_fd >= 0 && got + 1 < size && (n = read(j->st_fd, buf + got, size - 1 - got)) != 0) {
-    if (n < 0 && errno == EINTR)
-      continue;
-    if (n < 0)
-      break;
-    got += (size_t)n;
-  }
-  buf[got] = '\0';
-  return got;
-}
-
 void
 guest_finish_job(guest_t *g)
 {
   job_t *j = g->job;
-  char failed_at[256], msg[320];
-  if (setup_failure(j, failed_at, sizeof failed_at) > 0) {
+  char msg[320];
+  if (j->setup_failed[0]) {
     /* The worker never ran the command: the reply is the error it would have been. */
     json_object *e = guest_new_msg("error", j->id, true);
     json_object_object_add(e, "errno", json_object_new_int(EPERM));
-    snprintf(msg, sizeof msg, "exec: worker set-up failed at %s", failed_at);
+    snprintf(msg, sizeof msg, "exec: worker set-up failed at %s", j->setup_failed);
     json_object_object_add(e, "message", json_object_new_string(msg));
     g->job = NULL;
     job_free(j);
@@ -408,7 +388,7 @@ guest_op_exec(guest_t *g, json_object *req, int64_t id)
   char **argv = NULL, **envp = NULL;
   void *stdin_data = NULL;
   size_t stdin_len = 0;
-  int outp[2] = {-1, -1}, errp[2] = {-1, -1}, inp[2] = {-1, -1}, stp[2] = {-1, -1};
+  int outp[2] = {-1, -1}, errp[2] = {-1, -1}, inp[2] = {-1, -1};
   char msg[512];
 
   if ((command != NULL) == has_argv) {
@@ -458,8 +438,11 @@ guest_op_exec(guest_t *g, json_object *req, int64_t id)
   if ((rlim_t)nofile > g->nofile) /* the host may lower the guest's ceiling, never raise it */
     nofile = (int64_t)g->nofile;
 
-  if (pipe2(outp, O_CLOEXEC) < 0 || pipe2(errp, O_CLOEXEC) < 0 || pipe2(inp, O_CLOEXEC) < 0 ||
-      pipe2(stp, O_CLOEXEC) < 0) {
+  /* A command given no stdin reads /dev/null (end of file at once, as from a pipe whose
+   * writer closed): one pipe less per command. */
+  bool stdin_pipe = stdin_len > 0 || g->devnull < 0;
+  if (pipe2(outp, O_CLOEXEC) < 0 || pipe2(errp, O_CLOEXEC) < 0 ||
+      (stdin_pipe && pipe2(inp, O_CLOEXEC) < 0)) {
     snprintf(msg, sizeof msg, "exec: pipe: %s", strerror(errno));
     guest_send_error(g, req, errno, msg, false);
     goto out;
@@ -473,13 +456,17 @@ guest_op_exec(guest_t *g, json_object *req, int64_t id)
       .cwd = cwd,
       .argv = argv,
       .envp = envp,
-      .stdin_fd = inp[0],
+      .stdin_fd = stdin_pipe ? inp[0] : g->devnull,
       .stdout_fd = outp[1],
       .stderr_fd = errp[1],
-      .status_fd = stp[1],
       .nofile = (rlim_t)nofile,
       .filter = &g->filter,
+      .guest_session = g->session,
+      .guest_batch = g->batch,
   };
+  char failed[sizeof((job_t *)0)->setup_failed] = "";
+  spec.failed = failed;
+  spec.failed_size = sizeof failed;
   int64_t start = guest_now_ms();
   pid_t pid = guest_worker_spawn(&spec);
   if (pid < 0) {
@@ -499,28 +486,30 @@ guest_op_exec(guest_t *g, json_object *req, int64_t id)
   }
   close(outp[1]);
   close(errp[1]);
-  close(inp[0]);
-  close(stp[1]);
-  outp[1] = errp[1] = inp[0] = stp[1] = -1;
-  /* The status pipe is read when the worker is reaped (guest_finish_job): a set-up that
-   * fails ends the worker (126) before it runs anything, and the reply is then the error. */
+  outp[1] = errp[1] = -1;
+  if (inp[0] >= 0)
+    close(inp[0]);
+  inp[0] = -1;
+  /* A set-up that failed ended the worker (126) before it ran anything: the reply is then
+   * the error, sent when the worker is reaped (guest_finish_job). */
   job_t *j = calloc(1, sizeof *j);
   j->id = id;
   j->pid = pid;
   j->out_fd = outp[0];
   j->err_fd = errp[0];
   j->in_fd = inp[1];
-  j->st_fd = stp[0];
-  outp[0] = errp[0] = inp[1] = stp[0] = -1;
+  snprintf(j->setup_failed, sizeof j->setup_failed, "%s", failed);
+  outp[0] = errp[0] = inp[1] = -1;
   fcntl(j->out_fd, F_SETFL, O_NONBLOCK);
   fcntl(j->err_fd, F_SETFL, O_NONBLOCK);
-  fcntl(j->in_fd, F_SETFL, O_NONBLOCK);
   j->stdin_buf = stdin_data;
   j->stdin_len = stdin_len;
   stdin_data = NULL;
-  if (j->stdin_len == 0) {
+  if (j->in_fd >= 0 && j->stdin_len == 0) {
     close(j->in_fd);
     j->in_fd = -1;
+  } else if (j->in_fd >= 0) {
+    fcntl(j->in_fd, F_SETFL, O_NONBLOCK);
   }
   j->start_ms = start;
   if (g->vm)
@@ -531,7 +520,6 @@ out:
   close_pair(outp);
   close_pair(errp);
   close_pair(inp);
-  close_pair(stp);
   strv_free(argv);
   strv_free(envp);
   free(stdin_data);

@@ -22,6 +22,7 @@
 #include <getopt.h>
 #include <limits.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -284,13 +285,18 @@ loop(guest_t *g)
       guest_shutdown_and_exit(g, 1);
     }
     if (p[1].revents) {
-      struct signalfd_siginfo si;
-      while (read(g->sigfd, &si, sizeof si) == (ssize_t)sizeof si) {
-        if (si.ssi_signo != SIGCHLD) {
-          guest_log("signal %u: shutting down", si.ssi_signo);
-          guest_shutdown_and_exit(g, 0);
+      struct signalfd_siginfo si[8];
+      ssize_t got;
+      /* Every pending signal in one read (a full buffer: read again). */
+      do {
+        got = read(g->sigfd, si, sizeof si);
+        for (ssize_t k = 0; got > 0 && k < got / (ssize_t)sizeof si[0]; k++) {
+          if (si[k].ssi_signo != SIGCHLD) {
+            guest_log("signal %u: shutting down", si[k].ssi_signo);
+            guest_shutdown_and_exit(g, 0);
+          }
         }
-      }
+      } while (got == (ssize_t)sizeof si);
       guest_reap(g);
     }
     if (j && i_out >= 0 && p[i_out].revents)
@@ -562,6 +568,7 @@ main(int argc, char **argv)
 {
   static guest_t g = {.ctl = -1,
                       .sigfd = -1,
+                      .devnull = -1,
                       .uid = 1000,
                       .gid = 1000,
                       .default_timeout_ms = DEFAULT_TIMEOUT_MS,
@@ -637,8 +644,25 @@ main(int argc, char **argv)
 
   /* Nobody may ptrace us or read our fds through /proc, and we never dump core. */
   prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
-  struct rlimit nocore = {0, 0};
-  setrlimit(RLIMIT_CORE, &nocore);
+  /* Limits every worker inherits (soft = hard): set once here, not per command. */
+  const char *which = "";
+  int lr = guest_set_inherited_limits(&which);
+  if (lr < 0) {
+    guest_log("setrlimit(%s): %s", which, strerror(-lr));
+    return 1;
+  }
+  /* Dispositions inherited from whoever started us (SIG_IGN survives execve: a daemon
+   * started under nohup, a CLI run in the background with SIGINT ignored) back to
+   * SIG_DFL, once: a worker then resets only what the guest itself ignores. */
+  for (int sig = 1; sig < NSIG; sig++)
+    if (sig != SIGKILL && sig != SIGSTOP)
+      signal(sig, SIG_DFL); /* EINVAL for the few reserved numbers: ignored */
+  /* SCHED_BATCH: woken by a command's output or its exit, the guest does not preempt the
+   * command (an exiting process closes its stdout, then its stderr, then signals: each
+   * woke the guest in turn, three round trips per command); it runs when the command
+   * sleeps or on another CPU. Each worker goes back to SCHED_OTHER (worker.c). */
+  struct sched_param sp = {0};
+  g.batch = sched_setscheduler(0, SCHED_BATCH, &sp) == 0;
   /* Outside a pid namespace orphans must still come to us so shutdown finds them. */
   if (!g.pid1)
     prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
@@ -652,6 +676,12 @@ main(int argc, char **argv)
   for (int fd = 0; fd < 3; fd++)
     if (fcntl(fd, F_GETFD) < 0 && open("/dev/null", O_RDWR) != fd)
       break;
+  /* A session of our own, without a controlling terminal: the jail's guest is cloned by
+   * the CLI or daemon, whose session may have one (reachable through the sandbox's
+   * /dev/tty). Each worker then only takes a process group of its own in it. */
+  g.session = setsid() >= 0; /* else (a group leader already) each worker makes its own */
+  /* Without it (no /dev/null) each command's stdin is a pipe closed at once. */
+  g.devnull = open("/dev/null", O_RDONLY | O_CLOEXEC);
   if (device) {
     g.ctl = open_device(device);
     if (g.ctl < 0) {
@@ -663,7 +693,8 @@ main(int argc, char **argv)
     return 1;
   }
 
-  signal(SIGPIPE, SIG_IGN);
+  for (size_t i = 0; i < guest_n_ignored_signals; i++)
+    signal(guest_ignored_signals[i], SIG_IGN);
   sigset_t mask;
   sigemptyset(&mask);
   sigaddset(&mask, SIGCHLD);

@@ -26,9 +26,18 @@ typedef struct guest_worker_spec {
   char *const *argv; /* argv[0] is looked up in PATH of envp when it has no '/' */
   char *const *envp;
   int stdin_fd, stdout_fd, stderr_fd;
-  int status_fd;                     /* CLOEXEC pipe: a failure "step: error" is written here */
+  /* A failed set-up's "step: error", written by the child into the caller's memory (they
+   * share it until the child's execve: CLONE_VM), as posix_spawn reports its errno; left
+   * empty when the command was exec'd. */
+  char *failed;
+  size_t failed_size;
   rlim_t nofile;                     /* RLIMIT_NOFILE soft and hard */
   const struct guest_filter *filter; /* installed last, after no_new_privs (or inherited) */
+  /* The guest leads a session of its own, without a controlling terminal: the worker
+   * takes a process group of its own in it (setpgid) instead of a session (setsid, which
+   * also makes a scheduler autogroup per command). */
+  bool guest_session;
+  bool guest_batch; /* the guest runs SCHED_BATCH: the worker goes back to SCHED_OTHER */
 } guest_worker_spec_t;
 
 /* The worker's seccomp filter, compiled once per guest: libseccomp builds the rules and
@@ -58,9 +67,21 @@ int guest_seccomp_install(const struct sock_fprog *prog);
  * untouched: the set only bounds what an execve() could grant. 0 or -errno. */
 int guest_drop_bounding_set(void);
 
+/* Signals the guest ignores (SIG_IGN survives execve, so every worker puts these back to
+ * SIG_DFL). The guest resets every other disposition it inherited at start-up and sets no
+ * handler (it reads signals from a signalfd), so these are all a worker must reset. */
+extern const int guest_ignored_signals[];
+extern const size_t guest_n_ignored_signals;
+
+/* Resource limits the guest sets on itself at start-up, soft = hard, so every worker
+ * inherits them and cannot raise them (see worker.c): RLIMIT_CORE 0, RLIMIT_SIGPENDING and
+ * RLIMIT_MSGQUEUE small. 0 or -errno with *which naming the limit. */
+int guest_set_inherited_limits(const char **which);
+
 /* In the forked child: new session, fds, rlimits, oom_score_adj, every capability dropped,
  * uid/gid switched, no_new_privs, seccomp, exec. Never returns: on any failure it writes
- * "step: strerror" to status_fd and _exit(126)s, so a half-dropped child never runs code. */
+ * "step: strerror" to spec->failed and _exit(126)s, so a half-dropped child never runs
+ * code. */
 __attribute__((noreturn)) void guest_worker_exec(const guest_worker_spec_t *spec);
 /* Starts a child that runs guest_worker_exec(spec) (clone with CLONE_VM | CLONE_VFORK: the
  * caller resumes once the child has exec'd or exited; spec must stay valid until then, as
@@ -96,10 +117,9 @@ typedef struct job {
   bool reaped;
   int status;
   int out_fd, err_fd, in_fd; /* guest ends; -1 once closed */
-  /* The worker set-up's status pipe: closed by its execve (CLOEXEC), or carrying the step
-   * that failed. Read once the worker is reaped (its write end is closed by then), not
-   * waited for after fork: a command then wakes the guest once less. */
-  int st_fd;
+  /* The step at which the worker's set-up failed ("" when it exec'd the command): known
+   * when the spawn returns, reported (as an error reply) when the worker is reaped. */
+  char setup_failed[256];
   unsigned char *stdin_buf;
   size_t stdin_len, stdin_off;
   int64_t start_ms, deadline_ms;
@@ -115,6 +135,8 @@ typedef struct guest {
   eph_frame_reader_t rd;
   int sigfd;
   bool pid1, vm;
+  bool session; /* leader of a session without a terminal (setsid at start-up) */
+  bool batch;   /* SCHED_BATCH (see main) */
   uid_t uid;
   gid_t gid;
   char rundir[PATH_MAX];
@@ -124,6 +146,7 @@ typedef struct guest {
   uint32_t default_timeout_ms;
   rlim_t nofile;
   guest_filter_t filter;
+  int devnull; /* /dev/null, read-only: the stdin of a command given none (-1: a pipe) */
   job_t *job;
   unsigned char chunk[EPH_PROTO_OUTPUT_CHUNK_BYTES];
 } guest_t;

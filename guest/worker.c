@@ -1,22 +1,31 @@
 /* Turning a forked child of the guest into the worker: the order is written out plainly,
  * as in bubblewrap, and every step that fails stops the child before exec.
  *
- *   1. new session (its own process group: timeouts kill the whole group)
+ *   1. its own process group (timeouts kill the whole group): in the guest's session,
+ *      which has no controlling terminal (the guest left any at start-up), or else a new
+ *      session (so no terminal of the host's is ever reachable through /dev/tty)
  *   2. stdin/stdout/stderr onto the pipes, every other descriptor closed (the control
  *      stream is never inherited)
- *   3. signal mask and dispositions back to defaults (the guest ignores SIGPIPE)
- *   4. rlimits: RLIMIT_NOFILE from the request, RLIMIT_CORE 0, RLIMIT_SIGPENDING and
- *      RLIMIT_MSGQUEUE small (host-wide per-user counts, below)
+ *   3. signal mask and dispositions back to defaults (the guest ignores SIGPIPE; it reset
+ *      every other disposition at start-up and sets no handler); the scheduling policy
+ *      back to SCHED_OTHER (the guest's SCHED_BATCH is inherited)
+ *   4. rlimits: RLIMIT_NOFILE from the request; RLIMIT_CORE 0, RLIMIT_SIGPENDING and
+ *      RLIMIT_MSGQUEUE small are the guest's own, inherited (set once at start-up, soft =
+ *      hard: host-wide per-user counts, below)
  *   5. oom_score_adj 1000: the kernel kills worker processes first, never the guest
- *   6. bounding set emptied (the guest empties its own at start-up: the worker inherits it
- *      empty and checks), ambient set cleared
+ *   6. bounding set empty: the guest emptied its own at start-up and a bounding set only
+ *      ever shrinks (PR_CAPBSET_DROP is the one operation on it), so the worker's, inherited,
+ *      is empty; ambient set cleared
  *   7. supplementary groups cleared, gid then uid switched to the worker (which empties
  *      the permitted and effective sets), capset() with empty sets to be explicit
  *   8. chdir to the working directory, as the worker (its permissions apply)
  *   9. PR_SET_NO_NEW_PRIVS, then the seccomp filter (compiled once per guest; in the jail
- *      installed on the guest itself, so inherited at fork and already in force: see
- *      guest_worker_exec)
+ *      installed on the guest itself, with no_new_privs, so inherited at fork and already
+ *      in force: see guest_worker_exec)
  *  10. execve
+ *
+ * A failed step is written into the guest's memory (spec->failed; the child shares it
+ * until execve), as posix_spawn reports its errno: no status pipe per command.
  */
 #include <config.h>
 
@@ -253,15 +262,44 @@ guest_seccomp_install(const struct sock_fprog *prog)
 }
 
 __attribute__((noreturn)) static void
-die(int status_fd, const char *step, int err)
+die(const guest_worker_spec_t *spec, const char *step, int err)
 {
-  char msg[256];
-  int n = snprintf(msg, sizeof msg, "%s: %s", step, strerror(err));
-  if (n > 0) {
-    ssize_t w = write(status_fd, msg, (size_t)n < sizeof msg ? (size_t)n : sizeof msg - 1);
-    (void)w;
-  }
+  /* The parent sleeps until this child exits (CLONE_VFORK) and reads the message then. */
+  snprintf(spec->failed, spec->failed_size, "%s: %s", step, strerror(err));
   _exit(126);
+}
+
+const int guest_ignored_signals[] = {SIGPIPE};
+const size_t guest_n_ignored_signals =
+    sizeof guest_ignored_signals / sizeof guest_ignored_signals[0];
+
+int
+guest_set_inherited_limits(const char **which)
+{
+  /* Queued signals and POSIX message queue bytes are counted per user at every level of
+   * the user-namespace tree; on a shared kernel (the jail) the host's level is the uid that
+   * created the sandbox, the daemon's, so without these one sandbox exhausts that uid's
+   * quota host-wide (sigqueue and timer_create then fail with EAGAIN, mq_open with EMFILE,
+   * in the daemon and in every other sandbox). Signals the kernel or kill(2) sends are never
+   * refused for it (the guest's SIGCHLD and SIGTERM included); message queues are not a
+   * shell tool's business, nor the guest's. Soft = hard: no worker can raise them back. */
+  static const struct {
+    int resource;
+    rlim_t value;
+    const char *name;
+  } limits[] = {
+      {RLIMIT_CORE, 0, "RLIMIT_CORE"},
+      {RLIMIT_SIGPENDING, GUEST_WORKER_SIGPENDING, "RLIMIT_SIGPENDING"},
+      {RLIMIT_MSGQUEUE, 0, "RLIMIT_MSGQUEUE"},
+  };
+  for (size_t i = 0; i < sizeof limits / sizeof limits[0]; i++) {
+    struct rlimit rl = {limits[i].value, limits[i].value};
+    if (setrlimit(limits[i].resource, &rl) < 0) {
+      *which = limits[i].name;
+      return -errno;
+    }
+  }
+  return 0;
 }
 
 int
@@ -371,91 +409,79 @@ exec_in_path(char *const *argv, char *const *envp)
 void
 guest_worker_exec(const guest_worker_spec_t *spec)
 {
-  int sfd = spec->status_fd;
+  if (spec->guest_session ? setpgid(0, 0) < 0 : setsid() < 0)
+    die(spec, spec->guest_session ? "setpgid" : "setsid", errno);
 
-  if (setsid() < 0)
-    die(sfd, "setsid", errno);
-
-  /* Move every fd we keep above 2 first so dup2() never clobbers one of them. */
-  int in = fcntl(spec->stdin_fd, F_DUPFD_CLOEXEC, 10);
-  int out = fcntl(spec->stdout_fd, F_DUPFD_CLOEXEC, 10);
-  int errfd = fcntl(spec->stderr_fd, F_DUPFD_CLOEXEC, 10);
-  int st = fcntl(sfd, F_DUPFD_CLOEXEC, 10);
-  if (in < 0 || out < 0 || errfd < 0 || st < 0)
-    die(sfd, "dup", errno);
-  sfd = st;
+  /* The guest keeps 0..2 open, so the pipes it made are above 2 and dup2() onto 0, 1, 2
+   * cannot clobber one another. Were one below 3, each is first moved above 9. */
+  int in = spec->stdin_fd, out = spec->stdout_fd, errfd = spec->stderr_fd;
+  if (in < 3 || out < 3 || errfd < 3) {
+    in = fcntl(in, F_DUPFD_CLOEXEC, 10);
+    out = fcntl(out, F_DUPFD_CLOEXEC, 10);
+    errfd = fcntl(errfd, F_DUPFD_CLOEXEC, 10);
+    if (in < 0 || out < 0 || errfd < 0)
+      die(spec, "dup", errno);
+  }
   if (dup2(in, 0) < 0 || dup2(out, 1) < 0 || dup2(errfd, 2) < 0)
-    die(sfd, "dup2", errno);
-  if (dup3(st, 3, O_CLOEXEC) < 0)
-    die(sfd, "dup3", errno);
-  sfd = 3;
-  if (close_range(4, ~0U, 0) < 0)
-    die(sfd, "close_range", errno);
+    die(spec, "dup2", errno);
+  if (close_range(3, ~0U, 0) < 0)
+    die(spec, "close_range", errno);
 
   sigset_t none;
   sigemptyset(&none);
   if (sigprocmask(SIG_SETMASK, &none, NULL) < 0)
-    die(sfd, "sigprocmask", errno);
-  for (int sig = 1; sig < NSIG; sig++)
-    if (sig != SIGKILL && sig != SIGSTOP)
-      signal(sig, SIG_DFL); /* EINVAL for the few reserved numbers: ignored */
+    die(spec, "sigprocmask", errno);
+  for (size_t i = 0; i < guest_n_ignored_signals; i++)
+    if (signal(guest_ignored_signals[i], SIG_DFL) == SIG_ERR)
+      die(spec, "signal", errno);
+
+  struct sched_param sp = {0};
+  if (spec->guest_batch && sched_setscheduler(0, SCHED_OTHER, &sp) < 0)
+    die(spec, "sched_setscheduler(SCHED_OTHER)", errno);
 
   struct rlimit nofile = {spec->nofile, spec->nofile};
-  struct rlimit nocore = {0, 0};
   if (setrlimit(RLIMIT_NOFILE, &nofile) < 0)
-    die(sfd, "setrlimit(RLIMIT_NOFILE)", errno);
-  if (setrlimit(RLIMIT_CORE, &nocore) < 0)
-    die(sfd, "setrlimit(RLIMIT_CORE)", errno);
-  /* Queued signals and POSIX message queue bytes are counted per user at every level of
-   * the user-namespace tree; on a shared kernel (the jail) the host's level is the uid that
-   * created the sandbox, the daemon's, so without these one sandbox exhausts that uid's
-   * quota host-wide (sigqueue and timer_create then fail with EAGAIN, mq_open with EMFILE,
-   * in the daemon and in every other sandbox). Signals the kernel or kill(2) sends are never
-   * refused for it; message queues are not a shell tool's business. Soft = hard: the worker
-   * cannot raise them back. */
-  struct rlimit sigpending = {GUEST_WORKER_SIGPENDING, GUEST_WORKER_SIGPENDING};
-  struct rlimit nomsgqueue = {0, 0};
-  if (setrlimit(RLIMIT_SIGPENDING, &sigpending) < 0)
-    die(sfd, "setrlimit(RLIMIT_SIGPENDING)", errno);
-  if (setrlimit(RLIMIT_MSGQUEUE, &nomsgqueue) < 0)
-    die(sfd, "setrlimit(RLIMIT_MSGQUEUE)", errno);
+    die(spec, "setrlimit(RLIMIT_NOFILE)", errno);
 
   /* Raising oom_score_adj needs no privilege. Without /proc (an odd backend) the worker
    * still runs, only the OOM preference is lost. */
   int oom = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
   if (oom >= 0) {
     if (write(oom, "1000", 4) != 4)
-      die(sfd, "oom_score_adj", errno);
+      die(spec, "oom_score_adj", errno);
     close(oom);
   } else if (errno != ENOENT) {
-    die(sfd, "open(/proc/self/oom_score_adj)", errno);
+    die(spec, "open(/proc/self/oom_score_adj)", errno);
   }
 
-  int r = guest_drop_bounding_set();
-  if (r < 0)
-    die(sfd, "dropping the capability bounding set", -r);
+  if (prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) < 0 && errno != EINVAL)
+    die(spec, "clearing the ambient capability set", errno);
   if (setgroups(0, NULL) < 0)
-    die(sfd, "setgroups", errno);
+    die(spec, "setgroups", errno);
   if (setresgid(spec->gid, spec->gid, spec->gid) < 0)
-    die(sfd, "setresgid", errno);
+    die(spec, "setresgid", errno);
   if (setresuid(spec->uid, spec->uid, spec->uid) < 0)
-    die(sfd, "setresuid", errno);
+    die(spec, "setresuid", errno);
+  int r;
   if ((r = clear_capability_sets()) < 0)
-    die(sfd, "capset", -r);
+    die(spec, "capset", -r);
   if (spec->uid != 0 && (setuid(0) == 0 || seteuid(0) == 0))
-    die(sfd, "uid switch did not stick", EPERM);
+    die(spec, "uid switch did not stick", EPERM);
 
   if (chdir(spec->cwd) < 0)
-    die(sfd, "chdir", errno);
+    die(spec, "chdir", errno);
 
-  if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0)
-    die(sfd, "PR_SET_NO_NEW_PRIVS", errno);
-  /* In the jail the filter was installed on the guest before its first command and came
-   * with fork(): the same program, in force from this child's first instruction, so the
-   * steps above ran under it too (it refuses none of them). Installing it again would
-   * stack a second copy and pay the kernel's BPF check and JIT per command. */
-  if (!spec->filter->on_guest && (r = guest_seccomp_install(&spec->filter->prog)) < 0)
-    die(sfd, "seccomp", -r);
+  /* In the jail the filter was installed on the guest before its first command, after
+   * no_new_privs, and came with fork(): the same program, in force from this child's first
+   * instruction, so the steps above ran under it too (it refuses none of them), and
+   * no_new_privs (which nothing can unset) with it. Installing it again would stack a second
+   * copy and pay the kernel's BPF check and JIT per command. */
+  if (!spec->filter->on_guest) {
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0)
+      die(spec, "PR_SET_NO_NEW_PRIVS", errno);
+    if ((r = guest_seccomp_install(&spec->filter->prog)) < 0)
+      die(spec, "seccomp", -r);
+  }
 
   /* The worker's own PATH decides what runs, never the guest's (possibly none as PID 1). */
   exec_in_path(spec->argv, spec->envp);

@@ -207,6 +207,52 @@ test_events_since(void **st)
       json_object_get_int(json_object_object_get(json_object_array_get_idx(two, 1), "seq")), 4);
 }
 
+/* A batch of events (core/evqueue.c's commit): one transaction, all of it or none; on
+ * PostgreSQL, which stores (and announces) each event as it comes, no batch at all. */
+static void
+test_events_batch(void **st)
+{
+  fixture_t *f = *st;
+  eph_error_t err = {0};
+  cleanup_json json_object *req = request("p");
+  assert_int_equal(eph_store_run_insert(f->store, "run_b", "acme", "running", 1, req, false, &err),
+                   0);
+  eph_store_event_t evs[3] = {
+      {.seq = 1,
+       .t_ms = 10,
+       .source = "Shell",
+       .kind = "tool_call",
+       .text = "$ true",
+       .data_json = "{\"n\":1}"},
+      {.seq = 2, .t_ms = 20, .source = "Shell", .kind = "tool_result", .text = NULL},
+      {.seq = 3, .t_ms = 30, .source = "Shell", .kind = "tool_call", .text = "$ false"},
+  };
+  if (f->pg) {
+    assert_false(eph_store_groups_events(f->store));
+    assert_int_equal(eph_store_events_append(f->store, "run_b", evs, 3, &err), -ENOTSUP);
+    return;
+  }
+  assert_true(eph_store_groups_events(f->store));
+  assert_int_equal(eph_store_events_append(f->store, "run_b", evs, 3, &err), 0);
+  /* Seq 4 is new, 2 is stored already: the whole batch is refused, 4 is not stored. */
+  eph_store_event_t dup[2] = {
+      {.seq = 4, .t_ms = 40, .source = "Shell", .kind = "tool_result", .text = "ok"},
+      {.seq = 2, .t_ms = 50, .source = "Shell", .kind = "tool_result", .text = "again"},
+  };
+  assert_int_equal(eph_store_events_append(f->store, "run_b", dup, 2, &err), -EEXIST);
+  assert_int_equal(eph_store_events_append(f->store, "run_nobody", evs, 1, &err), -ENOENT);
+  eph_store_event_t bad = {.seq = 5, .source = "", .kind = "x"};
+  assert_int_equal(eph_store_events_append(f->store, "run_b", &bad, 1, &err), -EINVAL);
+  cleanup_json json_object *all = NULL;
+  assert_int_equal(eph_store_events_since(f->store, "run_b", -1, 0, &all, &err), 0);
+  assert_int_equal(json_object_array_length(all), 3);
+  json_object *e1 = json_object_array_get_idx(all, 0), *e2 = json_object_array_get_idx(all, 1);
+  assert_int_equal(
+      json_object_get_int(json_object_object_get(json_object_object_get(e1, "data"), "n")), 1);
+  assert_string_equal(json_object_get_string(json_object_object_get(e2, "text")), "");
+  assert_false(json_object_object_get_ex(e2, "data", NULL));
+}
+
 /* ---------------------------------------------------------------- idempotency */
 
 static void
@@ -629,6 +675,7 @@ main(void)
       cmocka_unit_test_setup_teardown(test_keys, setup, teardown),
       cmocka_unit_test_setup_teardown(test_runs_and_cursor, setup, teardown),
       cmocka_unit_test_setup_teardown(test_events_since, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_events_batch, setup, teardown),
       cmocka_unit_test_setup_teardown(test_idempotency_same_and_different_body, setup, teardown),
       cmocka_unit_test_setup_teardown(test_idempotency_concurrent_claims, setup, teardown),
       cmocka_unit_test_setup_teardown(test_idempotency_across_connections, setup, teardown),

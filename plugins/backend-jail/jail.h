@@ -185,12 +185,30 @@ typedef enum jail_op_kind {
   JAIL_OP_FILE = 5,       /* write data to target, mode 0644 */
   JAIL_OP_OVERLAY_RO = 6, /* read-only overlay of host directory source on target (data: its
                            * mount options): the sandbox gets inodes of its own */
+  /* The entry source (relative) of group `group`'s overlay bound on target (dir or file), as
+   * its overlay made it: read-only, nosuid, nodev. When that overlay could not be mounted:
+   * an overlay of its own (data: its options) for a directory, a read-only bind of the host
+   * file target otherwise. */
+  JAIL_OP_GROUP_BIND = 7,
 } jail_op_kind_t;
+
+/* One read-only overlay of a host directory (/usr, /etc) per sandbox, from which that
+ * directory's entries are bound (JAIL_OP_GROUP_BIND): their inodes are the sandbox's own,
+ * as with one overlay per entry, but the sandbox's teardown frees one overlay per group, and
+ * each freed overlay waits for an RCU grace period. It is mounted in a small tmpfs on the
+ * new root's mount point before the root itself is mounted over it (setup.c mount_groups),
+ * so it is never reachable in the sandbox: it leaves with the host's mounts at pivot_root. */
+#define JAIL_MAX_GROUPS 2
+typedef struct jail_group {
+  char name[8];   /* the host directory without its '/' ("usr"), its place in the tmpfs */
+  char opts[160]; /* overlay options: lowerdir=/usr:<newroot>/.empty */
+} jail_group_t;
 
 typedef struct jail_op {
   jail_op_kind_t kind;
   bool is_dir;        /* for binds: the source is a directory */
   unsigned long keep; /* for binds: MS_* flags of the source mount that must be kept */
+  int group;          /* JAIL_OP_GROUP_BIND: index into plan->groups */
   char *source;       /* host path or symlink text; owned */
   char *target;       /* path inside the new root, absolute ("/usr"); owned */
   char *data;         /* JAIL_OP_FILE content; owned */
@@ -202,8 +220,10 @@ typedef struct jail_plan {
   size_t n_ops;
   char *newroot; /* where the root tmpfs is mounted in the child's mount ns */
   char *hostname;
+  jail_group_t groups[JAIL_MAX_GROUPS];
+  size_t n_groups;
   uint32_t shm_bytes;
-  unsigned char lo_msg[256]; /* RTM_NEWLINK "lo up" built once with libnl's rtnl_link */
+  unsigned char lo_msg[256]; /* RTM_NEWLINK "lo up", built once (plan.c) */
   size_t lo_msg_bytes;
 } jail_plan_t;
 

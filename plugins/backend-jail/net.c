@@ -81,7 +81,7 @@ jail_net_setup(const eph_sandbox_spec_t *spec, int go_fd, int64_t deadline_ms, e
     r = eph_proxy_listen(sk, fds[1], LO_IFINDEX, "lo", 32, spec->proxy_url, err);
   if (r == 0)
     r = spec->proxy_attach(spec->proxy_ctx, fds[1], err);
-  nl_socket_free(sk);
+  eph_nl_sock_free(sk);
   close(fds[1]);
   return r;
 }

@@ -1,10 +1,8 @@
-/* backend-jail: the new root and the cloned child's set-up, in plain order.
+/* backend-jail: the cloned child's set-up of the new root, in plain order.
  *
- * jail_plan_build() runs once at init: it decides every mount, symlink and file of the new
- * root (/usr holds only the `usr_binds` entries; the host's /bin, /lib.. are usrmerge
- * symlinks on Debian 12, so they are recreated as symlinks; a real directory is bound
- * read-only) and builds the netlink "lo up" message with
- * libnl's rtnl_link API. jail_child_main() is what the child runs after clone(); it is a
+ * jail_plan_build() (plan.c) runs once at init: it decides every mount, symlink and file of
+ * the new root and builds the netlink "lo up" message. jail_child_main() is what the child
+ * runs after clone(); it is a
  * fork of a possibly multi-threaded host, so it only does system calls on memory prepared
  * before the clone (no malloc, no stdio, no locks). Each step names itself so a failure
  * reads "mount proc on /proc: Operation not permitted".
@@ -19,8 +17,9 @@
  *   4. unshare(CLONE_NEWTIME) with offsets: the guest's children see clocks that start at
  *      zero (new_clocks)
  *   5. make every mount private: nothing propagates back to the host
- *   6. mount the root tmpfs; build /usr (the usr_binds list), /bin.., /etc, /dev from the
- *      plan
+ *   6. one read-only overlay of /usr and one of /etc in a small tmpfs at the root's mount
+ *      point (mount_groups); mount the root tmpfs over it; build /usr (the usr_binds list,
+ *      bound from the /usr overlay), /bin.., /etc, /dev from the plan
  *   7. /proc (this pid namespace's, host identifiers masked: mask_proc; per-user limits of
  *      inotify and fanotify: user_limits), /dev/pts (new instance, max= ptys), /dev/shm
  *      and /tmp tmpfs (size = scratch limit: a full disk is ENOSPC, not an OOM kill)
@@ -57,304 +56,18 @@
 #include <time.h>
 #include <unistd.h>
 
-#include <netlink/netlink.h>
-#include <netlink/route/link.h>
-
 #include "jail.h"
 #include "support/netns.h"
 
-/* ------------------------------------------------------------ the plan (at init) */
-
-static int
-add_op(jail_plan_t *p, jail_op_kind_t kind, const char *source, const char *target,
-       const char *data, eph_error_t *err)
-{
-  jail_op_t *ops = realloc(p->ops, (p->n_ops + 1) * sizeof *ops);
-  if (!ops)
-    return eph_error_set(err, ENOMEM, "set-up plan: out of memory");
-  p->ops = ops;
-  jail_op_t *o = &ops[p->n_ops];
-  memset(o, 0, sizeof *o);
-  o->kind = kind;
-  o->source = source ? strdup(source) : NULL;
-  o->target = strdup(target);
-  if (data) {
-    o->data = strdup(data);
-    o->bytes = strlen(data);
-  }
-  if ((source && !o->source) || !o->target || (data && !o->data)) {
-    free(o->source);
-    free(o->target);
-    free(o->data);
-    return eph_error_set(err, ENOMEM, "set-up plan: out of memory");
-  }
-  p->n_ops++;
-  return 0;
-}
-
-/* Mount flags of the host mount holding path that a user namespace may not clear
- * (they are locked on mounts inherited from a more privileged namespace). */
-static unsigned long
-locked_flags(const char *path)
-{
-  struct statvfs sv;
-  unsigned long f = 0;
-  if (statvfs(path, &sv) < 0)
-    return 0;
-  if (sv.f_flag & ST_NOSUID)
-    f |= MS_NOSUID;
-  if (sv.f_flag & ST_NODEV)
-    f |= MS_NODEV;
-  if (sv.f_flag & ST_NOEXEC)
-    f |= MS_NOEXEC;
-  if (sv.f_flag & ST_NOATIME)
-    f |= MS_NOATIME;
-  if (sv.f_flag & ST_NODIRATIME)
-    f |= MS_NODIRATIME;
-  if (sv.f_flag & ST_RELATIME)
-    f |= MS_RELATIME;
-  return f;
-}
-
-/* Adds host `path` to the new root at the same place: a symlink is recreated with the same
- * text, a directory or file is bound read-only; a missing path is skipped. */
-static int
-add_host_path(jail_plan_t *p, const char *path, eph_error_t *err)
-{
-  struct stat st;
-  if (lstat(path, &st) < 0)
-    return 0;
-  if (S_ISLNK(st.st_mode)) {
-    char text[4096];
-    ssize_t n = readlink(path, text, sizeof text - 1);
-    if (n < 0)
-      return eph_error_set(err, errno, "readlink %s: %s", path, strerror(errno));
-    text[n] = '\0';
-    return add_op(p, JAIL_OP_SYMLINK, text, path, NULL, err);
-  }
-  if (!S_ISDIR(st.st_mode) && !S_ISREG(st.st_mode))
-    return 0;
-  /* A directory is an overlay, not a bind: a bind shares the host's inodes, and an inotify
-   * watch on them (IN_OPEN on /usr/bin) reports every program the host and every other
-   * sandbox runs, as it runs. An overlay's inodes are its own: only the sandbox's own
-   * accesses reach its watches. Read-only overlays need two lower layers; the second is an
-   * empty directory of the new root. A path the option syntax cannot carry is bound. */
-  if (S_ISDIR(st.st_mode) && !strpbrk(path, ":,\\")) {
-    char opts[8300];
-    snprintf(opts, sizeof opts, "lowerdir=%s:%s" JAIL_OVERLAY_EMPTY, path, p->newroot);
-    return add_op(p, JAIL_OP_OVERLAY_RO, path, path, opts, err);
-  }
-  if (add_op(p, JAIL_OP_BIND_RO, path, path, NULL, err) < 0)
-    return -err->code;
-  p->ops[p->n_ops - 1].is_dir = S_ISDIR(st.st_mode);
-  p->ops[p->n_ops - 1].keep = locked_flags(path);
-  return 0;
-}
-
-/* Small loopback packets. A TCP socket may always queue one packet past its cgroup's TCP
- * limit (the kernel forces the charge so a connection never stalls for good: sndbuf
- * moderation, the first skb of an empty receive queue), and on lo a packet is a 64 KiB GSO
- * super-packet by default: thousands of connections on the sandbox's own loopback then pin
- * hundreds of MiB of host TCP memory past memory.kmem.tcp.limit_in_bytes. With an
- * Ethernet-sized MTU and GSO limit the forced part is a few KiB per socket, less than the
- * socket itself costs in the memory limit, so the memory limit bounds it. */
-#define JAIL_LO_MTU 1500
-#define JAIL_LO_GSO_MAX_BYTES 4096
-
-/* The message `ip link set lo up` sends, built with libnl's route API. lo is ifindex 1 in
- * every new network namespace (net/core/dev.c: loopback registers first). */
-static int
-build_lo_up(jail_plan_t *p, eph_error_t *err)
-{
-  struct rtnl_link *orig = rtnl_link_alloc(), *change = rtnl_link_alloc();
-  struct nl_msg *msg = NULL;
-  int r = -1;
-  if (orig && change) {
-    rtnl_link_set_ifindex(orig, 1);
-    rtnl_link_set_flags(change, IFF_UP);
-    rtnl_link_set_mtu(change, JAIL_LO_MTU);
-    r = rtnl_link_build_change_request(orig, change, 0, &msg);
-    /* libnl has no setter for the GSO limit: the attribute is appended to its message. */
-    if (r >= 0 && msg)
-      r = nla_put_u32(msg, IFLA_GSO_MAX_SIZE, JAIL_LO_GSO_MAX_BYTES);
-  }
-  if (r < 0 || !msg) {
-    rtnl_link_put(orig);
-    rtnl_link_put(change);
-    return eph_error_set(err, ENOMEM, "building the loopback netlink request: %s", nl_geterror(r));
-  }
-  struct nlmsghdr *h = nlmsg_hdr(msg);
-  h->nlmsg_flags |= NLM_F_REQUEST | NLM_F_ACK;
-  h->nlmsg_seq = 1;
-  h->nlmsg_pid = 0;
-  if (h->nlmsg_len > sizeof p->lo_msg)
-    r = -1;
-  else
-    memcpy(p->lo_msg, h, h->nlmsg_len);
-  p->lo_msg_bytes = h->nlmsg_len;
-  nlmsg_free(msg);
-  rtnl_link_put(orig);
-  rtnl_link_put(change);
-  if (r < 0)
-    return eph_error_set(err, E2BIG, "loopback netlink request too large");
-  return 0;
-}
-
-static const char etc_passwd[] = "root:x:0:0:root:/root:/bin/sh\n"
-                                 "worker:x:1000:1000:worker:/tmp:/bin/sh\n"
-                                 "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n";
-static const char etc_group[] = "root:x:0:\ntty:x:5:\nworker:x:1000:\nnogroup:x:65534:\n";
-/* Files only: with no resolv.conf and no dns source there is no name resolution at all. */
-static const char etc_nsswitch[] = "passwd: files\ngroup: files\nshadow: files\n"
-                                   "hosts: files\nnetworks: files\nprotocols: files\n"
-                                   "services: files\nethers: files\nrpc: files\n";
-static const char etc_hosts[] = "127.0.0.1\tlocalhost\n::1\tlocalhost\n";
-
-int
-jail_usr_bind_check(const char *entry, eph_error_t *err)
-{
-  size_t n = entry ? strlen(entry) : 0;
-  bool bad =
-      n == 0 || n > 200 || entry[0] == '/' || entry[n - 1] == '/' || strstr(entry, "//") != NULL;
-  /* No "." or ".." component anywhere: the bind stays under /usr. */
-  for (const char *c = entry; !bad && c && *c; c = strchr(c, '/') ? strchr(c, '/') + 1 : NULL) {
-    size_t len = strcspn(c, "/");
-    bad = (len == 1 && c[0] == '.') || (len == 2 && c[0] == '.' && c[1] == '.');
-  }
-  if (bad)
-    return eph_error_set(err, EPH_E_CONFIG,
-                         "usr_binds: '%s' is not a relative path under /usr "
-                         "(no leading or trailing '/', no '.' or '..')",
-                         entry ? entry : "");
-  /* Configuration lives in /usr/local/etc (a default `make install` of ephemeral puts its
-   * own there) and, on some systems, /usr/etc: never bound, nor any parent of them. */
-  static const char *const forbidden[] = {"local/etc", "etc", NULL};
-  for (size_t i = 0; forbidden[i]; i++) {
-    size_t fl = strlen(forbidden[i]);
-    bool under = strncmp(entry, forbidden[i], fl) == 0 && (entry[fl] == '\0' || entry[fl] == '/');
-    bool parent = strncmp(forbidden[i], entry, n) == 0 && forbidden[i][n] == '/';
-    if (under || parent)
-      return eph_error_set(err, EPH_E_CONFIG,
-                           "usr_binds: '%s' would expose /usr/%s (host "
-                           "configuration): refused",
-                           entry, forbidden[i]);
-  }
-  return 0;
-}
-
-/* /usr/<entry> with each missing parent directory made first ("local/bin" needs /usr/local). */
-static int
-add_usr_entry(jail_plan_t *p, const char *entry, eph_error_t *err)
-{
-  char path[4096];
-  snprintf(path, sizeof path, "/usr/%s", entry);
-  for (char *s = path + 5; (s = strchr(s, '/')); s++) {
-    *s = '\0';
-    int r = add_op(p, JAIL_OP_DIR, NULL, path, NULL, err);
-    *s = '/';
-    if (r < 0)
-      return r;
-  }
-  return add_host_path(p, path, err);
-}
-
-int
-jail_plan_build(jail_plan_t *p, const char *hostname, uint64_t shm_bytes,
-                const char *const *usr_binds, const char *const *etc_binds, eph_error_t *err)
-{
-  memset(p, 0, sizeof *p);
-  /* The child's private copy of the host /tmp is covered by the root tmpfs; the host's own
-   * /tmp is untouched (the mount happens in the child's mount namespace only). */
-  p->newroot = strdup("/tmp");
-  p->hostname = strdup(hostname);
-  p->shm_bytes = (uint32_t)shm_bytes;
-  if (!p->newroot || !p->hostname)
-    goto oom;
-
-  /* The empty second lower layer of every read-only overlay (add_host_path). */
-  if (add_op(p, JAIL_OP_DIR, NULL, JAIL_OVERLAY_EMPTY, NULL, err) < 0)
-    goto fail;
-  /* /usr is built from the explicit list, never bound whole: the host's /usr/local (and
-   * the /usr/local/etc of a default install), /usr/include, /usr/src stay out. */
-  if (add_op(p, JAIL_OP_DIR, NULL, "/usr", NULL, err) < 0)
-    goto fail;
-  for (size_t i = 0; usr_binds && usr_binds[i]; i++)
-    if (jail_usr_bind_check(usr_binds[i], err) < 0 || add_usr_entry(p, usr_binds[i], err) < 0)
-      goto fail;
-  static const char *const top[] = {"/bin", "/sbin", "/lib", "/lib64", NULL};
-  for (size_t i = 0; top[i]; i++)
-    if (add_host_path(p, top[i], err) < 0)
-      goto fail;
-
-  if (add_op(p, JAIL_OP_DIR, NULL, "/etc", NULL, err) < 0 ||
-      add_op(p, JAIL_OP_FILE, NULL, "/etc/passwd", etc_passwd, err) < 0 ||
-      add_op(p, JAIL_OP_FILE, NULL, "/etc/group", etc_group, err) < 0 ||
-      add_op(p, JAIL_OP_FILE, NULL, "/etc/nsswitch.conf", etc_nsswitch, err) < 0 ||
-      add_op(p, JAIL_OP_FILE, NULL, "/etc/hosts", etc_hosts, err) < 0)
-    goto fail;
-  char hn[300];
-  snprintf(hn, sizeof hn, "%s\n", hostname);
-  if (add_op(p, JAIL_OP_FILE, NULL, "/etc/hostname", hn, err) < 0)
-    goto fail;
-  for (size_t i = 0; etc_binds && etc_binds[i]; i++) {
-    char path[4096];
-    if (strchr(etc_binds[i], '/') || !strcmp(etc_binds[i], "..") || !strcmp(etc_binds[i], ".") ||
-        !strcmp(etc_binds[i], "resolv.conf") || !strcmp(etc_binds[i], "hosts")) {
-      eph_error_set(err, EPH_E_CONFIG,
-                    "etc_binds: '%s' is not allowed (a plain /etc entry "
-                    "other than resolv.conf and hosts)",
-                    etc_binds[i]);
-      goto fail;
-    }
-    snprintf(path, sizeof path, "/etc/%s", etc_binds[i]);
-    if (add_host_path(p, path, err) < 0)
-      goto fail;
-  }
-
-  if (add_op(p, JAIL_OP_DIR, NULL, "/dev", NULL, err) < 0)
-    goto fail;
-  static const char *const devs[] = {"null", "zero", "full", "random", "urandom", "tty", NULL};
-  for (size_t i = 0; devs[i]; i++) {
-    char path[64];
-    snprintf(path, sizeof path, "/dev/%s", devs[i]);
-    if (add_op(p, JAIL_OP_BIND_DEV, path, path, NULL, err) < 0)
-      goto fail;
-    p->ops[p->n_ops - 1].keep = locked_flags(path);
-  }
-  if (add_op(p, JAIL_OP_SYMLINK, "/proc/self/fd", "/dev/fd", NULL, err) < 0 ||
-      add_op(p, JAIL_OP_SYMLINK, "/proc/self/fd/0", "/dev/stdin", NULL, err) < 0 ||
-      add_op(p, JAIL_OP_SYMLINK, "/proc/self/fd/1", "/dev/stdout", NULL, err) < 0 ||
-      add_op(p, JAIL_OP_SYMLINK, "/proc/self/fd/2", "/dev/stderr", NULL, err) < 0 ||
-      add_op(p, JAIL_OP_SYMLINK, "pts/ptmx", "/dev/ptmx", NULL, err) < 0 ||
-      add_op(p, JAIL_OP_DIR, NULL, "/dev/pts", NULL, err) < 0 ||
-      add_op(p, JAIL_OP_DIR, NULL, "/dev/shm", NULL, err) < 0 ||
-      add_op(p, JAIL_OP_DIR, NULL, "/proc", NULL, err) < 0 ||
-      add_op(p, JAIL_OP_DIR, NULL, "/tmp", NULL, err) < 0 ||
-      add_op(p, JAIL_OP_DIR, NULL, "/root", NULL, err) < 0)
-    goto fail;
-  if (build_lo_up(p, err) < 0)
-    goto fail;
-  return 0;
-oom:
-  eph_error_set(err, ENOMEM, "set-up plan: out of memory");
-fail:
-  jail_plan_free(p);
-  return -err->code;
-}
-
-void
-jail_plan_free(jail_plan_t *p)
-{
-  for (size_t i = 0; i < p->n_ops; i++) {
-    free(p->ops[i].source);
-    free(p->ops[i].target);
-    free(p->ops[i].data);
-  }
-  free(p->ops);
-  free(p->newroot);
-  free(p->hostname);
-  memset(p, 0, sizeof *p);
-}
+#ifndef OPEN_TREE_CLONE
+#define OPEN_TREE_CLONE 1
+#endif
+#ifndef OPEN_TREE_CLOEXEC
+#define OPEN_TREE_CLOEXEC O_CLOEXEC
+#endif
+#ifndef MOVE_MOUNT_F_EMPTY_PATH
+#define MOVE_MOUNT_F_EMPTY_PATH 0x00000004
+#endif
 
 /* ------------------------------------------------------------ the child (after clone) */
 
@@ -408,6 +121,97 @@ in_root(char *buf, size_t size, const jail_plan_t *p, const char *target)
   return buf;
 }
 
+/* The child's own state of mount_groups (a copy of the host's memory after clone: written
+ * by this process only). */
+static int groups_fd = -1;             /* O_PATH of the tmpfs holding the groups' overlays */
+static bool group_up[JAIL_MAX_GROUPS]; /* that overlay is mounted */
+
+/* Step 6's first half: the groups' overlays (jail.h) in a small tmpfs on the root's mount
+ * point, which the root tmpfs then covers: reachable only through groups_fd until the old
+ * root is detached, and then not at all. A group whose overlay cannot be mounted (its
+ * directory has mounts below it on this host) is not an error: its entries are then made
+ * one by one, as an overlay or a bind each (do_op). */
+static void
+mount_groups(const jail_child_args_t *a)
+{
+  const jail_plan_t *p = a->plan;
+  char path[4096];
+  if (!p->n_groups || mount("tmpfs", p->newroot, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC,
+                            "mode=0700,size=16k,nr_inodes=16") < 0)
+    return;
+  if (mkdir(in_root(path, sizeof path, p, JAIL_OVERLAY_EMPTY), 0755) < 0)
+    return;
+  for (size_t g = 0; g < p->n_groups; g++) {
+    char name[16] = "/";
+    cat(name, sizeof name, p->groups[g].name);
+    in_root(path, sizeof path, p, name);
+    group_up[g] =
+        mkdir(path, 0755) == 0 &&
+        mount("overlay", path, "overlay", MS_RDONLY | MS_NOSUID | MS_NODEV, p->groups[g].opts) == 0;
+  }
+  groups_fd = open(p->newroot, O_PATH | O_DIRECTORY | O_CLOEXEC);
+  if (groups_fd < 0)
+    for (size_t g = 0; g < p->n_groups; g++)
+      group_up[g] = false;
+}
+
+/* Makes dst, the mount point of a bind: a directory or an empty file. */
+static void
+bind_target(const jail_child_args_t *a, const jail_op_t *o, const char *dst)
+{
+  if (o->is_dir) {
+    if (mkdir(dst, 0755) < 0 && errno != EEXIST)
+      die(a, "mkdir bind target", o->target);
+  } else {
+    int fd = open(dst, O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0)
+      die(a, "create bind target", o->target);
+    close(fd);
+  }
+}
+
+/* Read-only overlay of the host directory (data: its options) on dst. */
+static void
+overlay_on(const jail_child_args_t *a, const jail_op_t *o, const char *dst)
+{
+  if (mkdir(dst, 0755) < 0 && errno != EEXIST)
+    die(a, "mkdir overlay target", o->target);
+  if (mount("overlay", dst, "overlay", MS_RDONLY | MS_NOSUID | MS_NODEV, o->data) < 0)
+    die(a, "overlay mount", o->target);
+}
+
+/* Bind of host path source on dst, remounted read-only (devices: noexec) and nosuid. */
+static void
+bind_host(const jail_child_args_t *a, const jail_op_t *o, const char *source, const char *dst,
+          bool device)
+{
+  bind_target(a, o, dst);
+  if (mount(source, dst, NULL, MS_BIND | MS_REC, NULL) < 0)
+    die(a, "bind mount", o->target);
+  unsigned long fl = MS_BIND | MS_REMOUNT | MS_NOSUID | o->keep;
+  fl |= device ? MS_NOEXEC : MS_RDONLY | MS_NODEV;
+  if (mount(NULL, dst, NULL, fl, NULL) < 0)
+    die(a, "remount read-only", o->target);
+}
+
+/* The entry o->source of its group's overlay on dst: a clone of that part of the overlay's
+ * mount (read-only, nosuid, nodev, as the overlay was mounted) moved into the new root. */
+static void
+bind_from_group(const jail_child_args_t *a, const jail_op_t *o, const char *dst)
+{
+  char rel[4096] = "";
+  cat(rel, sizeof rel, a->plan->groups[o->group].name);
+  cat(rel, sizeof rel, "/");
+  cat(rel, sizeof rel, o->source);
+  int t = (int)syscall(SYS_open_tree, groups_fd, rel, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC);
+  if (t < 0)
+    die(a, "open_tree (the shared overlay)", o->target);
+  bind_target(a, o, dst);
+  if (syscall(SYS_move_mount, t, "", AT_FDCWD, dst, MOVE_MOUNT_F_EMPTY_PATH) < 0)
+    die(a, "move_mount (the shared overlay)", o->target);
+  close(t);
+}
+
 static void
 do_op(const jail_child_args_t *a, const jail_op_t *o)
 {
@@ -432,30 +236,20 @@ do_op(const jail_child_args_t *a, const jail_op_t *o)
     return;
   }
   case JAIL_OP_OVERLAY_RO:
-    if (mkdir(dst, 0755) < 0 && errno != EEXIST)
-      die(a, "mkdir overlay target", o->target);
-    if (mount("overlay", dst, "overlay", MS_RDONLY | MS_NOSUID | MS_NODEV, o->data) < 0)
-      die(a, "overlay mount", o->target);
+    overlay_on(a, o, dst);
     return;
   case JAIL_OP_BIND_RO:
-  case JAIL_OP_BIND_DEV: {
-    if (o->is_dir) {
-      if (mkdir(dst, 0755) < 0 && errno != EEXIST)
-        die(a, "mkdir bind target", o->target);
-    } else {
-      int fd = open(dst, O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
-      if (fd < 0)
-        die(a, "create bind target", o->target);
-      close(fd);
-    }
-    if (mount(o->source, dst, NULL, MS_BIND | MS_REC, NULL) < 0)
-      die(a, "bind mount", o->target);
-    unsigned long fl = MS_BIND | MS_REMOUNT | MS_NOSUID | o->keep;
-    fl |= o->kind == JAIL_OP_BIND_DEV ? MS_NOEXEC : MS_RDONLY | MS_NODEV;
-    if (mount(NULL, dst, NULL, fl, NULL) < 0)
-      die(a, "remount read-only", o->target);
+  case JAIL_OP_BIND_DEV:
+    bind_host(a, o, o->source, dst, o->kind == JAIL_OP_BIND_DEV);
     return;
-  }
+  case JAIL_OP_GROUP_BIND:
+    if (group_up[o->group])
+      bind_from_group(a, o, dst);
+    else if (o->data)
+      overlay_on(a, o, dst);
+    else
+      bind_host(a, o, o->target, dst, false);
+    return;
   }
 }
 
@@ -720,7 +514,9 @@ jail_child_main(const jail_child_args_t *args)
   if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
     die(a, "make / private (MS_REC|MS_PRIVATE)", NULL);
 
-  /* 6. The root: a small tmpfs, then the plan (/usr, symlinks, /etc, /dev nodes). */
+  /* 6. The shared overlays below the root, the root: a small tmpfs, then the plan (/usr,
+   * symlinks, /etc, /dev nodes). */
+  mount_groups(a);
   if (mount("tmpfs", p->newroot, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=1m") < 0)
     die(a, "mount the root tmpfs on", p->newroot);
   for (size_t i = 0; i < p->n_ops; i++)

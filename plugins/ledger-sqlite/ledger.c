@@ -54,6 +54,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
 #include <time.h>
 
 #include <sqlite3.h>
@@ -656,12 +657,33 @@ ledger_open_reservations(void *state, int64_t open_for_us, int limit,
 
 /* ---------------------------------------------------------------- lifecycle */
 
+/* The WAL outlives each process (no close-time checkpoint: see ledger_init), and the first
+ * connection of every process rebuilds its index from all of it (SQLite empties the -shm of
+ * a file nobody has open), reading and checksumming every frame: up to the 4 MiB of the
+ * automatic checkpoint, ~2 ms of each `ephemeral run`. Past this size a closing connection
+ * checkpoints and truncates it (two fsyncs every few runs); the rebuild then reads at most
+ * this much. */
+#define LEDGER_WAL_MAX_BYTES (512 * 1024)
+
+static void
+bound_wal(ledger_t *l)
+{
+  char wal[PATH_MAX];
+  struct stat st;
+  if (!l->db || !l->path || snprintf(wal, sizeof wal, "%s-wal", l->path) >= (int)sizeof wal ||
+      stat(wal, &st) < 0 || st.st_size <= LEDGER_WAL_MAX_BYTES)
+    return;
+  /* Busy (another process reads or writes): it is left for a later close. */
+  (void)sqlite3_wal_checkpoint_v2(l->db, NULL, SQLITE_CHECKPOINT_TRUNCATE, NULL, NULL);
+}
+
 static void
 ledger_close(ledger_t *l)
 {
   if (!l)
     return;
   eph_sqlite_finalize_all(l->st, ST_COUNT);
+  bound_wal(l);
   if (l->db)
     sqlite3_close(l->db);
   pthread_mutex_destroy(&l->lock);

@@ -15,8 +15,9 @@
 #include <unistd.h>
 
 #include <linux/netlink.h>
-#include <netlink/route/addr.h>
-#include <netlink/route/link.h>
+
+/* libnl through tables bound on first use (eph_nl_route_adopt loads them). */
+#include "nl_api.h"
 
 int
 eph_proxy_url_parse(const char *url, uint32_t *proxy_addr, uint16_t *port, eph_error_t *err)
@@ -138,8 +139,19 @@ eph_fds_recv(int sock, int64_t deadline_ms, void *data, size_t bytes, int *fds, 
 int
 eph_nl_error(eph_error_t *err, int nlerr, const char *what, const char *ifname)
 {
+  eph_error_t ignored = {0};
+  if (!eph_nl_loaded() && eph_nl_load(&ignored) < 0)
+    return eph_error_set(err, nlerr == -NLE_EXIST ? EEXIST : EIO, "%s %s: netlink error %d", what,
+                         ifname, nlerr);
   return eph_error_set(err, nlerr == -NLE_EXIST ? EEXIST : EIO, "%s %s: %s", what, ifname,
                        nl_geterror(nlerr));
+}
+
+void
+eph_nl_sock_free(struct nl_sock *sk)
+{
+  if (sk)
+    nl_socket_free(sk);
 }
 
 static bool
@@ -162,6 +174,11 @@ eph_nl_route_adopt(struct nl_sock **out, int fd, eph_error_t *err)
   if (!sock_is(fd, AF_NETLINK, SOCK_RAW, NETLINK_ROUTE)) {
     close(fd);
     return eph_error_set(err, EPROTOTYPE, "the namespace's netlink socket is not NETLINK_ROUTE");
+  }
+  int lr = eph_nl_load(err);
+  if (lr < 0) {
+    close(fd);
+    return lr;
   }
   struct nl_sock *sk = nl_socket_alloc();
   if (!sk) {

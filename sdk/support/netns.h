@@ -44,9 +44,13 @@ int eph_fds_recv(int sock, int64_t deadline_ms, void *data, size_t bytes, int *f
                  size_t *n, eph_error_t *err);
 
 /* Adopts fd, a NETLINK_ROUTE socket made (and bound) in another network namespace, into *sk:
- * its requests act on that namespace. *sk owns fd from here (nl_socket_free closes it), on
- * failure fd is closed. Refused unless fd is an AF_NETLINK NETLINK_ROUTE socket. */
+ * its requests act on that namespace. *sk owns fd from here (eph_nl_sock_free closes it), on
+ * failure fd is closed. Refused unless fd is an AF_NETLINK NETLINK_ROUTE socket. libnl is
+ * bound here, on first use (nl_api.h): -ELIBACC naming it when it cannot be loaded. */
 int eph_nl_route_adopt(struct nl_sock **sk, int fd, eph_error_t *err);
+
+/* Frees an adopted socket (closing its fd); sk may be NULL. */
+void eph_nl_sock_free(struct nl_sock *sk);
 
 /* The proxy's listener in the namespace of sk and tcp_fd (both made there): P/prefix (P from
  * proxy_url) on the interface ifindex, the interface up, tcp_fd (an unbound IPv4 TCP

@@ -1,0 +1,56 @@
+/* A run's timeline on its way to the store: events queued and committed together, one
+ * transaction per batch instead of one per event (two per shell call), the way the ledger
+ * group-commits charges.
+ *
+ * The contract (docs/ARCHITECTURE.md, "Crash recovery"): an event is in the store at most
+ * flush_ms after it was emitted, and at once when it ends the run (`ended`, `settled`),
+ * before any write of the run's row (eph_evq_flush, called by the store observer ahead of
+ * it) and when the queue is freed. So the row never says more than the stored timeline,
+ * and a process killed with SIGKILL loses at most the events of its last flush_ms: the
+ * reconciler completes that run's record after the last stored event (ended host_lost,
+ * settled with the ledger's totals), as it always has. Within the process the run's own
+ * memory has every event at once (the CLI prints it, the daemon streams it), so only
+ * another process reading the store (`ephemeral runs show`, a second daemon) sees a live
+ * run up to flush_ms late.
+ *
+ * A store that writes events one by one (eph_store_groups_events false: PostgreSQL, whose
+ * nodes are told of each stored event) and flush_ms 0 keep the old behaviour: each event
+ * is written when it is pushed.
+ *
+ * A failed write (one batch: all or none of it) stops the run as a failed single write did
+ * (eph_run_storage_failed: storage_error), whichever thread wrote it.
+ *
+ * Threads: push from any thread (events arrive in seq order under the run's emit_lock); one
+ * process-wide writer thread, started with the first queued event, commits what waited
+ * flush_ms. Locks: a queue's flush lock (one batch at a time, in seq order) is taken under
+ * the run's emit_lock or none and takes the store's lock inside; its list lock is a leaf.
+ */
+#ifndef EPH_EVQUEUE_H
+#define EPH_EVQUEUE_H
+
+#include <stdint.h>
+
+#include <json-c/json.h>
+
+#include "run.h"
+#include "store.h"
+
+typedef struct eph_evq eph_evq_t;
+
+/* A queue for run's events into store (both borrowed: they outlive the queue). flush_ms:
+ * the longest an event waits before its commit; 0 writes each event at once. */
+eph_evq_t *eph_evq_new(eph_store_t *store, eph_run_t *run, int64_t flush_ms);
+
+/* Queues one event (every argument copied; data serialised now, on the caller's thread;
+ * text and data already redacted by the caller); commits the queue when the event ends
+ * the run, when the queue is large, or when its oldest event has waited flush_ms. */
+void eph_evq_push(eph_evq_t *q, int64_t seq, int64_t t_ms, const char *source, const char *kind,
+                  const char *text, json_object *data);
+
+/* Commits what is queued, now. 0, or the negative error already reported to the run. */
+int eph_evq_flush(eph_evq_t *q);
+
+/* Commits what is queued and frees the queue; q may be NULL. */
+void eph_evq_free(eph_evq_t *q);
+
+#endif
