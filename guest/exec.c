@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/reboot.h>
@@ -214,6 +215,22 @@ scratch_full(const guest_t *g)
 {
   struct statvfs sv;
   return statvfs(g->scratch, &sv) == 0 && sv.f_bavail == 0 && sv.f_blocks > 0;
+}
+
+/* The page a worker writes its failed set-up step into: shared with the guest whether the
+ * worker was vfork'd (shared memory anyway) or forked (guest_worker_spawn forks when other
+ * processes are in the sandbox), one for the guest's life (one command runs at a time).
+ * NULL if it cannot be mapped; the command is then refused. */
+#define GUEST_FAILED_BYTES 256
+static char *
+guest_shared_failed(void)
+{
+  static char *page;
+  if (!page) {
+    void *p = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    page = p == MAP_FAILED ? NULL : p;
+  }
+  return page;
 }
 
 /* Called when the main process was reaped: takes what its pipes still hold (everything it
@@ -464,9 +481,15 @@ guest_op_exec(guest_t *g, json_object *req, int64_t id)
       .guest_session = g->session,
       .guest_batch = g->batch,
   };
-  char failed[sizeof((job_t *)0)->setup_failed] = "";
+  char *failed = guest_shared_failed();
+  if (!failed) {
+    snprintf(msg, sizeof msg, "exec: mmap: %s", strerror(errno));
+    guest_send_error(g, req, errno, msg, false);
+    goto out;
+  }
+  failed[0] = '\0';
   spec.failed = failed;
-  spec.failed_size = sizeof failed;
+  spec.failed_size = GUEST_FAILED_BYTES;
   int64_t start = guest_now_ms();
   pid_t pid = guest_worker_spawn(&spec);
   if (pid < 0) {
@@ -498,7 +521,7 @@ guest_op_exec(guest_t *g, json_object *req, int64_t id)
   j->out_fd = outp[0];
   j->err_fd = errp[0];
   j->in_fd = inp[1];
-  snprintf(j->setup_failed, sizeof j->setup_failed, "%s", failed);
+  j->setup_failed = failed;
   outp[0] = errp[0] = inp[1] = -1;
   fcntl(j->out_fd, F_SETFL, O_NONBLOCK);
   fcntl(j->err_fd, F_SETFL, O_NONBLOCK);

@@ -117,9 +117,11 @@ typedef struct job {
   bool reaped;
   int status;
   int out_fd, err_fd, in_fd; /* guest ends; -1 once closed */
-  /* The step at which the worker's set-up failed ("" when it exec'd the command): known
-   * when the spawn returns, reported (as an error reply) when the worker is reaped. */
-  char setup_failed[256];
+  /* The step at which the worker's set-up failed ("" when it exec'd the command), written
+   * by the worker into memory the guest shares with it (guest_shared_failed: a MAP_SHARED
+   * page, so a forked worker's write reaches the guest as a vfork'd one's does), read and
+   * reported (as an error reply) when the worker is reaped. */
+  char *setup_failed;
   unsigned char *stdin_buf;
   size_t stdin_len, stdin_off;
   int64_t start_ms, deadline_ms;

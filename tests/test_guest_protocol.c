@@ -268,6 +268,20 @@ test_worker_is_unprivileged(void **state)
   run(&gp, "echo after", 0, &res);
   assert_string_equal(res.stdout_text, "after\n");
   eph_exec_result_clear(&res);
+
+  /* The same with another process in the sandbox (a background job left by a command): the
+   * guest then forks the worker instead of vfork'ing it, and the failed step still reaches
+   * it (shared memory, not the child's copy of the guest's). */
+  run(&gp, "sleep 60 >/dev/null 2>&1 &", 0, &res);
+  eph_exec_result_clear(&res);
+  memset(&res, 0, sizeof res);
+  err = (eph_error_t){0};
+  assert_true(eph_guest_exec(gp.g, &bad, &res, &err) < 0);
+  assert_non_null(strstr(err.message, "worker set-up failed at chdir"));
+  eph_exec_result_clear(&res);
+  run(&gp, "echo still", 0, &res);
+  assert_string_equal(res.stdout_text, "still\n");
+  eph_exec_result_clear(&res);
   stop_guest(&gp);
 }
 
