@@ -37,7 +37,6 @@
 #define HEAD_MAX_BYTES 16384
 #define RELAY_CHUNK 16384
 #define CONNECT_TIMEOUT_MS 10000
-#define REPLY_WAIT_MS 2000            /* for a client to take one of the proxy's own answers */
 #define CLIENT_BUF_BYTES (128 * 1024) /* SO_SNDBUF/SO_RCVBUF of a sandbox's connection (x2) */
 
 struct eph_egress {
@@ -70,122 +69,6 @@ typedef struct conn {
   pthread_t thread;
 } conn_t;
 
-/* ------------------------------------------------------------------ small I/O */
-
-/* Sends all of data unless the peer takes nothing for idle_ms or end_ms passes. The
- * sockets are blocking, and a peer that stops reading once held a connection thread (and
- * the upstream connection with it) for as long as the run lived, whatever idle_ms and
- * max_connection_ms said. */
-static bool
-send_until(int fd, const char *data, size_t bytes, int64_t idle_ms, int64_t end_ms)
-{
-  while (bytes > 0) {
-    ssize_t w = send(fd, data, bytes, MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (w < 0 && errno == EINTR)
-      continue;
-    if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-      int64_t left = end_ms - eph_now_ms();
-      struct pollfd pf = {.fd = fd, .events = POLLOUT};
-      int pr = left <= 0 ? 0 : poll(&pf, 1, (int)(left < idle_ms ? left : idle_ms));
-      if (pr < 0 && errno == EINTR)
-        continue;
-      if (pr <= 0)
-        return false;
-      continue;
-    }
-    if (w <= 0)
-      return false;
-    data += w;
-    bytes -= (size_t)w;
-  }
-  return true;
-}
-
-/* The proxy's own short messages (an HTTP answer, a TLS alert, the CONNECT's 200). */
-static void
-send_all(int fd, const char *data, size_t bytes)
-{
-  (void)send_until(fd, data, bytes, REPLY_WAIT_MS, eph_now_ms() + REPLY_WAIT_MS);
-}
-
-static void
-reply(int fd, int status, const char *reason, const char *msg)
-{
-  char body[1200], head[256];
-  int n = snprintf(body, sizeof body, "ephemeral egress: %s\n", msg);
-  if (n < 0 || (size_t)n >= sizeof body)
-    n = (int)sizeof body - 1;
-  int h = snprintf(head, sizeof head,
-                   "HTTP/1.1 %d %s\r\nContent-Type: text/plain; charset=utf-8\r\n"
-                   "Content-Length: %d\r\nConnection: close\r\n\r\n",
-                   status, reason, n);
-  send_all(fd, head, (size_t)h);
-  send_all(fd, body, (size_t)n);
-}
-
-/* Reads until the end of the request head. Returns the head length (up to and including
- * the blank line) with *got the bytes in buf (may include bytes after the head), 0 on EOF,
- * idle_ms without a byte or end_ms passed (a head trickled a byte at a time once kept its
- * connection past max_connection_ms), -1 when the head is too large. */
-static ssize_t
-read_head(int fd, char *buf, size_t size, size_t *got, int64_t idle_ms, int64_t end_ms)
-{
-  *got = 0;
-  for (;;) {
-    buf[*got] = '\0';
-    char *end = strstr(buf, "\r\n\r\n");
-    if (end)
-      return end + 4 - buf;
-    if (*got + 1 >= size)
-      return -1;
-    int64_t left = end_ms - eph_now_ms();
-    if (left <= 0)
-      return 0;
-    struct pollfd pf = {.fd = fd, .events = POLLIN};
-    int pr = poll(&pf, 1, (int)(left < idle_ms ? left : idle_ms));
-    if (pr < 0 && errno == EINTR)
-      continue;
-    if (pr <= 0)
-      return 0;
-    ssize_t n = recv(fd, buf + *got, size - 1 - *got, 0);
-    if (n < 0 && errno == EINTR)
-      continue;
-    if (n <= 0)
-      return 0;
-    *got += (size_t)n;
-  }
-}
-
-static int
-connect_to(const struct sockaddr_storage *ss, int64_t timeout_ms, eph_error_t *err)
-{
-  socklen_t len =
-      ss->ss_family == AF_INET6 ? sizeof(struct sockaddr_in6) : sizeof(struct sockaddr_in);
-  int fd = socket(ss->ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-  if (fd < 0)
-    return eph_error_set(err, errno, "socket: %s", strerror(errno));
-  if (connect(fd, (const struct sockaddr *)ss, len) < 0 && errno != EINPROGRESS) {
-    int e = errno;
-    close(fd);
-    return eph_error_set(err, e, "connect: %s", strerror(e));
-  }
-  struct pollfd pf = {.fd = fd, .events = POLLOUT};
-  int pr;
-  do
-    pr = poll(&pf, 1, (int)timeout_ms);
-  while (pr < 0 && errno == EINTR);
-  int soerr = 0;
-  socklen_t sl = sizeof soerr;
-  if (pr <= 0 || getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &sl) < 0 || soerr) {
-    int e = pr == 0 ? ETIMEDOUT : soerr ? soerr : errno;
-    close(fd);
-    return eph_error_set(err, e, "connect: %s", strerror(e));
-  }
-  int fl = fcntl(fd, F_GETFL);
-  fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
-  return fd;
-}
-
 /* Copies bytes both ways (or only upstream -> client when !both) until either side closes,
  * the byte cap, the idle timeout or the wall-clock cap. */
 static void
@@ -210,7 +93,7 @@ relay(eph_egress_t *e, int client, int upstream, bool both, int64_t end_ms)
         continue;
       int64_t room = e->opt.max_bytes - moved;
       ssize_t n = recv(pf[i].fd, buf, room < (int64_t)sizeof buf ? (size_t)room : sizeof buf, 0);
-      if (n <= 0 || !send_until(pf[1 - i].fd, buf, (size_t)n, e->opt.idle_ms, end_ms))
+      if (n <= 0 || !egress_send_until(pf[1 - i].fd, buf, (size_t)n, e->opt.idle_ms, end_ms))
         return;
       moved += n;
     }
@@ -218,54 +101,6 @@ relay(eph_egress_t *e, int client, int upstream, bool both, int64_t end_ms)
 }
 
 /* ------------------------------------------------------------------ one connection */
-
-/* Reads the client's first TLS record into rec (which already holds `have` bytes the
- * client sent right after its CONNECT head). Returns its length, or 0 when the client
- * went quiet, closed, or sent something that is not a TLS record (then rec holds what
- * came, for the caller's verdict). */
-static size_t
-read_tls_record(int fd, uint8_t *rec, size_t have, int64_t idle_ms, int64_t end_ms)
-{
-  for (;;) {
-    if (have >= TLS_HEADER_BYTES) {
-      size_t want = TLS_HEADER_BYTES + ((size_t)rec[3] << 8 | rec[4]);
-      if (rec[0] != 22 || want > TLS_HEADER_BYTES + TLS_RECORD_MAX)
-        return have; /* not TLS, or too long: the parser refuses it */
-      if (have >= want)
-        return have;
-    } else if (have > 0 && rec[0] != 22) {
-      return have;
-    }
-    int64_t left = end_ms - eph_now_ms();
-    if (left <= 0)
-      return 0;
-    struct pollfd pf = {.fd = fd, .events = POLLIN};
-    int pr = poll(&pf, 1, (int)(left < idle_ms ? left : idle_ms));
-    if (pr < 0 && errno == EINTR)
-      continue;
-    if (pr <= 0)
-      return 0;
-    /* Never more than the record: what follows it is the client's and goes upstream
-     * through relay() after the verdict. */
-    size_t want = have < TLS_HEADER_BYTES ? TLS_HEADER_BYTES
-                                          : TLS_HEADER_BYTES + ((size_t)rec[3] << 8 | rec[4]);
-    ssize_t r = recv(fd, rec + have, want - have, 0);
-    if (r < 0 && errno == EINTR)
-      continue;
-    if (r <= 0)
-      return 0;
-    have += (size_t)r;
-  }
-}
-
-/* Sends a fatal TLS alert (RFC 8446 6.2) so a refused client sees why, in its own
- * protocol: the tunnel is already open. */
-static void
-tls_alert(int fd, uint8_t description)
-{
-  const char a[] = {0x15, 0x03, 0x03, 0x00, 0x02, 0x02, (char)description};
-  send_all(fd, a, sizeof a);
-}
 
 static void
 count(eph_egress_t *e, bool ok)
@@ -288,7 +123,7 @@ refuse(eph_egress_t *e, int fd, const char *method, const char *target, int stat
   e->opt.announce(e->opt.opaque, method, target, why, &ignored);
   count(e, false);
   if (status)
-    reply(fd, status, reason, why);
+    egress_reply(fd, status, reason, why);
 }
 
 /* Whether the calling thread is in the host's network namespace (see host_netns_ino). */
@@ -308,10 +143,10 @@ serve(conn_t *c)
   char *buf = eph_xmalloc(HEAD_MAX_BYTES);
   uint8_t *rec = NULL;
   size_t got = 0;
-  ssize_t head = read_head(c->client, buf, HEAD_MAX_BYTES, &got, e->opt.idle_ms, end_ms);
+  ssize_t head = egress_read_head(c->client, buf, HEAD_MAX_BYTES, &got, e->opt.idle_ms, end_ms);
   if (head <= 0) {
     if (head < 0)
-      reply(c->client, 431, "Request Header Fields Too Large", "request head too large");
+      egress_reply(c->client, 431, "Request Header Fields Too Large", "request head too large");
     free(buf);
     return;
   }
@@ -323,7 +158,7 @@ serve(conn_t *c)
     bool bad = buf[i] == '\0' || (buf[i] == '\r' && (i + 1 >= head || buf[i + 1] != '\n')) ||
                (buf[i] == '\n' && (i == 0 || buf[i - 1] != '\r'));
     if (bad) {
-      reply(c->client, 400, "Bad Request", "bare CR, LF or NUL in the request head");
+      egress_reply(c->client, 400, "Bad Request", "bare CR, LF or NUL in the request head");
       free(buf);
       return;
     }
@@ -335,13 +170,14 @@ serve(conn_t *c)
    * control bytes and invalid UTF-8 into the run's record and every JSON rendering of it. */
   for (const char *q = buf; q < line_end; q++)
     if ((unsigned char)*q < 0x20 || (unsigned char)*q > 0x7e) {
-      reply(c->client, 400, "Bad Request", "a byte outside printable ASCII in the request line");
+      egress_reply(c->client, 400, "Bad Request",
+                   "a byte outside printable ASCII in the request line");
       free(buf);
       return;
     }
   if (sscanf(buf, "%15s %2047s %15s", method, target, version) != 3 ||
       strncmp(version, "HTTP/1.", 7) != 0) {
-    reply(c->client, 400, "Bad Request", "malformed request line");
+    egress_reply(c->client, 400, "Bad Request", "malformed request line");
     free(buf);
     return;
   }
@@ -421,7 +257,7 @@ serve(conn_t *c)
   /* Announced and charged before the name is resolved: resolving is already egress. */
   if (e->opt.announce(e->opt.opaque, method, display, NULL, &err) < 0) {
     count(e, false);
-    reply(c->client, 403, "Forbidden", err.message);
+    egress_reply(c->client, 403, "Forbidden", err.message);
     goto out;
   }
   struct sockaddr_storage ss;
@@ -441,11 +277,11 @@ serve(conn_t *c)
      * allowed CDN front must not ask it for evil.example). Read before any connection to
      * the upstream is made; the TLS itself is never terminated. */
     static const char ok[] = "HTTP/1.1 200 Connection established\r\n\r\n";
-    send_all(c->client, ok, sizeof ok - 1);
+    egress_send_all(c->client, ok, sizeof ok - 1);
     rec = eph_xmalloc(TLS_HEADER_BYTES + TLS_RECORD_MAX);
     have = got - (size_t)head; /* the client did not wait for our 200 */
     memcpy(rec, buf + head, have);
-    have = read_tls_record(c->client, rec, have, e->opt.idle_ms, end_ms);
+    have = egress_read_tls_record(c->client, rec, have, e->opt.idle_ms, end_ms);
     if (have == 0) {
       refuse(e, c->client, method, display, 0, NULL,
              "the client sent no TLS ClientHello through the tunnel");
@@ -466,15 +302,15 @@ serve(conn_t *c)
     }
     if (bad) {
       if (rec[0] == 22)
-        tls_alert(c->client, 112 /* unrecognized_name */);
+        egress_tls_alert(c->client, 112 /* unrecognized_name */);
       else
-        reply(c->client, 403, "Forbidden", bad);
+        egress_reply(c->client, 403, "Forbidden", bad);
       refuse(e, c->client, method, display, 0, NULL, bad);
       goto out;
     }
   }
   int64_t left = end_ms - eph_now_ms();
-  int up = connect_to(&ss, left < CONNECT_TIMEOUT_MS ? left : CONNECT_TIMEOUT_MS, &err);
+  int up = egress_connect(&ss, left < CONNECT_TIMEOUT_MS ? left : CONNECT_TIMEOUT_MS, &err);
   if (up < 0) {
     snprintf(msg, sizeof msg, "%s (%s): %s", host, addr, err.message);
     /* After a CONNECT's 200 the client speaks TLS: no HTTP answer, just the close. */
@@ -489,13 +325,13 @@ serve(conn_t *c)
   if (!stop) {
     if (is_connect) {
       /* the checked ClientHello (and what followed) */
-      if (send_until(up, (const char *)rec, have, e->opt.idle_ms, end_ms))
+      if (egress_send_until(up, (const char *)rec, have, e->opt.idle_ms, end_ms))
         relay(e, c->client, up, true, end_ms);
     } else {
       cleanup_free char *req = rewrite_request(method, target, host, port, headers);
       /* Nothing more from the client goes upstream: a second request on this connection
        * would skip the checks and the charge. */
-      if (send_until(up, req, strlen(req), e->opt.idle_ms, end_ms))
+      if (egress_send_until(up, req, strlen(req), e->opt.idle_ms, end_ms))
         relay(e, c->client, up, false, end_ms);
     }
   }
@@ -556,7 +392,7 @@ accept_main(void *arg)
     if (e->stopping || e->active >= e->opt.max_connections) {
       e->refused++;
       pthread_mutex_unlock(&e->lock);
-      reply(fd, 503, "Service Unavailable", "too many connections");
+      egress_reply(fd, 503, "Service Unavailable", "too many connections");
       close(fd);
       continue;
     }
