@@ -99,7 +99,7 @@ wait_frame(int fd, eph_frame_reader_t *r, const char *want)
       return NULL;
     if (k == 0)
       continue;
-    const char *t = eph_proto_str(o, "type");
+    const char *t = eph_json_get_string(o, "type");
     if (t && !strcmp(t, want))
       return o;
     json_object_put(o);

@@ -232,7 +232,7 @@ new_request(eph_guest_t *g, const char *type, int64_t *id)
 static int
 reply_error(json_object *frame, bool *fatal, eph_error_t *err)
 {
-  const char *msg = eph_proto_str(frame, "message");
+  const char *msg = eph_json_get_string(frame, "message");
   int64_t e = EIO;
   eph_proto_int(frame, "errno", &e);
   json_object *fv;
@@ -250,7 +250,7 @@ eph_guest_classify_reply(json_object *frame, int64_t id, const char *want, bool 
                          eph_error_t *err)
 {
   *fatal = false;
-  const char *type = eph_proto_str(frame, "type");
+  const char *type = eph_json_get_string(frame, "type");
   int64_t fid = -1;
   bool has_id = eph_proto_int(frame, "id", &fid);
   if (type && strcmp(type, "error") == 0 && (!has_id || fid == id))
@@ -340,14 +340,15 @@ eph_guest_open(int fd, int64_t deadline_ms, eph_guest_t **out, eph_error_t *err)
     eph_guest_close(g);
     return r;
   }
-  const char *type = eph_proto_str(hello, "type");
-  const char *scratch = eph_proto_str(hello, "scratch");
-  const char *kernel = eph_proto_str(hello, "kernel");
+  const char *type = eph_json_get_string(hello, "type");
+  const char *scratch = eph_json_get_string(hello, "scratch");
+  const char *kernel = eph_json_get_string(hello, "kernel");
   int64_t version = 0;
   eph_proto_int(hello, "version", &version);
   if (type && strcmp(type, "error") == 0) {
     r = eph_error_set(err, EPH_E_PROTOCOL, "guest failed to start: %s",
-                      eph_proto_str(hello, "message") ? eph_proto_str(hello, "message") : "?");
+                      eph_json_get_string(hello, "message") ? eph_json_get_string(hello, "message")
+                                                            : "?");
   } else if (!type || strcmp(type, "hello") != 0) {
     r = eph_error_set(err, EPH_E_PROTOCOL, "guest: first frame is '%s', expected 'hello'",
                       type ? type : "(no type)");
@@ -526,7 +527,7 @@ eph_guest_exec(eph_guest_t *g, const eph_exec_request_t *req, eph_exec_result_t 
     r = read_frame(g, deadline, &f, err);
     if (r < 0)
       goto fail;
-    const char *type = eph_proto_str(f, "type");
+    const char *type = eph_json_get_string(f, "type");
     int64_t fid = -1;
     bool has_id = eph_proto_int(f, "id", &fid);
     if (type && strcmp(type, "error") == 0 && (!has_id || fid == id)) {
@@ -573,7 +574,7 @@ eph_guest_exec(eph_guest_t *g, const eph_exec_request_t *req, eph_exec_result_t 
     result->signal = (int)v;
   else if (eph_proto_int(f, "exit_code", &v))
     result->exit_code = (int)v;
-  result->reason = parse_reason(eph_proto_str(f, "reason"));
+  result->reason = parse_reason(eph_json_get_string(f, "reason"));
   if (eph_proto_int(f, "duration_ms", &v))
     result->duration_ms = v;
   json_object_put(f);
@@ -708,8 +709,8 @@ eph_guest_list(eph_guest_t *g, const char *path, eph_dirent_t **entries, size_t 
   eph_dirent_t *out = eph_xcalloc(n ? n : 1, sizeof *out);
   for (size_t i = 0; i < n; i++) {
     json_object *e = json_object_array_get_idx(arr, i);
-    const char *name = eph_proto_str(e, "name");
-    const char *type = eph_proto_str(e, "type");
+    const char *name = eph_json_get_string(e, "name");
+    const char *type = eph_json_get_string(e, "type");
     int64_t size = 0, mtime = 0;
     eph_proto_int(e, "size", &size);
     eph_proto_int(e, "mtime", &mtime);

@@ -398,7 +398,7 @@ guest_op_exec(guest_t *g, json_object *req, int64_t id)
     guest_send_error(g, req, EBUSY, "exec: a command is already running", false);
     return;
   }
-  const char *command = eph_proto_str(req, "command");
+  const char *command = eph_json_get_string(req, "command");
   json_object *argvj = NULL;
   bool has_argv = json_object_object_get_ex(req, "argv", &argvj);
   const char *why = NULL;
@@ -428,7 +428,7 @@ guest_op_exec(guest_t *g, json_object *req, int64_t id)
     guest_send_error(g, req, EINVAL, msg, false);
     goto out;
   }
-  const char *cwd = eph_proto_str(req, "cwd");
+  const char *cwd = eph_json_get_string(req, "cwd");
   if (!cwd)
     cwd = g->scratch;
   if (cwd[0] != '/') {

@@ -173,7 +173,7 @@ reply(const char *type, json_object *req)
 json_object *
 guest_fs_write(const guest_fs_t *fs, json_object *req, int *err_no, char *why, size_t why_size)
 {
-  const char *path = eph_proto_str(req, "path");
+  const char *path = eph_json_get_string(req, "path");
   if (!path)
     return fail(err_no, EINVAL, why, why_size, "write_file: 'path' must be a string");
   void *data = NULL;
@@ -244,7 +244,7 @@ done:
 json_object *
 guest_fs_read(const guest_fs_t *fs, json_object *req, int *err_no, char *why, size_t why_size)
 {
-  const char *path = eph_proto_str(req, "path");
+  const char *path = eph_json_get_string(req, "path");
   if (!path)
     return fail(err_no, EINVAL, why, why_size, "read_file: 'path' must be a string");
   int64_t offset = 0, max = EPH_PROTO_MAX_DATA_BYTES;
@@ -311,7 +311,7 @@ done:
 json_object *
 guest_fs_list(const guest_fs_t *fs, json_object *req, int *err_no, char *why, size_t why_size)
 {
-  const char *path = eph_proto_str(req, "path");
+  const char *path = eph_json_get_string(req, "path");
   if (!path)
     path = "";
   json_object *out = NULL;

@@ -215,7 +215,7 @@ op_reseed(guest_t *g, json_object *req, int64_t id)
 static void
 handle_frame(guest_t *g, json_object *req)
 {
-  const char *type = eph_proto_str(req, "type");
+  const char *type = eph_json_get_string(req, "type");
   if (!type) {
     guest_send_error(g, req, EPROTO, "frame without a string 'type'", true);
     guest_shutdown_and_exit(g, 1);

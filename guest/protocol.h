@@ -24,6 +24,7 @@
 #include <json-c/json.h>
 
 #include "support/base64.h"
+#include "support/text.h" /* eph_json_get_string: a string member, borrowed */
 
 /* Protocol version announced in the guest's hello; the client refuses another one. */
 #define EPH_PROTO_VERSION 1
@@ -260,16 +261,6 @@ eph_frame_reader_feed(eph_frame_reader_t *r, int fd, json_object **out)
 }
 
 /* ---------------------------------------------------------------- field helpers */
-
-/* The string member key of obj, or NULL when absent or not a string. Borrowed from obj. */
-static inline const char *
-eph_proto_str(json_object *obj, const char *key)
-{
-  json_object *v;
-  if (!json_object_object_get_ex(obj, key, &v) || !json_object_is_type(v, json_type_string))
-    return NULL;
-  return json_object_get_string(v);
-}
 
 /* The integer member key of obj into *out; returns false when absent or not an integer. */
 static inline bool

@@ -99,7 +99,7 @@ read_hello(int fd)
   json_object *o = fh_first_frame(fd, 60000);
   if (!o)
     fail_msg("no hello from the guest");
-  assert_string_equal(eph_proto_str(o, "type"), "hello");
+  assert_string_equal(eph_json_get_string(o, "type"), "hello");
   return o;
 }
 
@@ -122,7 +122,7 @@ make(loaded_t *l, box_t *b, const char *id, int64_t deadline_ms)
   if (l->ops->create(l->state, &spec, &b->s, &b->fd, &err) < 0)
     fail_msg("create %s: %s", id, err.message);
   json_object *h = read_hello(b->fd);
-  snprintf(b->scratch, sizeof b->scratch, "%s", eph_proto_str(h, "scratch"));
+  snprintf(b->scratch, sizeof b->scratch, "%s", eph_json_get_string(h, "scratch"));
   json_object_put(h);
 }
 

@@ -281,7 +281,7 @@ stalled_guest(void *arg)
       break;
     if (r == 0)
       continue;
-    const char *type = eph_proto_str(msg, "type");
+    const char *type = eph_json_get_string(msg, "type");
     if (type && strcmp(type, "kill") == 0) {
       json_object *all = NULL;
       atomic_fetch_add(&kills_seen, 1);

@@ -90,7 +90,7 @@ fake_guest(void *arg)
       break;
     if (r == 0)
       continue;
-    const char *type = eph_proto_str(msg, "type");
+    const char *type = eph_json_get_string(msg, "type");
     int64_t id = 0;
     eph_proto_int(msg, "id", &id);
     bool bye = type && strcmp(type, "shutdown") == 0;

@@ -588,7 +588,7 @@ raw_expect(int fd, const char *type)
   while (eph_now_ms() < end) {
     int r = eph_frame_reader_feed(&rd, fd, &o);
     if (r == 1) {
-      const char *t = eph_proto_str(o, "type");
+      const char *t = eph_json_get_string(o, "type");
       if (t && strcmp(t, type) == 0)
         break;
       json_object_put(o);
@@ -614,7 +614,7 @@ expect_session_ends(const unsigned char *bytes, size_t n, const char *why_part)
   assert_non_null(e);
   json_object *fatal;
   assert_true(json_object_object_get_ex(e, "fatal", &fatal) && json_object_get_boolean(fatal));
-  assert_non_null(strstr(eph_proto_str(e, "message"), why_part));
+  assert_non_null(strstr(eph_json_get_string(e, "message"), why_part));
   json_object_put(e);
   /* Then the stream ends and the guest exits by itself, with status 1 (not a crash). */
   char c; /* 0, or ECONNRESET when the guest left our extra bytes unread */

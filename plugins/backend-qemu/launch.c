@@ -509,7 +509,7 @@ boot_and_hello(const qemu_t *q, const char *dir, const launch_t *l, vmproc_t *vm
   }
   eph_frame_reader_clear(&rd);
   if (hello) {
-    const char *type = eph_proto_str(hello, "type");
+    const char *type = eph_json_get_string(hello, "type");
     r = type && strcmp(type, "hello") == 0
             ? 0
             : eph_error_set(err, EPH_E_PROTOCOL, "guest: first frame is '%s', not hello",

@@ -77,7 +77,7 @@ pool_warm(pool_vm_t *v, int64_t deadline_ms, eph_error_t *err)
       break;
   }
   eph_frame_reader_clear(&rd);
-  const char *type = o ? eph_proto_str(o, "type") : NULL;
+  const char *type = o ? eph_json_get_string(o, "type") : NULL;
   r = type && strcmp(type, "pong") == 0
           ? 0
           : eph_error_set(err, EPH_E_PROTOCOL, "pool: the guest answered the ping with '%s'",

@@ -34,7 +34,7 @@ use_frame(json_object *obj)
       free(buf);
   }
   int64_t v;
-  (void)eph_proto_str(obj, "type");
+  (void)eph_json_get_string(obj, "type");
   (void)eph_proto_int(obj, "id", &v);
   if (devnull >= 0)
     (void)eph_proto_write_frame(devnull, obj);
