@@ -216,6 +216,24 @@ test_retry_after_past_deadline_is_not_waited(void **state)
   exchange_end(&f, &l, &c);
 }
 
+/* A Retry-After date far ahead (year 2^31, which curl_getdate accepts) is not a delay: it
+ * once overflowed the milliseconds (UBSan: signed overflow; found by tests/fuzz openai).
+ * Ignored like any delay above 10^6 s, the call retries after its own backoff. */
+static void
+test_retry_after_date_far_ahead_ignored(void **state)
+{
+  fake_t f;
+  loaded_t l;
+  call_t c;
+  const char *steps[] = {"429:Sun, 06 Nov 2147483647 08:49:37 GMT", "final", NULL};
+  exchange_run(&PROVIDER, &f, &l, &c, steps, NULL, harness_messages_json, 10000);
+  if (c.r < 0)
+    fail_msg("complete: %s", c.err.message);
+  assert_string_equal(c.resp.finish_reason, "stop");
+  assert_true(c.elapsed_ms < 5000);
+  exchange_end(&f, &l, &c);
+}
+
 static void
 test_key_from_file(void **state)
 {
@@ -373,6 +391,7 @@ main(void)
       cmocka_unit_test(test_client_error_carries_api_message),
       cmocka_unit_test(test_slow_answer_times_out_at_deadline),
       cmocka_unit_test(test_retry_after_past_deadline_is_not_waited),
+      cmocka_unit_test(test_retry_after_date_far_ahead_ignored),
       cmocka_unit_test(test_key_from_file),
       cmocka_unit_test(test_missing_key_fails_before_sending),
       cmocka_unit_test(test_key_never_in_logs_or_errors),

@@ -363,16 +363,16 @@ on_header(char *data, size_t size, size_t nmemb, void *opaque)
     if (end != value && ms >= 0 && ms < 1e9)
       a->retry_after_ms = (int64_t)ms;
   } else if (strcasecmp(eph_mhttp_trim(line), "retry-after") == 0 && a->retry_after_ms < 0) {
+    /* Delay-seconds or an HTTP-date (RFC 9110 10.2.3); either is taken only below 10^6 s
+     * (11 days, longer than any run): a date in year 2^31, which curl_getdate accepts, would
+     * overflow the milliseconds. */
     long secs = strtol(value, &end, 10);
-    if (end != value && *end == '\0' && secs >= 0 && secs < 1000000) {
-      a->retry_after_ms = (int64_t)secs * 1000;
-    } else {
-      time_t when = curl_getdate(value, NULL);
-      if (when > 0) {
-        time_t now = time(NULL);
-        a->retry_after_ms = when > now ? (int64_t)(when - now) * 1000 : 0;
-      }
+    if (!(end != value && *end == '\0')) {
+      time_t when = curl_getdate(value, NULL), now = time(NULL);
+      secs = when < 0 ? -1 : when > now ? (long)(when - now) : 0;
     }
+    if (secs >= 0 && secs < 1000000)
+      a->retry_after_ms = (int64_t)secs * 1000;
   }
   return n;
 }
