@@ -207,11 +207,15 @@ eph_responses_stream_reset(eph_responses_stream_t *st)
   EPH_STREAM_CLEAR(st);
 }
 
-/* Appends s to the string member key of obj (created when absent). */
+/* Appends s to the string member key of obj (created when absent). obj comes from the
+ * server (an item's content part may be a number or an array): anything but an object is
+ * left alone, as json-c asserts on adding a member to a non-object (found by tests/fuzz). */
 static void
 append_member(json_object *obj, const char *key, const char *s)
 {
   json_object *v = NULL;
+  if (!json_object_is_type(obj, json_type_object))
+    return;
   eph_chat_buf_t b = {0};
   if (json_object_object_get_ex(obj, key, &v) && json_object_is_type(v, json_type_string))
     eph_chat_buf_add_json(&b, v);
