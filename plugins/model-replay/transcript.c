@@ -112,8 +112,8 @@ read_all(int fd, const char *path, char **bytes, size_t *size, eph_error_t *err)
 }
 
 /* One line (len bytes at line, its newline included) as a JSON object into *out: 0, or
- * negative with err set naming path:no. Exactly one object and blanks, as model-openai accepts a body: the line's
- * length, not its first NUL, bounds it, and nothing may follow the object. */
+ * negative with err set naming path:no. Exactly one object and blanks, as model-openai accepts a
+ * body: the line's length, not its first NUL, bounds it, and nothing may follow the object. */
 static int
 parse_object(const char *line, size_t len, const char *path, size_t no, json_object **out,
              eph_error_t *err)

@@ -41,8 +41,8 @@ typedef struct transcript_cache {
 
 /* Reads a transcript line's recorded assistant message (replay.c's parse_line): 0 and
  * resp filled, or negative with err set. */
-typedef int (*transcript_parse_fn)(json_object *line, const char *where,
-                                   eph_model_response_t *resp, eph_error_t *err);
+typedef int (*transcript_parse_fn)(json_object *line, const char *where, eph_model_response_t *resp,
+                                   eph_error_t *err);
 
 void transcript_cache_init(transcript_cache_t *c);
 /* Drops the cache's references (no call may be in progress). */
