@@ -3,6 +3,8 @@
 
 #include "transcript.h"
 
+#include "support/text.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <stdbool.h>
@@ -71,44 +73,15 @@ transcript_open(const char *path, eph_error_t *err)
 static int
 read_all(int fd, const char *path, char **bytes, size_t *size, eph_error_t *err)
 {
-  size_t cap = 65536, len = 0;
-  char *buf = malloc(cap + 1);
-  while (buf) {
-    if (len == cap) {
-      if (cap > TRANSCRIPT_MAX_BYTES) {
-        free(buf);
-        return eph_error_set(err, EFBIG, "transcript %s: larger than %u MiB", path,
-                             TRANSCRIPT_MAX_BYTES >> 20);
-      }
-      char *nb = realloc(buf, cap * 2 + 1);
-      if (!nb)
-        break;
-      buf = nb;
-      cap *= 2;
-    }
-    ssize_t r = read(fd, buf + len, cap - len);
-    if (r < 0 && errno == EINTR)
-      continue;
-    if (r < 0) {
-      int e = errno;
-      free(buf);
-      return eph_error_set(err, e, "transcript %s: %s", path, strerror(e));
-    }
-    if (r == 0) {
-      if (len > TRANSCRIPT_MAX_BYTES) {
-        free(buf);
-        return eph_error_set(err, EFBIG, "transcript %s: larger than %u MiB", path,
-                             TRANSCRIPT_MAX_BYTES >> 20);
-      }
-      buf[len] = '\0';
-      *bytes = buf;
-      *size = len;
-      return 0;
-    }
-    len += (size_t)r;
-  }
-  free(buf);
-  return eph_error_set(err, ENOMEM, "transcript %s: out of memory", path);
+  int r = eph_read_fd(fd, TRANSCRIPT_MAX_BYTES, bytes, size);
+  if (r == -EFBIG)
+    return eph_error_set(err, EFBIG, "transcript %s: larger than %u MiB", path,
+                         TRANSCRIPT_MAX_BYTES >> 20);
+  if (r == -ENOMEM)
+    return eph_error_set(err, ENOMEM, "transcript %s: out of memory", path);
+  if (r < 0)
+    return eph_error_set(err, -r, "transcript %s: %s", path, strerror(-r));
+  return 0;
 }
 
 /* One line (len bytes at line, its newline included) as a JSON object into *out: 0, or
