@@ -132,34 +132,12 @@ usage(FILE *f)
 static int
 read_stdin(char **data, size_t *bytes)
 {
-  size_t cap = 65536, len = 0;
-  char *buf = eph_xmalloc(cap);
-  for (;;) {
-    if (len == cap) {
-      if (cap >= EPH_PROTO_MAX_DATA_BYTES) {
-        free(buf);
-        eph_error("exec: --stdin: more than %u bytes", EPH_PROTO_MAX_DATA_BYTES);
-        return -E2BIG;
-      }
-      cap *= 2;
-      buf = eph_xrealloc(buf, cap);
-    }
-    ssize_t r = read(STDIN_FILENO, buf + len, cap - len);
-    if (r < 0 && errno == EINTR)
-      continue;
-    if (r < 0) {
-      int e = errno;
-      free(buf);
-      eph_error("exec: reading stdin: %s", strerror(e));
-      return -e;
-    }
-    if (r == 0)
-      break;
-    len += (size_t)r;
-  }
-  *data = buf;
-  *bytes = len;
-  return 0;
+  int r = eph_read_fd(STDIN_FILENO, EPH_PROTO_MAX_DATA_BYTES, data, bytes);
+  if (r == -EFBIG)
+    eph_error("exec: --stdin: more than %u bytes", EPH_PROTO_MAX_DATA_BYTES);
+  else if (r < 0)
+    eph_error("exec: reading stdin: %s", strerror(-r));
+  return r == -EFBIG ? -E2BIG : r;
 }
 
 int

@@ -167,29 +167,11 @@ eph_read_file(const char *path, size_t max_bytes, char **out, size_t *bytes, eph
   cleanup_close int fd = open(path, O_RDONLY | O_CLOEXEC);
   if (fd < 0)
     return eph_error_set(err, errno, "%s: %s", path, strerror(errno));
-  size_t cap = 4096, len = 0;
-  cleanup_free char *buf = eph_xmalloc(cap + 1);
-  for (;;) {
-    if (len == cap) {
-      cap *= 2;
-      buf = eph_xrealloc(buf, cap + 1);
-    }
-    ssize_t r = read(fd, buf + len, cap - len);
-    if (r < 0) {
-      if (errno == EINTR)
-        continue;
-      return eph_error_set(err, errno, "%s: %s", path, strerror(errno));
-    }
-    if (r == 0)
-      break;
-    len += (size_t)r;
-    if (len > max_bytes)
-      return eph_error_set(err, EFBIG, "%s: larger than %zu bytes", path, max_bytes);
-  }
-  buf[len] = '\0';
-  if (bytes)
-    *bytes = len;
-  *out = steal_pointer(&buf);
+  int r = eph_read_fd(fd, max_bytes, out, bytes);
+  if (r == -EFBIG)
+    return eph_error_set(err, EFBIG, "%s: larger than %zu bytes", path, max_bytes);
+  if (r < 0)
+    return eph_error_set(err, -r, "%s: %s", path, strerror(-r));
   return 0;
 }
 

@@ -40,8 +40,9 @@ typedef struct guest_worker_spec {
   bool guest_batch; /* the guest runs SCHED_BATCH: the worker goes back to SCHED_OTHER */
 } guest_worker_spec_t;
 
-/* The worker's seccomp filter, compiled once per guest: libseccomp builds the rules and
- * generates the BPF program at start-up (guest_seccomp_compile), never again per command. */
+/* The worker's seccomp filter: the rules of guest/filter.c, compiled to BPF by libseccomp
+ * when the guest is built (guest/gen-filter), loaded at start-up (guest_seccomp_compile),
+ * never again per command. */
 typedef struct guest_filter {
   struct sock_fprog prog; /* exactly what libseccomp's seccomp_load() would install */
   /* Installed on the guest itself (the jail: guest_seccomp_install at start-up), so every
@@ -51,11 +52,17 @@ typedef struct guest_filter {
   bool on_guest;
 } guest_filter_t;
 
-/* Builds the seccomp filter every worker command runs under (see worker.c for the list).
- * Returns NULL with why filled on failure. Release with seccomp_release(). */
+/* Builds the seccomp filter every worker command runs under (see guest/filter.c for the
+ * list). Returns NULL with why filled on failure. Release with seccomp_release(). */
 scmp_filter_ctx guest_seccomp_build(char *why, size_t why_size);
-/* guest_seccomp_build() compiled to BPF (seccomp_export_bpf) into out->prog (heap; the
- * guest keeps it for its lifetime), out->on_guest false. 0, or -errno with why filled. */
+/* guest_seccomp_build() compiled to BPF by libseccomp (seccomp_export_bpf) into out->prog
+ * (heap), out->on_guest false. 0, or -errno with why filled. In guest/filter.c: what
+ * guest/gen-filter runs at build time and a cross-compiled guest at start-up. */
+int guest_seccomp_generate(guest_filter_t *out, char *why, size_t why_size);
+/* The filter the guest installs into out->prog (heap; the guest keeps it for its
+ * lifetime), out->on_guest false: the program generated when the guest was built
+ * (guest/guest-filter.h), or guest_seccomp_generate()'s where none was. 0, or -errno with
+ * why filled. */
 int guest_seccomp_compile(guest_filter_t *out, char *why, size_t why_size);
 /* What seccomp_load() does with a filter of default attributes: PR_SET_NO_NEW_PRIVS, then
  * seccomp(SECCOMP_SET_MODE_FILTER, 0, prog) (prctl(PR_SET_SECCOMP) on a kernel without

@@ -667,6 +667,93 @@ test_quoted_results_must_exist(void **state)
   (void)state;
 }
 
+/* Replays the example's three calls on c (a fresh conversation), returning the final
+ * answer's text (owned by the caller). */
+static char *
+replay_three(loaded_t *l, convo_t *c)
+{
+  eph_model_response_t r;
+  eph_error_t err = {0};
+  for (int call = 1; call <= 2; call++) {
+    if (model_call(l, &c->req, &r, &err) < 0)
+      fail_msg("call %d: %s", call, err.message);
+    convo_answer(c, r.message, 0);
+    eph_model_response_clear(&r);
+  }
+  if (model_call(l, &c->req, &r, &err) < 0)
+    fail_msg("call 3: %s", err.message);
+  char *answer = eph_xstrdup(content_of(r.message));
+  eph_model_response_clear(&r);
+  return answer;
+}
+
+static void
+write_text(const char *path, const char *text)
+{
+  FILE *f = fopen(path, "w");
+  assert_non_null(f);
+  assert_int_equal(fputs(text, f) >= 0, 1);
+  assert_int_equal(fclose(f), 0);
+}
+
+static size_t
+count_of(const char *text, const char *needle)
+{
+  size_t n = 0;
+  for (const char *p = text; (p = strstr(p, needle)); p++)
+    n++;
+  return n;
+}
+
+/* A run's calls parse its transcript once, not once per call (which made a run's cost grow
+ * with the square of its length); a transcript edited between calls is still read as it
+ * is at the call, never as it was cached. */
+static void
+test_transcript_parsed_once_per_content(void **state)
+{
+  char dir[] = "/tmp/eph-replay-cache-XXXXXX";
+  assert_non_null(mkdtemp(dir));
+  cleanup_free char *path = eph_xasprintf("%s/t.jsonl", dir);
+  cleanup_free char *text = NULL;
+  eph_error_t err = {0};
+  if (eph_read_file(example, 1 << 20, &text, NULL, &err) < 0)
+    fail_msg("%s", err.message);
+  write_text(path, text);
+  cleanup_free char *conf = eph_xasprintf("transcript = \"%s\";", path);
+  loaded_t l;
+  convo_t c;
+  load_replay(&l, conf);
+
+  eph_log_set_level(EPH_LOG_DEBUG);
+  capture_begin();
+  convo_init(&c, "openai/gpt-6-luna");
+  cleanup_free char *first = replay_three(&l, &c);
+  convo_free(&c);
+  cleanup_free char *log1 = capture_end();
+  assert_non_null(strstr(first, "The network call did not succeed."));
+  assert_int_equal(count_of(log1, "responses parsed"), 1);
+  assert_int_equal(count_of(log1, "replayed "), 3);
+
+  /* The same file rewritten in place: the next run answers with what it says now. */
+  char *at = strstr(text, "The network call did not succeed.");
+  assert_non_null(at);
+  memcpy(at, "The network call was edited away.", strlen("The network call did not succeed."));
+  write_text(path, text);
+  capture_begin();
+  convo_init(&c, "openai/gpt-6-luna");
+  cleanup_free char *second = replay_three(&l, &c);
+  convo_free(&c);
+  cleanup_free char *log2 = capture_end();
+  eph_log_set_level(EPH_LOG_ERROR);
+  assert_non_null(strstr(second, "The network call was edited away."));
+  assert_int_equal(count_of(log2, "responses parsed"), 1);
+
+  plugin_unload(&l);
+  unlink(path);
+  rmdir(dir);
+  (void)state;
+}
+
 int
 main(void)
 {
@@ -687,6 +774,7 @@ main(void)
       cmocka_unit_test(test_pace_follows_recorded_latency),
       cmocka_unit_test(test_recorded_raw_bodies_replay_identically),
       cmocka_unit_test(test_quoted_results_must_exist),
+      cmocka_unit_test(test_transcript_parsed_once_per_content),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -32,7 +32,7 @@
  *  10. RLIMIT_NOFILE, no_new_privs, close every other fd
  *  11. exec ephemeral-guest --fd 3 --nofile N as PID 1 (from an fd opened on the host)
  * Capabilities are dropped and seccomp applied by the guest (to itself at start-up, which
- * every worker command inherits; see guest/worker.c).
+ * every worker command inherits; see guest/worker.c and guest/filter.c).
  */
 #include "config.h"
 

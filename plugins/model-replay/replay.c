@@ -5,7 +5,10 @@
  * API object or an Anthropic message, each read with its provider's own parser. The plugin keeps no
  * per-run state: the response to give is line N+1 where N is the number of assistant
  * messages already in req->messages, so any number of runs can replay concurrently and a
- * run can be replayed again from the start.
+ * run can be replayed again from the start. What it keeps is the parsed transcript
+ * (transcript.h): each call reads the file, and parses it only when its bytes are not
+ * those of a transcript already parsed, so a run's calls cost in proportion to its length
+ * rather than its square.
  *
  * Before answering it checks that the run still follows the transcript, and fails with
  * -EPH_E_DIVERGED naming the transcript line when it does not:
@@ -30,7 +33,6 @@
 #include "config.h" /* autoconf: _GNU_SOURCE, PACKAGE_VERSION */
 
 #include <errno.h>
-#include <fcntl.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -44,9 +46,9 @@
 #include "support/model_chat.h"
 #include "support/model_messages.h"
 #include "support/model_responses.h"
+#include "transcript.h"
 
 #define MODEL_PREFIX "replay:"
-#define TRANSCRIPT_MAX_BYTES (64u << 20)
 
 static const eph_config_key_t replay_keys[] = {
     {"transcript", EPH_CFG_STRING, "\"\"", NULL,
@@ -64,138 +66,8 @@ typedef struct replay {
   const eph_host_t *host;
   char *transcript; /* configured transcript, resolved; NULL when unset */
   int pace;
+  transcript_cache_t cache; /* transcripts parsed once, shared by the runs (transcript.h) */
 } replay_t;
-
-/* One transcript: parsed lines with their line numbers in the file. */
-typedef struct transcript {
-  const char *path;
-  json_object **lines;
-  size_t *lineno;
-  size_t n;
-} transcript_t;
-
-static void
-transcript_free(transcript_t *t)
-{
-  for (size_t i = 0; i < t->n; i++)
-    json_object_put(t->lines[i]);
-  free(t->lines);
-  free(t->lineno);
-  t->lines = NULL;
-  t->lineno = NULL;
-  t->n = 0;
-}
-
-/* Blanks only (space, tab, CR, LF) in the n bytes at s; a NUL is not a blank. */
-static bool
-blank(const char *s, size_t n)
-{
-  for (size_t i = 0; i < n; i++)
-    if (!memchr(" \t\r\n", s[i], 4))
-      return false;
-  return true;
-}
-
-/* Opens the transcript at path for reading: a file descriptor, or negative with err set. */
-static int
-transcript_open(const char *path, eph_error_t *err)
-{
-  /* The path may come from a request ("replay:PATH"): a FIFO would block this model call
-   * (and the run, and a daemon's drain) in open() where no deadline reaches it, and a
-   * device such as /dev/zero is one endless line that getline() grows without bound.
-   * Only a regular file no larger than the cap is read; O_NONBLOCK makes open() of a
-   * FIFO return at once so that fstat() can refuse it. */
-  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
-  if (fd < 0)
-    return eph_error_set(err, errno == ENOENT ? EPH_E_CONFIG : errno, "transcript %s: %s", path,
-                         strerror(errno));
-  struct stat st;
-  if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
-    close(fd);
-    return eph_error_set(err, EINVAL, "transcript %s: not a regular file", path);
-  }
-  if ((uint64_t)st.st_size > TRANSCRIPT_MAX_BYTES) {
-    close(fd);
-    return eph_error_set(err, EFBIG, "transcript %s: larger than %u MiB", path,
-                         TRANSCRIPT_MAX_BYTES >> 20);
-  }
-  return fd;
-}
-
-static int
-transcript_load(transcript_t *t, const char *path, eph_error_t *err)
-{
-  char *line = NULL;
-  size_t cap = 0, no = 0, total = 0;
-  ssize_t len;
-  int r = 0;
-
-  t->path = path;
-  t->n = 0;
-  int fd = transcript_open(path, err);
-  if (fd < 0)
-    return fd;
-  FILE *f = fdopen(fd, "r");
-  if (!f) {
-    r = eph_error_set(err, errno, "transcript %s: %s", path, strerror(errno));
-    close(fd);
-    return r;
-  }
-  while ((len = getline(&line, &cap, f)) >= 0) {
-    no++;
-    total += (size_t)len;
-    if (total > TRANSCRIPT_MAX_BYTES) {
-      r = eph_error_set(err, EFBIG, "transcript %s: larger than %u MiB", path,
-                        TRANSCRIPT_MAX_BYTES >> 20);
-      break;
-    }
-    if (blank(line, (size_t)len))
-      continue;
-    /* Exactly one object and blanks, as model-openai accepts a body: the line's length,
-     * not its first NUL, bounds it, and nothing may follow the object. */
-    json_tokener *tok = json_tokener_new();
-    if (!tok) {
-      r = eph_error_set(err, ENOMEM, "transcript %s: out of memory", path);
-      break;
-    }
-    json_object *o = json_tokener_parse_ex(tok, line, (int)len);
-    enum json_tokener_error jerr = json_tokener_get_error(tok);
-    size_t used = json_tokener_get_parse_end(tok);
-    json_tokener_free(tok);
-    const char *why = NULL;
-    if (!o || jerr != json_tokener_success)
-      why = jerr == json_tokener_continue ? "truncated" : json_tokener_error_desc(jerr);
-    else if (!blank(line + used, (size_t)len - used))
-      why = "bytes after the object";
-    else if (!json_object_is_type(o, json_type_object))
-      why = "another JSON value";
-    if (why) {
-      if (o)
-        json_object_put(o);
-      r = eph_error_set(err, EPH_E_PROTOCOL, "%s:%zu: not a JSON object (%s)", path, no, why);
-      break;
-    }
-    json_object **nl = realloc(t->lines, (t->n + 1) * sizeof *nl);
-    size_t *nn = nl ? realloc(t->lineno, (t->n + 1) * sizeof *nn) : NULL;
-    if (nl)
-      t->lines = nl;
-    if (nn)
-      t->lineno = nn;
-    if (!nl || !nn) {
-      json_object_put(o);
-      r = eph_error_set(err, ENOMEM, "transcript %s: out of memory", path);
-      break;
-    }
-    t->lines[t->n] = o;
-    t->lineno[t->n] = no;
-    t->n++;
-  }
-  free(line);
-  fclose(f);
-  if (r < 0)
-    transcript_free(t);
-  return r;
-}
 
 /* A JSON text shortened for messages. */
 static void
@@ -489,6 +361,18 @@ parse_line(json_object *line, const char *where, eph_model_response_t *resp, eph
   return eph_chat_parse_response(line, where, resp, err);
 }
 
+/* This call's own copy of line k of t (the shared one is only read), or NULL with err set. */
+static json_object *
+line_copy(const transcript_t *t, size_t k, eph_error_t *err)
+{
+  json_object *copy = NULL;
+  if (json_object_deep_copy(t->lines[k], &copy, NULL) < 0) {
+    eph_error_set(err, ENOMEM, "out of memory");
+    return NULL;
+  }
+  return copy;
+}
+
 static int
 replay_answer(replay_t *s, const transcript_t *t, const eph_model_request_t *req,
               eph_model_response_t *resp, eph_error_t *err)
@@ -508,13 +392,32 @@ replay_answer(replay_t *s, const transcript_t *t, const eph_model_request_t *req
                            "responses",
                            t->path, t->n);
     snprintf(where, sizeof where, "%s:%zu", t->path, t->lineno[k]);
-    eph_model_response_t rec = {.struct_size = sizeof rec};
-    if ((r = parse_line(t->lines[k], where, &rec, err)) < 0)
-      return r;
-    r = expand_message(rec.message, req->messages, where, err);
+    /* The recorded message as parsed once (shared: only read), or this call's own copy
+     * where it quotes the run's results or where the parser refused the line (parsed
+     * again here for its error). */
+    json_object *rec = t->recorded[k], *own = NULL;
+    const char *content = eph_json_get_string(rec, "content");
+    if (!rec) {
+      json_object *line = line_copy(t, k, err);
+      eph_model_response_t parsed = {.struct_size = sizeof parsed};
+      r = line ? parse_line(line, where, &parsed, err) : -ENOMEM;
+      if (line)
+        json_object_put(line);
+      if (r < 0)
+        return r;
+      own = rec = parsed.message;
+      parsed.message = NULL;
+      eph_model_response_clear(&parsed);
+    } else if (content && strstr(content, "{{call_")) {
+      if (json_object_deep_copy(rec, &own, NULL) < 0)
+        return eph_error_set(err, ENOMEM, "out of memory");
+      rec = own;
+    }
+    r = own ? expand_message(own, req->messages, where, err) : 0;
     if (r == 0)
-      r = compare_assistant(msg, rec.message, k, where, err);
-    eph_model_response_clear(&rec);
+      r = compare_assistant(msg, rec, k, where, err);
+    if (own)
+      json_object_put(own);
     if (r < 0 || (r = check_tool_results(req->messages, m, k, where, err)) < 0)
       return r;
     k++;
@@ -526,20 +429,28 @@ replay_answer(replay_t *s, const transcript_t *t, const eph_model_request_t *req
                          t->path, t->n, k + 1);
 
   snprintf(where, sizeof where, "%s:%zu", t->path, t->lineno[k]);
-  if ((r = parse_line(t->lines[k], where, resp, err)) < 0)
+  /* The answer is read from this call's copy of the line, which becomes resp->raw: the
+   * caller owns both, and the shared transcript is never handed out. */
+  json_object *line = line_copy(t, k, err);
+  if (!line)
+    return -ENOMEM;
+  if ((r = parse_line(line, where, resp, err)) < 0) {
+    json_object_put(line);
     return r;
+  }
   if ((r = expand_message(resp->message, req->messages, where, err)) < 0) {
     eph_model_response_clear(resp);
+    json_object_put(line);
     return r;
   }
   if (EPH_MODEL_RESPONSE_HAS_REPLAY(resp)) {
-    const char *model = eph_json_get_string(t->lines[k], "model");
+    const char *model = eph_json_get_string(line, "model");
     snprintf(resp->replayed_from, sizeof resp->replayed_from, "%s", where);
     snprintf(resp->recorded_model, sizeof resp->recorded_model, "%s", model ? model : "");
   }
 
   json_object *lat = NULL;
-  if (s->pace && json_object_object_get_ex(t->lines[k], "x_latency_ms", &lat) &&
+  if (s->pace && json_object_object_get_ex(line, "x_latency_ms", &lat) &&
       json_object_is_type(lat, json_type_int)) {
     int64_t ms = json_object_get_int64(lat);
     bool late = req->deadline_ms > 0 && eph_now_ms() + ms > req->deadline_ms;
@@ -552,12 +463,14 @@ replay_answer(replay_t *s, const transcript_t *t, const eph_model_request_t *req
     }
     if (late) {
       eph_model_response_clear(resp);
-      return eph_error_set(err, ETIMEDOUT,
-                           "%s: the recorded latency (%lld ms) passes the run deadline", where,
-                           (long long)json_object_get_int64(lat));
+      r = eph_error_set(err, ETIMEDOUT,
+                        "%s: the recorded latency (%lld ms) passes the run deadline", where,
+                        (long long)json_object_get_int64(lat));
+      json_object_put(line);
+      return r;
     }
   }
-  resp->raw = json_object_get(t->lines[k]);
+  resp->raw = line;
   if (s->host && s->host->log)
     s->host->log(EPH_LOG_DEBUG, "replayed %s (%llu+%llu tokens, %s)", where,
                  (unsigned long long)resp->input_tokens, (unsigned long long)resp->output_tokens,
@@ -590,12 +503,12 @@ replay_complete(void *state, const eph_model_request_t *req, eph_model_response_
                            "or use the model \"replay:PATH\"");
   }
 
-  transcript_t t = {0};
-  int r = transcript_load(&t, path, err);
+  transcript_t *t = NULL;
+  int r = transcript_get(&s->cache, s->host, path, parse_line, &t, err);
   if (r < 0)
     return r;
-  r = replay_answer(s, &t, req, resp, err);
-  transcript_free(&t);
+  r = replay_answer(s, t, req, resp, err);
+  transcript_release(&s->cache, t);
   return r;
 }
 
@@ -625,6 +538,7 @@ replay_fini(void *state)
   replay_t *s = state;
   if (!s)
     return;
+  transcript_cache_fini(&s->cache);
   free(s->transcript);
   free(s);
 }
@@ -643,6 +557,7 @@ replay_init(const eph_host_t *host, const config_setting_t *config, void **state
     return eph_error_set(err, ENOMEM, "out of memory");
   s->host = host;
   s->pace = pace;
+  transcript_cache_init(&s->cache);
   if (*path) {
     struct stat st;
     char *under_data = NULL;
@@ -663,6 +578,7 @@ replay_init(const eph_host_t *host, const config_setting_t *config, void **state
       s->transcript = strdup(path);
     }
     if (!s->transcript) {
+      transcript_cache_fini(&s->cache);
       free(s);
       return eph_error_set(err, ENOMEM, "out of memory");
     }

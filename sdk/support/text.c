@@ -1,7 +1,10 @@
 /* See text.h. */
 #include "text.h"
 
+#include <errno.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <unistd.h>
 
 bool
 eph_utf8_is_text(const unsigned char *s, size_t bytes)
@@ -76,4 +79,44 @@ eph_error_result(const char *msg)
   if (o)
     json_object_object_add(o, "error", json_object_new_string(msg));
   return o;
+}
+
+int
+eph_read_fd(int fd, size_t max_bytes, char **out, size_t *bytes)
+{
+  size_t cap = 4096, len = 0;
+  char *buf = malloc(cap + 1);
+  if (!buf)
+    return -ENOMEM;
+  for (;;) {
+    if (len == cap) {
+      char *nb = realloc(buf, cap * 2 + 1);
+      if (!nb) {
+        free(buf);
+        return -ENOMEM;
+      }
+      buf = nb;
+      cap *= 2;
+    }
+    ssize_t r = read(fd, buf + len, cap - len);
+    if (r < 0 && errno == EINTR)
+      continue;
+    if (r < 0) {
+      int e = errno;
+      free(buf);
+      return -e;
+    }
+    if (r == 0)
+      break;
+    len += (size_t)r;
+    if (len > max_bytes) {
+      free(buf);
+      return -EFBIG;
+    }
+  }
+  buf[len] = '\0';
+  if (bytes)
+    *bytes = len;
+  *out = buf;
+  return 0;
 }

@@ -34,6 +34,12 @@ eph_json_get_string(json_object *obj, const char *key)
   return json_object_get_string(v);
 }
 
+/* Reads fd to its end into *out (malloc'ed and NUL-terminated, the caller frees it) and
+ * *bytes (its length, the NUL not counted; may be NULL): 0, or -EFBIG once more than
+ * max_bytes came (nothing returned), -ENOMEM, or read()'s -errno. Retries EINTR. The one
+ * bounded whole-file reader (the core's files, `exec --stdin`, model-replay's transcripts). */
+int eph_read_fd(int fd, size_t max_bytes, char **out, size_t *bytes);
+
 /* {"error": msg} as a tool result (a failure the model should see). Owned by the caller;
  * NULL only when out of memory. */
 json_object *eph_error_result(const char *msg);

@@ -3,7 +3,8 @@
  * ("replay:PATH") or from a shared recording, so both are untrusted. The input is the
  * transcript, then a line holding only "%%", then the request's messages (a JSON array);
  * without the separator the whole input is the transcript and the messages are one user
- * message. The transcript reaches the plugin as a file (a memfd through /proc/self/fd). */
+ * message. The transcript reaches the plugin as a file (a memfd through /proc/self/fd). The
+ * call is made twice: the second answers from the parsed transcript the first cached. */
 #include "../../plugins/model-replay/replay.c"
 
 #include <sys/mman.h>
@@ -52,13 +53,17 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
   char model[64];
   snprintf(model, sizeof model, "replay:/proc/self/fd/%d", fd);
   replay_t s = {.host = &host, .transcript = NULL, .pace = 0};
+  transcript_cache_init(&s.cache);
   eph_model_request_t req = {.struct_size = sizeof req, .model = model, .messages = messages};
-  eph_model_response_t resp = {.struct_size = sizeof resp};
-  eph_error_t err = {0};
-  if (replay_complete(&s, &req, &resp, &err) == 0) {
-    (void)json_object_to_json_string(resp.message);
-    eph_model_response_clear(&resp);
+  for (int call = 0; call < 2; call++) {
+    eph_model_response_t resp = {.struct_size = sizeof resp};
+    eph_error_t err = {0};
+    if (replay_complete(&s, &req, &resp, &err) == 0) {
+      (void)json_object_to_json_string(resp.message);
+      eph_model_response_clear(&resp);
+    }
   }
+  transcript_cache_fini(&s.cache);
   json_object_put(messages);
   close(fd);
   return 0;
