@@ -713,6 +713,13 @@ eph_config_load(eph_config_t *c, const char *main_path, const char *confd_path, 
   int r = 0;
   struct dirent **names = NULL;
   int n_names = 0;
+  /* `--config /etc/ephemeral` (the directory) is a likely slip: name the file it meant,
+   * instead of a conf.d missing beside the directory. */
+  if (is_dir(main_path))
+    return eph_error_set(err, EPH_E_CONFIG,
+                         "%s: is a directory: --config and EPHEMERAL_CONFIG name the "
+                         "ephemeral.conf file (%s%sephemeral.conf?)",
+                         main_path, main_path, main_path[strlen(main_path) - 1] == '/' ? "" : "/");
   /* No conf.d is an error, never a fallback: a missing directory is a wrong --sysconfdir,
    * a staging copy looking at the host's /etc, or a half-removed package, and a built-in
    * plugin set would hide which configuration (or none) the run got. */
