@@ -202,11 +202,21 @@ print_summary(FILE *out, json_object *run)
     fprintf(out, "\nSaved output:\n%s\n", a);
   }
   for (size_t i = 0; files && i < json_object_array_length(files); i++) {
-    json_object *f = json_object_array_get_idx(files, i), *p = NULL, *b = NULL;
+    json_object *f = json_object_array_get_idx(files, i), *p = NULL, *b = NULL, *e = NULL,
+                *t = NULL;
     json_object_object_get_ex(f, "path", &p);
     json_object_object_get_ex(f, "bytes", &b);
     cleanup_free char *path = shown(p ? json_object_get_string(p) : "?");
-    fprintf(out, "output file %s: %" PRId64 " bytes\n", path, b ? json_object_get_int64(b) : 0);
+    /* A file the run did not leave is not "0 bytes": say why it was not saved. */
+    cleanup_free char *why =
+        json_object_object_get_ex(f, "error", &e) ? shown(json_object_get_string(e)) : NULL;
+    if (why)
+      fprintf(out, "output file %s: not saved: %s\n", path, why);
+    else
+      fprintf(out, "output file %s: %" PRId64 " bytes%s\n", path, b ? json_object_get_int64(b) : 0,
+              json_object_object_get_ex(f, "truncated", &t) && json_object_get_boolean(t)
+                  ? " (truncated)"
+                  : "");
   }
   fprintf(out, "\nModel %s · Web %s · Compute %s\n",
           eph_format_dollars(eph_json_int64(usage, "model_micros"), model, sizeof model),
@@ -530,22 +540,6 @@ runs_replay(eph_store_t *store, const char *id, double speed)
   return 0;
 }
 
-/* getopt_long over a subcommand's options, argv[0] being the subcommand ("list", "create":
- * permuting never moves it). An unknown option or a missing value is an error naming it
- * and the command; returns getopt's character ('?' then). Start with optind = 0. */
-static int
-sub_getopt(const char *cmd, int argc, char **argv, const struct option *opts)
-{
-  int saved = opterr;
-  opterr = 0;
-  int c = getopt_long(argc, argv, ":", opts, NULL);
-  opterr = saved;
-  if (c == '?' || c == ':')
-    eph_error("%s: %s '%s'", cmd, c == ':' ? "a value is needed after" : "unknown option",
-              argv[optind - 1]);
-  return c == ':' ? '?' : c;
-}
-
 /* `runs list [--org ORG] [--limit N]`: a misspelt option or a bad N is an error naming
  * it (before, ignored: the default list came back as if asked for). */
 static int
@@ -554,7 +548,7 @@ runs_list_options(int argc, char **argv, const char **org, int *limit)
   static const struct option opts[] = {
       {"org", required_argument, NULL, 'o'}, {"limit", required_argument, NULL, 'n'}, {0}};
   optind = 0; /* 0: glibc re-initialises (main parsed its own options in "+" order) */
-  for (int c; (c = sub_getopt("runs list", argc, argv, opts)) != -1;) {
+  for (int c; (c = eph_cli_getopt("runs list", argc, argv, opts)) != -1;) {
     char *end;
     long n;
     switch (c) {
@@ -721,7 +715,7 @@ eph_cmd_keys(eph_ctx_t *ctx, int argc, char **argv)
   char cmd[64];
   snprintf(cmd, sizeof cmd, "keys %s", sub);
   optind = 0; /* 0: glibc re-initialises (main parsed its own options in "+" order) */
-  for (int c; argc >= 2 && (c = sub_getopt(cmd, argc - 1, argv + 1, opts)) != -1;) {
+  for (int c; argc >= 2 && (c = eph_cli_getopt(cmd, argc - 1, argv + 1, opts)) != -1;) {
     if (c == 'o')
       org = optarg;
     else if (c == 'n')
