@@ -24,6 +24,13 @@ typedef struct eph_cli_command {
 
 extern const eph_cli_command_t eph_cli_commands[]; /* ends with {0} */
 
+struct option;
+/* getopt_long over a subcommand's options, argv[0] being the subcommand ("list",
+ * "create": permuting never moves it); set optind = 0 before the first call. An unknown
+ * option or a missing value is logged as an error naming it and cmd ("runs list"), and
+ * returns '?'; otherwise getopt_long's result (-1 at the end). */
+int eph_cli_getopt(const char *cmd, int argc, char **argv, const struct option *opts);
+
 int eph_cmd_plugins(eph_ctx_t *ctx, int argc, char **argv);
 int eph_cmd_config(eph_ctx_t *ctx, int argc, char **argv);
 int eph_cmd_run(eph_ctx_t *ctx, int argc, char **argv);

@@ -202,11 +202,21 @@ print_summary(FILE *out, json_object *run)
     fprintf(out, "\nSaved output:\n%s\n", a);
   }
   for (size_t i = 0; files && i < json_object_array_length(files); i++) {
-    json_object *f = json_object_array_get_idx(files, i), *p = NULL, *b = NULL;
+    json_object *f = json_object_array_get_idx(files, i), *p = NULL, *b = NULL, *e = NULL,
+                *t = NULL;
     json_object_object_get_ex(f, "path", &p);
     json_object_object_get_ex(f, "bytes", &b);
     cleanup_free char *path = shown(p ? json_object_get_string(p) : "?");
-    fprintf(out, "output file %s: %" PRId64 " bytes\n", path, b ? json_object_get_int64(b) : 0);
+    /* A file the run did not leave is not "0 bytes": say why it was not saved. */
+    cleanup_free char *why =
+        json_object_object_get_ex(f, "error", &e) ? shown(json_object_get_string(e)) : NULL;
+    if (why)
+      fprintf(out, "output file %s: not saved: %s\n", path, why);
+    else
+      fprintf(out, "output file %s: %" PRId64 " bytes%s\n", path, b ? json_object_get_int64(b) : 0,
+              json_object_object_get_ex(f, "truncated", &t) && json_object_get_boolean(t)
+                  ? " (truncated)"
+                  : "");
   }
   fprintf(out, "\nModel %s · Web %s · Compute %s\n",
           eph_format_dollars(eph_json_int64(usage, "model_micros"), model, sizeof model),
@@ -530,6 +540,41 @@ runs_replay(eph_store_t *store, const char *id, double speed)
   return 0;
 }
 
+/* `runs list [--org ORG] [--limit N]`: a misspelt option or a bad N is an error naming
+ * it (before, ignored: the default list came back as if asked for). */
+static int
+runs_list_options(int argc, char **argv, const char **org, int *limit)
+{
+  static const struct option opts[] = {
+      {"org", required_argument, NULL, 'o'}, {"limit", required_argument, NULL, 'n'}, {0}};
+  optind = 0; /* 0: glibc re-initialises (main parsed its own options in "+" order) */
+  for (int c; (c = eph_cli_getopt("runs list", argc, argv, opts)) != -1;) {
+    char *end;
+    long n;
+    switch (c) {
+    case 'o':
+      *org = optarg;
+      break;
+    case 'n':
+      errno = 0;
+      n = strtol(optarg, &end, 10);
+      if (errno || *end || end == optarg || n < 1 || n > 10000) {
+        eph_error("runs list: --limit '%s': a number of runs, 1..10000", optarg);
+        return -1;
+      }
+      *limit = (int)n;
+      break;
+    default:
+      return -1; /* getopt named the option */
+    }
+  }
+  if (optind != argc) {
+    eph_error("runs list: unexpected argument '%s'", argv[optind]);
+    return -1;
+  }
+  return 0;
+}
+
 int
 eph_cmd_runs(eph_ctx_t *ctx, int argc, char **argv)
 {
@@ -539,20 +584,16 @@ eph_cmd_runs(eph_ctx_t *ctx, int argc, char **argv)
         "usage: ephemeral runs list [--org ORG] [--limit N] | show ID | replay ID [--speed N]\n");
     return 2;
   }
+  const char *org = eph_config_values(&ctx->config)->cli_org;
+  int limit = 20;
+  if (strcmp(argv[1], "list") == 0 && runs_list_options(argc - 1, argv + 1, &org, &limit) < 0)
+    return 2;
   eph_store_t *store = NULL;
   if (open_store(ctx, &store) < 0)
     return 1;
   eph_error_t err = {0};
   int status = 0;
-  const char *org = eph_config_values(&ctx->config)->cli_org;
   if (strcmp(argv[1], "list") == 0) {
-    int limit = 20;
-    for (int i = 2; i + 1 < argc; i++)
-      if (strcmp(argv[i], "--limit") == 0)
-        limit = atoi(argv[i + 1]);
-    for (int i = 2; i + 1 < argc; i++)
-      if (strcmp(argv[i], "--org") == 0)
-        org = argv[i + 1];
     json_object *runs = NULL;
     char *next = NULL;
     if (eph_store_run_list(store, org, limit, NULL, &runs, &next, &err) < 0) {
@@ -664,22 +705,36 @@ eph_cmd_orgs(eph_ctx_t *ctx, int argc, char **argv)
 int
 eph_cmd_keys(eph_ctx_t *ctx, int argc, char **argv)
 {
+  static const struct option opts[] = {{"org", required_argument, NULL, 'o'},
+                                       {"name", required_argument, NULL, 'n'},
+                                       {"admin", no_argument, NULL, 'a'},
+                                       {0}};
   const char *org = NULL, *name = NULL;
-  bool admin = false;
-  for (int i = 2; i < argc; i++) {
-    if (strcmp(argv[i], "--admin") == 0)
-      admin = true;
-    else if (i + 1 >= argc)
-      break;
-    else if (strcmp(argv[i], "--org") == 0)
-      org = argv[++i];
-    else if (strcmp(argv[i], "--name") == 0)
-      name = argv[++i];
-  }
+  bool admin = false, bad = false;
   const char *sub = argc >= 2 ? argv[1] : "";
+  char cmd[64];
+  snprintf(cmd, sizeof cmd, "keys %s", sub);
+  optind = 0; /* 0: glibc re-initialises (main parsed its own options in "+" order) */
+  for (int c; argc >= 2 && (c = eph_cli_getopt(cmd, argc - 1, argv + 1, opts)) != -1;) {
+    if (c == 'o')
+      org = optarg;
+    else if (c == 'n')
+      name = optarg;
+    else if (c == 'a')
+      admin = true;
+    else
+      bad = true;
+  }
   bool create = strcmp(sub, "create") == 0, revoke = strcmp(sub, "revoke") == 0,
        list = strcmp(sub, "list") == 0;
-  if (!org || (!create && !revoke && !list) || ((create || revoke) && !name)) {
+  if (!bad && argc >= 2 && optind + 1 < argc && (create || revoke || list)) {
+    eph_error("%s: unexpected argument '%s'%s", cmd, argv[optind + 1],
+              revoke ? " (the key: --name NAME or --name KEY_ID)" : "");
+    bad = true;
+  } else if (!bad && (create || revoke || list) && (!org || ((create || revoke) && !name))) {
+    eph_error("%s: %s is required", cmd, !org ? "--org ORG" : "--name NAME");
+  }
+  if (bad || !org || (!create && !revoke && !list) || ((create || revoke) && !name)) {
     fprintf(stderr, "usage: ephemeral keys create --org ORG --name NAME [--admin]\n"
                     "       ephemeral keys revoke --org ORG --name NAME|KEY_ID\n"
                     "       ephemeral keys list --org ORG\n");

@@ -509,12 +509,24 @@ eph_config_values(const eph_config_t *c)
   return &defaults;
 }
 
-/* Cached prompt tokens cost the input price unless said otherwise. */
+/* A row's name and both prices are required: a mistyped or forgotten price would
+ * otherwise bill that model's tokens at 0 (fail closed: the configuration is refused).
+ * Cached prompt tokens cost the input price unless said otherwise. */
 static int
 price_model_finish(void *values, const config_setting_t *g, eph_error_t *err)
 {
-  (void)g, (void)err;
   eph_price_model_t *m = values;
+  const char *missing = !m->name                                 ? "name"
+                        : m->input_micros_per_mtok == INT64_MIN  ? "input_micros_per_mtok"
+                        : m->output_micros_per_mtok == INT64_MIN ? "output_micros_per_mtok"
+                                                                 : NULL;
+  if (missing) {
+    char where[PATH_MAX + 32], path[512];
+    return eph_error_set(
+        err, EPH_E_CONFIG, "%s: key '%s' is required in every row of pricing.models (%s%s%s%s)",
+        eph_cfg_where(g, where, sizeof where), missing, setting_path(g, path, sizeof path),
+        m->name ? ": \"" : "", m->name ? m->name : "", m->name ? "\"" : "");
+  }
   if (m->cached_input_micros_per_mtok == INT64_MIN)
     m->cached_input_micros_per_mtok = m->input_micros_per_mtok;
   if (m->cache_write_micros_per_mtok == INT64_MIN)
@@ -701,6 +713,13 @@ eph_config_load(eph_config_t *c, const char *main_path, const char *confd_path, 
   int r = 0;
   struct dirent **names = NULL;
   int n_names = 0;
+  /* `--config /etc/ephemeral` (the directory) is a likely slip: name the file it meant,
+   * instead of a conf.d missing beside the directory. */
+  if (is_dir(main_path))
+    return eph_error_set(err, EPH_E_CONFIG,
+                         "%s: is a directory: --config and EPHEMERAL_CONFIG name the "
+                         "ephemeral.conf file (%s%sephemeral.conf?)",
+                         main_path, main_path, main_path[strlen(main_path) - 1] == '/' ? "" : "/");
   /* No conf.d is an error, never a fallback: a missing directory is a wrong --sysconfdir,
    * a staging copy looking at the host's /etc, or a half-removed package, and a built-in
    * plugin set would hide which configuration (or none) the run got. */

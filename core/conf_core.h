@@ -7,8 +7,9 @@
  *
  * Row kinds (each list below is expanded with the kinds as macro arguments):
  *   I(name, default, min, max, unit, doc)   integer, default and inclusive range in unit
- *   IX(name, default_text, min, max, unit, doc)  integer whose default is derived (the
- *                                           group's finish function sets it; see the doc)
+ *   IX(name, default_text, min, max, unit, doc)  integer whose default is derived, or that
+ *                                           is required (the group's finish function sets
+ *                                           it or refuses its absence; see the doc)
  *   S(name, default, doc)                   string with a literal default
  *   SX(name, default_text, doc)             string whose default is resolved by code (NULL)
  *   B(name, default, doc)                   boolean
@@ -131,8 +132,10 @@
   SX(name, "(required)",                                                                           \
      "The full model name with its provider prefix, e.g. "                                         \
      "\"openai/gpt-6-luna\".")                                                                     \
-  I(input_micros_per_mtok, 0, 0, 100000000000, "micros", "Price of a million prompt tokens.")      \
-  I(output_micros_per_mtok, 0, 0, 100000000000, "micros", "Price of a million output tokens.")     \
+  IX(input_micros_per_mtok, "(required)", 0, 100000000000, "micros",                               \
+     "Price of a million prompt tokens (0 for a model that costs nothing).")                       \
+  IX(output_micros_per_mtok, "(required)", 0, 100000000000, "micros",                              \
+     "Price of a million output tokens.")                                                          \
   IX(cached_input_micros_per_mtok, "(the input price)", 0, 100000000000, "micros",                 \
      "Price of a million prompt tokens read from the provider's cache.")                           \
   IX(cache_write_micros_per_mtok, "(the input price)", 0, 100000000000, "micros",                  \

@@ -2,6 +2,7 @@
 
 #include "loader.h"
 
+#include <dirent.h>
 #include <dlfcn.h>
 #include <errno.h>
 #include <stdbool.h>
@@ -266,12 +267,44 @@ check_plugin_dir(const char *plugin_dir, const eph_config_block_t *b, eph_error_
 }
 
 /* Loads block b; on success warns when the plugin calls itself something else. */
+/* The plugin of plugin_dir whose name is closest to name (a block "tool-shel" meant
+ * tool-shell.so), or NULL; the caller frees it. */
+static char *
+closest_plugin(const char *plugin_dir, const char *name)
+{
+  DIR *d = opendir(plugin_dir);
+  if (!d)
+    return NULL;
+  char *names[128];
+  size_t n = 0;
+  for (struct dirent *e; n < 128 && (e = readdir(d));) {
+    size_t len = strlen(e->d_name);
+    if (len > 3 && strcmp(e->d_name + len - 3, ".so") == 0)
+      names[n++] = eph_xstrndup(e->d_name, len - 3);
+  }
+  closedir(d);
+  const char *near = eph_closest(name, (const char *const *)names, n);
+  char *out = near ? eph_xstrdup(near) : NULL;
+  for (size_t i = 0; i < n; i++)
+    free(names[i]);
+  return out;
+}
+
 static int
 load_block(eph_plugins_t *ps, eph_config_t *cfg, const eph_config_block_t *b,
            const char *plugin_dir, const eph_host_t *host, eph_error_t *err)
 {
   cleanup_free char *path =
       b->file[0] == '/' ? eph_xstrdup(b->file) : eph_xasprintf("%s/%s", plugin_dir, b->file);
+  /* A misspelt block name names a file that is not there: say which plugin was meant. */
+  if (b->file[0] != '/' && access(path, F_OK) < 0 && errno == ENOENT) {
+    cleanup_free char *near = closest_plugin(plugin_dir, b->name);
+    if (near)
+      return eph_error_set(err, ENOENT,
+                           "%s: no plugin '%s' in %s: did you mean '%s'? (a block is named "
+                           "after its plugin)",
+                           path, b->name, plugin_dir, near);
+  }
   int r = eph_plugin_load_file(ps, path, b->setting, host, &cfg->warnings, err);
   if (r < 0)
     return r;

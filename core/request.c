@@ -124,8 +124,10 @@ parse_files(json_object *v, const eph_request_limits_t *limits, eph_request_t *r
   for (size_t i = 0; i < n; i++) {
     json_object *f = json_object_array_get_idx(v, i), *x;
     snprintf(name, sizeof name, "files[%zu]", i);
-    if ((r = want_type(f, json_type_object, name, field, err)) < 0)
-      return r;
+    if (!json_object_is_type(f, json_type_object))
+      return field_error(field, err, name,
+                         "expected an object {\"path\", \"content\"[, \"encoding\"]}: the file's "
+                         "path inside scratch and its content, inline");
     const char *encoding = "utf-8";
     json_object_object_foreach(f, key, val) {
       snprintf(name, sizeof name, "files[%zu].%s", i, key);
@@ -136,7 +138,7 @@ parse_files(json_object *v, const eph_request_limits_t *limits, eph_request_t *r
         if (strcmp(encoding, "utf-8") != 0 && strcmp(encoding, "base64") != 0)
           return field_error(field, err, name, "must be \"utf-8\" or \"base64\"");
       } else if (strcmp(key, "path") != 0 && strcmp(key, "content") != 0) {
-        return field_error(field, err, name, "unknown field");
+        return field_error(field, err, name, "unknown field (a file has path, content, encoding)");
       }
     }
     snprintf(name, sizeof name, "files[%zu].path", i);
@@ -200,7 +202,7 @@ parse_connections(json_object *v, eph_request_t *req, const char **field, eph_er
         (void)val;
         if (strcmp(key, "name") != 0 && strcmp(key, "methods") != 0) {
           snprintf(name, sizeof name, "connections[%zu].%s", i, key);
-          return field_error(field, err, name, "unknown field");
+          return field_error(field, err, name, "unknown field (a connection has name, methods)");
         }
       }
       snprintf(name, sizeof name, "connections[%zu].name", i);

@@ -281,7 +281,18 @@ eph_ctx_backend(eph_ctx_t *ctx, const char *name, eph_error_t *err)
   }
   const eph_plugin_slot_t *s = eph_plugins_find(&ctx->plugins, full);
   if (!s || s->desc->kind != EPH_KIND_BACKEND) {
-    eph_error_set(err, ENOENT, "backend '%s' is not loaded (enable %s in conf.d)", name, full);
+    /* A typo names no plugin at all: say which enabled backend was meant (from conf.d's
+     * blocks: a lazy command has loaded only the one it was asked for). */
+    const char *names[32];
+    size_t n = 0;
+    for (size_t i = 0; i < ctx->config.n_blocks && n < 32; i++)
+      if (ctx->config.blocks[i].enabled && strncmp(ctx->config.blocks[i].name, "backend-", 8) == 0)
+        names[n++] = ctx->config.blocks[i].name;
+    const char *near = eph_closest(full, names, n);
+    if (near)
+      eph_error_set(err, ENOENT, "backend '%s' is not loaded: did you mean '%s'?", name, near);
+    else
+      eph_error_set(err, ENOENT, "backend '%s' is not loaded (enable %s in conf.d)", name, full);
     return NULL;
   }
   return s;

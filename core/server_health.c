@@ -52,9 +52,17 @@ reconcile(eph_server_t *srv)
   srv->healthy = healthy;
   srv->storage_ok = storage_ok;
   pthread_mutex_unlock(&srv->lock);
-  if (was_healthy != healthy)
-    eph_log(healthy ? EPH_LOG_INFO : EPH_LOG_ERROR, "health: %s",
-            healthy ? "ok" : json_object_to_json_string_ext(report, JSON_C_TO_STRING_PLAIN));
+  if (was_healthy != healthy && healthy)
+    eph_info("health: ok");
+  /* One line per degraded component, as `ephemeral doctor` prints it (the report's JSON,
+   * logged whole, read as a crash to a new operator). */
+  for (size_t i = 0; was_healthy != healthy && !healthy && i < 4; i++) {
+    json_object *c = NULL, *v = NULL;
+    json_object_object_get_ex(report, eph_health_components[i], &c);
+    if (c && json_object_object_get_ex(c, "reason", &v))
+      eph_log(EPH_LOG_ERROR, "health: %s: degraded: %s", eph_health_components[i],
+              json_object_get_string(v));
+  }
 }
 
 static void *

@@ -237,7 +237,8 @@ test_unknown_key_in_a_group_is_a_warning(void **state)
   write_file("ephemeral.conf", "server: {\n  max_body_byte = 2048;\n};\n"
                                "egress: { prot = 1; };\n"
                                "pricing: {\n compute_micros_per_secnd = 1;\n"
-                               " models = ( { name = \"m\"; input_micros_per_mtk = 1; } );\n};\n"
+                               " models = ( { name = \"m\"; input_micros_per_mtk = 1; "
+                               "input_micros_per_mtok = 1; output_micros_per_mtok = 1; } );\n};\n"
                                "webhooks: { retry_hour = 2; };\n");
   eph_config_t c;
   eph_error_t err = {0};

@@ -118,6 +118,9 @@ test_invalid_fields(void **state)
                "max_cost_micros", "operator's maximum");
   expect_field("{" BASE ",\"files\":{}}", "files", "expected an array");
   expect_field("{" BASE ",\"files\":[1]}", "files[0]", "expected an object");
+  /* A path alone, as one might guess: the error says what a file is. */
+  expect_field("{" BASE ",\"files\":[\"/etc/passwd\"]}", "files[0]",
+               "expected an object {\"path\", \"content\"[, \"encoding\"]}");
   expect_field("{" BASE ",\"files\":[{\"content\":\"x\"}]}", "files[0].path", "required");
   expect_field("{" BASE ",\"files\":[{\"path\":\"../x\",\"content\":\"x\"}]}", "files[0].path",
                "relative path");
@@ -130,7 +133,7 @@ test_invalid_fields(void **state)
   expect_field("{" BASE ",\"files\":[{\"path\":\"a\",\"content\":\"x\",\"encoding\":\"rot13\"}]}",
                "files[0].encoding", NULL);
   expect_field("{" BASE ",\"files\":[{\"path\":\"a\",\"content\":\"x\",\"mode\":1}]}",
-               "files[0].mode", "unknown field");
+               "files[0].mode", "unknown field (a file has path, content, encoding)");
   expect_field(
       "{" BASE
       ",\"files\":[{\"path\":\"a\",\"content\":\"x\"},{\"path\":\"a\",\"content\":\"y\"}]}",
@@ -144,7 +147,7 @@ test_invalid_fields(void **state)
   expect_field("{" BASE ",\"connections\":[{\"name\":\"x\",\"methods\":[\"FLY\"]}]}",
                "connections[0].methods[0]", "unknown HTTP method");
   expect_field("{" BASE ",\"connections\":[{\"name\":\"x\",\"scope\":1}]}", "connections[0].scope",
-               "unknown field");
+               "unknown field (a connection has name, methods)");
   expect_field("{" BASE ",\"outputs\":[\"../../etc/passwd\"]}", "outputs[0]", NULL);
   expect_field("{" BASE ",\"metadata\":[]}", "metadata", "expected an object");
   expect_field("{" BASE ",\"metadata\":{\"a\":1}}", "metadata.a", "expected a string");

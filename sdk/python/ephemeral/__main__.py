@@ -65,7 +65,12 @@ def summary(run: Mapping[str, Any]) -> str:
     if output.get("answer"):
         lines += ["", "Saved output:", shown(output["answer"])]
     for f in output.get("files") or []:
-        lines.append("output file %s: %d bytes" % (shown(f.get("path", "?")), f.get("bytes", 0)))
+        path = shown(f.get("path", "?"))
+        if f.get("error"):  # not left by the run: not "0 bytes"
+            lines.append("output file %s: not saved: %s" % (path, shown(f["error"])))
+        else:
+            lines.append("output file %s: %d bytes%s" % (path, f.get("bytes", 0),
+                                                         " (truncated)" if f.get("truncated") else ""))
     lines += ["", "Model %s · Web %s · Compute %s" % (dollars(usage.get("model_micros", 0)),
                                                      dollars(usage.get("web_micros", 0)),
                                                      dollars(usage.get("compute_micros", 0)))]

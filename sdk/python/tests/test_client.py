@@ -298,6 +298,18 @@ class TestOffline(unittest.TestCase):
                          ["$0.04", "$0.0032", "$0.00353", "$0.00033", "$0.00", "$1.23457"])
         self.assertEqual(shown("a\x1b[2Jb\x9bc\n"), "a\\x1b[2Jb\\xc2\\x9bc\n")
 
+    def test_summary_output_files(self):
+        # A file the run did not leave is "not saved" with the reason, as ephemeral(1) says.
+        from ephemeral.__main__ import summary
+        text = summary({"id": "run_x", "status": "succeeded", "usage": {}, "output": {"files": [
+            {"path": "a.txt", "bytes": 3, "truncated": False},
+            {"path": "big.bin", "bytes": 1048576, "truncated": True},
+            {"path": "gone.txt", "error": "reading gone.txt: No such file or directory"}]}})
+        self.assertIn("output file a.txt: 3 bytes\n", text)
+        self.assertIn("output file big.bin: 1048576 bytes (truncated)\n", text)
+        self.assertIn("output file gone.txt: not saved: reading gone.txt: No such file or directory",
+                      text)
+
     def test_error_mapping(self):
         e = ephemeral.errors.from_response(400, {"error": {"type": "invalid_request",
                                                            "message": "m", "field": "f"}})
