@@ -423,8 +423,10 @@ test_exec_gives_up_on_a_silent_guest(void **state)
   eph_error_t err = {0};
   if (eph_guest_open(sv[0], eph_now_ms() + 10000, &g, &err) < 0)
     fail_msg("open: %s", err.message);
-  eph_exec_request_t req = {
-      .struct_size = sizeof req, .command = "sleep 1000", .timeout_ms = 1, .output_cap_bytes = 4096};
+  eph_exec_request_t req = {.struct_size = sizeof req,
+                            .command = "sleep 1000",
+                            .timeout_ms = 1,
+                            .output_cap_bytes = 4096};
   eph_exec_result_t res = {0};
   /* The client gives up at the timeout plus its grace: an error, the connection marked
    * unusable, and the output frame it had already released not released twice (json-c
