@@ -17,7 +17,6 @@
 #include <cmocka.h>
 
 #include <errno.h>
-#include <poll.h>
 #include <pthread.h>
 #include <sched.h>
 #include <semaphore.h>
@@ -255,6 +254,37 @@ test_budget_cut_never_touches_a_destroyed_sandbox(void **state)
 
 /* ------------------------------------------------------------------ a kill never waits */
 
+/* The guest's first frame, as ephemeral-guest sends it (kernel: a name for the fixture). */
+static void
+send_hello(int fd, const char *kernel)
+{
+  json_object *hello = json_object_new_object();
+  json_object_object_add(hello, "type", json_object_new_string("hello"));
+  json_object_object_add(hello, "version", json_object_new_int(1));
+  json_object_object_add(hello, "kernel", json_object_new_string(kernel));
+  json_object_object_add(hello, "scratch", json_object_new_string("/s"));
+  json_object_object_add(hello, "uid", json_object_new_int(1000));
+  json_object_object_add(hello, "gid", json_object_new_int(1000));
+  json_object_object_add(hello, "pid1", json_object_new_boolean(1));
+  json_object_object_add(hello, "max_frame_bytes", json_object_new_int(1048576));
+  eph_proto_write_frame(fd, hello);
+  json_object_put(hello);
+}
+
+/* The next frame the host sent on fd (blocking), or NULL once the stream ended or broke. */
+static json_object *
+next_frame(eph_frame_reader_t *rd, int fd)
+{
+  for (;;) {
+    json_object *msg = NULL;
+    int r = eph_frame_reader_feed(rd, fd, &msg);
+    if (r < 0)
+      return NULL;
+    if (r > 0)
+      return msg;
+  }
+}
+
 static sem_t guest_drain, kill_returned;
 static atomic_int kills_seen, kill_all_seen, frames_before_kill;
 
@@ -265,23 +295,13 @@ static void *
 stalled_guest(void *arg)
 {
   int fd = (int)(intptr_t)arg;
-  json_object *hello = json_tokener_parse(
-      "{\"type\":\"hello\",\"version\":1,\"kernel\":\"stalled\",\"scratch\":\"/s\","
-      "\"uid\":1000,\"gid\":1000,\"pid1\":true,\"max_frame_bytes\":1048576}");
-  eph_proto_write_frame(fd, hello);
-  json_object_put(hello);
+  send_hello(fd, "stalled");
   struct timespec ts = in_seconds(20);
   while (sem_timedwait(&guest_drain, &ts) < 0 && errno == EINTR)
     ;
   eph_frame_reader_t rd = {0};
   int frames = 0;
-  for (;;) {
-    json_object *msg = NULL;
-    int r = eph_frame_reader_feed(&rd, fd, &msg);
-    if (r < 0)
-      break;
-    if (r == 0)
-      continue;
+  for (json_object *msg; (msg = next_frame(&rd, fd));) {
     const char *type = eph_json_get_string(msg, "type");
     if (type && strcmp(type, "kill") == 0) {
       json_object *all = NULL;
@@ -378,22 +398,9 @@ static void *
 silent_guest(void *arg)
 {
   int fd = (int)(intptr_t)arg;
-  json_object *hello = json_tokener_parse(
-      "{\"type\":\"hello\",\"version\":1,\"kernel\":\"silent\",\"scratch\":\"/s\","
-      "\"uid\":1000,\"gid\":1000,\"pid1\":true,\"max_frame_bytes\":1048576}");
-  eph_proto_write_frame(fd, hello);
-  json_object_put(hello);
+  send_hello(fd, "silent");
   eph_frame_reader_t rd = {0};
-  for (;;) {
-    json_object *msg = NULL;
-    struct pollfd p = {.fd = fd, .events = POLLIN};
-    if (poll(&p, 1, -1) < 0 && errno != EINTR)
-      break;
-    int r = eph_frame_reader_feed(&rd, fd, &msg);
-    if (r < 0)
-      break;
-    if (r == 0)
-      continue;
+  for (json_object *msg; (msg = next_frame(&rd, fd));) {
     const char *type = eph_json_get_string(msg, "type");
     int64_t id = 0;
     if (type && strcmp(type, "exec") == 0 && eph_proto_int(msg, "id", &id)) {
