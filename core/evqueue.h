@@ -9,9 +9,10 @@
  * and a process killed with SIGKILL loses at most the events of its last flush_ms: the
  * reconciler completes that run's record after the last stored event (ended host_lost,
  * settled with the ledger's totals), as it always has. Within the process the run's own
- * memory has every event at once (the CLI prints it, the daemon streams it), so only
- * another process reading the store (`ephemeral runs show`, a second daemon) sees a live
- * run up to flush_ms late.
+ * memory has every event at once (the CLI prints it), and the daemon commits what is
+ * queued before it shows a live run's events to a client (eph_run_sync_events: an SSE
+ * batch, a GET, the 201), so only another process reading the store (`ephemeral runs
+ * show`, a second daemon) sees a live run up to flush_ms late.
  *
  * A store that writes events one by one (eph_store_groups_events false: PostgreSQL, whose
  * nodes are told of each stored event) and flush_ms 0 keep the old behaviour: each event

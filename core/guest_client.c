@@ -190,10 +190,12 @@ send_frame(eph_guest_t *g, json_object *obj, eph_error_t *err)
   return 0;
 }
 
-/* Reads the next frame, waiting until deadline_ms. */
+/* Reads the next frame, waiting until deadline_ms. *out is NULL unless it returns 0 (a
+ * caller's loop may put it on any failure, the deadline's included). */
 static int
 read_frame(eph_guest_t *g, int64_t deadline_ms, json_object **out, eph_error_t *err)
 {
+  *out = NULL;
   for (;;) {
     int64_t left = deadline_ms - eph_now_ms();
     if (left <= 0)
@@ -537,6 +539,7 @@ eph_guest_exec(eph_guest_t *g, const eph_exec_request_t *req, eph_exec_result_t 
     }
     if (has_id && fid != id) { /* a stale reply */
       json_object_put(f);
+      f = NULL;
       continue;
     }
     if (type && strcmp(type, "output") == 0) {
@@ -559,6 +562,7 @@ eph_guest_exec(eph_guest_t *g, const eph_exec_request_t *req, eph_exec_result_t 
         req->on_output(req->opaque, (int)stream, (const char *)g->decode, (size_t)n);
       eph_capture_add(&cap[stream], g->decode, (size_t)n);
       json_object_put(f);
+      f = NULL; /* a deadline next (the command outlived its timeout) ends at `fail` */
       continue;
     }
     if (type && strcmp(type, "exit") == 0)

@@ -55,6 +55,10 @@ typedef struct eph_run_observer {
   void (*on_event)(void *opaque, eph_run_t *run, const eph_event_t *ev);
   /* Status or usage changed (after ended/settled too). */
   void (*on_update)(void *opaque, eph_run_t *run);
+  /* Makes every event seen by on_event so far durable (the store's batches, evqueue.h),
+   * before they are shown outside this process (eph_run_sync_events). May be NULL. Called
+   * with the run's emit lock held, from any thread. */
+  void (*on_sync)(void *opaque, eph_run_t *run);
   void *opaque;
 } eph_run_observer_t;
 
@@ -98,6 +102,13 @@ int eph_run_new(eph_ctx_t *ctx, eph_request_t *req, const eph_run_options_t *opt
  * reservation event), so an observer installed after eph_run_new — e.g. once the store row
  * exists — misses nothing. Call before eph_run_execute / eph_run_abandon. */
 void eph_run_set_observer(eph_run_t *run, const eph_run_observer_t *obs);
+
+/* Returns once every event the run has emitted is in the store (or the write failed and
+ * the run has its storage error): called before a live run's events leave the process (an
+ * API answer, an SSE batch), so a client never holds an event a kill -9 could lose, whose
+ * seq the recovered record would then give to another event. Takes the run's emit lock
+ * (an event half-way through emit is finished first): call it with no other lock held. */
+void eph_run_sync_events(eph_run_t *run);
 /* The same, replaying only the events after after_seq (those the observer has not seen:
  * an adopted run's stored `reserved` event is not stored twice). */
 void eph_run_set_observer_after(eph_run_t *run, const eph_run_observer_t *obs, int64_t after_seq);

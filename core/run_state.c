@@ -142,6 +142,15 @@ eph_run_set_observer(eph_run_t *run, const eph_run_observer_t *obs)
 }
 
 void
+eph_run_sync_events(eph_run_t *run)
+{
+  pthread_mutex_lock(&run->emit_lock);
+  if (run->obs.on_sync)
+    run->obs.on_sync(run->obs.opaque, run);
+  pthread_mutex_unlock(&run->emit_lock);
+}
+
+void
 eph_run_set_observer_after(eph_run_t *run, const eph_run_observer_t *obs, int64_t after_seq)
 {
   run->obs = *obs;

@@ -44,6 +44,15 @@ on_event(void *opaque, eph_run_t *run, const eph_event_t *ev)
 }
 
 static void
+on_sync(void *opaque, eph_run_t *run)
+{
+  link_t *l = opaque;
+  eph_evq_flush(l->events); /* a failure is reported to the run by the queue */
+  if (l->next.on_sync)
+    l->next.on_sync(l->next.opaque, run);
+}
+
+static void
 on_update(void *opaque, eph_run_t *run)
 {
   link_t *l = opaque;
@@ -117,7 +126,8 @@ eph_runstore_adopt(eph_store_t *store, eph_run_t *run, const eph_run_observer_t 
   l->older = links;
   links = l;
   pthread_mutex_unlock(&links_lock);
-  eph_run_observer_t obs = {.on_event = on_event, .on_update = on_update, .opaque = l};
+  eph_run_observer_t obs = {
+      .on_event = on_event, .on_update = on_update, .on_sync = on_sync, .opaque = l};
   eph_run_set_observer_after(run, &obs, seq_stored);
   return 0;
 }

@@ -256,8 +256,10 @@ eph_srv_live_enqueue(eph_server_t *srv, eph_run_t *run, const char *org, json_ob
     eph_srv_live_free(l);
     return -1;
   }
-  if (created)
+  if (created) {
     *created = eph_run_to_json(run, true);
+    eph_run_sync_events(run); /* its `reserved` event is stored before the 201 shows it */
+  }
   pthread_mutex_lock(&srv->lock);
   eph_srv_live_insert_locked(srv, l);
   l->queued = true;

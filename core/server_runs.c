@@ -28,6 +28,8 @@ eph_srv_run_object(eph_server_t *srv, const char *id, const char *org, bool even
   live_t *l = eph_srv_live_get(srv, id);
   if (l) {
     json_object *o = strcmp(l->org, org) == 0 ? eph_run_to_json(l->run, events) : NULL;
+    if (o && events)
+      eph_run_sync_events(l->run); /* the events it shows are stored (run.h) */
     eph_srv_live_put(l);
     if (!o)
       eph_error_set(err, ENOENT, "run %s does not exist", id);
@@ -125,6 +127,7 @@ eph_srv_runs_continue(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *r
     o = steal_pointer(&req->created);
   } else if (l) {
     o = eph_run_to_json(l->run, true);
+    eph_run_sync_events(l->run); /* the events it shows are stored (run.h) */
     eph_srv_live_put(l);
   } else {
     for (;;) {

@@ -208,6 +208,8 @@ sse_read(void *cls, uint64_t pos, char *out, size_t max)
     bool settled = eph_run_settled(s->live->run);
     cleanup_json json_object *events = eph_run_events_json(s->live->run, s->last_seq);
     if (json_object_array_length(events) > 0) {
+      /* Sent only once stored: a client resuming after a crash must find them there. */
+      eph_run_sync_events(s->live->run);
       append_events(s, events, false);
       continue;
     }

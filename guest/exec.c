@@ -85,10 +85,18 @@ guest_reap(guest_t *g)
  * generation through /proc/self/task/<pid>/children: never kill(-1), which would reach
  * the host. */
 void
+guest_kill_job(job_t *j)
+{
+  if (!j || j->reaped)
+    return; /* reaped: its pid may be another process's by now */
+  kill(-j->pid, SIGKILL);
+  kill(j->pid, SIGKILL);
+}
+
+void
 guest_kill_everything(guest_t *g)
 {
-  if (g->job && !g->job->reaped)
-    kill(-g->job->pid, SIGKILL);
+  guest_kill_job(g->job);
   int64_t end = guest_now_ms() + 5000;
   char path[64];
   snprintf(path, sizeof path, "/proc/self/task/%d/children", (int)getpid());

@@ -115,7 +115,7 @@ op_kill(guest_t *g, json_object *req)
   bool all = json_object_object_get_ex(req, "all", &allv) && json_object_get_boolean(allv);
   if (g->job && !g->job->reaped) {
     g->job->killed = true;
-    kill(-g->job->pid, SIGKILL);
+    guest_kill_job(g->job);
   }
   if (all) {
     if (g->pid1) {
@@ -312,7 +312,7 @@ loop(guest_t *g)
       guest_reap(g);
     if (j && !j->reaped && !j->timed_out && guest_now_ms() >= j->deadline_ms) {
       j->timed_out = true;
-      kill(-j->pid, SIGKILL);
+      guest_kill_job(j);
     }
     if (g->job && g->job->reaped)
       guest_finish_job(g);

@@ -120,7 +120,7 @@ json_object *guest_fs_list(const guest_fs_t *fs, json_object *req, int *err_no, 
 
 typedef struct job {
   int64_t id;
-  pid_t pid; /* the command's main process, leader of its own session and group */
+  pid_t pid; /* the command's main process, leader of its own group (it may leave it) */
   bool reaped;
   int status;
   int out_fd, err_fd, in_fd; /* guest ends; -1 once closed */
@@ -188,6 +188,11 @@ void guest_reap(guest_t *g);
 /* Kills every process of the sandbox but the guest itself, then reaps them (bounded); never
  * kill(-1) outside a pid namespace (see exec.c). */
 void guest_kill_everything(guest_t *g);
+/* Kills the running command j (NULL or reaped: nothing): its process group, and its main
+ * process by pid, which may have left that group (workers share the guest's session, so
+ * setpgid() can move one into another worker's group: red team 7's command outlived its
+ * timeout so, and the host gave up on the guest). Its pid is still its own until reaped. */
+void guest_kill_job(job_t *j);
 /* nftw() callback removing one entry (the run directory's tree, depth first). */
 int guest_rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw);
 /* Kills everything, removes the run directory and exits (with --vm: powers off). */

@@ -1,9 +1,11 @@
 /* Turning a forked child of the guest into the worker: the order is written out plainly,
  * as in bubblewrap, and every step that fails stops the child before exec.
  *
- *   1. its own process group (timeouts kill the whole group): in the guest's session,
- *      which has no controlling terminal (the guest left any at start-up), or else a new
- *      session (so no terminal of the host's is ever reachable through /dev/tty)
+ *   1. its own process group (timeouts kill the whole group, and the main process by
+ *      pid: sharing the guest's session it may setpgid() into another worker's group), in
+ *      the guest's session, which has no controlling terminal (the guest left any at
+ *      start-up), or else a new session (so no terminal of the host's is ever reachable
+ *      through /dev/tty)
  *   2. stdin/stdout/stderr onto the pipes, every other descriptor closed (the control
  *      stream is never inherited)
  *   3. signal mask and dispositions back to defaults (the guest ignores SIGPIPE; it reset

@@ -254,6 +254,37 @@ test_budget_cut_never_touches_a_destroyed_sandbox(void **state)
 
 /* ------------------------------------------------------------------ a kill never waits */
 
+/* The guest's first frame, as ephemeral-guest sends it (kernel: a name for the fixture). */
+static void
+send_hello(int fd, const char *kernel)
+{
+  json_object *hello = json_object_new_object();
+  json_object_object_add(hello, "type", json_object_new_string("hello"));
+  json_object_object_add(hello, "version", json_object_new_int(1));
+  json_object_object_add(hello, "kernel", json_object_new_string(kernel));
+  json_object_object_add(hello, "scratch", json_object_new_string("/s"));
+  json_object_object_add(hello, "uid", json_object_new_int(1000));
+  json_object_object_add(hello, "gid", json_object_new_int(1000));
+  json_object_object_add(hello, "pid1", json_object_new_boolean(1));
+  json_object_object_add(hello, "max_frame_bytes", json_object_new_int(1048576));
+  eph_proto_write_frame(fd, hello);
+  json_object_put(hello);
+}
+
+/* The next frame the host sent on fd (blocking), or NULL once the stream ended or broke. */
+static json_object *
+next_frame(eph_frame_reader_t *rd, int fd)
+{
+  for (;;) {
+    json_object *msg = NULL;
+    int r = eph_frame_reader_feed(rd, fd, &msg);
+    if (r < 0)
+      return NULL;
+    if (r > 0)
+      return msg;
+  }
+}
+
 static sem_t guest_drain, kill_returned;
 static atomic_int kills_seen, kill_all_seen, frames_before_kill;
 
@@ -264,23 +295,13 @@ static void *
 stalled_guest(void *arg)
 {
   int fd = (int)(intptr_t)arg;
-  json_object *hello = json_tokener_parse(
-      "{\"type\":\"hello\",\"version\":1,\"kernel\":\"stalled\",\"scratch\":\"/s\","
-      "\"uid\":1000,\"gid\":1000,\"pid1\":true,\"max_frame_bytes\":1048576}");
-  eph_proto_write_frame(fd, hello);
-  json_object_put(hello);
+  send_hello(fd, "stalled");
   struct timespec ts = in_seconds(20);
   while (sem_timedwait(&guest_drain, &ts) < 0 && errno == EINTR)
     ;
   eph_frame_reader_t rd = {0};
   int frames = 0;
-  for (;;) {
-    json_object *msg = NULL;
-    int r = eph_frame_reader_feed(&rd, fd, &msg);
-    if (r < 0)
-      break;
-    if (r == 0)
-      continue;
+  for (json_object *msg; (msg = next_frame(&rd, fd));) {
     const char *type = eph_json_get_string(msg, "type");
     if (type && strcmp(type, "kill") == 0) {
       json_object *all = NULL;
@@ -368,6 +389,64 @@ test_kill_never_waits_for_a_stalled_frame(void **state)
   sem_destroy(&kill_returned);
 }
 
+/* ------------------------------------------------------------------ a silent command */
+
+/* A guest whose command prints one chunk and then never ends (red team 7: a command that
+ * left its process group outlived its timeout): it reads the exec, answers one output
+ * frame of that id, and stays silent until the client closes the stream. */
+static void *
+silent_guest(void *arg)
+{
+  int fd = (int)(intptr_t)arg;
+  send_hello(fd, "silent");
+  eph_frame_reader_t rd = {0};
+  for (json_object *msg; (msg = next_frame(&rd, fd));) {
+    const char *type = eph_json_get_string(msg, "type");
+    int64_t id = 0;
+    if (type && strcmp(type, "exec") == 0 && eph_proto_int(msg, "id", &id)) {
+      json_object *o = json_object_new_object();
+      json_object_object_add(o, "type", json_object_new_string("output"));
+      json_object_object_add(o, "id", json_object_new_int64(id));
+      json_object_object_add(o, "stream", json_object_new_int(1));
+      json_object_object_add(o, "data", json_object_new_string("aGk="));
+      eph_proto_write_frame(fd, o);
+      json_object_put(o);
+    }
+    json_object_put(msg);
+  }
+  eph_frame_reader_clear(&rd);
+  return NULL;
+}
+
+static void
+test_exec_gives_up_on_a_silent_guest(void **state)
+{
+  (void)state;
+  int sv[2];
+  assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+  pthread_t guest;
+  assert_int_equal(pthread_create(&guest, NULL, silent_guest, (void *)(intptr_t)sv[1]), 0);
+  eph_guest_t *g = NULL;
+  eph_error_t err = {0};
+  if (eph_guest_open(sv[0], eph_now_ms() + 10000, &g, &err) < 0)
+    fail_msg("open: %s", err.message);
+  eph_exec_request_t req = {.struct_size = sizeof req,
+                            .command = "sleep 1000",
+                            .timeout_ms = 1,
+                            .output_cap_bytes = 4096};
+  eph_exec_result_t res = {0};
+  /* The client gives up at the timeout plus its grace: an error, the connection marked
+   * unusable, and the output frame it had already released not released twice (json-c
+   * aborted on its reference count; ASan: heap-use-after-free). */
+  int r = eph_guest_exec(g, &req, &res, &err);
+  assert_true(r < 0);
+  assert_true(eph_guest_broken(g));
+  assert_non_null(strstr(err.message, "no answer in time"));
+  eph_guest_close(g);
+  pthread_join(guest, NULL);
+  close(sv[1]);
+}
+
 int
 main(void)
 {
@@ -376,6 +455,7 @@ main(void)
       cmocka_unit_test(test_exact_charge_all_or_nothing),
       cmocka_unit_test(test_budget_cut_never_touches_a_destroyed_sandbox),
       cmocka_unit_test(test_kill_never_waits_for_a_stalled_frame),
+      cmocka_unit_test(test_exec_gives_up_on_a_silent_guest),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
