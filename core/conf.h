@@ -108,5 +108,8 @@ int eph_cfg_string(const config_setting_t *block, const char *key, const char *d
 
 /* "file:line" of a setting into buf (or "(embedded defaults)" for NULL); returns buf. */
 const char *eph_cfg_where(const config_setting_t *s, char *buf, size_t size);
+/* "server.max_body_bytes", "pricing.models[0].name": the dotted path of s from the file's
+ * root, written into buf (size bytes, truncated); returns buf. */
+const char *eph_cfg_path(const config_setting_t *s, char *buf, size_t size);
 
 #endif
