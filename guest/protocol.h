@@ -161,6 +161,10 @@ eph_proto_parse_body(const char *body, size_t len, json_object **out, char *why,
   json_tokener *tok = json_tokener_new();
   if (!tok)
     return -ENOMEM;
+  /* Strict: json-c otherwise takes C and C++ comments (a body "{...}//anything" passed as
+   * one object; the frame fuzzer found it), single quotes and trailing commas, none JSON.
+   * Trailing characters allowed here so that they are refused below as what they are. */
+  json_tokener_set_flags(tok, JSON_TOKENER_STRICT | JSON_TOKENER_ALLOW_TRAILING_CHARS);
   json_object *obj = json_tokener_parse_ex(tok, body, (int)len);
   enum json_tokener_error jerr = json_tokener_get_error(tok);
   size_t used = json_tokener_get_parse_end(tok);

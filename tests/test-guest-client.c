@@ -197,6 +197,9 @@ test_client_wrong_reply_type(void **state)
       {"{\"type\":\"entries\",\"id\":3}{}", 3, -EPH_E_PROTOCOL, true, 0},
       {"[1]", 3, -EPH_E_PROTOCOL, true, 0},
       {"{\"type\":\"entries\",\"id\":3}", 3, -EPH_E_PROTOCOL, true, 1}, /* a NUL after it */
+      /* json-c's comment extension is not JSON (the frame fuzzer's find) */
+      {"{\"type\":\"entries\",\"id\":3}//x", 3, -EPH_E_PROTOCOL, true, 0},
+      {"{\"type\":\"entries\",/*x*/\"id\":3}", 3, -EPH_E_PROTOCOL, true, 0},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     json_object *out = NULL;
