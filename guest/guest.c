@@ -701,7 +701,9 @@ main(int argc, char **argv)
   sigaddset(&mask, SIGTERM);
   sigaddset(&mask, SIGINT);
   sigaddset(&mask, SIGHUP);
-  sigprocmask(SIG_BLOCK, &mask, NULL);
+  /* Exactly these, whatever the host left blocked (the jail clones us with every signal
+   * blocked, so that none of the host's handlers runs in the child before its exec). */
+  sigprocmask(SIG_SETMASK, &mask, NULL);
   g.sigfd = signalfd(-1, &mask, SFD_NONBLOCK | SFD_CLOEXEC);
   if (g.sigfd < 0) {
     guest_log("signalfd: %s", strerror(errno));

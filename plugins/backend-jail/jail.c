@@ -13,10 +13,11 @@
  *
  * Lifecycle of one sandbox (create):
  *   limits checked against the operator maxima -> slot record -> cgroup(s) with limits ->
- *   socketpair + sync pipes -> clone3(new user/pid/mount/net/ipc/uts ns, pidfd), the child
- *   born in its cgroup(s) (v2: CLONE_INTO_CGROUP; v1: cloned by this thread while it stands
- *   in the run's groups, see jail_cg_enter_thread; else moved after the clone) ->
- *   parent writes uid_map/gid_map -> "go" ->
+ *   socketpair + sync pipes -> clone3(new user/pid/mount/net/ipc/uts ns, pidfd; without a
+ *   copy of this process where clone_vm.c can: CLONE_VM | CLONE_VFORK, see "clone without a
+ *   copy" below), the child born in its cgroup(s) (v2: CLONE_INTO_CGROUP; v1: cloned by this
+ *   thread while it stands in the run's groups, see jail_cg_enter_thread; else moved after
+ *   the clone) -> parent writes uid_map/gid_map -> "go" ->
  *   the child runs setup.c's steps and execs ephemeral-guest -> the parent sees the error
  *   pipe close (exec) -> the deadline is armed with the watchdog thread.
  * destroy: SIGKILL the pid namespace's init (the kernel then kills the whole namespace),
@@ -48,7 +49,6 @@
 #include "support/netns.h"
 
 #define MIB (1024ULL * 1024ULL)
-#define IDS_PER_SLOT 65536ULL
 #define SETUP_TIMEOUT_MS 10000
 
 /* ------------------------------------------------------------ configuration */
@@ -160,7 +160,7 @@ read_config(jail_t *j, const config_setting_t *c, const char **cg_root, const ch
       cfg_limit(j, c, "uid_base", 100000, &base, err) < 0 ||
       cfg_limit(j, c, "slots", 1024, &slots, err) < 0)
     return -err->code;
-  if ((uint64_t)base + (uint64_t)slots * IDS_PER_SLOT > UINT32_MAX - 1ULL)
+  if ((uint64_t)base + (uint64_t)slots * JAIL_IDS_PER_SLOT > UINT32_MAX - 1ULL)
     return eph_error_set(err, EPH_E_CONFIG,
                          "backend-jail: uid_base + slots*65536 passes the "
                          "largest uid (4294967294)");
@@ -390,20 +390,6 @@ jail_valid_run_id(const char *id)
   return true;
 }
 
-static int
-write_proc(pid_t pid, const char *file, const char *text, eph_error_t *err)
-{
-  char path[64];
-  snprintf(path, sizeof path, "/proc/%d/%s", (int)pid, file);
-  cleanup_close int fd = open(path, O_WRONLY | O_CLOEXEC);
-  if (fd < 0)
-    return eph_error_set(err, errno, "open %s: %s", path, strerror(errno));
-  size_t len = strlen(text);
-  if (write(fd, text, len) != (ssize_t)len)
-    return eph_error_set(err, errno, "write %s: %s", path, strerror(errno));
-  return 0;
-}
-
 /* spec->network == 1 grants one socket, the proxy's at spec->proxy_url: checked here,
  * before anything is made; its listener is put on the sandbox's lo by jail_net_setup()
  * between the uid maps and "go" (net.c). */
@@ -521,6 +507,23 @@ jail_create(void *state, const eph_sandbox_spec_t *spec, eph_sandbox_t **out, in
     ca.flags |= CLONE_INTO_CGROUP;
     ca.cgroup = (uint64_t)cgfd;
   }
+  int64_t limit = start + SETUP_TIMEOUT_MS;
+  if (spec->deadline_ms > 0 && spec->deadline_ms < limit)
+    limit = spec->deadline_ms;
+  jail_parent_side_t ps = {
+      .j = j,
+      .spec = spec,
+      .sb = sb,
+      .lim = &lim,
+      .go_fd = go[1],
+      .err_fd = errp[0],
+      .limit_ms = limit,
+      .child_ends = {&go[0], &errp[1], &socks[1]},
+  };
+  /* The helper thread of a CLONE_VM clone starts first: a thread is born in its creator's
+   * cgroups, and this one must not be in the run's (below). */
+  jail_vm_clone_t vc;
+  bool use_vm = jail_vm_clone_begin(&vc, &ps);
   /* cgroup v1: this thread steps into the run's groups, clones (the child is born there)
    * and steps back; see jail_cg_enter_thread. Where it may not (a daemon that cannot move
    * itself back), the classic move of the child below. */
@@ -530,19 +533,41 @@ jail_create(void *state, const eph_sandbox_spec_t *spec, eph_sandbox_t **out, in
   if (cgfd < 0 && !entered && !j->cg.v2)
     j->host->log(EPH_LOG_DEBUG, "sandbox %s: %s; moving the child instead", sb->run_id,
                  enter_err.message);
-  long pid = syscall(SYS_clone3, &ca, sizeof ca);
-  if (pid < 0 && cgfd >= 0 && (errno == EINVAL || errno == E2BIG || errno == EOPNOTSUPP)) {
-    /* A kernel before 5.7, or a group it refuses: the classic move below. */
-    ca.flags &= ~(uint64_t)CLONE_INTO_CGROUP;
-    ca.cgroup = 0;
-    close(cgfd);
-    cgfd = -1;
-    pid = syscall(SYS_clone3, &ca, sizeof ca);
+  ps.born_in_group = cgfd >= 0 || entered;
+  /* The memory limit binds the child alone once this thread is out of the groups: at once
+   * if it never went in, else after its clone (for CLONE_VM, after the child's exec). */
+  ps.limit_memory = !entered;
+  long pid = -1;
+  int clone_errno = 0;
+  if (use_vm) {
+    args.announce = 1;
+    pid = jail_vm_clone_run(&vc, &ca, &args);
+    clone_errno = errno;
+    args.announce = 0;
+    if (pid < 0 && (clone_errno == EINVAL || clone_errno == ENOSYS || clone_errno == EPERM ||
+                    clone_errno == E2BIG)) {
+      /* A kernel or a seccomp policy refusing this clone: the copying clone below. */
+      j->host->log(EPH_LOG_DEBUG, "sandbox %s: clone3(CLONE_VM): %s; cloning a copy instead",
+                   sb->run_id, strerror(clone_errno));
+      use_vm = false;
+      sb->pidfd = -1;
+    }
   }
-  if (pid == 0)
-    jail_child_main(&args); /* never returns */
-  int clone_errno = errno;
-  bool born_in_group = cgfd >= 0 || entered;
+  if (!use_vm) {
+    pid = syscall(SYS_clone3, &ca, sizeof ca);
+    if (pid < 0 && cgfd >= 0 && (errno == EINVAL || errno == E2BIG || errno == EOPNOTSUPP)) {
+      /* A kernel before 5.7, or a group it refuses: the classic move below. */
+      ca.flags &= ~(uint64_t)CLONE_INTO_CGROUP;
+      ca.cgroup = 0;
+      close(cgfd);
+      cgfd = -1;
+      ps.born_in_group = entered;
+      pid = syscall(SYS_clone3, &ca, sizeof ca);
+    }
+    if (pid == 0)
+      jail_child_main(&args); /* never returns */
+    clone_errno = errno;
+  }
   if (cgfd >= 0)
     close(cgfd);
   if (pid > 0)
@@ -558,62 +583,32 @@ jail_create(void *state, const eph_sandbox_spec_t *spec, eph_sandbox_t **out, in
                       sb->run_id, strerror(clone_errno));
     goto fail;
   }
-  sb->pid = (pid_t)pid;
-  /* This thread is out of the run's groups: their memory limit now binds the child alone
-   * (it waits on `go`, so it has run nothing yet). */
-  if ((r = jail_cg_limit_memory(&j->cg, sb->run_id, &lim, err)) < 0) {
-    eph_error_wrap(err, "sandbox %s", sb->run_id);
-    goto fail;
-  }
-  close(go[0]);
-  close(errp[1]);
-  close(socks[1]);
-  go[0] = errp[1] = socks[1] = -1;
-
-  /* The child waits on `go` while we map its ids and put it in its cgroups. */
-  char map[64];
-  uint64_t host_id = j->uid_base + (uint64_t)sb->slot * IDS_PER_SLOT;
-  snprintf(map, sizeof map, "0 %" PRIu64 " %llu\n", host_id, IDS_PER_SLOT);
-  if ((r = write_proc(sb->pid, "uid_map", map, err)) < 0 ||
-      (r = write_proc(sb->pid, "gid_map", map, err)) < 0) {
-    goto fail;
-  }
-  int64_t limit = start + SETUP_TIMEOUT_MS;
-  if (spec->deadline_ms > 0 && spec->deadline_ms < limit)
-    limit = spec->deadline_ms;
-  if (spec->network && (r = jail_net_setup(spec, go[1], limit, err)) < 0) {
-    /* A child that failed its step 0 said why on the error pipe before it closed its end. */
-    jail_child_error_t ce;
-    struct pollfd ep = {.fd = errp[0], .events = POLLIN};
-    if (poll(&ep, 1, 0) > 0 && read(errp[0], &ce, sizeof ce) == (ssize_t)sizeof ce) {
-      ce.step[sizeof ce.step - 1] = '\0';
-      r = eph_error_set(err, ce.errnum, "set-up step '%s' failed: %s", ce.step,
-                        strerror(ce.errnum));
+  if (use_vm) {
+    /* The helper did the host's side while this thread slept in the clone; the child has
+     * exec'd or died since. A child that failed a step said why on the error pipe: that,
+     * rather than what the helper then failed to do with it. */
+    if (ps.r < 0) {
+      r = jail_child_error(errp[0], sb->run_id, err) < 0 ? -err->code : (*err = ps.err, ps.r);
+      goto fail;
     }
-    eph_error_wrap(err, "sandbox %s: egress network", sb->run_id);
-    goto fail;
+  } else {
+    jail_close_child_ends(&ps);
+    /* This thread is out of the run's groups: their memory limit binds the child alone. */
+    ps.limit_memory = true;
+    if ((r = jail_parent_side(&ps)) < 0) {
+      *err = ps.err;
+      goto fail;
+    }
   }
-  /* cgroup v1 lets a process other than root move a task only while the task has its
-   * uid: after the 'g' the child becomes root of its user namespace (another host uid), so
-   * a daemon running as its own user (the packaged unit) moves it first. Root may move it
-   * any time: then the move overlaps the child's mounts (v1 makes it wait for an RCU grace
-   * period) and the child goes no further than its mounts before the 'c'. */
-  bool move_first = !born_in_group && geteuid() != 0;
-  if (move_first && (r = jail_cg_attach(&j->cg, sb->run_id, sb->pid, err)) < 0)
-    goto fail;
-  if (send(go[1], "g", 1, MSG_NOSIGNAL) != 1) {
-    r = eph_error_set(err, errno, "sandbox %s: waking the child: %s", sb->run_id, strerror(errno));
-    goto fail;
-  }
-  if (!born_in_group && !move_first && (r = jail_cg_attach(&j->cg, sb->run_id, sb->pid, err)) < 0)
-    goto fail;
-  if (send(go[1], "c", 1, MSG_NOSIGNAL) != 1) {
-    r = eph_error_set(err, errno, "sandbox %s: waking the child: %s", sb->run_id, strerror(errno));
+  jail_close_child_ends(&ps); /* CLONE_VM: those the helper did not close (no 's' came) */
+  /* CLONE_VM from inside the run's groups: out of them now, their memory limit binds the
+   * child alone (the guest has started and has run no command). */
+  if (use_vm && entered && (r = jail_cg_limit_memory(&j->cg, sb->run_id, &lim, err)) < 0) {
+    eph_error_wrap(err, "sandbox %s", sb->run_id);
     goto fail;
   }
 
   /* The error pipe closes on exec (CLOEXEC) or carries the failed step. */
-  jail_child_error_t ce;
   struct pollfd pf = {.fd = errp[0], .events = POLLIN};
   int pr;
   do {
@@ -624,13 +619,8 @@ jail_create(void *state, const eph_sandbox_spec_t *spec, eph_sandbox_t **out, in
     r = eph_error_set(err, ETIMEDOUT, "sandbox %s: set-up did not finish in time", sb->run_id);
     goto fail;
   }
-  ssize_t n = read(errp[0], &ce, sizeof ce);
-  if (n > 0) {
-    ce.step[sizeof ce.step - 1] = '\0';
-    r = eph_error_set(err, ce.errnum, "sandbox %s: set-up step '%s' failed: %s", sb->run_id,
-                      ce.step, strerror(ce.errnum));
+  if ((r = jail_child_error(errp[0], sb->run_id, err)) < 0)
     goto fail;
-  }
   siginfo_t si;
   memset(&si, 0, sizeof si);
   if (waitid(P_PIDFD, (id_t)sb->pidfd, &si, WEXITED | WNOHANG | WNOWAIT) == 0 && si.si_pid) {

@@ -259,6 +259,14 @@ typedef struct jail_child_args {
   uint32_t nofile;
   int network;      /* the run grants web: step 0 sends the proxy's sockets (net.c) */
   int close_fds[3]; /* the parent's ends, inherited by clone: closed first */
+  /* Cloned with CLONE_VM (jail_clone3_vm): the child's first act is one byte 's' on go_fd,
+   * telling the host's helper thread the child exists (its pid and pidfd are written), since
+   * the cloning thread sleeps until the child's exec. */
+  int announce;
+  /* The child's own state, written in its copy of these arguments only (never in the
+   * host's: with CLONE_VM the host's memory is the child's). */
+  int groups_fd;                  /* O_PATH of the tmpfs holding the groups' overlays */
+  bool group_up[JAIL_MAX_GROUPS]; /* that group's overlay is mounted */
 } jail_child_args_t;
 
 #define JAIL_GUEST_FD 3
@@ -271,6 +279,17 @@ typedef struct jail_child_error {
 /* The child's whole life: runs the set-up steps in order and execs the guest as PID 1.
  * Never returns; reports the failed step on err_fd and _exit()s. */
 __attribute__((noreturn)) void jail_child_main(const jail_child_args_t *a);
+
+/* ------------------------------------------------------------ clone_vm.c */
+
+struct clone_args;
+/* clone3(ca) with fn(arg) run in the child on the stack ca->stack/stack_size (16-byte
+ * aligned top), exiting with fn's result if it returns: for CLONE_VM | CLONE_VFORK, the
+ * way posix_spawn clones. Returns the child's pid in the parent, or -1 with errno (ENOSYS
+ * where jail_clone3_vm_supported is false: an architecture without the few instructions
+ * it takes, see clone_vm.c). */
+long jail_clone3_vm(struct clone_args *ca, int (*fn)(void *), void *arg);
+extern const bool jail_clone3_vm_supported;
 
 /* ------------------------------------------------------------ plugin state (jail.c) */
 
@@ -331,5 +350,56 @@ bool jail_slot_record_exists(jail_t *j, int slot);
 int jail_sweep(void *state, eph_error_t *err);
 /* True when id is a run id this backend accepts (it names cgroups and records). */
 bool jail_valid_run_id(const char *id);
+
+/* ------------------------------------------------------------ spawn.c */
+
+/* Host ids per slot: a sandbox's uids and gids 0..65535 map to uid_base + slot * this. */
+#define JAIL_IDS_PER_SLOT 65536ULL
+
+/* What the host does between the clone and the child's exec: the same steps whichever
+ * thread does them (the cloning thread after a copying clone; a helper thread while the
+ * cloning thread sleeps in a CLONE_VM | CLONE_VFORK clone). */
+typedef struct jail_parent_side {
+  jail_t *j;
+  const eph_sandbox_spec_t *spec;
+  eph_sandbox_t *sb; /* pid: set before parent_side runs; pidfd: written by the clone */
+  const jail_limits_t *lim;
+  int go_fd, err_fd; /* the host's ends: go[1], errp[0] */
+  int64_t limit_ms;  /* set-up deadline (CLOCK_MONOTONIC ms, eph_now_ms) */
+  bool born_in_group;
+  bool limit_memory;  /* write the v1 memory limit first (the cloning thread is out) */
+  int *child_ends[3]; /* the child's ends in this process, closed once it has its own */
+  /* CLONE_VM only: */
+  int wake_fd;        /* eventfd: the cloning thread's clone returned */
+  volatile pid_t tid; /* CLONE_PARENT_SETTID: the child's pid, before it runs */
+  bool announced;     /* the child's 's' came */
+  int r;              /* the helper's result, and its error */
+  eph_error_t err;
+} jail_parent_side_t;
+
+/* The failed step the child wrote on the error pipe, if any (the pipe is readable: a
+ * record, or EOF once the child exec'd or died): negative with err naming it, or 0. */
+int jail_child_error(int err_fd, const char *run_id, eph_error_t *err);
+/* Closes the child's ends still open in this process (ps->child_ends), setting them -1. */
+void jail_close_child_ends(jail_parent_side_t *ps);
+/* Maps the child's ids, gives it its network and cgroups and lets it through steps 1 and 9
+ * (setup.c). 0, or negative with ps->err. */
+int jail_parent_side(jail_parent_side_t *ps);
+
+/* A clone without a copy of this process (CLONE_VM | CLONE_VFORK; spawn.c says why). */
+typedef struct jail_vm_clone {
+  struct jail_parent_side *ps;
+  pthread_t helper;
+  int wake_fd;
+} jail_vm_clone_t;
+/* Starts the helper thread that does ps's host side while the clone sleeps: true, or false
+ * (nothing started) where CLONE_VM is not available or the thread cannot start. Called
+ * before the cloning thread steps into the run's cgroups (a thread is born in its
+ * creator's). */
+bool jail_vm_clone_begin(jail_vm_clone_t *vc, jail_parent_side_t *ps);
+/* Clones the child with CLONE_VM | CLONE_VFORK running jail_child_main(args) (args->announce
+ * set), returning after its exec or exit; then wakes and joins the helper. The child's
+ * pid, or -1 with errno; ps->r and ps->err carry the helper's result. */
+long jail_vm_clone_run(jail_vm_clone_t *vc, struct clone_args *ca, jail_child_args_t *args);
 
 #endif

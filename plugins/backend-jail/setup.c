@@ -2,10 +2,12 @@
  *
  * jail_plan_build() (plan.c) runs once at init: it decides every mount, symlink and file of
  * the new root and builds the netlink "lo up" message. jail_child_main() is what the child
- * runs after clone(); it is a
- * fork of a possibly multi-threaded host, so it only does system calls on memory prepared
- * before the clone (no malloc, no stdio, no locks). Each step names itself so a failure
- * reads "mount proc on /proc: Operation not permitted".
+ * runs after clone(): a clone of a possibly multi-threaded host, either sharing its memory
+ * while the cloning thread sleeps (CLONE_VM | CLONE_VFORK, jail.c) or a copy of it, so it
+ * only does system calls on memory prepared before the clone (no malloc, no stdio, no
+ * locks) and writes nothing but its own stack: its state lives in its copy of the
+ * arguments (`local`), never in globals. Each step names itself so a failure reads
+ * "mount proc on /proc: Operation not permitted".
  *
  * The steps, as bubblewrap orders them:
  *   0. a run granting web: make a netlink and a TCP socket in this netns and send them to
@@ -121,18 +123,13 @@ in_root(char *buf, size_t size, const jail_plan_t *p, const char *target)
   return buf;
 }
 
-/* The child's own state of mount_groups (a copy of the host's memory after clone: written
- * by this process only). */
-static int groups_fd = -1;             /* O_PATH of the tmpfs holding the groups' overlays */
-static bool group_up[JAIL_MAX_GROUPS]; /* that overlay is mounted */
-
 /* Step 6's first half: the groups' overlays (jail.h) in a small tmpfs on the root's mount
  * point, which the root tmpfs then covers: reachable only through groups_fd until the old
  * root is detached, and then not at all. A group whose overlay cannot be mounted (its
  * directory has mounts below it on this host) is not an error: its entries are then made
  * one by one, as an overlay or a bind each (do_op). */
 static void
-mount_groups(const jail_child_args_t *a)
+mount_groups(jail_child_args_t *a)
 {
   const jail_plan_t *p = a->plan;
   char path[4096];
@@ -145,14 +142,14 @@ mount_groups(const jail_child_args_t *a)
     char name[16] = "/";
     cat(name, sizeof name, p->groups[g].name);
     in_root(path, sizeof path, p, name);
-    group_up[g] =
+    a->group_up[g] =
         mkdir(path, 0755) == 0 &&
         mount("overlay", path, "overlay", MS_RDONLY | MS_NOSUID | MS_NODEV, p->groups[g].opts) == 0;
   }
-  groups_fd = open(p->newroot, O_PATH | O_DIRECTORY | O_CLOEXEC);
-  if (groups_fd < 0)
+  a->groups_fd = open(p->newroot, O_PATH | O_DIRECTORY | O_CLOEXEC);
+  if (a->groups_fd < 0)
     for (size_t g = 0; g < p->n_groups; g++)
-      group_up[g] = false;
+      a->group_up[g] = false;
 }
 
 /* Makes dst, the mount point of a bind: a directory or an empty file. */
@@ -203,7 +200,7 @@ bind_from_group(const jail_child_args_t *a, const jail_op_t *o, const char *dst)
   cat(rel, sizeof rel, a->plan->groups[o->group].name);
   cat(rel, sizeof rel, "/");
   cat(rel, sizeof rel, o->source);
-  int t = (int)syscall(SYS_open_tree, groups_fd, rel, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC);
+  int t = (int)syscall(SYS_open_tree, a->groups_fd, rel, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC);
   if (t < 0)
     die(a, "open_tree (the shared overlay)", o->target);
   bind_target(a, o, dst);
@@ -243,7 +240,7 @@ do_op(const jail_child_args_t *a, const jail_op_t *o)
     bind_host(a, o, o->source, dst, o->kind == JAIL_OP_BIND_DEV);
     return;
   case JAIL_OP_GROUP_BIND:
-    if (group_up[o->group])
+    if (a->group_up[o->group])
       bind_from_group(a, o, dst);
     else if (o->data)
       overlay_on(a, o, dst);
@@ -455,7 +452,9 @@ jail_child_main(const jail_child_args_t *args)
     if (args->close_fds[i] >= 0)
       close(args->close_fds[i]);
   jail_child_args_t local = *args;
-  const jail_child_args_t *a = &local;
+  jail_child_args_t *a = &local;
+  local.groups_fd = -1;
+  memset(local.group_up, 0, sizeof local.group_up);
   int hi_guest = fcntl(args->guest_fd, F_DUPFD_CLOEXEC, 10);
   int hi_err = fcntl(args->err_fd, F_DUPFD_CLOEXEC, 10);
   int hi_exe = fcntl(args->exe_fd, F_DUPFD_CLOEXEC, 10);
@@ -473,6 +472,9 @@ jail_child_main(const jail_child_args_t *args)
     die(a, "dup3 guest fds", NULL);
   local.exe_fd = 5;
   local.guest_fd = JAIL_GUEST_FD;
+  /* Cloned with CLONE_VM: the host's helper thread waits for this to read our pid. */
+  if (a->announce && send(a->go_fd, "s", 1, MSG_NOSIGNAL) != 1)
+    die(a, "announcing the child to the parent", NULL);
   /* 0. A run granting web: the sockets of the proxy's listener to the parent (net.c). */
   const char *step = NULL;
   int nr = a->network ? jail_net_child_sockets(a->go_fd, &step) : 0;
