@@ -174,14 +174,15 @@ bwrap_example() {
 cli_example() {
   "$EPHEMERAL" run --quiet --replay "$ex/transcript.jsonl" "$ex/request.json" >/dev/null 2>&1
 }
-# concurrency TAG LABEL FN: for N = 1, 4, 16, CROUNDS rounds of N FN at once then N
-# bwrap_example at once; a row of runs/s each.
+cli_examples() { n_at_once "$1" cli_example; }
+# concurrency TAG LABEL FN: for N = 1, 4, 16, CROUNDS rounds of `FN N` (N runs at once) then
+# N bwrap_example at once; a row of runs/s each.
 concurrency() {
   local tag=$1 label=$2 fn=$3 n k a b c
   for n in 1 4 16; do
     : >"$tmp/$tag.ours.$n"; : >"$tmp/$tag.bw.$n"
     for k in $(seq "$CROUNDS"); do
-      a=$(ms); n_at_once "$n" "$fn"; b=$(ms); n_at_once "$n" bwrap_example; c=$(ms)
+      a=$(ms); "$fn" "$n"; b=$(ms); n_at_once "$n" bwrap_example; c=$(ms)
       awk "BEGIN{printf \"%.1f\\n\", $n / (($b - $a) / 1e9)}" >>"$tmp/$tag.ours.$n"
       awk "BEGIN{printf \"%.1f\\n\", $n / (($c - $b) / 1e9)}" >>"$tmp/$tag.bw.$n"
     done
@@ -190,7 +191,7 @@ concurrency() {
       "$(ratio "$(med "$tmp/$tag.ours.$n")" "$(med "$tmp/$tag.bw.$n")") bwrap"
   done
 }
-concurrency c "concurrent runs of the example, N=" cli_example
+concurrency c "concurrent runs of the example, N=" cli_examples
 # CPU per run of the example (what bounds runs/s once the cores are busy), interleaved.
 if command -v perf >/dev/null; then
   for k in $(seq "$ROUNDS"); do
@@ -202,23 +203,28 @@ if command -v perf >/dev/null; then
     "$(ratio "$(med "$tmp/bwcpurun")" "$(med "$tmp/cpurun")") bwrap (runs per CPU second)"
 fi
 
-echo "== 3b. concurrent runs of the example through ephemerald (N clients)"
+echo "== 3b. concurrent runs of the example through ephemerald (N connections)"
 # What a service's users run: one daemon (process start-up, configuration, plugins and the
-# store opened once), N clients each POSTing the example and waiting for its end
-# (?wait=60), against the same N bwrap sandboxes as above, interleaved. Both rows are kept:
-# the CLI row above is N `ephemeral run` processes.
+# store opened once), N connections of one client process (curl --parallel, as an SDK's
+# pool: N curl processes would charge the row with N client start-ups, ~6.5 ms of CPU each,
+# that bwrap's row has not) each POSTing the example and waiting for its end (?wait=60),
+# against the same N bwrap sandboxes as above, interleaved. Both rows are kept: the CLI row
+# above is N `ephemeral run` processes.
 daemon_config "$tmp/dc" "server: { max_concurrent_runs = 16; max_queued_runs = 256; };"
 DKEY=$(new_key benchc benchc)
 eph orgs credit benchc 1000000000 >/dev/null
 sed 's|^{|{"model": "replay:'"$ex"'/transcript.jsonl", |' "$ex/request.json" >"$tmp/req-c.json"
 if daemon_start >/dev/null; then
-  post_run() {
-    curl -sS -o /dev/null -w '%{http_code}\n' -X POST "$URL/v1/runs?wait=60" \
-      -H "Authorization: Bearer $DKEY" -H "Content-Type: application/json" \
-      --data-binary @"$tmp/req-c.json" >>"$tmp/dcodes"
+  post_runs() { # N runs at once from one client process
+    local a=() i
+    for i in $(seq "$1"); do a+=("$URL/v1/runs?wait=60" -o /dev/null); done
+    curl -sS --no-progress-meter --parallel --parallel-immediate --parallel-max "$1" \
+      -w '%{http_code}\n' -X POST -H "Authorization: Bearer $DKEY" \
+      -H "Content-Type: application/json" --data-binary @"$tmp/req-c.json" "${a[@]}" \
+      >>"$tmp/dcodes"
   }
-  post_run # warm: the first run loads the plugins it needs
-  concurrency d "runs of the example through ephemerald, N= clients" post_run
+  post_runs 1 # warm: the first run loads the plugins it needs
+  concurrency d "runs of the example through ephemerald, N= connections of one client" post_runs
   bad=$(grep -vc '^201$' "$tmp/dcodes" || true)
   [ "$bad" = 0 ] || echo "  (ephemerald answered $bad of the POSTs with something else than 201)"
   # The daemon's own CPU per run (its threads: HTTP, store, ledger, guest protocol, the
