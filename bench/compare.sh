@@ -11,8 +11,9 @@
 #   2. a run's cost per shell call: (replayed run of 100 `true` calls - one of 1) / 99, wall
 #      and CPU, against a loop of `sh -c true` in one bwrap sandbox
 #   3. concurrent runs of examples/sandbox-proof, N = 1, 4, 16: N `ephemeral run` processes,
-#      and N connections of one client process (curl --parallel) to one ephemerald per build
-#      (POST /v1/runs?wait), against N bwrap sandboxes running the example's commands
+#      and N kept-alive connections of one warm client (bench/client.py) to one ephemerald
+#      per build (POST /v1/runs?wait), against N bwrap sandboxes running the example's
+#      commands
 # Knobs: CMP_EXEC_ROUNDS (default 41), CMP_CALL_ROUNDS (7), CMP_RUN_ROUNDS (5), CMP_ONLY=exec.
 # Figures only: nothing here passes or fails on speed.
 set -u
@@ -136,22 +137,27 @@ for line in open(sys.argv[1]):
     for _ in $(seq 200); do grep -q 'listening on' "$tmp/$n/dlog" && break; sleep 0.05; done
     sed -n 's/^ephemerald: listening on //p' "$tmp/$n/dlog" | tail -1 >"$tmp/$n/url"
   done
-  post() { # post OLD|NEW N: N runs through that build's daemon at once, waiting for their end
-    # One client process holding N connections (curl --parallel), as an SDK's pool would:
-    # N curl processes would charge the daemon's row with N client start-ups (~6.5 ms of CPU
-    # each here, a quarter of a bwrap run) that bwrap's row does not have.
-    local a=()
-    for _ in $(seq "$2"); do a+=("${URL[$1]}/v1/runs?wait=60" -o /dev/null); done
-    curl -sS --no-progress-meter --parallel --parallel-immediate --parallel-max "$2" \
-      -w '%{http_code}\n' -X POST -H "Authorization: Bearer ${KEY[$1]}" \
-      -H "Content-Type: application/json" --data-binary @"$tmp/req-d.json" "${a[@]}" \
-      >>"$tmp/$1/codes"
-  }
-  declare -A URL KEY # read once: no `cat` processes inside the timed loop
+  # One warm client per build (bench/client.py: N kept-alive connections, as an SDK's pool),
+  # told N on a FIFO, answering the N status codes: no client start-up inside the timed loop.
+  declare -A URL KEY TO FROM
   for w in old new; do
     URL[$w]=$(cat "$tmp/$w/url")
     KEY[$w]=$(cat "$tmp/$w/key")
+    mkfifo "$tmp/$w/cin" "$tmp/$w/cout"
+    python3 "$EPH_SRCDIR/bench/client.py" "${URL[$w]}" "${KEY[$w]}" "$tmp/req-d.json" \
+      <"$tmp/$w/cin" >"$tmp/$w/cout" &
+    dpids+=($!)
+    exec {fd}>"$tmp/$w/cin"
+    TO[$w]=$fd
+    exec {fd}<"$tmp/$w/cout"
+    FROM[$w]=$fd
   done
+  post() { # post OLD|NEW N: N runs through that build's daemon at once, waiting for their end
+    local codes
+    echo "$2" >&"${TO[$1]}"
+    read -r codes <&"${FROM[$1]}"
+    printf '%s\n' $codes >>"$tmp/$1/codes"
+  }
   post old 1; post new 1 # warm: the first run loads the plugins it needs
   R=${CMP_RUN_ROUNDS:-5}
   for n in 1 4 16; do
@@ -181,7 +187,7 @@ for line in open(sys.argv[1]):
     done
     row "concurrent runs of the example, N=$n \`ephemeral run\` processes, runs/s ($R rounds)" \
       "$tmp/cli.$n.old" "$tmp/cli.$n.new" "$tmp/bw.$n"
-    row "the same through one ephemerald, N=$n connections of one client, runs/s" "$tmp/d.$n.old" "$tmp/d.$n.new" "$tmp/bw.$n"
+    row "the same through one ephemerald, N=$n connections of a warm client, runs/s" "$tmp/d.$n.old" "$tmp/d.$n.new" "$tmp/bw.$n"
   done
   for w in old new; do
     bad=$(grep -vc '^201$' "$tmp/$w/codes" || true)

@@ -205,9 +205,9 @@ fi
 
 echo "== 3b. concurrent runs of the example through ephemerald (N connections)"
 # What a service's users run: one daemon (process start-up, configuration, plugins and the
-# store opened once), N connections of one client process (curl --parallel, as an SDK's
-# pool: N curl processes would charge the row with N client start-ups, ~6.5 ms of CPU each,
-# that bwrap's row has not) each POSTing the example and waiting for its end (?wait=60),
+# store opened once), N kept-alive connections of one warm client (bench/client.py: N curl
+# processes would charge the row with N client start-ups, ~6.5 ms of CPU each, that bwrap's
+# row has not) each POSTing the example and waiting for its end (?wait=60),
 # against the same N bwrap sandboxes as above, interleaved. Both rows are kept: the CLI row
 # above is N `ephemeral run` processes.
 daemon_config "$tmp/dc" "server: { max_concurrent_runs = 16; max_queued_runs = 256; };"
@@ -215,16 +215,20 @@ DKEY=$(new_key benchc benchc)
 eph orgs credit benchc 1000000000 >/dev/null
 sed 's|^{|{"model": "replay:'"$ex"'/transcript.jsonl", |' "$ex/request.json" >"$tmp/req-c.json"
 if daemon_start >/dev/null; then
-  post_runs() { # N runs at once from one client process
-    local a=() i
-    for i in $(seq "$1"); do a+=("$URL/v1/runs?wait=60" -o /dev/null); done
-    curl -sS --no-progress-meter --parallel --parallel-immediate --parallel-max "$1" \
-      -w '%{http_code}\n' -X POST -H "Authorization: Bearer $DKEY" \
-      -H "Content-Type: application/json" --data-binary @"$tmp/req-c.json" "${a[@]}" \
-      >>"$tmp/dcodes"
+  # One warm client (bench/client.py: N kept-alive connections, as an SDK's pool) told N on a
+  # FIFO and answering the N status codes: no client start-up inside the timed loop.
+  mkfifo "$tmp/cin" "$tmp/cout"
+  python3 "$EPH_SRCDIR/bench/client.py" "$URL" "$DKEY" "$tmp/req-c.json" <"$tmp/cin" >"$tmp/cout" &
+  CPID=$!
+  exec {CTO}>"$tmp/cin" {CFROM}<"$tmp/cout"
+  post_runs() { # N runs at once through the warm client
+    local codes
+    echo "$1" >&"$CTO"
+    read -r codes <&"$CFROM"
+    printf '%s\n' $codes >>"$tmp/dcodes"
   }
   post_runs 1 # warm: the first run loads the plugins it needs
-  concurrency d "runs of the example through ephemerald, N= connections of one client" post_runs
+  concurrency d "runs of the example through ephemerald, N= connections of a warm client" post_runs
   bad=$(grep -vc '^201$' "$tmp/dcodes" || true)
   [ "$bad" = 0 ] || echo "  (ephemerald answered $bad of the POSTs with something else than 201)"
   # The daemon's own CPU per run (its threads: HTTP, store, ledger, guest protocol, the
@@ -235,6 +239,8 @@ if daemon_start >/dev/null; then
     "$(awk "BEGIN{printf \"%.1f\", $ticks * 1000 / $(getconf CLK_TCK) / $nruns}")" \
     "bwrap's whole CPU per run (above), ms" "$([ -s "$tmp/bwcpurun" ] && med "$tmp/bwcpurun" || echo n/a)" \
     "over $nruns runs"
+  exec {CTO}>&- {CFROM}<&-
+  wait "$CPID" 2>/dev/null
   daemon_stop >/dev/null 2>&1
 fi
 
