@@ -623,18 +623,17 @@ eph_cmd_runs(eph_ctx_t *ctx, int argc, char **argv)
       free(next);
     }
   } else if (strcmp(argv[1], "show") == 0 && argc >= 3) {
-    json_object *run = NULL, *events = NULL;
-    if (eph_store_run_get(store, argv[2], NULL, &run, &err) < 0 ||
+    /* The API's run object (what GET /v1/runs/{id} answers for it), rendered by the daemon's
+     * renderer, so a script reads either the same way; not the store's row. */
+    cleanup_json json_object *row = NULL, *events = NULL;
+    if (eph_store_run_get(store, argv[2], NULL, &row, &err) < 0 ||
         eph_store_events_since(store, argv[2], -1, 0, &events, &err) < 0) {
       eph_error("%s", err.message);
       status = 1;
-      if (run)
-        json_object_put(run);
     } else {
-      json_object_object_add(run, "events", events);
+      cleanup_json json_object *run = eph_run_json_from_store(row, events);
       printf("%s\n", json_object_to_json_string_ext(run, JSON_C_TO_STRING_PRETTY |
                                                              JSON_C_TO_STRING_NOSLASHESCAPE));
-      json_object_put(run);
     }
   } else if (strcmp(argv[1], "replay") == 0 && argc >= 3) {
     double speed = 1.0;

@@ -170,6 +170,18 @@ bool eph_run_settled(eph_run_t *run);
  * New reference. */
 json_object *eph_event_to_json(const eph_event_t *ev, bool redact);
 
+/* A stored run in the API's run shape, the same keys and order eph_run_to_json gives a run in
+ * memory: row as eph_store_run_get returns it (id, org, status, created_at_us, request,
+ * output, usage: the facts runstore.c keeps in usage are lifted to their places), events
+ * (or NULL: no "events" key) as eph_store_events_since returns them, each converted by
+ * eph_event_json_from_store. Both borrowed; new reference owned by the caller. What GET
+ * /v1/runs/{id} answers for a run no longer in memory, and what `ephemeral runs show`
+ * prints. */
+json_object *eph_run_json_from_store(json_object *row, json_object *events);
+/* A stored event ({seq, t_ms, source, kind, text, data}, borrowed) as the API's event
+ * ({seq, t (seconds), source, kind, text, data}). New reference. */
+json_object *eph_event_json_from_store(json_object *stored);
+
 /* Adds a run's money as the API and the timeline name it to the object o: reserved_micros,
  * billed_micros, released_micros, model_micros, web_micros, compute_micros (t's fields). */
 void eph_run_json_money(json_object *o, const eph_ledger_totals_t *t);

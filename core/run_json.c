@@ -1,6 +1,7 @@
 /* A run and its events as JSON: the API's run object, the timeline, what the store keeps. */
 #include <config.h>
 
+#include <string.h>
 #include <time.h>
 
 #include "run_int.h"
@@ -98,5 +99,86 @@ eph_run_to_json(eph_run_t *run, bool include_events)
                                                .compute_micros = run->compute_micros});
   json_object_object_add(o, "usage", u);
   pthread_mutex_unlock(&run->lock);
+  return o;
+}
+
+/* ------------------------------------------------------------------ stored runs in the API's shape
+ * Pure conversions of a store row (no run in memory): the daemon's GET of a stored run, its
+ * lists, streams and webhooks, and `ephemeral runs show` all render a stored run here. */
+
+json_object *
+eph_event_json_from_store(json_object *e)
+{
+  json_object *o = json_object_new_object(), *v = NULL;
+  int64_t t_ms = json_object_object_get_ex(e, "t_ms", &v) ? json_object_get_int64(v) : 0;
+  json_object_object_add(o, "seq",
+                         json_object_new_int64(json_object_object_get_ex(e, "seq", &v)
+                                                   ? json_object_get_int64(v)
+                                                   : 0));
+  json_object_object_add(o, "t", json_object_new_double((double)t_ms / 1000.0));
+  static const char *const keys[] = {"source", "kind", "text", "data"};
+  for (size_t i = 0; i < 4; i++)
+    if (json_object_object_get_ex(e, keys[i], &v))
+      json_object_object_add(o, keys[i], json_object_get(v));
+  return o;
+}
+
+json_object *
+eph_run_json_from_store(json_object *row, json_object *events)
+{
+  json_object *o = json_object_new_object(), *v = NULL, *usage = NULL;
+  json_object_object_get_ex(row, "usage", &usage);
+  json_object_object_add(o, "id", json_object_get(json_object_object_get(row, "id")));
+  json_object_object_add(o, "object", json_object_new_string("run"));
+  json_object_object_add(o, "status", json_object_get(json_object_object_get(row, "status")));
+  if (usage && json_object_object_get_ex(usage, "reason", &v))
+    json_object_object_add(o, "reason", json_object_get(v));
+  if (usage && json_object_object_get_ex(usage, "error", &v))
+    json_object_object_add(o, "error", json_object_get(v));
+  char created[40];
+  eph_format_iso8601(json_object_object_get_ex(row, "created_at_us", &v) ? json_object_get_int64(v)
+                                                                         : 0,
+                     created, sizeof created);
+  json_object_object_add(o, "created_at", json_object_new_string(created));
+  json_object_object_add(o, "organisation", json_object_get(json_object_object_get(row, "org")));
+  /* The facts of the run the executing node keeps in usage (core/runstore.c), in the places
+   * and order of the live object (eph_run_to_json): any node answers the same object. A row
+   * no node has run yet has no backend; its model is the one requested. */
+  if (usage && json_object_object_get_ex(usage, "backend", &v))
+    json_object_object_add(o, "backend", json_object_get(v));
+  json_object *request = NULL, *model = NULL;
+  if (json_object_object_get_ex(row, "request", &request))
+    json_object_object_add(o, "request", json_object_get(request));
+  if ((usage && json_object_object_get_ex(usage, "model", &model)) ||
+      (request && json_object_object_get_ex(request, "model", &model)))
+    json_object_object_add(o, "model", json_object_get(model));
+  bool replayed =
+      usage && json_object_object_get_ex(usage, "replayed", &v) && json_object_get_boolean(v);
+  json_object_object_add(o, "replayed", json_object_new_boolean(replayed));
+  if (replayed && json_object_object_get_ex(usage, "transcript", &v))
+    json_object_object_add(o, "transcript", json_object_get(v));
+  if (events) {
+    json_object *a = json_object_new_array();
+    for (size_t i = 0; i < json_object_array_length(events); i++)
+      json_object_array_add(a, eph_event_json_from_store(json_object_array_get_idx(events, i)));
+    json_object_object_add(o, "events", a);
+  }
+  if (json_object_object_get_ex(row, "output", &v) && v)
+    json_object_object_add(o, "output", json_object_get(v));
+  else if (json_object_object_get_ex(row, "request", &v))
+    json_object_object_add(o, "output", json_object_new_object());
+  json_object *u = json_object_new_object();
+  static const char *const lifted[] = {"reason", "error",    "backend",
+                                       "model",  "replayed", "transcript"};
+  if (usage) {
+    json_object_object_foreach(usage, k, uv) {
+      size_t i = 0;
+      while (i < sizeof lifted / sizeof lifted[0] && strcmp(k, lifted[i]) != 0)
+        i++;
+      if (i == sizeof lifted / sizeof lifted[0])
+        json_object_object_add(u, k, json_object_get(uv));
+    }
+  }
+  json_object_object_add(o, "usage", u);
   return o;
 }

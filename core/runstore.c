@@ -68,9 +68,9 @@ on_update(void *opaque, eph_run_t *run)
   if (json_object_object_get_ex(obj, "reason", &reason))
     json_object_object_add(usage, "reason", json_object_get(reason));
   /* What the run object says of the run besides its money, kept in the row so that every
-   * node answers the same object (eph_srv_run_shape lifts them out of usage again): the
-   * backend that ran it, the model that answered. A replayed run stays marked as one in
-   * its stored record (honest replay). */
+   * node answers the same object (eph_run_json_from_store lifts them out of usage again):
+   * the backend that ran it, the model that answered. A replayed run stays marked as one
+   * in its stored record (honest replay). */
   static const char *const facts[] = {"backend", "model"};
   for (size_t i = 0; i < sizeof facts / sizeof facts[0]; i++) {
     json_object *v = NULL;

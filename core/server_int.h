@@ -281,11 +281,8 @@ void eph_srv_wait_add(eph_server_t *srv, waiter_t *w);    /* srv->lock held: sus
 void eph_srv_wait_remove(eph_server_t *srv, waiter_t *w); /* srv->lock held */
 json_object *eph_srv_run_object(eph_server_t *srv, const char *id, const char *org, bool events,
                                 eph_error_t *err);
-/* A store row (and, when events is not NULL, its stored events) in the API's run shape: the
- * same keys eph_run_to_json gives a live run. New reference owned by the caller. */
-json_object *eph_srv_run_shape(json_object *row, json_object *events);
-json_object *eph_srv_event_from_store(json_object *stored);
-/* A store row (eph_store_run_get, borrowed) as the API's run object, without events. */
+/* A store row (eph_store_run_get, borrowed) as the API's run object, without events: the
+ * webhooks' renderer (eph_run_json_from_store, run.h, renders a stored run for every route). */
 json_object *eph_srv_run_from_store(json_object *row);
 /* server_live.c: makes a created run live on this node: recorded through the store (its
  * row and events), put in the table and at the end of the in-memory queue for a worker. On

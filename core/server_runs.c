@@ -40,7 +40,7 @@ eph_srv_run_object(eph_server_t *srv, const char *id, const char *org, bool even
     return NULL;
   if (events && eph_store_events_since(srv->store, id, -1, 0, &evs, err) < 0)
     return NULL;
-  return eph_srv_run_shape(row, evs);
+  return eph_run_json_from_store(row, evs);
 }
 
 /* The cache's renderer (server_cache.c): a run no longer in memory, rendered as the
@@ -226,7 +226,7 @@ eph_srv_runs_list(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req)
   }
   json_object *data = json_object_new_array();
   for (size_t i = 0; i < json_object_array_length(rows); i++)
-    json_object_array_add(data, eph_srv_run_shape(json_object_array_get_idx(rows, i), NULL));
+    json_object_array_add(data, eph_run_json_from_store(json_object_array_get_idx(rows, i), NULL));
   json_object *o = json_object_new_object();
   json_object_object_add(o, "object", json_object_new_string("list"));
   json_object_object_add(o, "data", data);

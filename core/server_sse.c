@@ -68,7 +68,7 @@ append_events(sse_t *s, json_object *events, bool from_store)
   FILE *f = open_memstream(&text, &len);
   for (size_t i = 0; i < json_object_array_length(events); i++) {
     json_object *e = json_object_array_get_idx(events, i), *v = NULL;
-    cleanup_json json_object *conv = from_store ? eph_srv_event_from_store(e) : NULL;
+    cleanup_json json_object *conv = from_store ? eph_event_json_from_store(e) : NULL;
     if (conv)
       e = conv;
     int64_t seq = json_object_object_get_ex(e, "seq", &v) ? json_object_get_int64(v) : 0;
