@@ -540,70 +540,91 @@ runs_replay(eph_store_t *store, const char *id, double speed)
   return 0;
 }
 
-/* `runs list [--org ORG] [--limit N]`: a misspelt option or a bad N is an error naming
- * it (before, ignored: the default list came back as if asked for). */
+/* The options of `runs list [--org ORG] [--limit N]` and `runs replay ID [--speed N]`: a
+ * misspelt option or a bad value is an error naming it and what is accepted (before: the
+ * default list came back as if asked for; atof read --speed "fast" as 0, "2x" as 2). The
+ * speed bounds keep every pause of a replay a finite timespec. */
+typedef struct runs_opts {
+  const char *org, *id; /* id: replay's argument (list takes none) */
+  int limit;
+  double speed; /* times the original pace */
+} runs_opts_t;
+
 static int
-runs_list_options(int argc, char **argv, const char **org, int *limit)
+runs_options(bool replay, int argc, char **argv, runs_opts_t *o)
 {
-  static const struct option opts[] = {
+  static const struct option list_opts[] = {
       {"org", required_argument, NULL, 'o'}, {"limit", required_argument, NULL, 'n'}, {0}};
+  static const struct option replay_opts[] = {{"speed", required_argument, NULL, 's'}, {0}};
+  const char *cmd = replay ? "runs replay" : "runs list";
   optind = 0; /* 0: glibc re-initialises (main parsed its own options in "+" order) */
-  for (int c; (c = eph_cli_getopt("runs list", argc, argv, opts)) != -1;) {
+  for (int c; (c = eph_cli_getopt(cmd, argc, argv, replay ? replay_opts : list_opts)) != -1;) {
     char *end;
-    long n;
-    switch (c) {
-    case 'o':
-      *org = optarg;
-      break;
-    case 'n':
-      errno = 0;
-      n = strtol(optarg, &end, 10);
+    errno = 0;
+    if (c == 'o') {
+      o->org = optarg;
+    } else if (c == 'n') {
+      long n = strtol(optarg, &end, 10);
       if (errno || *end || end == optarg || n < 1 || n > 10000) {
         eph_error("runs list: --limit '%s': a number of runs, 1..10000", optarg);
         return -1;
       }
-      *limit = (int)n;
-      break;
-    default:
+      o->limit = (int)n;
+    } else if (c == 's') {
+      o->speed = strtod(optarg, &end);
+      if (errno || *end || end == optarg || !(o->speed >= 0.001 && o->speed <= 1000000.0)) {
+        eph_error("runs replay: --speed '%s': expected a positive number, times the original "
+                  "pace, within 0.001..1000000 (e.g. 1, 2.5, 10)",
+                  optarg);
+        return -1;
+      }
+    } else {
       return -1; /* getopt named the option */
     }
   }
-  if (optind != argc) {
-    eph_error("runs list: unexpected argument '%s'", argv[optind]);
+  if (argc - optind > (replay ? 1 : 0)) {
+    eph_error("%s: unexpected argument '%s'", cmd, argv[optind + (replay ? 1 : 0)]);
     return -1;
   }
+  o->id = optind < argc ? argv[optind] : NULL;
   return 0;
+}
+
+static int
+runs_usage(void)
+{
+  fprintf(stderr,
+          "usage: ephemeral runs list [--org ORG] [--limit N] | show ID | replay ID [--speed N]\n");
+  return 2;
 }
 
 int
 eph_cmd_runs(eph_ctx_t *ctx, int argc, char **argv)
 {
-  if (argc < 2) {
-    fprintf(
-        stderr,
-        "usage: ephemeral runs list [--org ORG] [--limit N] | show ID | replay ID [--speed N]\n");
+  if (argc < 2)
+    return runs_usage();
+  runs_opts_t o = {.org = eph_config_values(&ctx->config)->cli_org, .limit = 20, .speed = 1.0};
+  bool list = strcmp(argv[1], "list") == 0, replay = strcmp(argv[1], "replay") == 0;
+  if ((list || replay) && runs_options(replay, argc - 1, argv + 1, &o) < 0)
     return 2;
-  }
-  const char *org = eph_config_values(&ctx->config)->cli_org;
-  int limit = 20;
-  if (strcmp(argv[1], "list") == 0 && runs_list_options(argc - 1, argv + 1, &org, &limit) < 0)
-    return 2;
+  if (replay && !o.id)
+    return runs_usage();
   eph_store_t *store = NULL;
   if (open_store(ctx, &store) < 0)
     return 1;
   eph_error_t err = {0};
   int status = 0;
-  if (strcmp(argv[1], "list") == 0) {
+  if (list) {
     json_object *runs = NULL;
     char *next = NULL;
-    if (eph_store_run_list(store, org, limit, NULL, &runs, &next, &err) < 0) {
+    if (eph_store_run_list(store, o.org, o.limit, NULL, &runs, &next, &err) < 0) {
       eph_error("%s", err.message);
       status = 1;
     } else {
       /* Runs belong to an organisation: the CLI's own are cli_org's ("local"), a daemon's
        * are its keys' organisations. Say whose list this is, so an empty one is not a
        * mystery. */
-      fprintf(stderr, "runs of organisation '%s' (--org ORG for another)\n", org);
+      fprintf(stderr, "runs of organisation '%s' (--org ORG for another)\n", o.org);
       printf("%-37s %-17s %-24s %s\n", "ID", "STATUS", "CREATED", "BILLED");
       for (size_t i = 0; i < json_object_array_length(runs); i++) {
         json_object *r = json_object_array_get_idx(runs, i), *v, *usage = NULL;
@@ -635,22 +656,10 @@ eph_cmd_runs(eph_ctx_t *ctx, int argc, char **argv)
       printf("%s\n", json_object_to_json_string_ext(run, JSON_C_TO_STRING_PRETTY |
                                                              JSON_C_TO_STRING_NOSLASHESCAPE));
     }
-  } else if (strcmp(argv[1], "replay") == 0 && argc >= 3) {
-    double speed = 1.0;
-    for (int i = 3; i + 1 < argc; i++)
-      if (strcmp(argv[i], "--speed") == 0)
-        speed = atof(argv[i + 1]);
-    if (speed <= 0) {
-      eph_error("--speed must be positive");
-      status = 2;
-    } else {
-      status = runs_replay(store, argv[2], speed);
-    }
+  } else if (replay) {
+    status = runs_replay(store, o.id, o.speed);
   } else {
-    fprintf(
-        stderr,
-        "usage: ephemeral runs list [--org ORG] [--limit N] | show ID | replay ID [--speed N]\n");
-    status = 2;
+    status = runs_usage();
   }
   eph_store_close(store);
   return status;
