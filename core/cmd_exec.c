@@ -123,7 +123,8 @@ usage(FILE *f)
         "[ARG...]\n"
         "  --backend NAME  sandbox backend (jail, qemu); default: the configured one\n"
         "  --timeout S     kill the command after S seconds (exit status 124); default 300\n"
-        "  --memory MIB    memory limit of the sandbox; default: the backend's\n"
+        "  --memory MIB    memory limit of the sandbox, half of it its /tmp; default: the "
+        "backend's\n"
         "  --stdin         feed our stdin (at most 512 KiB) to the command; default /dev/null\n"
         "  --web           egress through the host's proxy, as a run granting web gets\n",
         f);
