@@ -345,20 +345,22 @@ static int
 check_limits(const jail_t *j, const eph_sandbox_limits_t *in, jail_limits_t *out, eph_error_t *err)
 {
   *out = j->def;
-#define TAKE(field, key)                                                                           \
+  /* unit: what one of the key's units is in the field's (the _mib keys hold MiB, the
+   * fields bytes), so the message quotes the key as the operator wrote it. */
+#define TAKE(field, key, unit)                                                                     \
   if (in->field) {                                                                                 \
     if ((uint64_t)in->field > (uint64_t)j->max.field)                                              \
       return eph_error_set(err, EINVAL,                                                            \
                            "limits." #field " %" PRIu64 " is above the operator "                  \
                            "maximum (backend-jail key '" key "' = %" PRIu64 ")",                   \
-                           (uint64_t)in->field, (uint64_t)j->max.field);                           \
+                           (uint64_t)in->field, (uint64_t)(j->max.field / (unit)));                \
     out->field = in->field;                                                                        \
   }
-  TAKE(memory_bytes, "max_memory_mib")
-  TAKE(pids, "max_pids")
-  TAKE(cpu_percent, "max_cpu_percent")
-  TAKE(nofile, "max_nofile")
-  TAKE(scratch_bytes, "max_scratch_mib")
+  TAKE(memory_bytes, "max_memory_mib", MIB)
+  TAKE(pids, "max_pids", 1)
+  TAKE(cpu_percent, "max_cpu_percent", 1)
+  TAKE(nofile, "max_nofile", 1)
+  TAKE(scratch_bytes, "max_scratch_mib", MIB)
 #undef TAKE
   if (out->pids < 2 || out->nofile < 16)
     return eph_error_set(err, EINVAL,
