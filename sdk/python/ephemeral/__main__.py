@@ -13,23 +13,9 @@ from typing import Any, Mapping, Optional
 
 from . import Client
 from .errors import ApiError, EphemeralError
+from .text import shown
 
 _EXIT = {"succeeded": 0, "timed_out": 3, "budget_exhausted": 4, "cancelled": 5}
-
-
-def shown(s: Optional[str]) -> str:
-    """What the model wrote, shown and never interpreted by the terminal: C0 controls but
-    newline and tab, DEL and C1 controls come out as \\xHH (as ephemeral(1) prints them)."""
-    out = []
-    for ch in s or "":
-        o = ord(ch)
-        if (o < 0x20 and ch not in "\n\t") or o == 0x7F:
-            out.append("\\x%02x" % o)
-        elif 0x80 <= o <= 0x9F:
-            out.append("\\xc2\\x%02x" % o)
-        else:
-            out.append(ch)
-    return "".join(out)
 
 
 def dollars(micros: int) -> str:
