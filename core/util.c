@@ -2,6 +2,8 @@
 
 #include "util.h"
 
+#include "support/json_strict.h"
+
 #include <errno.h>
 #include <malloc.h>
 #include <fcntl.h>
@@ -192,36 +194,20 @@ line_col(const char *text, size_t off, size_t *line, size_t *col)
 json_object *
 eph_json_parse_strict(const char *text, size_t len, eph_error_t *err)
 {
-  if (!text)
-    text = "", len = 0;
-  json_tokener *tok = json_tokener_new();
-  if (!tok) {
+  json_object *root = NULL;
+  eph_json_fault_t fault;
+  int r = eph_json_parse_one(text, len, EPH_JSON_STRICT_UTF8, &root, &fault);
+  if (r == -ENOMEM) {
     eph_error_set(err, ENOMEM, "out of memory");
-    return NULL;
-  }
-  json_tokener_set_flags(tok, JSON_TOKENER_STRICT | JSON_TOKENER_VALIDATE_UTF8);
-  json_object *root = json_tokener_parse_ex(tok, text, (int)len);
-  enum json_tokener_error jerr = json_tokener_get_error(tok);
-  size_t consumed = tok->char_offset, line, col;
-  json_tokener_free(tok);
-  if (!root || jerr != json_tokener_success) {
-    json_object_put(root);
-    /* json-c reports input that ends inside a value as "continue" (it waits for more). */
-    line_col(text, consumed > len ? len : consumed, &line, &col);
-    eph_error_set(err, EBADMSG, "malformed JSON at line %zu, column %zu: %s", line, col,
-                  jerr == json_tokener_continue ? "unexpected end of input"
-                                                : json_tokener_error_desc(jerr));
-    return NULL;
-  }
-  /* Blanks only: memchr, as strchr() would also find the string's own NUL terminator and
-   * so let NUL bytes after the value through. */
-  while (consumed < len && memchr(" \t\r\n", text[consumed], 4))
-    consumed++;
-  if (consumed != len) {
-    json_object_put(root);
-    line_col(text, consumed, &line, &col);
-    eph_error_set(err, EBADMSG, "malformed JSON: trailing data at line %zu, column %zu", line, col);
-    return NULL;
+  } else if (r < 0) {
+    size_t line, col;
+    line_col(text ? text : "", fault.offset, &line, &col);
+    if (fault.trailing)
+      eph_error_set(err, EBADMSG, "malformed JSON: trailing data at line %zu, column %zu", line,
+                    col);
+    else
+      eph_error_set(err, EBADMSG, "malformed JSON at line %zu, column %zu: %s", line, col,
+                    fault.desc);
   }
   return root;
 }

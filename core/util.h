@@ -21,11 +21,13 @@
 void *eph_xmalloc(size_t bytes);
 void *eph_xcalloc(size_t n, size_t bytes);
 void *eph_xrealloc(void *p, size_t bytes);
-/* Parses len bytes as exactly one JSON value, strictly (RFC 8259: no trailing commas, no
- * single quotes, valid UTF-8), followed only by blanks (a NUL is not a blank). Returns a
- * new reference owned by the caller, or NULL with err set (EBADMSG) to a message locating
- * the fault by line and column ("malformed JSON at line 3, column 7: ..."): request files
- * are edited by hand. json-c keeps the last of duplicate keys; that is not detected. */
+/* Parses len bytes as exactly one JSON value, strictly (eph_json_parse_one,
+ * support/json_strict.h: no comments, trailing commas nor single-quoted values; valid
+ * UTF-8), followed only by blanks (a NUL is not a blank). Returns a new reference owned by
+ * the caller, or NULL with err set (EBADMSG) to a message locating the fault by line and
+ * column ("malformed JSON at line 3, column 7: ...", "malformed JSON: trailing data at
+ * line 2, column 1"): request files are edited by hand. json-c keeps the last of duplicate
+ * keys; that is not detected. */
 json_object *eph_json_parse_strict(const char *text, size_t len, eph_error_t *err);
 /* o.key as json_object_get_int64 reads it (a numeric string too), 0 when absent. (A string
  * member: eph_json_get_string, support/text.h.) */

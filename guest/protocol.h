@@ -24,7 +24,8 @@
 #include <json-c/json.h>
 
 #include "support/base64.h"
-#include "support/text.h" /* eph_json_get_string: a string member, borrowed */
+#include "support/json_strict.h" /* eph_json_parse_one: exactly one JSON value, strictly */
+#include "support/text.h"        /* eph_json_get_string: a string member, borrowed */
 
 /* Protocol version announced in the guest's hello; the client refuses another one. */
 #define EPH_PROTO_VERSION 1
@@ -158,26 +159,16 @@ eph_proto_parse_body(const char *body, size_t len, json_object **out, char *why,
     snprintf(why, why_size, "frame length %zu outside 1..%u", len, EPH_PROTO_MAX_FRAME_BYTES);
     return -EPROTO;
   }
-  json_tokener *tok = json_tokener_new();
-  if (!tok)
-    return -ENOMEM;
-  /* Strict: json-c otherwise takes C and C++ comments (a body "{...}//anything" passed as
-   * one object; the frame fuzzer found it), single quotes and trailing commas, none JSON.
-   * Trailing characters allowed here so that they are refused below as what they are. */
-  json_tokener_set_flags(tok, JSON_TOKENER_STRICT | JSON_TOKENER_ALLOW_TRAILING_CHARS);
-  json_object *obj = json_tokener_parse_ex(tok, body, (int)len);
-  enum json_tokener_error jerr = json_tokener_get_error(tok);
-  size_t used = json_tokener_get_parse_end(tok);
-  json_tokener_free(tok);
-  if (!obj || jerr != json_tokener_success) {
-    json_object_put(obj);
-    snprintf(why, why_size, "frame is not JSON: %s",
-             jerr == json_tokener_continue ? "truncated" : json_tokener_error_desc(jerr));
+  json_object *obj = NULL;
+  eph_json_fault_t fault;
+  int r = eph_json_parse_one(body, len, 0, &obj, &fault);
+  if (r == -ENOMEM)
+    return r;
+  if (r < 0 && !fault.trailing) {
+    snprintf(why, why_size, "frame is not JSON: %s", fault.truncated ? "truncated" : fault.desc);
     return -EPROTO;
   }
-  while (used < len && body[used] && strchr(" \t\r\n", body[used]))
-    used++;
-  if (used != len || !json_object_is_type(obj, json_type_object)) {
+  if (r < 0 || !json_object_is_type(obj, json_type_object)) {
     json_object_put(obj);
     snprintf(why, why_size, "frame is not exactly one JSON object");
     return -EPROTO;

@@ -4,6 +4,8 @@
  *     non-canonical text ("QR==", pad bits set) that tool-file refused; now all refuse it
  *   - SQLite: the store and the ledger map result codes to the same errno values (the
  *     ledger answered EINVAL for a UNIQUE conflict the store called EEXIST)
+ *   - strict JSON: the core's request parser and the guest's frame reader were two copies
+ *     (util.c, protocol.h); one parser now (json_strict.c), each caller's rules kept
  *   - UTF-8 text checks, dollars and ISO 8601 as before */
 #include <config.h>
 
@@ -20,8 +22,10 @@
 #include "../guest/protocol.h"
 #include "support/base64.h"
 #include "support/format.h"
+#include "support/json_strict.h"
 #include "support/sqlite.h"
 #include "support/text.h"
+#include "util.h"
 
 static int
 decodes(const char *text)
@@ -81,6 +85,89 @@ test_guest_protocol_uses_the_codec(void **st)
   free(out);
   assert_int_equal(eph_proto_get_b64(o, "data", 0, &out, &n), -EFBIG);
   json_object_put(o);
+}
+
+/* One strict parser for the core (eph_json_parse_strict: request files and bodies, any
+ * value, UTF-8 checked, faults located by line and column) and the guest protocol
+ * (eph_proto_parse_body: a frame, an object): the same texts accepted and refused by both,
+ * among them the frame fuzzer's finds (tests/fuzz/corpus/frame: a comment, a NUL after the
+ * object). */
+static void
+test_strict_json_one_parser(void **st)
+{
+  (void)st;
+  static const struct {
+    const char *text;
+    size_t len;     /* 0: strlen */
+    int ok;         /* 1 accepted, 0 refused */
+    bool trailing;  /* refused for what follows a whole value */
+    bool truncated; /* refused as ending inside the value */
+    size_t offset;  /* of the fault */
+  } cases[] = {
+      {"{}", 0, 1, false, false, 0},
+      {" {\"a\":1} \t\r\n", 0, 1, false, false, 0},
+      {"{\"type\":\"hello\"}\0\0", 18, 0, true, false, 16}, /* crash-nul-after-object */
+      {"{\"type\":\"exec\"}//x", 0, 0, true, false, 15},    /* crash-trailing-comment */
+      {"{}/*x*/", 0, 0, true, false, 2},
+      {"{} \0", 4, 0, true, false, 3},
+      {"{}{}", 0, 0, true, false, 2},
+      {"{} x", 0, 0, true, false, 3},
+      {"{\"a\":1,}", 0, 0, false, false, 7},  /* trailing comma */
+      {"{\"a\":'x'}", 0, 0, false, false, 5}, /* a single-quoted value */
+      {"{/*c*/}", 0, 0, false, false, 1},     /* a comment inside */
+      {"{\"a\":", 0, 0, false, true, 5},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    const char *t = cases[i].text;
+    size_t len = cases[i].len ? cases[i].len : strlen(t);
+    json_object *v = NULL;
+    eph_json_fault_t f;
+    int r = eph_json_parse_one(t, len, 0, &v, &f);
+    if (r != (cases[i].ok ? 0 : -EBADMSG) || (!cases[i].ok && f.offset != cases[i].offset))
+      print_message("case %zu: %d at %zu (%s)\n", i, r, f.offset, f.desc);
+    assert_int_equal(r, cases[i].ok ? 0 : -EBADMSG);
+    assert_true((v != NULL) == cases[i].ok);
+    json_object_put(v);
+    if (!cases[i].ok) {
+      assert_int_equal(f.trailing, cases[i].trailing);
+      assert_int_equal(f.truncated, cases[i].truncated);
+      assert_int_equal(f.offset, cases[i].offset);
+    }
+    /* Both callers agree with it. */
+    char why[128] = "";
+    assert_int_equal(eph_proto_parse_body(t, len, &v, why, sizeof why), cases[i].ok ? 1 : -EPROTO);
+    json_object_put(v);
+    if (!cases[i].ok)
+      assert_non_null(strstr(why, cases[i].trailing    ? "not exactly one JSON object"
+                                  : cases[i].truncated ? "not JSON: truncated"
+                                                       : "not JSON: "));
+    eph_error_t err = {0};
+    v = eph_json_parse_strict(t, len, &err);
+    assert_true((v != NULL) == cases[i].ok);
+    json_object_put(v);
+    if (!cases[i].ok)
+      assert_non_null(strstr(err.message, cases[i].trailing
+                                              ? "malformed JSON: trailing data at line 1"
+                                              : "malformed JSON at line 1"));
+  }
+  /* What differs stays as it was: the core also wants UTF-8 and takes any value; a frame
+   * is an object, its strings not checked here (the guest's fields are, where used). */
+  json_object *v = NULL;
+  char why[128];
+  eph_error_t err = {0};
+  assert_null(eph_json_parse_strict("\"\xff\"", 3, &err));
+  assert_non_null(strstr(err.message, "column 2: invalid utf-8"));
+  assert_int_equal(eph_proto_parse_body("{\"a\":\"\xff\"}", 9, &v, why, sizeof why), 1);
+  json_object_put(v);
+  v = eph_json_parse_strict("[1]", 3, &err);
+  assert_non_null(v);
+  json_object_put(v);
+  assert_int_equal(eph_proto_parse_body("[1]", 3, &v, why, sizeof why), -EPROTO);
+  assert_non_null(strstr(why, "not exactly one JSON object"));
+  /* A trailing fault is located where the data starts, past the blanks: line 2 here. */
+  err = (eph_error_t){0};
+  assert_null(eph_json_parse_strict("{}\n x", 5, &err));
+  assert_string_equal(err.message, "malformed JSON: trailing data at line 2, column 2");
 }
 
 static void
@@ -162,6 +249,7 @@ main(void)
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_base64_strict_and_canonical),
       cmocka_unit_test(test_guest_protocol_uses_the_codec),
+      cmocka_unit_test(test_strict_json_one_parser),
       cmocka_unit_test(test_sqlite_errno_agrees),
       cmocka_unit_test(test_text_and_format),
   };
