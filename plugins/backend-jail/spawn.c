@@ -55,7 +55,6 @@ jail_child_error(int err_fd, const char *run_id, eph_error_t *err)
 
 /* ------------------------------------------------------------ the host's side of set-up */
 
-
 void
 jail_close_child_ends(jail_parent_side_t *ps)
 {
@@ -140,7 +139,6 @@ jail_parent_side(jail_parent_side_t *ps)
  * the cloning thread (PR_SET_PDEATHSIG, step 3), the run's thread as before. */
 
 #define VM_STACK_BYTES (256U * 1024U)
-
 
 static void
 vm_kill_child(jail_parent_side_t *ps)
@@ -273,4 +271,3 @@ jail_vm_clone_run(jail_vm_clone_t *vc, struct clone_args *ca, jail_child_args_t 
     errno = e;
   return pid;
 }
-
