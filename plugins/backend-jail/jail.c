@@ -38,6 +38,7 @@
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -304,6 +305,7 @@ jail_init(const eph_host_t *host, const config_setting_t *config, void **state, 
 
   j->owner_pid = getpid();
   j->owner_start = jail_proc_start_time(j->owner_pid);
+  j->dumpable = prctl(PR_GET_DUMPABLE, 0, 0, 0, 0);
   host->log(EPH_LOG_DEBUG, "cgroup %s, uid_base %" PRIu64 ", %u slots, run_dir %s",
             j->cg.v2 ? "v2" : "v1", j->uid_base, j->slots, j->run_dir);
   *state = j;

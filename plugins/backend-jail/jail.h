@@ -318,6 +318,7 @@ typedef struct jail {
   int exe_fd;
   pid_t owner_pid;
   uint64_t owner_start;
+  int dumpable; /* PR_GET_DUMPABLE at init: restored after each CLONE_VM clone (spawn.c) */
 
   pthread_mutex_t lock;
   pthread_cond_t cond;

@@ -15,6 +15,7 @@
 #include <string.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -204,8 +205,15 @@ vm_helper(void *arg)
   return NULL;
 }
 
-/* Starts the helper thread; false (and nothing started) where CLONE_VM is not available
- * or the thread cannot start: the caller then clones a copy. */
+/* Starts the helper thread; false (and nothing started) where CLONE_VM is not available,
+ * the host is not root, or the thread cannot start: the caller then clones a copy.
+ *
+ * Not root: the child's uid change (step 2) marks its mm non-dumpable, and with CLONE_VM
+ * that mm is the host's: from the first sandbox on, every later child's /proc files (its
+ * uid_map, gid_map, timens_offsets) belong to root, and a host running as its own user
+ * (the packaged unit: CAP_SETUID and CAP_SETGID, no CAP_DAC_OVERRIDE) can no longer open
+ * them ("open /proc/N/uid_map: Permission denied" for every create after the first, and
+ * during any other child's set-up). Root owns those files whichever way they fall. */
 bool
 jail_vm_clone_begin(jail_vm_clone_t *vc, jail_parent_side_t *ps)
 {
@@ -213,7 +221,7 @@ jail_vm_clone_begin(jail_vm_clone_t *vc, jail_parent_side_t *ps)
   vc->ps = ps;
   vc->wake_fd = -1;
   ps->wake_fd = -1;
-  if (!jail_clone3_vm_supported)
+  if (!jail_clone3_vm_supported || geteuid() != 0)
     return false;
   vc->wake_fd = eventfd(0, EFD_CLOEXEC);
   if (vc->wake_fd < 0)
@@ -255,6 +263,15 @@ jail_vm_clone_run(jail_vm_clone_t *vc, struct clone_args *ca, jail_child_args_t 
     pid = jail_clone3_vm(&c, vm_child, args);
     e = errno;
     pthread_sigmask(SIG_SETMASK, &old, NULL);
+    /* The child's uid change (step 2) and new_clocks (step 4) set the dumpable flag of its
+     * mm, this process's: the host would stay non-dumpable (no core dump, its /proc files
+     * root's) after its first sandbox. Each create puts it back once its own clone returned
+     * (its child exec'd or died: it writes the flag no more), so the last create to return
+     * leaves it as it was at init. Meanwhile a child of slot uid in a dumpable mm is still
+     * closed to that uid: ptrace and /proc/<pid>/mem also want its capabilities, held in a
+     * user namespace of the host's. */
+    if (ps->j->dumpable == 1)
+      prctl(PR_SET_DUMPABLE, 1, 0, 0, 0);
 #ifdef __SANITIZE_ADDRESS__
     /* The child's frames poisoned their redzones in this memory and never returned. */
     __asan_unpoison_memory_region(stack, VM_STACK_BYTES);

@@ -1,0 +1,267 @@
+/* backend-jail: what making a sandbox leaves in the host process, whose memory the
+ * sandbox's first process shares until its exec (CLONE_VM | CLONE_VFORK, spawn.c). Real sandboxes,
+ * with tests/jail-init as PID 1, the plugin dlopen()ed with the fake host (mock-host.h), as
+ * test-backend-jail.c does. Needs root (cgroups, uid maps); its own cgroup parents and
+ * run_dirs. */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <linux/capability.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+#include <ephemeral/plugin.h>
+
+#include "jail-fixture.h"
+#include "mock-host.h"
+
+static jf_paths_t jp;
+static bool v2; /* cgroup v2 (one hierarchy) */
+
+/* A uid of no one on this host, standing for the packaged unit's `ephemeral`, and the id
+ * range its sandboxes map to (outside the default 100000.. that other tests use). */
+#define UNIT_UID 61234
+#define UNIT_UID_BASE "1900000000"
+
+/* The plugin with its cgroup parent and run_dir (and `extra` keys). 0 or negative + err. */
+static int
+load(fh_backend_t *l, config_t *c, const char *parent, const char *dir, const char *extra,
+     eph_error_t *err)
+{
+  char text[2048];
+  snprintf(text, sizeof text,
+           "backend-jail: { guest = \"%s\"; run_dir = \"%s\"; cgroup_parent = \"%s\"; %s };",
+           jp.init, dir, parent, extra);
+  config_init(c);
+  if (config_read_string(c, text) != CONFIG_TRUE)
+    return eph_error_set(err, EINVAL, "config: %s", config_error_text(c));
+  return fh_backend_load(l, jp.plugin, config_lookup(c, "backend-jail"), err);
+}
+
+static int
+create(fh_backend_t *l, const char *run_id, int64_t deadline_ms, eph_sandbox_t **sb, int *fd,
+       eph_error_t *err)
+{
+  eph_sandbox_spec_t spec = {
+      .struct_size = sizeof spec, .run_id = run_id, .deadline_ms = deadline_ms};
+  return l->ops->create(l->state, &spec, sb, fd, err);
+}
+
+/* Runs `echo <run_id>` as the worker in a new sandbox and destroys it: 0, or -1 with what
+ * failed in err. */
+static int
+one_sandbox(fh_backend_t *l, const char *run_id, eph_error_t *err)
+{
+  eph_sandbox_t *sb;
+  int fd;
+  if (create(l, run_id, 0, &sb, &fd, err) < 0)
+    return -1;
+  char cmd[160], out[256];
+  snprintf(cmd, sizeof cmd, "echo %s", run_id);
+  int st = jf_run(fd, 1000, cmd, out, sizeof out);
+  eph_sandbox_report_t rep = {.struct_size = sizeof rep};
+  int r = l->ops->destroy(l->state, sb, &rep, err);
+  close(fd);
+  if (r < 0)
+    return -1;
+  if (st != 0 || strncmp(out, run_id, strlen(run_id)) != 0) {
+    eph_error_set(err, EIO, "sandbox %s: its command said '%s' (status %d)", run_id, out, st);
+    return -1;
+  }
+  return 0;
+}
+
+typedef struct {
+  fh_backend_t *l;
+  char run_id[64];
+  eph_error_t err;
+  int r;
+} job_t;
+
+static void *
+job_main(void *arg)
+{
+  job_t *jb = arg;
+  jb->r = one_sandbox(jb->l, jb->run_id, &jb->err);
+  return NULL;
+}
+
+/* n sandboxes at once, one per thread: how many failed (each said on stderr). */
+static int
+at_once(fh_backend_t *l, const char *prefix, int n)
+{
+  job_t jobs[8];
+  pthread_t t[8];
+  int failed = 0;
+  for (int i = 0; i < n; i++) {
+    memset(&jobs[i], 0, sizeof jobs[i]);
+    jobs[i].l = l;
+    snprintf(jobs[i].run_id, sizeof jobs[i].run_id, "%s_%d_%d", prefix, (int)getpid(), i);
+    if (pthread_create(&t[i], NULL, job_main, &jobs[i]) != 0)
+      jobs[i].r = -1;
+  }
+  for (int i = 0; i < n; i++) {
+    pthread_join(t[i], NULL);
+    if (jobs[i].r < 0) {
+      fprintf(stderr, "# %s: %s\n", jobs[i].run_id, jobs[i].err.message);
+      failed++;
+    }
+  }
+  return failed;
+}
+
+/* ------------------------------------------------------------ tests */
+
+/* The child's uid change and its clocks' write set the dumpable flag of its mm: with
+ * CLONE_VM the host's. A host left non-dumpable after its first sandbox dumps no core and
+ * its /proc files turn root's; it stays as it was, after one sandbox and after four at
+ * once. */
+static void
+test_host_stays_dumpable(void **ctx)
+{
+  fh_backend_t *l = *ctx;
+  assert_int_equal(prctl(PR_SET_DUMPABLE, 1, 0, 0, 0), 0);
+  eph_error_t err = {0};
+  char id[64];
+  snprintf(id, sizeof id, "run_dump_%d", (int)getpid());
+  if (one_sandbox(l, id, &err) < 0)
+    fail_msg("%s", err.message);
+  assert_int_equal(prctl(PR_GET_DUMPABLE, 0, 0, 0, 0), 1);
+  assert_int_equal(at_once(l, "run_dump4", 4), 0);
+  assert_int_equal(prctl(PR_GET_DUMPABLE, 0, 0, 0, 0), 1);
+}
+
+/* Drops this (forked, single-threaded) process to `uid`, keeping CAP_SETUID and CAP_SETGID
+ * only, as the packaged unit runs (User=, AmbientCapabilities=, setpriv in deb.test). 0 or
+ * -1. */
+static int
+become_unit_user(uid_t uid)
+{
+  if (prctl(PR_SET_KEEPCAPS, 1, 0, 0, 0) < 0 || setgroups(0, NULL) < 0 ||
+      setresgid(uid, uid, uid) < 0 || setresuid(uid, uid, uid) < 0)
+    return -1;
+  struct __user_cap_header_struct h = {.version = _LINUX_CAPABILITY_VERSION_3};
+  struct __user_cap_data_struct d[2];
+  memset(d, 0, sizeof d);
+  d[0].effective = d[0].permitted = (1U << CAP_SETUID) | (1U << CAP_SETGID);
+  /* The uid change made us non-dumpable; the unit's process, exec'd, is dumpable. */
+  return (int)syscall(SYS_capset, &h, d) < 0 ? -1 : prctl(PR_SET_DUMPABLE, 1, 0, 0, 0);
+}
+
+/* A host that is not root: its /proc/<child> files are its own only while its mm is
+ * dumpable. As the packaged unit runs (its own user, CAP_SETUID and CAP_SETGID, the cgroup
+ * parent delegated as ephemerald-cgroups does), one sandbox after another and four at
+ * once. With the children sharing the host's mm, every create after the first failed
+ * ("open /proc/N/uid_map: Permission denied"). */
+static void
+test_unprivileged_host(void **ctx)
+{
+  (void)ctx;
+  if (v2)
+    skip(); /* a v2 host delegates with a drop-in of its own (docs/security.md) */
+  char parent[80], dir[280], path[512];
+  snprintf(parent, sizeof parent, "%s-unit", jp.cg_parent);
+  snprintf(dir, sizeof dir, "%s-unit", jp.run_dir);
+  static const char *const ctl[] = {"memory", "pids", "cpu"};
+  for (int i = 0; i < 3; i++) {
+    snprintf(path, sizeof path, "/sys/fs/cgroup/%s/%s", ctl[i], parent);
+    assert_true(mkdir(path, 0755) == 0 || errno == EEXIST);
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "chown -R %d:%d %s", UNIT_UID, UNIT_UID, path);
+    assert_int_equal(system(cmd), 0);
+  }
+  assert_true(mkdir(dir, 0700) == 0 || errno == EEXIST);
+  assert_int_equal(chown(dir, UNIT_UID, UNIT_UID), 0);
+
+  pid_t pid = fork();
+  if (pid == 0) {
+    if (become_unit_user(UNIT_UID) < 0) {
+      fprintf(stderr, "# dropping to uid %d: %s\n", UNIT_UID, strerror(errno));
+      _exit(1);
+    }
+    if (access(jp.init, X_OK) < 0 || access(jp.plugin, R_OK) < 0)
+      _exit(77); /* a build tree closed to other users */
+    fh_backend_t l2;
+    config_t c;
+    eph_error_t err = {0};
+    if (load(&l2, &c, parent, dir, "uid_base = " UNIT_UID_BASE "; slots = 16;", &err) < 0) {
+      fprintf(stderr, "# load: %s\n", err.message);
+      _exit(1);
+    }
+    int failed = 0;
+    for (int i = 0; i < 3; i++) {
+      char id[64];
+      snprintf(id, sizeof id, "run_unit_%d_%d", (int)getpid(), i);
+      if (one_sandbox(&l2, id, &err) < 0) {
+        fprintf(stderr, "# sandbox %d of 3 in a row: %s\n", i + 1, err.message);
+        failed++;
+      }
+    }
+    failed += at_once(&l2, "run_unit4", 4);
+    fh_backend_unload(&l2);
+    _exit(failed ? 2 : 0);
+  }
+  int st = 0;
+  assert_int_equal(waitpid(pid, &st, 0), pid);
+  int left = 0;
+  for (int i = 0; i < 3; i++) {
+    snprintf(path, sizeof path, "/sys/fs/cgroup/%s/%s", ctl[i], parent);
+    if (rmdir(path) < 0)
+      left++;
+  }
+  rmdir(dir);
+  if (WIFEXITED(st) && WEXITSTATUS(st) == 77)
+    skip();
+  assert_true(WIFEXITED(st));
+  if (WEXITSTATUS(st) == 2)
+    fail_msg("a host of uid %d with CAP_SETUID+CAP_SETGID could not make every sandbox", UNIT_UID);
+  assert_int_equal(WEXITSTATUS(st), 0);
+  assert_int_equal(left, 0); /* every run's group was removed */
+}
+
+static int
+setup(void **ctx)
+{
+  static fh_backend_t l;
+  static config_t c;
+  eph_error_t err = {0};
+  if (load(&l, &c, jp.cg_parent, jp.run_dir, "", &err) < 0) {
+    fprintf(stderr, "# %s\n", err.message);
+    return -1;
+  }
+  *ctx = &l;
+  return 0;
+}
+
+int
+main(void)
+{
+  if (!jf_paths_init(&jp, "test-host"))
+    return 0;
+  v2 = access("/sys/fs/cgroup/cgroup.controllers", F_OK) == 0;
+  fh_reset(0, "/tmp", "/tmp");
+  fh_log_to_stderr = true;
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_host_stays_dumpable),
+      cmocka_unit_test(test_unprivileged_host),
+  };
+  int r = cmocka_run_group_tests_name("backend-jail-host", tests, setup, jf_unload);
+  fh_free();
+  jf_paths_remove(&jp);
+  return r;
+}
