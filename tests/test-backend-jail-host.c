@@ -146,6 +146,42 @@ test_host_stays_dumpable(void **ctx)
   assert_int_equal(prctl(PR_GET_DUMPABLE, 0, 0, 0, 0), 1);
 }
 
+/* A child killed at the set-up deadline inside one of its cancellable calls (read, poll:
+ * it waits for the host there) left the creating thread asynchronously cancellable, in that
+ * thread's descriptor, which it shares. Deadlines 1-4 ms ahead: many such kills; the
+ * thread's cancel type after each create is still deferred. */
+static void
+test_cancel_type_kept(void **ctx)
+{
+  fh_backend_t *l = *ctx;
+  int killed = 0, made = 0;
+  for (int i = 0; i < 300 && killed < 40; i++) {
+    char id[64];
+    snprintf(id, sizeof id, "run_cancel_%d_%d", (int)getpid(), i);
+    eph_sandbox_t *sb;
+    int fd;
+    eph_error_t err = {0};
+    if (create(l, id, eph_now_ms() + 1 + i % 4, &sb, &fd, &err) >= 0) {
+      made++;
+      eph_sandbox_report_t rep = {.struct_size = sizeof rep};
+      if (l->ops->destroy(l->state, sb, &rep, &err) < 0)
+        fail_msg("destroy: %s", err.message);
+      close(fd);
+    } else if (err.code == ETIMEDOUT) {
+      killed++;
+    } else {
+      fail_msg("create %d: %s", i, err.message);
+    }
+    int type = -1;
+    assert_int_equal(pthread_setcanceltype(PTHREAD_CANCEL_DEFERRED, &type), 0);
+    if (type != PTHREAD_CANCEL_DEFERRED)
+      fail_msg("create %d (%s) left this thread asynchronously cancellable", i,
+               err.message[0] ? err.message : "made");
+  }
+  printf("# %d sandboxes made, %d killed at their set-up deadline\n", made, killed);
+  assert_true(killed > 0); /* else nothing was tried */
+}
+
 /* Drops this (forked, single-threaded) process to `uid`, keeping CAP_SETUID and CAP_SETGID
  * only, as the packaged unit runs (User=, AmbientCapabilities=, setpriv in deb.test). 0 or
  * -1. */
@@ -258,6 +294,7 @@ main(void)
   fh_log_to_stderr = true;
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_host_stays_dumpable),
+      cmocka_unit_test(test_cancel_type_kept),
       cmocka_unit_test(test_unprivileged_host),
   };
   int r = cmocka_run_group_tests_name("backend-jail-host", tests, setup, jf_unload);

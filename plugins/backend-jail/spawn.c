@@ -259,10 +259,17 @@ jail_vm_clone_run(jail_vm_clone_t *vc, struct clone_args *ca, jail_child_args_t 
     c.stack_size = VM_STACK_BYTES;
     sigset_t all, old;
     sigfillset(&all);
+    /* The child's cancellable calls (read, write, poll, ...) switch this thread's cancel
+     * type to asynchronous and back around each call, in this thread's descriptor (glibc's
+     * __pthread_enable_asynccancel): one killed inside such a call (the set-up deadline)
+     * would leave the thread asynchronously cancellable for good. Put back after. */
+    int cancel_type = PTHREAD_CANCEL_DEFERRED;
+    pthread_setcanceltype(PTHREAD_CANCEL_DEFERRED, &cancel_type);
     pthread_sigmask(SIG_SETMASK, &all, &old);
     pid = jail_clone3_vm(&c, vm_child, args);
     e = errno;
     pthread_sigmask(SIG_SETMASK, &old, NULL);
+    pthread_setcanceltype(cancel_type, NULL);
     /* The child's uid change (step 2) and new_clocks (step 4) set the dumpable flag of its
      * mm, this process's: the host would stay non-dumpable (no core dump, its /proc files
      * root's) after its first sandbox. Each create puts it back once its own clone returned
