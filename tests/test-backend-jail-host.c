@@ -146,6 +146,84 @@ test_host_stays_dumpable(void **ctx)
   assert_int_equal(prctl(PR_GET_DUMPABLE, 0, 0, 0, 0), 1);
 }
 
+/* destroy() checked that a run's slot record was gone by looking for the slot's file once
+ * it had removed it: a create that took the freed slot in between (any create may: the
+ * slot is a hash of its run id) made destroy report "1 file(s) left" and fail, and the core
+ * then marks a run that went well failed (host_error). With one slot, a create retried
+ * while a sandbox is destroyed takes its slot as soon as it is free: every destroy is
+ * clean. */
+typedef struct {
+  fh_backend_t *l;
+  char run_id[64];
+  eph_sandbox_t *sb;
+  int fd, tries;
+  eph_error_t err;
+} taker_t;
+
+static void *
+taker_main(void *arg)
+{
+  taker_t *t = arg;
+  for (int64_t end = eph_now_ms() + 10000; eph_now_ms() < end; t->tries++) {
+    t->err = (eph_error_t){0};
+    if (create(t->l, t->run_id, 0, &t->sb, &t->fd, &t->err) >= 0 || t->err.code != EAGAIN)
+      return NULL;
+  }
+  return NULL;
+}
+
+static void
+test_destroy_beside_a_create(void **ctx)
+{
+  (void)ctx;
+  char parent[80], dir[280];
+  snprintf(parent, sizeof parent, "%s-one", jp.cg_parent);
+  snprintf(dir, sizeof dir, "%s-one", jp.run_dir);
+  fh_backend_t l;
+  config_t c;
+  eph_error_t err = {0};
+  if (load(&l, &c, parent, dir, "slots = 1;", &err) < 0)
+    fail_msg("%s", err.message);
+  int leaks = 0, rounds = 40;
+  for (int i = 0; i < rounds; i++) {
+    char id[64];
+    snprintf(id, sizeof id, "run_one_%d_%d", (int)getpid(), i);
+    eph_sandbox_t *sb;
+    int fd;
+    if (create(&l, id, 0, &sb, &fd, &err) < 0)
+      fail_msg("create %s: %s", id, err.message);
+    taker_t t = {.l = &l};
+    snprintf(t.run_id, sizeof t.run_id, "run_one_%d_%d_b", (int)getpid(), i);
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, taker_main, &t), 0);
+    eph_sandbox_report_t rep = {.struct_size = sizeof rep};
+    if (l.ops->destroy(l.state, sb, &rep, &err) < 0 || rep.files_left) {
+      fprintf(stderr, "# round %d: %s\n", i, err.message);
+      leaks++;
+    }
+    close(fd);
+    pthread_join(th, NULL);
+    if (!t.sb)
+      fail_msg("the second sandbox of round %d was not made: %s", i, t.err.message);
+    rep = (eph_sandbox_report_t){.struct_size = sizeof rep};
+    if (l.ops->destroy(l.state, t.sb, &rep, &err) < 0)
+      fail_msg("destroy %s: %s", t.run_id, err.message);
+    close(t.fd);
+  }
+  fh_backend_unload(&l);
+  config_destroy(&c);
+  rmdir(dir);
+  static const char *const ctl[] = {"memory", "pids", "cpu", ""};
+  for (int i = 0; i < 4; i++) {
+    char path[512];
+    snprintf(path, sizeof path, "/sys/fs/cgroup/%s/%s", ctl[i], parent);
+    rmdir(path);
+  }
+  if (leaks)
+    fail_msg("%d of %d destroys beside a create taking their slot reported a file left", leaks,
+             rounds);
+}
+
 /* A child killed at the set-up deadline inside one of its cancellable calls (read, poll:
  * it waits for the host there) left the creating thread asynchronously cancellable, in that
  * thread's descriptor, which it shares. Deadlines 1-4 ms ahead: many such kills; the
@@ -294,6 +372,7 @@ main(void)
   fh_log_to_stderr = true;
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_host_stays_dumpable),
+      cmocka_unit_test(test_destroy_beside_a_create),
       cmocka_unit_test(test_cancel_type_kept),
       cmocka_unit_test(test_unprivileged_host),
   };

@@ -722,13 +722,14 @@ jail_destroy(void *state, eph_sandbox_t *sb, eph_sandbox_report_t *report, eph_e
   /* 4. Remove the groups and the slot record. (A run granting web left nothing on the
    * host: its proxy's listener lives in the sandbox's netns, held by the core's proxy.) */
   int groups_left = jail_cg_remove(&j->cg, sb->run_id, 1000);
-  if (groups_left == 0)
-    jail_slot_release(j, sb->slot);
+  /* The record stays while a group does (the sweep finds the run by it). Whether it went is
+   * the unlink's answer: the slot's file may already be another create's record. */
+  bool record_left = groups_left != 0 || jail_slot_release(j, sb->slot) < 0;
 
   /* 5. Check, then report. */
   eph_sandbox_report_t rep = {.struct_size = sizeof rep};
   rep.processes_left = jail_cg_count(&j->cg, sb->run_id) + (init_gone ? 0 : 1);
-  rep.files_left = groups_left + (jail_slot_record_exists(j, sb->slot) ? 1 : 0);
+  rep.files_left = groups_left + (record_left ? 1 : 0);
   rep.lifetime_ms = eph_now_ms() - sb->created_ms;
   rep.memory_peak_bytes = c.memory_peak_bytes;
   rep.oom_kills = c.oom_kills;

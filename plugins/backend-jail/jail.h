@@ -344,8 +344,9 @@ uint64_t jail_proc_start_time(pid_t pid);
  * time) in run_dir with O_EXCL, so two processes never take the same slot. Returns the slot
  * or a negative errno (-EAGAIN when all are in use). */
 int jail_slot_claim(jail_t *j, const char *run_id, eph_error_t *err);
-void jail_slot_release(jail_t *j, int slot);
-bool jail_slot_record_exists(jail_t *j, int slot);
+/* Removes the record of slot: 0 (also when it was not there), or -errno. From then on the
+ * slot's file may be another create's: what is left is this answer, not a look at it. */
+int jail_slot_release(jail_t *j, int slot);
 /* The backend's sweep: reaps the cgroups of sandboxes whose owner died and drops their
  * records. Returns how many runs were reaped, or a negative errno. */
 int jail_sweep(void *state, eph_error_t *err);
