@@ -137,7 +137,7 @@ jail_parent_side(jail_parent_side_t *ps)
  * holds the set-up deadline: a child that misses it is killed, which wakes the sleeper.
  * Signals are blocked around the clone: none of the host's handlers may run in the child
  * (it execs the guest with all blocked; the guest sets its own mask). The child dies with
- * the cloning thread (PR_SET_PDEATHSIG, step 3), the run's thread as before. */
+ * the cloning thread (PR_SET_PDEATHSIG, step 4), the run's thread as before. */
 
 #define VM_STACK_BYTES (256U * 1024U)
 
@@ -208,7 +208,7 @@ vm_helper(void *arg)
 /* Starts the helper thread; false (and nothing started) where CLONE_VM is not available,
  * the host is not root, or the thread cannot start: the caller then clones a copy.
  *
- * Not root: the child's uid change (step 2) marks its mm non-dumpable, and with CLONE_VM
+ * Not root: the child's uid change (step 3) marks its mm non-dumpable, and with CLONE_VM
  * that mm is the host's: from the first sandbox on, every later child's /proc files (its
  * uid_map, gid_map, timens_offsets) belong to root, and a host running as its own user
  * (the packaged unit: CAP_SETUID and CAP_SETGID, no CAP_DAC_OVERRIDE) can no longer open
@@ -270,8 +270,8 @@ jail_vm_clone_run(jail_vm_clone_t *vc, struct clone_args *ca, jail_child_args_t 
     e = errno;
     pthread_sigmask(SIG_SETMASK, &old, NULL);
     pthread_setcanceltype(cancel_type, NULL);
-    /* The child's uid change (step 2) and new_clocks (step 4) set the dumpable flag of its
-     * mm, this process's: the host would stay non-dumpable (no core dump, its /proc files
+    /* The child's uid change (step 3) clears the dumpable flag of its mm, this
+     * process's: the host would stay non-dumpable (no core dump, its /proc files
      * root's) after its first sandbox. Each create puts it back once its own clone returned
      * (its child exec'd or died: it writes the flag no more), so the last create to return
      * leaves it as it was at init. Meanwhile a child of slot uid in a dumpable mm is still
