@@ -1,14 +1,17 @@
 /* backend-jail: what making a sandbox leaves in the host process, whose memory the
- * sandbox's first process shares until its exec (CLONE_VM | CLONE_VFORK, spawn.c). Real sandboxes,
+ * sandbox's first process shares until its exec (CLONE_VM | CLONE_VFORK, spawn.c), and
+ * what happens to that process when the host dies under it. Real sandboxes,
  * with tests/jail-init as PID 1, the plugin dlopen()ed with the fake host (mock-host.h), as
  * test-backend-jail.c does. Needs root (cgroups, uid maps); its own cgroup parents and
  * run_dirs. */
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
 #include <linux/capability.h>
+#include <poll.h>
 #include <pthread.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -281,6 +284,96 @@ test_cancel_type_kept(void **ctx)
   assert_true(killed > 0); /* else nothing was tried */
 }
 
+/* The host's end of a child's go socket is in every fd table copied from the host while it
+ * is open: another sandbox's child in its set-up, a process the host forks. With one of
+ * those alive, a kill -9 of the host used to leave a child that waits for its 'g' (here:
+ * the egress listener's proxy_attach never returns) waiting for good, as the host's uid,
+ * holding the dead host's memory. It dies with the host. */
+typedef struct {
+  int report; /* pipe to the test: the holder's pid */
+} holder_ctx_t;
+
+static int
+attach_and_hang(void *ctx, int listen_fd, eph_error_t *err)
+{
+  (void)listen_fd;
+  (void)err;
+  holder_ctx_t *h = ctx;
+  pid_t holder = fork(); /* holds a copy of every fd of the host, the go socket's end too */
+  if (holder == 0)
+    for (;;)
+      pause();
+  if (write(h->report, &holder, sizeof holder) != (ssize_t)sizeof holder)
+    _exit(1);
+  for (;;)
+    pause();
+}
+
+static void
+test_child_dies_with_host(void **ctx)
+{
+  fh_backend_t *l = *ctx;
+  int p[2];
+  assert_int_equal(pipe(p), 0);
+  char run_id[64];
+  snprintf(run_id, sizeof run_id, "run_orphan_%d", (int)getpid());
+  pid_t host = fork();
+  if (host == 0) {
+    close(p[0]);
+    fh_backend_t l2;
+    config_t c;
+    eph_error_t err = {0};
+    if (load(&l2, &c, jp.cg_parent, jp.run_dir, "", &err) < 0)
+      _exit(1);
+    holder_ctx_t h = {.report = p[1]};
+    eph_sandbox_spec_t spec = {.struct_size = sizeof spec,
+                               .run_id = run_id,
+                               .network = 1,
+                               .proxy_url = "http://10.213.7.1:3128",
+                               .proxy_netns_fd = -1,
+                               .proxy_attach = attach_and_hang,
+                               .proxy_ctx = &h};
+    eph_sandbox_t *sb;
+    int fd;
+    l2.ops->create(l2.state, &spec, &sb, &fd, &err); /* never returns */
+    fprintf(stderr, "# create: %s\n", err.message);
+    _exit(1);
+  }
+  close(p[1]);
+  pid_t holder = -1;
+  assert_int_equal(read(p[0], &holder, sizeof holder), (ssize_t)sizeof holder);
+  close(p[0]);
+  /* The sandbox's first process: the host's child in a pid namespace of its own. */
+  pid_t child = -1;
+  DIR *d = opendir("/proc");
+  assert_non_null(d);
+  for (struct dirent *e; child < 0 && (e = readdir(d));) {
+    pid_t pid = (pid_t)atoi(e->d_name);
+    if (pid > 0 && jf_parent_of(pid) == host && jf_is_sandbox_init(pid))
+      child = pid;
+  }
+  closedir(d);
+  assert_true(child > 0);
+  int child_fd = (int)syscall(SYS_pidfd_open, child, 0);
+  assert_true(child_fd >= 0);
+
+  kill(host, SIGKILL);
+  waitpid(host, NULL, 0);
+  struct pollfd pf = {.fd = child_fd, .events = POLLIN};
+  bool died = poll(&pf, 1, 20000) == 1;
+  kill(holder, SIGKILL);
+  if (!died)
+    syscall(SYS_pidfd_send_signal, child_fd, SIGKILL, NULL, 0);
+  close(child_fd);
+  eph_error_t err = {0};
+  assert_true(l->ops->sweep(l->state, &err) >= 0);
+  if (!died)
+    fail_msg("the sandbox's first process (pid %d) outlived its host by 20 s", (int)child);
+  char path[512];
+  snprintf(path, sizeof path, "/sys/fs/cgroup/%s%s/%s", v2 ? "" : "pids/", jp.cg_parent, run_id);
+  assert_int_equal(access(path, F_OK), -1); /* and the sweep took its group */
+}
+
 /* Drops this (forked, single-threaded) process to `uid`, keeping CAP_SETUID and CAP_SETGID
  * only, as the packaged unit runs (User=, AmbientCapabilities=, setpriv in deb.test). 0 or
  * -1. */
@@ -392,9 +485,9 @@ main(void)
   fh_reset(0, "/tmp", "/tmp");
   fh_log_to_stderr = true;
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_host_stays_dumpable), cmocka_unit_test(test_destroy_beside_a_create),
-      cmocka_unit_test(test_many_at_once),        cmocka_unit_test(test_cancel_type_kept),
-      cmocka_unit_test(test_unprivileged_host),
+      cmocka_unit_test(test_host_stays_dumpable),  cmocka_unit_test(test_destroy_beside_a_create),
+      cmocka_unit_test(test_many_at_once),         cmocka_unit_test(test_cancel_type_kept),
+      cmocka_unit_test(test_child_dies_with_host), cmocka_unit_test(test_unprivileged_host),
   };
   int r = cmocka_run_group_tests_name("backend-jail-host", tests, setup, jf_unload);
   fh_free();

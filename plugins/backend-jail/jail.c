@@ -467,6 +467,9 @@ jail_create(void *state, const eph_sandbox_spec_t *spec, eph_sandbox_t **out, in
   sb->deadline_ms = spec->deadline_ms;
 
   int socks[2] = {-1, -1}, go[2] = {-1, -1}, errp[2] = {-1, -1};
+  /* The child's way to tell the host died (jail.h): opened per create, so a process that
+   * forked after init watches itself. Without it (ENOSYS) the go socket's hang-up only. */
+  cleanup_close int host_pidfd = (int)syscall(SYS_pidfd_open, getpid(), 0);
   bool cg_made = false;
   int r;
   sb->slot = jail_slot_claim(j, sb->run_id, err);
@@ -489,6 +492,7 @@ jail_create(void *state, const eph_sandbox_spec_t *spec, eph_sandbox_t **out, in
       .err_fd = errp[1],
       .guest_fd = socks[1],
       .exe_fd = j->exe_fd,
+      .host_pidfd = host_pidfd,
       .scratch_bytes = lim.scratch_bytes,
       .memory_bytes = lim.memory_bytes,
       .nofile = lim.nofile,

@@ -253,6 +253,12 @@ typedef struct jail_child_args {
   int err_fd;   /* write end, CLOEXEC: a jail_child_error_t on failure, EOF on exec */
   int guest_fd; /* the sandbox end of the socketpair: becomes fd JAIL_GUEST_FD */
   int exe_fd;   /* O_PATH fd of the ephemeral-guest binary */
+  /* pidfd of the host process (-1: none): readable once it died. The child's fd table is
+   * a copy of the host's, so are those of every child cloned meanwhile: another sandbox's
+   * child still in its set-up holds the host's end of this child's go socket, and a hang-up
+   * on it does not tell the host's death (two children each holding the other's wait for
+   * their 'g' forever after a kill -9). */
+  int host_pidfd;
   uint64_t scratch_bytes;
   uint64_t memory_bytes; /* shown as MemTotal in the sandbox's /proc/meminfo */
   char boot_id[40];      /* this sandbox's /proc/sys/kernel/random/boot_id (a UUID) */
