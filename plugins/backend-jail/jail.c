@@ -467,6 +467,7 @@ jail_create(void *state, const eph_sandbox_spec_t *spec, eph_sandbox_t **out, in
   sb->deadline_ms = spec->deadline_ms;
 
   int socks[2] = {-1, -1}, go[2] = {-1, -1}, errp[2] = {-1, -1};
+  bool vm_held = false; /* a CLONE_VM child maybe still on our mm (jail_vm_release) */
   /* The child's way to tell the host died (jail.h): opened per create, so a process that
    * forked after init watches itself. Without it (ENOSYS) the go socket's hang-up only. */
   cleanup_close int host_pidfd = (int)syscall(SYS_pidfd_open, getpid(), 0);
@@ -549,6 +550,7 @@ jail_create(void *state, const eph_sandbox_spec_t *spec, eph_sandbox_t **out, in
     args.announce = 1;
     pid = jail_vm_clone_run(&vc, &ca, &args);
     clone_errno = errno;
+    vm_held = pid > 0;
     args.announce = 0;
     if (pid < 0 && (clone_errno == EINVAL || clone_errno == ENOSYS || clone_errno == EPERM ||
                     clone_errno == E2BIG)) {
@@ -627,6 +629,10 @@ jail_create(void *state, const eph_sandbox_spec_t *spec, eph_sandbox_t **out, in
   }
   if ((r = jail_child_error(errp[0], sb->run_id, err)) < 0)
     goto fail;
+  if (vm_held) { /* the pipe's EOF: past its exec's switch of mm */
+    jail_vm_release(j);
+    vm_held = false;
+  }
   siginfo_t si;
   memset(&si, 0, sizeof si);
   if (waitid(P_PIDFD, (id_t)sb->pidfd, &si, WEXITED | WNOHANG | WNOWAIT) == 0 && si.si_pid) {
@@ -652,6 +658,8 @@ fail:
   jail_cg_counters_close(&sb->counters);
   if (sb->pid > 0)
     reap_child(sb->pid, sb->pidfd);
+  if (vm_held)
+    jail_vm_release(j);
   if (cg_made) {
     jail_cg_kill_all(&j->cg, sb->run_id, 1000);
     jail_cg_remove(&j->cg, sb->run_id, 1000);

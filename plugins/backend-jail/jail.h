@@ -324,7 +324,8 @@ typedef struct jail {
   int exe_fd;
   pid_t owner_pid;
   uint64_t owner_start;
-  int dumpable; /* PR_GET_DUMPABLE at init: restored after each CLONE_VM clone (spawn.c) */
+  int dumpable;    /* PR_GET_DUMPABLE at init: restored once no CLONE_VM child is left */
+  int vm_children; /* CLONE_VM children maybe still on this process's mm; under lock */
 
   pthread_mutex_t lock;
   pthread_cond_t cond;
@@ -409,5 +410,9 @@ bool jail_vm_clone_begin(jail_vm_clone_t *vc, jail_parent_side_t *ps);
  * set), returning after its exec or exit; then wakes and joins the helper. The child's
  * pid, or -1 with errno; ps->r and ps->err carry the helper's result. */
 long jail_vm_clone_run(jail_vm_clone_t *vc, struct clone_args *ca, jail_child_args_t *args);
+/* After a jail_vm_clone_run that returned a pid: its child is off this process's mm (the
+ * error pipe's EOF: its exec's close-on-exec, or its exit, came after the mm's switch or
+ * release; or it was reaped). The last such puts the host's dumpable flag back. */
+void jail_vm_release(jail_t *j);
 
 #endif

@@ -235,6 +235,22 @@ jail_vm_clone_begin(jail_vm_clone_t *vc, jail_parent_side_t *ps)
   return true;
 }
 
+/* The child's uid change (step 3) clears the dumpable flag of its mm, this process's:
+ * the host stayed non-dumpable (no core dump, its /proc files root's) after its first
+ * sandbox. It is put back to its value at init, but only once no child of a clone without
+ * a copy is left on the mm: with the flag set, such a child after its uid change has its
+ * /proc/<pid> files owned by its slot uid, and some act on the mm, the host's, with no
+ * check beyond the file's owner (clear_refs write-protects every page of it,
+ * coredump_filter). */
+void
+jail_vm_release(jail_t *j)
+{
+  pthread_mutex_lock(&j->lock);
+  if (--j->vm_children == 0 && j->dumpable == 1)
+    prctl(PR_SET_DUMPABLE, 1, 0, 0, 0);
+  pthread_mutex_unlock(&j->lock);
+}
+
 static int
 vm_child(void *arg)
 {
@@ -257,6 +273,9 @@ jail_vm_clone_run(jail_vm_clone_t *vc, struct clone_args *ca, jail_child_args_t 
     c.parent_tid = (uint64_t)(uintptr_t)&ps->tid;
     c.stack = (uint64_t)(uintptr_t)stack;
     c.stack_size = VM_STACK_BYTES;
+    pthread_mutex_lock(&ps->j->lock);
+    ps->j->vm_children++;
+    pthread_mutex_unlock(&ps->j->lock);
     sigset_t all, old;
     sigfillset(&all);
     /* The child's cancellable calls (read, write, poll, ...) switch this thread's cancel
@@ -270,15 +289,8 @@ jail_vm_clone_run(jail_vm_clone_t *vc, struct clone_args *ca, jail_child_args_t 
     e = errno;
     pthread_sigmask(SIG_SETMASK, &old, NULL);
     pthread_setcanceltype(cancel_type, NULL);
-    /* The child's uid change (step 3) clears the dumpable flag of its mm, this
-     * process's: the host would stay non-dumpable (no core dump, its /proc files
-     * root's) after its first sandbox. Each create puts it back once its own clone returned
-     * (its child exec'd or died: it writes the flag no more), so the last create to return
-     * leaves it as it was at init. Meanwhile a child of slot uid in a dumpable mm is still
-     * closed to that uid: ptrace and /proc/<pid>/mem also want its capabilities, held in a
-     * user namespace of the host's. */
-    if (ps->j->dumpable == 1)
-      prctl(PR_SET_DUMPABLE, 1, 0, 0, 0);
+    if (pid < 0)
+      jail_vm_release(ps->j); /* no child */
 #ifdef __SANITIZE_ADDRESS__
     /* The child's frames poisoned their redzones in this memory and never returned. */
     __asan_unpoison_memory_region(stack, VM_STACK_BYTES);
