@@ -5,6 +5,7 @@
 
 #include <dlfcn.h>
 #include <errno.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -34,9 +35,14 @@ fake_log(eph_log_level_t level, const char *fmt, ...)
   va_end(ap);
   if (fh_log_to_stderr)
     fprintf(stderr, "# [plugin %d] %s\n", (int)level, line);
+  /* A plugin logs from any of its threads (a backend's watchdog, creates from several
+   * threads at once): two appends at once freed the same string twice. */
+  static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+  pthread_mutex_lock(&lock);
   char *joined = eph_xasprintf("%s%d: %s\n", fh.log ? fh.log : "", (int)level, line);
   free(fh.log);
   fh.log = joined;
+  pthread_mutex_unlock(&lock);
 }
 
 static int

@@ -28,18 +28,20 @@
 #include <cmocka.h>
 #include <ephemeral/plugin.h>
 
+#include "jail-fixture.h"
 #include "mock-host.h"
 
 /* Its own cgroup parent (and run_dir), named after the pid: the sweep judges the groups under
  * its parent by the records in its run_dir, so a parent shared with another process using
  * another run_dir (the shell tests, another checkout's run of this test) would have its
  * fresh, still empty groups reaped. */
-static char cg_parent[64];
+static jf_paths_t jp;
+static char *const cg_parent = jp.cg_parent;
 #define MIB (1024ULL * 1024ULL)
 
-static char run_dir[256];
-static char init_path[1024];
-static char plugin_path[1024];
+static char *const run_dir = jp.run_dir;
+static char *const init_path = jp.init;
+static char *const plugin_path = jp.plugin;
 static config_t cfg;
 
 /* ------------------------------------------------------------ fake core */
@@ -121,36 +123,11 @@ teardown_boxes(void **ctx)
   return 0;
 }
 
-/* Runs cmd as uid inside; returns its wait status, output in out (NUL-terminated). -1 when
- * the stream ended first (the sandbox died). */
+/* Runs cmd as uid inside (jail-fixture.h). */
 static int
 run(box_t *b, int uid, const char *cmd, char *out, size_t size)
 {
-  char line[4096];
-  int n = snprintf(line, sizeof line, "%d %s\n", uid, cmd);
-  if (write(b->fd, line, (size_t)n) != n)
-    return -1;
-  size_t off = 0;
-  out[0] = '\0';
-  for (;;) {
-    struct pollfd pf = {.fd = b->fd, .events = POLLIN};
-    if (poll(&pf, 1, 30000) <= 0)
-      return -1;
-    char buf[4096];
-    ssize_t r = read(b->fd, buf, sizeof buf);
-    if (r <= 0)
-      return -1;
-    size_t take = (size_t)r < size - 1 - off ? (size_t)r : size - 1 - off;
-    memcpy(out + off, buf, take);
-    off += take;
-    out[off] = '\0';
-    char *m = strstr(out, "\n@@EXIT ");
-    if (m && strchr(m + 8, '\n')) {
-      int st = atoi(m + 8);
-      *m = '\0';
-      return st;
-    }
-  }
+  return jf_run(b->fd, uid, cmd, out, size);
 }
 
 static char *
@@ -205,26 +182,6 @@ destroy_clean(loaded_t *l, box_t *b)
   assert_int_equal(access(cg_path("cpu", b->run_id, NULL, path, sizeof path), F_OK), -1);
 }
 
-/* Whether host pid is the sandbox's PID 1 (its innermost pid, NSpid's last, is 1). */
-static bool
-is_sandbox_init(pid_t pid)
-{
-  char path[64], line[256];
-  snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
-  FILE *f = fopen(path, "r");
-  bool init = false;
-  if (!f)
-    return false;
-  while (fgets(line, sizeof line, f))
-    if (strncmp(line, "NSpid:", 6) == 0) {
-      char *last = strrchr(line, '\t');
-      init = last && atoi(last + 1) == 1;
-      break;
-    }
-  fclose(f);
-  return init;
-}
-
 /* SIGKILLs, from the host, every process of the sandbox but its PID 1, until its pids cgroup
  * lists no other: a fork bomb holding the pid limit cannot be stopped from inside (the
  * shell that would run pkill cannot fork). Bounded by 30 s; returns the processes killed
@@ -243,7 +200,7 @@ kill_workload(const char *run_id)
       return -1;
     int others = 0, pid;
     while (fscanf(f, "%d", &pid) == 1)
-      if (!is_sandbox_init(pid)) {
+      if (!jf_is_sandbox_init(pid)) {
         others++;
         if (kill(pid, SIGKILL) == 0)
           killed++;
@@ -725,29 +682,11 @@ setup(void **ctx)
   return 0;
 }
 
-static int
-teardown(void **ctx)
-{
-  fh_backend_unload(*ctx);
-  return 0;
-}
-
 int
 main(void)
 {
-  const char *b = getenv("EPH_BUILDDIR");
-  if (getuid() != 0) {
-    printf("1..0 # SKIP backend-jail tests need root (cgroups, uid maps)\n");
+  if (!jf_paths_init(&jp, "test"))
     return 0;
-  }
-  snprintf(plugin_path, sizeof plugin_path, "%s/plugins/.libs/backend-jail.so", b ? b : ".");
-  if (getenv("JAIL_PLUGIN"))
-    snprintf(plugin_path, sizeof plugin_path, "%s", getenv("JAIL_PLUGIN"));
-  snprintf(init_path, sizeof init_path, "%s/tests/jail-init", b ? b : ".");
-  if (getenv("JAIL_INIT"))
-    snprintf(init_path, sizeof init_path, "%s", getenv("JAIL_INIT"));
-  snprintf(run_dir, sizeof run_dir, "/run/ephemeral-test-%d", (int)getpid());
-  snprintf(cg_parent, sizeof cg_parent, "ephemeral-test-%d", (int)getpid());
 
   char text[4096];
   snprintf(text, sizeof text,
@@ -773,15 +712,9 @@ main(void)
       cmocka_unit_test_teardown(test_host_memory_untouched, teardown_boxes),
       cmocka_unit_test_teardown(test_failed_step_named, teardown_boxes),
   };
-  int r = cmocka_run_group_tests_name("backend-jail", tests, setup, teardown);
+  int r = cmocka_run_group_tests_name("backend-jail", tests, setup, jf_unload);
   config_destroy(&cfg);
   fh_free();
-  rmdir(run_dir);
-  char path[512];
-  static const char *const where[] = {"memory/", "pids/", "cpu/", ""};
-  for (size_t i = 0; i < sizeof where / sizeof where[0]; i++) {
-    snprintf(path, sizeof path, "/sys/fs/cgroup/%s%s", where[i], cg_parent);
-    rmdir(path);
-  }
+  jf_paths_remove(&jp);
   return r;
 }

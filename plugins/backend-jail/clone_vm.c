@@ -30,6 +30,8 @@ const bool jail_clone3_vm_supported = true;
  * syscall clobbers rcx and r11 only; r8 and r9 carry fn and arg into the child, whose
  * registers are the parent's but rax (0) and rsp (the new stack's top, 16-byte aligned by
  * the caller, so fn is entered with the ABI's alignment after the call's push). */
+/* One instruction a line, as written: clang-format splits the string at STR(). */
+/* clang-format off */
 __asm__(".text\n"
         ".p2align 4\n"
         ".globl jail_clone3_vm_raw\n"
@@ -57,6 +59,7 @@ __asm__(".text\n"
         "  .cfi_endproc\n"
         ".size jail_clone3_vm_raw, .-jail_clone3_vm_raw\n"
         ".previous\n");
+/* clang-format on */
 
 long jail_clone3_vm_raw(struct clone_args *ca, size_t size, int (*fn)(void *), void *arg);
 

@@ -38,6 +38,7 @@
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -304,6 +305,7 @@ jail_init(const eph_host_t *host, const config_setting_t *config, void **state, 
 
   j->owner_pid = getpid();
   j->owner_start = jail_proc_start_time(j->owner_pid);
+  j->dumpable = prctl(PR_GET_DUMPABLE, 0, 0, 0, 0);
   host->log(EPH_LOG_DEBUG, "cgroup %s, uid_base %" PRIu64 ", %u slots, run_dir %s",
             j->cg.v2 ? "v2" : "v1", j->uid_base, j->slots, j->run_dir);
   *state = j;
@@ -467,6 +469,10 @@ jail_create(void *state, const eph_sandbox_spec_t *spec, eph_sandbox_t **out, in
   sb->deadline_ms = spec->deadline_ms;
 
   int socks[2] = {-1, -1}, go[2] = {-1, -1}, errp[2] = {-1, -1};
+  bool vm_held = false; /* a CLONE_VM child maybe still on our mm (jail_vm_release) */
+  /* The child's way to tell the host died (jail.h): opened per create, so a process that
+   * forked after init watches itself. Without it (ENOSYS) the go socket's hang-up only. */
+  cleanup_close int host_pidfd = (int)syscall(SYS_pidfd_open, getpid(), 0);
   bool cg_made = false;
   int r;
   sb->slot = jail_slot_claim(j, sb->run_id, err);
@@ -489,6 +495,7 @@ jail_create(void *state, const eph_sandbox_spec_t *spec, eph_sandbox_t **out, in
       .err_fd = errp[1],
       .guest_fd = socks[1],
       .exe_fd = j->exe_fd,
+      .host_pidfd = host_pidfd,
       .scratch_bytes = lim.scratch_bytes,
       .memory_bytes = lim.memory_bytes,
       .nofile = lim.nofile,
@@ -545,6 +552,7 @@ jail_create(void *state, const eph_sandbox_spec_t *spec, eph_sandbox_t **out, in
     args.announce = 1;
     pid = jail_vm_clone_run(&vc, &ca, &args);
     clone_errno = errno;
+    vm_held = pid > 0;
     args.announce = 0;
     if (pid < 0 && (clone_errno == EINVAL || clone_errno == ENOSYS || clone_errno == EPERM ||
                     clone_errno == E2BIG)) {
@@ -623,6 +631,10 @@ jail_create(void *state, const eph_sandbox_spec_t *spec, eph_sandbox_t **out, in
   }
   if ((r = jail_child_error(errp[0], sb->run_id, err)) < 0)
     goto fail;
+  if (vm_held) { /* the pipe's EOF: past its exec's switch of mm */
+    jail_vm_release(j);
+    vm_held = false;
+  }
   siginfo_t si;
   memset(&si, 0, sizeof si);
   if (waitid(P_PIDFD, (id_t)sb->pidfd, &si, WEXITED | WNOHANG | WNOWAIT) == 0 && si.si_pid) {
@@ -648,6 +660,8 @@ fail:
   jail_cg_counters_close(&sb->counters);
   if (sb->pid > 0)
     reap_child(sb->pid, sb->pidfd);
+  if (vm_held)
+    jail_vm_release(j);
   if (cg_made) {
     jail_cg_kill_all(&j->cg, sb->run_id, 1000);
     jail_cg_remove(&j->cg, sb->run_id, 1000);
@@ -722,13 +736,14 @@ jail_destroy(void *state, eph_sandbox_t *sb, eph_sandbox_report_t *report, eph_e
   /* 4. Remove the groups and the slot record. (A run granting web left nothing on the
    * host: its proxy's listener lives in the sandbox's netns, held by the core's proxy.) */
   int groups_left = jail_cg_remove(&j->cg, sb->run_id, 1000);
-  if (groups_left == 0)
-    jail_slot_release(j, sb->slot);
+  /* The record stays while a group does (the sweep finds the run by it). Whether it went is
+   * the unlink's answer: the slot's file may already be another create's record. */
+  bool record_left = groups_left != 0 || jail_slot_release(j, sb->slot) < 0;
 
   /* 5. Check, then report. */
   eph_sandbox_report_t rep = {.struct_size = sizeof rep};
   rep.processes_left = jail_cg_count(&j->cg, sb->run_id) + (init_gone ? 0 : 1);
-  rep.files_left = groups_left + (jail_slot_record_exists(j, sb->slot) ? 1 : 0);
+  rep.files_left = groups_left + (record_left ? 1 : 0);
   rep.lifetime_ms = eph_now_ms() - sb->created_ms;
   rep.memory_peak_bytes = c.memory_peak_bytes;
   rep.oom_kills = c.oom_kills;

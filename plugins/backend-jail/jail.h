@@ -253,6 +253,12 @@ typedef struct jail_child_args {
   int err_fd;   /* write end, CLOEXEC: a jail_child_error_t on failure, EOF on exec */
   int guest_fd; /* the sandbox end of the socketpair: becomes fd JAIL_GUEST_FD */
   int exe_fd;   /* O_PATH fd of the ephemeral-guest binary */
+  /* pidfd of the host process (-1: none): readable once it died. The child's fd table is
+   * a copy of the host's, so are those of every child cloned meanwhile: another sandbox's
+   * child still in its set-up holds the host's end of this child's go socket, and a hang-up
+   * on it does not tell the host's death (two children each holding the other's wait for
+   * their 'g' forever after a kill -9). */
+  int host_pidfd;
   uint64_t scratch_bytes;
   uint64_t memory_bytes; /* shown as MemTotal in the sandbox's /proc/meminfo */
   char boot_id[40];      /* this sandbox's /proc/sys/kernel/random/boot_id (a UUID) */
@@ -318,6 +324,8 @@ typedef struct jail {
   int exe_fd;
   pid_t owner_pid;
   uint64_t owner_start;
+  int dumpable;    /* PR_GET_DUMPABLE at init: restored once no CLONE_VM child is left */
+  int vm_children; /* CLONE_VM children maybe still on this process's mm; under lock */
 
   pthread_mutex_t lock;
   pthread_cond_t cond;
@@ -343,8 +351,9 @@ uint64_t jail_proc_start_time(pid_t pid);
  * time) in run_dir with O_EXCL, so two processes never take the same slot. Returns the slot
  * or a negative errno (-EAGAIN when all are in use). */
 int jail_slot_claim(jail_t *j, const char *run_id, eph_error_t *err);
-void jail_slot_release(jail_t *j, int slot);
-bool jail_slot_record_exists(jail_t *j, int slot);
+/* Removes the record of slot: 0 (also when it was not there), or -errno. From then on the
+ * slot's file may be another create's: what is left is this answer, not a look at it. */
+int jail_slot_release(jail_t *j, int slot);
 /* The backend's sweep: reaps the cgroups of sandboxes whose owner died and drops their
  * records. Returns how many runs were reaped, or a negative errno. */
 int jail_sweep(void *state, eph_error_t *err);
@@ -401,5 +410,9 @@ bool jail_vm_clone_begin(jail_vm_clone_t *vc, jail_parent_side_t *ps);
  * set), returning after its exec or exit; then wakes and joins the helper. The child's
  * pid, or -1 with errno; ps->r and ps->err carry the helper's result. */
 long jail_vm_clone_run(jail_vm_clone_t *vc, struct clone_args *ca, jail_child_args_t *args);
+/* After a jail_vm_clone_run that returned a pid: its child is off this process's mm (the
+ * error pipe's EOF: its exec's close-on-exec, or its exit, came after the mm's switch or
+ * release; or it was reaped). The last such puts the host's dumpable flag back. */
+void jail_vm_release(jail_t *j);
 
 #endif

@@ -13,11 +13,12 @@
  *   0. a run granting web: make a netlink and a TCP socket in this netns and send them to
  *      the parent, which puts the proxy's listener on our lo with them (net.c)
  *   1. wait for the parent: uid/gid maps written (its cgroups are joined meanwhile, see 9)
- *   2. become root of the user namespace (setresgid/setgroups/setresuid): from here the
+ *   2. unshare(CLONE_NEWTIME) with offsets: the guest's children see clocks that start at
+ *      zero (new_clocks), written while our uid is still the host's
+ *   3. become root of the user namespace (setresgid/setgroups/setresuid): from here the
  *      host sees the sandbox's uids as the unprivileged slot range, never host root
- *   3. PR_SET_PDEATHSIG(SIGKILL), then check the parent is still there
- *   4. unshare(CLONE_NEWTIME) with offsets: the guest's children see clocks that start at
- *      zero (new_clocks)
+ *   4. PR_SET_PDEATHSIG(SIGKILL) again (set first thing, before step 0; the uid change
+ *      cleared it), then check the parent is still there
  *   5. make every mount private: nothing propagates back to the host
  *   6. one read-only overlay of /usr and one of /etc in a small tmpfs at the root's mount
  *      point (mount_groups); mount the root tmpfs over it; build /usr (the usr_binds list,
@@ -382,18 +383,19 @@ new_clocks(const jail_child_args_t *a)
   cat(text, sizeof text, " 0\nboottime -");
   cat_u64(text, sizeof text, (uint64_t)boot.tv_sec);
   cat(text, sizeof text, " 0\n");
-  /* The uid change of step 2 made us non-dumpable, which hands our /proc/self files to
-   * the host's root: dumpable for this one write (exec decides it afresh anyway). */
-  if (prctl(PR_SET_DUMPABLE, 1, 0, 0, 0) < 0)
-    die(a, "prctl(PR_SET_DUMPABLE)", NULL);
+  /* Written before the uid change (step 3), as the host's uid: our /proc/self files are
+   * our euid's while our mm is dumpable and root's when it is not, so a root host writes
+   * them either way, and one that is not root clones a copy of its (dumpable) mm
+   * (spawn.c). After the change they were root's: it clears the flag, and setting the flag
+   * again for this write was undone by any other child's uid change in between, all of
+   * them sharing the host's mm under CLONE_VM (EACCES here, about once in 200 creates
+   * made six at a time). */
   int fd = open("/proc/self/timens_offsets", O_WRONLY | O_CLOEXEC);
   if (fd < 0)
     die(a, "open", "/proc/self/timens_offsets");
   if (write(fd, text, strlen(text)) != (ssize_t)strlen(text))
     die(a, "write", "/proc/self/timens_offsets");
   close(fd);
-  if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) < 0)
-    die(a, "prctl(PR_SET_DUMPABLE)", NULL);
 }
 
 /* A run granting web: no IPv6 in the sandbox's netns (the proxy's listener is IPv4 only),
@@ -439,12 +441,27 @@ loopback_up(const jail_child_args_t *a)
   close(fd);
 }
 
+/* Whether the host process has died (its pidfd is readable). */
+static bool
+host_gone(int host_pidfd)
+{
+  struct pollfd pf = {.fd = host_pidfd, .events = POLLIN};
+  return host_pidfd >= 0 && poll(&pf, 1, 0) > 0 && (pf.revents & POLLIN);
+}
+
 void
 jail_child_main(const jail_child_args_t *args)
 {
   const jail_plan_t *p = args->plan;
   char go;
   char path[4096];
+
+  /* Die with the host thread that created us from the start, not from step 4 on: until
+   * then we wait for the host's bytes on the go socket, and its hang-up can be held back by
+   * any other copy of the host's end (jail.h, host_pidfd). The uid change of step 3 clears
+   * it; step 4 sets it again. Checked once set: the host may have died since the clone. */
+  if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) < 0 || host_gone(args->host_pidfd))
+    _exit(127);
 
   /* 0. Fixed fd numbers: guest stream 3, error pipe 4 and guest binary 5 (both CLOEXEC).
    * Everything is first moved above them so no dup3() overwrites another. */
@@ -459,12 +476,14 @@ jail_child_main(const jail_child_args_t *args)
   int hi_err = fcntl(args->err_fd, F_DUPFD_CLOEXEC, 10);
   int hi_exe = fcntl(args->exe_fd, F_DUPFD_CLOEXEC, 10);
   int hi_go = fcntl(args->go_fd, F_DUPFD_CLOEXEC, 10);
+  int hi_host = args->host_pidfd >= 0 ? fcntl(args->host_pidfd, F_DUPFD_CLOEXEC, 10) : -1;
   if (hi_err < 0)
     _exit(127);
   local.err_fd = hi_err;
-  if (hi_guest < 0 || hi_exe < 0 || hi_go < 0)
+  if (hi_guest < 0 || hi_exe < 0 || hi_go < 0 || (args->host_pidfd >= 0 && hi_host < 0))
     die(a, "dup fds", NULL);
   local.go_fd = hi_go;
+  local.host_pidfd = hi_host;
   if (dup3(hi_err, 4, O_CLOEXEC) < 0)
     die(a, "dup3 error pipe", NULL);
   local.err_fd = 4;
@@ -488,7 +507,11 @@ jail_child_main(const jail_child_args_t *args)
   if (read(a->go_fd, &go, 1) != 1)
     die(a, "waiting for the parent (uid/gid maps)", NULL);
 
-  /* 2. Become uid/gid 0 of the user namespace: until now our kernel uid was the host's.
+  /* 2. Clocks of our own, before the uid change (new_clocks says why). (The cgroup
+   * namespace comes at 9, once we are in our groups.) */
+  new_clocks(a);
+
+  /* 3. Become uid/gid 0 of the user namespace: until now our kernel uid was the host's.
    * Raw system calls: glibc's wrappers broadcast the change to every thread of the
    * process (setxid), and the host's other threads do not exist in this clone: they would
    * wait forever. */
@@ -499,18 +522,16 @@ jail_child_main(const jail_child_args_t *args)
   if (syscall(SYS_setresuid, 0, 0, 0) < 0)
     die(a, "setresuid(0) in the user namespace", NULL);
 
-  /* 3. Die with the host thread that created us. Set after the uid change, which clears it;
-   * the go pipe's writer stays open until create() returns, so a hang-up means it died. */
+  /* 4. Die with the host thread that created us, again: the uid change cleared it. Then
+   * check the host did not die meanwhile (its pidfd; the go socket's writer stays open
+   * until create() returns, so a hang-up means the creating thread died too). */
   if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) < 0)
     die(a, "prctl(PR_SET_PDEATHSIG)", NULL);
   struct pollfd pf = {.fd = a->go_fd, .events = POLLIN};
-  if (poll(&pf, 1, 0) > 0 && (pf.revents & (POLLHUP | POLLERR))) {
+  if ((poll(&pf, 1, 0) > 0 && (pf.revents & (POLLHUP | POLLERR))) || host_gone(a->host_pidfd)) {
     errno = ESRCH;
     die(a, "the parent died during set-up", NULL);
   }
-
-  /* 4. Clocks of our own. (The cgroup namespace comes at 9, once we are in our groups.) */
-  new_clocks(a);
 
   /* 5. Nothing we mount propagates to the host. */
   if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)

@@ -87,20 +87,12 @@ jail_slot_claim(jail_t *j, const char *run_id, eph_error_t *err)
   return eph_error_set(err, EAGAIN, "all %u sandbox slots are in use (key 'slots')", j->slots);
 }
 
-void
+int
 jail_slot_release(jail_t *j, int slot)
 {
   char name[32];
   snprintf(name, sizeof name, "slot-%d", slot);
-  unlinkat(j->run_dir_fd, name, 0);
-}
-
-bool
-jail_slot_record_exists(jail_t *j, int slot)
-{
-  char name[32];
-  snprintf(name, sizeof name, "slot-%d", slot);
-  return faccessat(j->run_dir_fd, name, F_OK, 0) == 0;
+  return unlinkat(j->run_dir_fd, name, 0) == 0 || errno == ENOENT ? 0 : -errno;
 }
 
 /* ------------------------------------------------------------ sweep */

@@ -15,6 +15,7 @@
 #include <string.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -54,7 +55,6 @@ jail_child_error(int err_fd, const char *run_id, eph_error_t *err)
 }
 
 /* ------------------------------------------------------------ the host's side of set-up */
-
 
 void
 jail_close_child_ends(jail_parent_side_t *ps)
@@ -137,10 +137,9 @@ jail_parent_side(jail_parent_side_t *ps)
  * holds the set-up deadline: a child that misses it is killed, which wakes the sleeper.
  * Signals are blocked around the clone: none of the host's handlers may run in the child
  * (it execs the guest with all blocked; the guest sets its own mask). The child dies with
- * the cloning thread (PR_SET_PDEATHSIG, step 3), the run's thread as before. */
+ * the cloning thread (PR_SET_PDEATHSIG, step 4), the run's thread as before. */
 
 #define VM_STACK_BYTES (256U * 1024U)
-
 
 static void
 vm_kill_child(jail_parent_side_t *ps)
@@ -206,8 +205,15 @@ vm_helper(void *arg)
   return NULL;
 }
 
-/* Starts the helper thread; false (and nothing started) where CLONE_VM is not available
- * or the thread cannot start: the caller then clones a copy. */
+/* Starts the helper thread; false (and nothing started) where CLONE_VM is not available,
+ * the host is not root, or the thread cannot start: the caller then clones a copy.
+ *
+ * Not root: the child's uid change (step 3) marks its mm non-dumpable, and with CLONE_VM
+ * that mm is the host's: from the first sandbox on, every later child's /proc files (its
+ * uid_map, gid_map, timens_offsets) belong to root, and a host running as its own user
+ * (the packaged unit: CAP_SETUID and CAP_SETGID, no CAP_DAC_OVERRIDE) can no longer open
+ * them ("open /proc/N/uid_map: Permission denied" for every create after the first, and
+ * during any other child's set-up). Root owns those files whichever way they fall. */
 bool
 jail_vm_clone_begin(jail_vm_clone_t *vc, jail_parent_side_t *ps)
 {
@@ -215,7 +221,7 @@ jail_vm_clone_begin(jail_vm_clone_t *vc, jail_parent_side_t *ps)
   vc->ps = ps;
   vc->wake_fd = -1;
   ps->wake_fd = -1;
-  if (!jail_clone3_vm_supported)
+  if (!jail_clone3_vm_supported || geteuid() != 0)
     return false;
   vc->wake_fd = eventfd(0, EFD_CLOEXEC);
   if (vc->wake_fd < 0)
@@ -227,6 +233,22 @@ jail_vm_clone_begin(jail_vm_clone_t *vc, jail_parent_side_t *ps)
     return false;
   }
   return true;
+}
+
+/* The child's uid change (step 3) clears the dumpable flag of its mm, this process's:
+ * the host stayed non-dumpable (no core dump, its /proc files root's) after its first
+ * sandbox. It is put back to its value at init, but only once no child of a clone without
+ * a copy is left on the mm: with the flag set, such a child after its uid change has its
+ * /proc/<pid> files owned by its slot uid, and some act on the mm, the host's, with no
+ * check beyond the file's owner (clear_refs write-protects every page of it,
+ * coredump_filter). */
+void
+jail_vm_release(jail_t *j)
+{
+  pthread_mutex_lock(&j->lock);
+  if (--j->vm_children == 0 && j->dumpable == 1)
+    prctl(PR_SET_DUMPABLE, 1, 0, 0, 0);
+  pthread_mutex_unlock(&j->lock);
 }
 
 static int
@@ -251,12 +273,24 @@ jail_vm_clone_run(jail_vm_clone_t *vc, struct clone_args *ca, jail_child_args_t 
     c.parent_tid = (uint64_t)(uintptr_t)&ps->tid;
     c.stack = (uint64_t)(uintptr_t)stack;
     c.stack_size = VM_STACK_BYTES;
+    pthread_mutex_lock(&ps->j->lock);
+    ps->j->vm_children++;
+    pthread_mutex_unlock(&ps->j->lock);
     sigset_t all, old;
     sigfillset(&all);
+    /* The child's cancellable calls (read, write, poll, ...) switch this thread's cancel
+     * type to asynchronous and back around each call, in this thread's descriptor (glibc's
+     * __pthread_enable_asynccancel): one killed inside such a call (the set-up deadline)
+     * would leave the thread asynchronously cancellable for good. Put back after. */
+    int cancel_type = PTHREAD_CANCEL_DEFERRED;
+    pthread_setcanceltype(PTHREAD_CANCEL_DEFERRED, &cancel_type);
     pthread_sigmask(SIG_SETMASK, &all, &old);
     pid = jail_clone3_vm(&c, vm_child, args);
     e = errno;
     pthread_sigmask(SIG_SETMASK, &old, NULL);
+    pthread_setcanceltype(cancel_type, NULL);
+    if (pid < 0)
+      jail_vm_release(ps->j); /* no child */
 #ifdef __SANITIZE_ADDRESS__
     /* The child's frames poisoned their redzones in this memory and never returned. */
     __asan_unpoison_memory_region(stack, VM_STACK_BYTES);
@@ -273,4 +307,3 @@ jail_vm_clone_run(jail_vm_clone_t *vc, struct clone_args *ca, jail_child_args_t 
     errno = e;
   return pid;
 }
-
