@@ -381,7 +381,6 @@ typedef struct jail_parent_side {
   /* CLONE_VM only: */
   int wake_fd;        /* eventfd: the cloning thread's clone returned */
   volatile pid_t tid; /* CLONE_PARENT_SETTID: the child's pid, before it runs */
-  bool announced;     /* the child's 's' came */
   int r;              /* the helper's result, and its error */
   eph_error_t err;
 } jail_parent_side_t;

@@ -175,7 +175,6 @@ vm_helper(void *arg)
   char b = 0;
   int w = vm_wait(ps, ps->go_fd);
   if (w == 1 && recv(ps->go_fd, &b, 1, 0) == 1 && b == 's') {
-    ps->announced = true;
     sb->pid = ps->tid;
     jail_close_child_ends(ps); /* the child has its own copies since the clone */
     ps->r = jail_parent_side(ps);
