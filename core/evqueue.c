@@ -39,6 +39,11 @@ struct eph_evq {
   eph_evq_t *next;
   bool listed;
   int inflight;
+  /* The run's row (eph_evq_set_row): written by the commit after the batch, so that the row
+   * never says more than the stored timeline; row_due under lock. */
+  eph_evq_row_fn row_fn;
+  void *row_opaque;
+  bool row_due;
 };
 
 /* The process's writer thread: commits the queues whose oldest event waited flush_ms. */
@@ -76,11 +81,16 @@ commit_locked(eph_evq_t *q)
   pthread_mutex_lock(&q->lock);
   qev_t *batch = q->pending;
   size_t n = q->n;
+  bool row = q->row_due;
   q->pending = NULL;
   q->n = q->cap = q->bytes = 0;
+  q->row_due = false;
   pthread_mutex_unlock(&q->lock);
-  if (!n)
+  if (!n) {
+    if (row && q->row_fn)
+      q->row_fn(q->row_opaque);
     return 0;
+  }
   eph_store_event_t *evs = eph_xcalloc(n, sizeof *evs);
   for (size_t i = 0; i < n; i++)
     evs[i] = (eph_store_event_t){.seq = batch[i].seq,
@@ -96,6 +106,10 @@ commit_locked(eph_evq_t *q)
   for (size_t i = 0; i < n; i++)
     qev_clear(&batch[i]);
   free(batch);
+  /* A row after a batch that failed would say more than the store's timeline: the run has
+   * its storage error, and its last row write (which comes after) says so. */
+  if (row && q->row_fn && r >= 0)
+    q->row_fn(q->row_opaque);
   return r < 0 ? r : 0;
 }
 
@@ -119,7 +133,7 @@ writer_main(void *arg)
     for (eph_evq_t **p = &writer.queues; *p;) {
       eph_evq_t *q = *p;
       pthread_mutex_lock(&q->lock);
-      size_t n = q->n;
+      size_t n = q->n + (q->row_due ? 1 : 0);
       int64_t at = q->first_ms + q->flush_ms;
       pthread_mutex_unlock(&q->lock);
       if (!n && !q->inflight) {
@@ -239,14 +253,48 @@ eph_evq_push(eph_evq_t *q, int64_t seq, int64_t t_ms, const char *source, const 
   }
   q->pending[q->n++] = e;
   q->bytes += bytes;
-  bool first = q->n == 1;
+  bool first = q->n == 1 && !q->row_due;
   if (first)
     q->first_ms = now;
-  bool commit =
-      q->n >= EVQ_MAX_EVENTS || q->bytes >= EVQ_MAX_BYTES || now - q->first_ms >= q->flush_ms;
+  /* Past its deadline the batch is the writer thread's to commit (it wakes at the deadline),
+   * not this pusher's: a run's agent loop does not wait for a commit between two calls. */
+  bool commit = q->n >= EVQ_MAX_EVENTS || q->bytes >= EVQ_MAX_BYTES;
   pthread_mutex_unlock(&q->lock);
   if (commit || ends || (first && !writer_watch(q, now)))
     eph_evq_flush(q);
+}
+
+void
+eph_evq_set_row(eph_evq_t *q, eph_evq_row_fn fn, void *opaque)
+{
+  q->row_fn = fn;
+  q->row_opaque = opaque;
+}
+
+bool
+eph_evq_defer_row(eph_evq_t *q)
+{
+  if (!q->grouped || !q->row_fn)
+    return false;
+  int64_t now = eph_now_ms();
+  pthread_mutex_lock(&q->lock);
+  bool first = q->n == 0 && !q->row_due;
+  q->row_due = true;
+  if (first)
+    q->first_ms = now;
+  pthread_mutex_unlock(&q->lock);
+  if (first && !writer_watch(q, now))
+    eph_evq_flush(q);
+  return true;
+}
+
+int
+eph_evq_flush_row(eph_evq_t *q)
+{
+  pthread_mutex_lock(&q->lock);
+  q->row_due = q->row_fn != NULL;
+  pthread_mutex_unlock(&q->lock);
+  return eph_evq_flush(q);
 }
 
 void

@@ -14,6 +14,13 @@
  * batch, a GET, the 201), so only another process reading the store (`ephemeral runs
  * show`, a second daemon) sees a live run up to flush_ms late.
  *
+ * The run's row goes the same way (eph_evq_set_row): a write of it is a commit's last step,
+ * after the batch, so the row never says more than the stored timeline. A change of status
+ * (the run starts, ends, settles) is written at once (eph_evq_flush_row); what changes while
+ * it runs (the money of each model call) only marks the row due (eph_evq_defer_row), and the
+ * next commit writes it with the batch, at most flush_ms later. A kill -9 loses at most that
+ * flush_ms of progress in the row, which the reconciler rewrites from the ledger anyway.
+ *
  * A store that writes events one by one (eph_store_groups_events false: PostgreSQL, whose
  * nodes are told of each stored event) and flush_ms 0 keep the old behaviour: each event
  * is written when it is pushed.
@@ -29,6 +36,7 @@
 #ifndef EPH_EVQUEUE_H
 #define EPH_EVQUEUE_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include <json-c/json.h>
@@ -48,8 +56,25 @@ eph_evq_t *eph_evq_new(eph_store_t *store, eph_run_t *run, int64_t flush_ms);
 void eph_evq_push(eph_evq_t *q, int64_t seq, int64_t t_ms, const char *source, const char *kind,
                   const char *text, json_object *data);
 
-/* Commits what is queued, now. 0, or the negative error already reported to the run. */
+/* Commits what is queued, now (and the row if it is due). 0, or the negative error already
+ * reported to the run. */
 int eph_evq_flush(eph_evq_t *q);
+
+/* Writes the run's row (stores it; reports a failure to the run itself). Called by a commit,
+ * with the queue's flush lock held, on the pushing thread or the writer thread. */
+typedef void (*eph_evq_row_fn)(void *opaque);
+
+/* Sets the row's writer (before the first push). */
+void eph_evq_set_row(eph_evq_t *q, eph_evq_row_fn fn, void *opaque);
+
+/* Marks the row due: the next commit writes it, at most flush_ms from now. False (nothing
+ * marked) when the queue writes through (flush_ms 0, a store without batches) or has no row
+ * writer: the caller writes the row now (eph_evq_flush_row). */
+bool eph_evq_defer_row(eph_evq_t *q);
+
+/* Commits what is queued and then writes the row, now. 0, or the negative error of the
+ * events' commit (the row is not written after a failed batch). */
+int eph_evq_flush_row(eph_evq_t *q);
 
 /* Commits what is queued and frees the queue; q may be NULL. */
 void eph_evq_free(eph_evq_t *q);

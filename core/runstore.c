@@ -7,6 +7,7 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <string.h>
 #include <sys/file.h>
 #include <sys/stat.h>
@@ -23,6 +24,7 @@ typedef struct link {
   eph_evq_t *events; /* the run's events on their way to the store (evqueue.h) */
   eph_run_observer_t next;
   struct link *older;
+  atomic_int written; /* the status of the last row write asked for (-1: none yet) */
 } link_t;
 
 /* The links live until detach; a tiny list keyed by run keeps the observer's opaque
@@ -52,12 +54,13 @@ on_sync(void *opaque, eph_run_t *run)
     l->next.on_sync(l->next.opaque, run);
 }
 
+/* Writes the run's row from its state now (the queue's row writer: called by a commit,
+ * after the batch, with the queue's flush lock held). */
 static void
-on_update(void *opaque, eph_run_t *run)
+write_row(void *opaque)
 {
   link_t *l = opaque;
-  /* The row never says more than the stored timeline. */
-  eph_evq_flush(l->events);
+  eph_run_t *run = l->run;
   cleanup_json json_object *obj = eph_run_to_json(run, false);
   json_object *output = NULL, *usage = NULL, *status = NULL;
   json_object_object_get_ex(obj, "output", &output);
@@ -91,6 +94,21 @@ on_update(void *opaque, eph_run_t *run)
     eph_warn("run %s: storing state: %s", eph_run_id(run), err.message);
     eph_run_storage_failed(run, err.message);
   }
+}
+
+static void
+on_update(void *opaque, eph_run_t *run)
+{
+  link_t *l = opaque;
+  /* A running run's progress (a model call's money) waits for the next batch of its events
+   * (evqueue.h): the agent loop does not wait for two commits per model call. A change of
+   * status is written now, after what is queued. */
+  eph_run_status_t now = eph_run_status(run);
+  bool same = now == EPH_RUN_RUNNING && atomic_load(&l->written) == (int)now;
+  if (!same || !eph_evq_defer_row(l->events)) {
+    atomic_store(&l->written, (int)now);
+    eph_evq_flush_row(l->events);
+  }
   if (l->next.on_update)
     l->next.on_update(l->next.opaque, run);
 }
@@ -120,6 +138,8 @@ eph_runstore_adopt(eph_store_t *store, eph_run_t *run, const eph_run_observer_t 
   l->run = run;
   l->store = store;
   l->events = eph_evq_new(store, run, eph_run_event_flush_ms(run));
+  atomic_init(&l->written, -1);
+  eph_evq_set_row(l->events, write_row, l);
   if (next)
     l->next = *next;
   pthread_mutex_lock(&links_lock);
