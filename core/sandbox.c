@@ -244,7 +244,10 @@ eph_sbx_destroy(eph_sbx_t *s, eph_sandbox_report_t *report, eph_error_t *err)
 {
   if (!s)
     return 0;
-  if (s->guest && !eph_guest_broken(s->guest)) {
+  /* A backend whose destroy ends the guest anyway (the jail) is not made to wait for a
+   * graceful shutdown first (plugin.h, destroy_ends_guest). */
+  if (s->guest && !eph_guest_broken(s->guest) &&
+      !EPH_BACKEND_DESTROY_ENDS_GUEST((const eph_backend_ops_t *)s->backend->desc->ops)) {
     eph_error_t serr = {0};
     if (eph_guest_shutdown(s->guest, eph_now_ms() + SHUTDOWN_MS, &serr) < 0)
       eph_warn("%s: guest shutdown: %s (the backend kills it)", s->backend->desc->name,

@@ -774,6 +774,9 @@ static const eph_backend_ops_t jail_ops = {
     .stats = jail_stats,
     .destroy = jail_destroy,
     .sweep = jail_sweep,
+    /* SIGKILL of PID 1 ends every process of the sandbox; the guest's run directory is in
+     * the sandbox's /tmp tmpfs, gone with its mount namespace. */
+    .destroy_ends_guest = 1,
 };
 
 EPH_PLUGIN_EXPORT = {

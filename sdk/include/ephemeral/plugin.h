@@ -526,7 +526,19 @@ typedef struct eph_backend_ops {
    * negative. */
   int (*cache_prune)(void *state, int64_t max_bytes, eph_cache_each_fn each, void *ctx,
                      eph_error_t *err);
+  /* (ABI 1.2 addition, appended) Non-zero: destroy alone ends the guest and all it made, as
+   * a jail's does (SIGKILL of its PID 1 empties the pid namespace; its run directory lives in
+   * the sandbox's own tmpfs), so the core skips asking the guest to shut down first (a round
+   * trip, and the guest's kill and removal of its run directory, for nothing). 0, and a
+   * plugin whose struct_size stops before this field: the core asks the guest to shut down
+   * (a microVM's guest powers its machine off), then calls destroy. */
+  int destroy_ends_guest;
 } eph_backend_ops_t;
+
+/* True when ops (sized by the plugin) carries destroy_ends_guest and sets it. */
+#define EPH_BACKEND_DESTROY_ENDS_GUEST(ops)                                                        \
+  ((ops)->struct_size >= offsetof(eph_backend_ops_t, destroy_ends_guest) + sizeof(int) &&         \
+   (ops)->destroy_ends_guest)
 
 /* ---------------------------------------------------------------- models */
 
