@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "../guest/protocol.h"
+#include "cli.h"
 #include "context.h"
 #include "egress.h"
 #include "guest_client.h"
@@ -119,14 +120,19 @@ log_egress(void *opaque, const char *method, const char *target, const char *ref
 static void
 usage(FILE *f)
 {
-  fputs("usage: ephemeral exec [--backend NAME] [--timeout S] [--memory MIB] [--stdin] -- CMD "
-        "[ARG...]\n"
-        "  --backend NAME  sandbox backend (jail, qemu); default: the configured one\n"
+  /* The usage line is the command table's (cli.c), which `ephemeral --help` prints too. */
+  for (const eph_cli_command_t *c = eph_cli_commands; c->name; c++)
+    if (strcmp(c->name, "exec") == 0)
+      fprintf(f, "usage: ephemeral %s\n", c->usage);
+  fputs("  --backend NAME  sandbox backend (jail, qemu); default: the configured one\n"
         "  --timeout S     kill the command after S seconds (exit status 124); default 300\n"
         "  --memory MIB    memory limit of the sandbox, half of it its /tmp; default: the "
         "backend's\n"
         "  --stdin         feed our stdin (at most 512 KiB) to the command; default /dev/null\n"
-        "  --web           egress through the host's proxy, as a run granting web gets\n",
+        "  --web           egress through the host's proxy, as a run granting web gets\n"
+        "exit status: the command's; 124 when --timeout killed it; 125 when ephemeral itself "
+        "failed\n"
+        "  (no backend, the sandbox did not boot, or its destroy left something behind)\n",
         f);
 }
 
