@@ -3,7 +3,8 @@
  * group-commits charges.
  *
  * The contract (docs/ARCHITECTURE.md, "Crash recovery"): an event is in the store at most
- * flush_ms after it was emitted, and at once when it ends the run (`ended`, `settled`),
+ * flush_ms after it was emitted (by the writer thread; by its run's next event at twice
+ * that, should the writer be late), and at once when it ends the run (`ended`, `settled`),
  * before any write of the run's row (eph_evq_flush, called by the store observer ahead of
  * it) and when the queue is freed. So the row never says more than the stored timeline,
  * and a process killed with SIGKILL loses at most the events of its last flush_ms: the
@@ -52,7 +53,8 @@ eph_evq_t *eph_evq_new(eph_store_t *store, eph_run_t *run, int64_t flush_ms);
 
 /* Queues one event (every argument copied; data serialised now, on the caller's thread;
  * text and data already redacted by the caller); commits the queue when the event ends
- * the run, when the queue is large, or when its oldest event has waited flush_ms. */
+ * the run, when the queue is large, or when its oldest event has waited twice flush_ms
+ * (the writer thread, which commits it at flush_ms, is late). */
 void eph_evq_push(eph_evq_t *q, int64_t seq, int64_t t_ms, const char *source, const char *kind,
                   const char *text, json_object *data);
 
