@@ -16,9 +16,8 @@ const eph_cli_command_t eph_cli_commands[] = {
      "  check   parse ephemeral.conf and conf.d, load the enabled plugins, check every key\n"
      "  keys    print every documented key: block, name, type, default, unit, description\n",
      true, 1, eph_cmd_config},
-    {"exec", "exec [--backend NAME] [--timeout S] [--memory MIB] [--stdin] [--web] -- CMD [ARG...]",
-     "run one command in a fresh sandbox; exit with its status", NULL, EPH_CLI_LAZY, 1,
-     eph_cmd_exec},
+    {"exec", EPH_CLI_EXEC_USAGE, "run one command in a fresh sandbox; exit with its status", NULL,
+     EPH_CLI_LAZY, 1, eph_cmd_exec},
     {"run", "run [--json] [--quiet] [--backend NAME] [--replay FILE] [--record FILE] REQUEST.json",
      "run a request end to end and print its timeline",
      "  --json            print the final run object instead of the timeline\n"

@@ -12,6 +12,11 @@
 #define EPH_CLI_LAZY 2
 #define EPH_CLI_LAZY_BACKENDS 3
 
+/* `exec`'s usage line: the command table's (cli.c) and exec's own usage (cmd_exec.c). A
+ * macro, so that cmd_exec.c needs nothing of cli.c. */
+#define EPH_CLI_EXEC_USAGE                                                                         \
+  "exec [--backend NAME] [--timeout S] [--memory MIB] [--stdin] [--web] -- CMD [ARG...]"
+
 typedef struct eph_cli_command {
   const char *name;
   const char *usage;       /* "plugins", "exec [--backend NAME] -- CMD [ARG...]" */

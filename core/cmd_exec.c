@@ -120,11 +120,9 @@ log_egress(void *opaque, const char *method, const char *target, const char *ref
 static void
 usage(FILE *f)
 {
-  /* The usage line is the command table's (cli.c), which `ephemeral --help` prints too. */
-  for (const eph_cli_command_t *c = eph_cli_commands; c->name; c++)
-    if (strcmp(c->name, "exec") == 0)
-      fprintf(f, "usage: ephemeral %s\n", c->usage);
-  fputs("  --backend NAME  sandbox backend (jail, qemu); default: the configured one\n"
+  /* The usage line is the command table's (cli.h), which `ephemeral --help` prints too. */
+  fputs("usage: ephemeral " EPH_CLI_EXEC_USAGE "\n"
+        "  --backend NAME  sandbox backend (jail, qemu); default: the configured one\n"
         "  --timeout S     kill the command after S seconds (exit status 124); default 300\n"
         "  --memory MIB    memory limit of the sandbox, half of it its /tmp; default: the "
         "backend's\n"

@@ -260,8 +260,8 @@ eph_evq_push(eph_evq_t *q, int64_t seq, int64_t t_ms, const char *source, const 
    * not this pusher's: a run's agent loop does not wait for a commit between two calls. A
    * writer late by a whole interval more (busy with another run's slow commit) is not
    * waited for: the pusher commits, so what waits stays bounded (2 x flush_ms). */
-  bool commit = q->n >= EVQ_MAX_EVENTS || q->bytes >= EVQ_MAX_BYTES ||
-                now - q->first_ms >= 2 * q->flush_ms;
+  bool commit =
+      q->n >= EVQ_MAX_EVENTS || q->bytes >= EVQ_MAX_BYTES || now - q->first_ms >= 2 * q->flush_ms;
   pthread_mutex_unlock(&q->lock);
   if (commit || ends || (first && !writer_watch(q, now)))
     eph_evq_flush(q);

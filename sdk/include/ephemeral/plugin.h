@@ -537,7 +537,7 @@ typedef struct eph_backend_ops {
 
 /* True when ops (sized by the plugin) carries destroy_ends_guest and sets it. */
 #define EPH_BACKEND_DESTROY_ENDS_GUEST(ops)                                                        \
-  ((ops)->struct_size >= offsetof(eph_backend_ops_t, destroy_ends_guest) + sizeof(int) &&         \
+  ((ops)->struct_size >= offsetof(eph_backend_ops_t, destroy_ends_guest) + sizeof(int) &&          \
    (ops)->destroy_ends_guest)
 
 /* ---------------------------------------------------------------- models */
