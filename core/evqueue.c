@@ -39,11 +39,13 @@ struct eph_evq {
   eph_evq_t *next;
   bool listed;
   int inflight;
-  /* The run's row (eph_evq_set_row): written by the commit after the batch, so that the row
-   * never says more than the stored timeline; row_due under lock. */
+  /* The run's row (eph_evq_set_row): written by the commit after the batch. row (under
+   * lock) is the deferred row, the run's state as it was when it was deferred, after the
+   * events it reflects were pushed: taken with the batch in one step, so that it never says
+   * more than the batch and what was stored before. */
   eph_evq_row_fn row_fn;
   void *row_opaque;
-  bool row_due;
+  json_object *row;
 };
 
 /* The process's writer thread: commits the queues whose oldest event waited flush_ms. */
@@ -74,42 +76,47 @@ report(eph_evq_t *q, int r, const eph_error_t *err)
   eph_run_storage_failed(q->run, err->message);
 }
 
-/* Commits what is pending now: one transaction (flush_lock held by the caller). */
+/* Commits what is pending now: one transaction, then the row deferred with it, or fresh
+ * (owned; newer than the deferred one, which it replaces) when not NULL (flush_lock held by
+ * the caller). */
 static int
-commit_locked(eph_evq_t *q)
+commit_locked(eph_evq_t *q, json_object *fresh)
 {
   pthread_mutex_lock(&q->lock);
   qev_t *batch = q->pending;
   size_t n = q->n;
-  bool row = q->row_due;
+  json_object *row = q->row;
   q->pending = NULL;
   q->n = q->cap = q->bytes = 0;
-  q->row_due = false;
+  q->row = NULL;
   pthread_mutex_unlock(&q->lock);
-  if (!n) {
-    if (row && q->row_fn)
-      q->row_fn(q->row_opaque);
-    return 0;
+  if (fresh) {
+    json_object_put(row);
+    row = fresh;
   }
-  eph_store_event_t *evs = eph_xcalloc(n, sizeof *evs);
-  for (size_t i = 0; i < n; i++)
-    evs[i] = (eph_store_event_t){.seq = batch[i].seq,
-                                 .t_ms = batch[i].t_ms,
-                                 .source = batch[i].source,
-                                 .kind = batch[i].kind,
-                                 .text = batch[i].text,
-                                 .data_json = batch[i].data};
-  eph_error_t err = {0};
-  int r = eph_store_events_append(q->store, eph_run_id(q->run), evs, n, &err);
-  report(q, r, &err);
-  free(evs);
-  for (size_t i = 0; i < n; i++)
-    qev_clear(&batch[i]);
+  int r = 0;
+  if (n) {
+    eph_store_event_t *evs = eph_xcalloc(n, sizeof *evs);
+    for (size_t i = 0; i < n; i++)
+      evs[i] = (eph_store_event_t){.seq = batch[i].seq,
+                                   .t_ms = batch[i].t_ms,
+                                   .source = batch[i].source,
+                                   .kind = batch[i].kind,
+                                   .text = batch[i].text,
+                                   .data_json = batch[i].data};
+    eph_error_t err = {0};
+    r = eph_store_events_append(q->store, eph_run_id(q->run), evs, n, &err);
+    report(q, r, &err);
+    free(evs);
+    for (size_t i = 0; i < n; i++)
+      qev_clear(&batch[i]);
+  }
   free(batch);
   /* A row after a batch that failed would say more than the store's timeline: the run has
    * its storage error, and its last row write (which comes after) says so. */
   if (row && q->row_fn && r >= 0)
-    q->row_fn(q->row_opaque);
+    q->row_fn(q->row_opaque, row);
+  json_object_put(row);
   return r < 0 ? r : 0;
 }
 
@@ -117,7 +124,7 @@ int
 eph_evq_flush(eph_evq_t *q)
 {
   pthread_mutex_lock(&q->flush_lock);
-  int r = commit_locked(q);
+  int r = commit_locked(q, NULL);
   pthread_mutex_unlock(&q->flush_lock);
   return r;
 }
@@ -133,7 +140,7 @@ writer_main(void *arg)
     for (eph_evq_t **p = &writer.queues; *p;) {
       eph_evq_t *q = *p;
       pthread_mutex_lock(&q->lock);
-      size_t n = q->n + (q->row_due ? 1 : 0);
+      size_t n = q->n + (q->row ? 1 : 0);
       int64_t at = q->first_ms + q->flush_ms;
       pthread_mutex_unlock(&q->lock);
       if (!n && !q->inflight) {
@@ -253,7 +260,7 @@ eph_evq_push(eph_evq_t *q, int64_t seq, int64_t t_ms, const char *source, const 
   }
   q->pending[q->n++] = e;
   q->bytes += bytes;
-  bool first = q->n == 1 && !q->row_due;
+  bool first = q->n == 1 && !q->row;
   if (first)
     q->first_ms = now;
   /* Past its deadline the batch is the writer thread's to commit (it wakes at the deadline),
@@ -275,29 +282,31 @@ eph_evq_set_row(eph_evq_t *q, eph_evq_row_fn fn, void *opaque)
 }
 
 bool
-eph_evq_defer_row(eph_evq_t *q)
+eph_evq_defer_row(eph_evq_t *q, json_object *row)
 {
   if (!q->grouped || !q->row_fn)
     return false;
   int64_t now = eph_now_ms();
   pthread_mutex_lock(&q->lock);
-  bool first = q->n == 0 && !q->row_due;
-  q->row_due = true;
+  bool first = q->n == 0 && !q->row;
+  json_object *older = q->row;
+  q->row = row;
   if (first)
     q->first_ms = now;
   pthread_mutex_unlock(&q->lock);
+  json_object_put(older);
   if (first && !writer_watch(q, now))
     eph_evq_flush(q);
   return true;
 }
 
 int
-eph_evq_flush_row(eph_evq_t *q)
+eph_evq_flush_row(eph_evq_t *q, json_object *row)
 {
-  pthread_mutex_lock(&q->lock);
-  q->row_due = q->row_fn != NULL;
-  pthread_mutex_unlock(&q->lock);
-  return eph_evq_flush(q);
+  pthread_mutex_lock(&q->flush_lock);
+  int r = commit_locked(q, row);
+  pthread_mutex_unlock(&q->flush_lock);
+  return r;
 }
 
 void

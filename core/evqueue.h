@@ -18,9 +18,12 @@
  * The run's row goes the same way (eph_evq_set_row): a write of it is a commit's last step,
  * after the batch, so the row never says more than the stored timeline. A change of status
  * (the run starts, ends, settles) is written at once (eph_evq_flush_row); what changes while
- * it runs (the money of each model call) only marks the row due (eph_evq_defer_row), and the
- * next commit writes it with the batch, at most flush_ms later. A kill -9 loses at most that
- * flush_ms of progress in the row, which the reconciler rewrites from the ledger anyway.
+ * it runs (the money of each model call) is deferred (eph_evq_defer_row): the row as it was
+ * then, after the events it reflects were pushed, waits in the queue and the next commit
+ * writes it after its batch, at most flush_ms later. Not the run's state at the commit: on
+ * the writer thread that may be a model call charged whose event is not yet pushed, or an
+ * end decided whose `ended` is not yet stored. A kill -9 loses at most that flush_ms of
+ * progress in the row, which the reconciler rewrites from the ledger anyway.
  *
  * A store that writes events one by one (eph_store_groups_events false: PostgreSQL, whose
  * nodes are told of each stored event) and flush_ms 0 keep the old behaviour: each event
@@ -62,21 +65,26 @@ void eph_evq_push(eph_evq_t *q, int64_t seq, int64_t t_ms, const char *source, c
  * reported to the run. */
 int eph_evq_flush(eph_evq_t *q);
 
-/* Writes the run's row (stores it; reports a failure to the run itself). Called by a commit,
- * with the queue's flush lock held, on the pushing thread or the writer thread. */
-typedef void (*eph_evq_row_fn)(void *opaque);
+/* Writes row (borrowed; what the caller of eph_evq_defer_row or eph_evq_flush_row gave) as
+ * the run's row, and reports a failure to the run itself. Called by a commit, with the
+ * queue's flush lock held, on the pushing thread or the writer thread: row must share no
+ * object with the run (the writer thread frees it). */
+typedef void (*eph_evq_row_fn)(void *opaque, json_object *row);
 
 /* Sets the row's writer (before the first push). */
 void eph_evq_set_row(eph_evq_t *q, eph_evq_row_fn fn, void *opaque);
 
-/* Marks the row due: the next commit writes it, at most flush_ms from now. False (nothing
- * marked) when the queue writes through (flush_ms 0, a store without batches) or has no row
- * writer: the caller writes the row now (eph_evq_flush_row). */
-bool eph_evq_defer_row(eph_evq_t *q);
+/* Defers row (the run's row as of now, every event it reflects already pushed): the next
+ * commit writes it after its batch, at most flush_ms from now, unless a newer row replaces
+ * it first. True: row is the queue's. False (row untouched, still the caller's) when the
+ * queue writes through (flush_ms 0, a store without batches) or has no row writer: the
+ * caller writes it now (eph_evq_flush_row). */
+bool eph_evq_defer_row(eph_evq_t *q, json_object *row);
 
-/* Commits what is queued and then writes the row, now. 0, or the negative error of the
- * events' commit (the row is not written after a failed batch). */
-int eph_evq_flush_row(eph_evq_t *q);
+/* Commits what is queued and then writes row (owned by the queue from the call; it replaces
+ * a deferred one), now, on the calling thread. 0, or the negative error of the events'
+ * commit (the row is not written after a failed batch). */
+int eph_evq_flush_row(eph_evq_t *q, json_object *row);
 
 /* Commits what is queued and frees the queue; q may be NULL. */
 void eph_evq_free(eph_evq_t *q);

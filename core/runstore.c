@@ -24,7 +24,7 @@ typedef struct link {
   eph_evq_t *events; /* the run's events on their way to the store (evqueue.h) */
   eph_run_observer_t next;
   struct link *older;
-  atomic_int written; /* the status of the last row write asked for (-1: none yet) */
+  atomic_bool running_written; /* the last row written at once said running */
 } link_t;
 
 /* The links live until detach; a tiny list keyed by run keeps the observer's opaque
@@ -54,13 +54,11 @@ on_sync(void *opaque, eph_run_t *run)
     l->next.on_sync(l->next.opaque, run);
 }
 
-/* Writes the run's row from its state now (the queue's row writer: called by a commit,
- * after the batch, with the queue's flush lock held). */
-static void
-write_row(void *opaque)
+/* The run's row as of now: {"status", "output", "usage"} as the store keeps them, sharing no
+ * object with the run (a deferred row is freed by the writer thread). */
+static json_object *
+row_of(eph_run_t *run)
 {
-  link_t *l = opaque;
-  eph_run_t *run = l->run;
   cleanup_json json_object *obj = eph_run_to_json(run, false);
   json_object *output = NULL, *usage = NULL, *status = NULL;
   json_object_object_get_ex(obj, "output", &output);
@@ -88,11 +86,29 @@ write_row(void *opaque)
   }
   if (json_object_object_get_ex(obj, "error", &error) && !eph_run_zdr(run))
     json_object_object_add(usage, "error", json_object_get(error));
+  /* A deep copy: the output's files are the run's own array. */
+  json_object *row = json_object_new_object(), *copy = NULL;
+  json_object_object_add(row, "status", json_object_get(status));
+  if (output && json_object_deep_copy(output, &copy, NULL) == 0)
+    json_object_object_add(row, "output", copy);
+  json_object_object_add(row, "usage", json_object_get(usage));
+  return row;
+}
+
+/* Writes row (row_of) as the run's row (the queue's row writer: called by a commit, after
+ * the batch, with the queue's flush lock held). */
+static void
+write_row(void *opaque, json_object *row)
+{
+  link_t *l = opaque;
+  json_object *output = NULL, *usage = NULL;
+  json_object_object_get_ex(row, "output", &output);
+  json_object_object_get_ex(row, "usage", &usage);
   eph_error_t err = {0};
-  if (eph_store_run_update(l->store, eph_run_id(run), json_object_get_string(status), output, usage,
-                           &err) < 0) {
-    eph_warn("run %s: storing state: %s", eph_run_id(run), err.message);
-    eph_run_storage_failed(run, err.message);
+  if (eph_store_run_update(l->store, eph_run_id(l->run), eph_json_get_string(row, "status"), output,
+                           usage, &err) < 0) {
+    eph_warn("run %s: storing state: %s", eph_run_id(l->run), err.message);
+    eph_run_storage_failed(l->run, err.message);
   }
 }
 
@@ -102,12 +118,14 @@ on_update(void *opaque, eph_run_t *run)
   link_t *l = opaque;
   /* A running run's progress (a model call's money) waits for the next batch of its events
    * (evqueue.h): the agent loop does not wait for two commits per model call. A change of
-   * status is written now, after what is queued. */
-  eph_run_status_t now = eph_run_status(run);
-  bool same = now == EPH_RUN_RUNNING && atomic_load(&l->written) == (int)now;
-  if (!same || !eph_evq_defer_row(l->events)) {
-    atomic_store(&l->written, (int)now);
-    eph_evq_flush_row(l->events);
+   * status is written now, after what is queued. The row is taken here, after the events it
+   * reflects were pushed, not when the commit writes it (evqueue.h). */
+  json_object *row = row_of(run);
+  const char *status = eph_json_get_string(row, "status");
+  bool running = status && strcmp(status, "running") == 0;
+  if (!running || !atomic_load(&l->running_written) || !eph_evq_defer_row(l->events, row)) {
+    atomic_store(&l->running_written, running);
+    eph_evq_flush_row(l->events, row);
   }
   if (l->next.on_update)
     l->next.on_update(l->next.opaque, run);
@@ -138,7 +156,7 @@ eph_runstore_adopt(eph_store_t *store, eph_run_t *run, const eph_run_observer_t 
   l->run = run;
   l->store = store;
   l->events = eph_evq_new(store, run, eph_run_event_flush_ms(run));
-  atomic_init(&l->written, -1);
+  atomic_init(&l->running_written, false);
   eph_evq_set_row(l->events, write_row, l);
   if (next)
     l->next = *next;
