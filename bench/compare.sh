@@ -34,6 +34,7 @@ BWRAP=(bwrap --unshare-all --die-with-parent --ro-bind / / --dev /dev --proc /pr
   --chdir /tmp --setenv PATH /usr/local/bin:/usr/bin:/bin)
 # The clock is read without a process: $(date +%s%N) forked and exec'd date inside every
 # timed region (~1 ms here, on both sides of a ratio, which drew it towards 1).
+# (Its decimal point is the locale's: [.,] takes either.)
 [ -n "${EPOCHREALTIME:-}" ] || { echo "${0##*/}: needs bash >= 5 (EPOCHREALTIME)"; exit 1; }
 have_perf=0
 perf stat -x, -e task-clock -o "$tmp/probe" true 2>/dev/null && have_perf=1
@@ -63,10 +64,10 @@ for i in $(seq "$R"); do
   for b in "$OLD" "$NEW"; do
     n=$([ "$b" = "$OLD" ] && echo old || echo new)
     s=$(st "$b") # outside the timed region: a $(...) forks a subshell
-    a=${EPOCHREALTIME/./}000; EPHEMERAL_STATE_DIR=$s "$b/ephemeral" exec -- true >/dev/null 2>&1; c=${EPOCHREALTIME/./}000
+    a=${EPOCHREALTIME/[.,]/}000; EPHEMERAL_STATE_DIR=$s "$b/ephemeral" exec -- true >/dev/null 2>&1; c=${EPOCHREALTIME/[.,]/}000
     echo "$(( (c - a) / 1000 ))" | awk '{print $1/1000}' >>"$tmp/exec.$n"
   done
-  a=${EPOCHREALTIME/./}000; bwrap --unshare-all --die-with-parent --ro-bind / / true; c=${EPOCHREALTIME/./}000
+  a=${EPOCHREALTIME/[.,]/}000; bwrap --unshare-all --die-with-parent --ro-bind / / true; c=${EPOCHREALTIME/[.,]/}000
   echo "$(( (c - a) / 1000 ))" | awk '{print $1/1000}' >>"$tmp/exec.bw"
   if [ $have_perf = 1 ]; then
     for b in "$OLD" "$NEW"; do
@@ -94,8 +95,8 @@ if [ "${CMP_ONLY:-}" != exec ]; then
     for b in "$OLD" "$NEW"; do
       n=$([ "$b" = "$OLD" ] && echo old || echo new)
       export EPHEMERAL_STATE_DIR=$(st "$b")
-      a=${EPOCHREALTIME/./}000; "$b/ephemeral" run --quiet --replay "$tmp/t100.jsonl" "$tmp/req.json" >/dev/null 2>&1; m=${EPOCHREALTIME/./}000
-      "$b/ephemeral" run --quiet --replay "$tmp/t1.jsonl" "$tmp/req.json" >/dev/null 2>&1; c=${EPOCHREALTIME/./}000
+      a=${EPOCHREALTIME/[.,]/}000; "$b/ephemeral" run --quiet --replay "$tmp/t100.jsonl" "$tmp/req.json" >/dev/null 2>&1; m=${EPOCHREALTIME/[.,]/}000
+      "$b/ephemeral" run --quiet --replay "$tmp/t1.jsonl" "$tmp/req.json" >/dev/null 2>&1; c=${EPOCHREALTIME/[.,]/}000
       echo "$(( (m - a) - (c - m) ))" | awk '{print $1/99/1e6}' >>"$tmp/call.$n"
       if [ $have_perf = 1 ]; then
         x=$(cpu "$b/ephemeral" run --quiet --replay "$tmp/t100.jsonl" "$tmp/req.json")
@@ -104,7 +105,7 @@ if [ "${CMP_ONLY:-}" != exec ]; then
       fi
       unset EPHEMERAL_STATE_DIR
     done
-    a=${EPOCHREALTIME/./}000; "${BWRAP[@]}" sh -c "$loop"; m=${EPOCHREALTIME/./}000; "${BWRAP[@]}" sh -c 'sh -c true'; c=${EPOCHREALTIME/./}000
+    a=${EPOCHREALTIME/[.,]/}000; "${BWRAP[@]}" sh -c "$loop"; m=${EPOCHREALTIME/[.,]/}000; "${BWRAP[@]}" sh -c 'sh -c true'; c=${EPOCHREALTIME/[.,]/}000
     echo "$(( (m - a) - (c - m) ))" | awk '{print $1/99/1e6}' >>"$tmp/call.bw"
     if [ $have_perf = 1 ]; then
       x=$(cpu "${BWRAP[@]}" sh -c "$loop"); y=$(cpu "${BWRAP[@]}" sh -c 'sh -c true')
@@ -168,25 +169,25 @@ for line in open(sys.argv[1]):
       for b in "$OLD" "$NEW"; do
         w=$([ "$b" = "$OLD" ] && echo old || echo new)
         s=$(st "$b")
-        a=${EPOCHREALTIME/./}000; pids=""
+        a=${EPOCHREALTIME/[.,]/}000; pids=""
         for i in $(seq $n); do
           EPHEMERAL_STATE_DIR=$s "$b/ephemeral" run --quiet --replay "$ex/transcript.jsonl" \
             "$ex/request.json" >/dev/null 2>&1 &
           pids="$pids $!"
         done
         wait $pids
-        c=${EPOCHREALTIME/./}000
+        c=${EPOCHREALTIME/[.,]/}000
         awk "BEGIN{printf \"%.2f\\n\", $n / (($c - $a) / 1e9)}" >>"$tmp/cli.$n.$w"
-        a=${EPOCHREALTIME/./}000; post "$w" "$n"; c=${EPOCHREALTIME/./}000
+        a=${EPOCHREALTIME/[.,]/}000; post "$w" "$n"; c=${EPOCHREALTIME/[.,]/}000
         awk "BEGIN{printf \"%.2f\\n\", $n / (($c - $a) / 1e9)}" >>"$tmp/d.$n.$w"
       done
-      a=${EPOCHREALTIME/./}000; pids=""
+      a=${EPOCHREALTIME/[.,]/}000; pids=""
       for i in $(seq $n); do
         "${BWRAP[@]}" --ro-bind "$tmp/cmds" /tmp/cmds sh -c 'while IFS= read -r c; do sh -c "$c" >/dev/null 2>&1; done </tmp/cmds' &
         pids="$pids $!"
       done
       wait $pids
-      c=${EPOCHREALTIME/./}000
+      c=${EPOCHREALTIME/[.,]/}000
       awk "BEGIN{printf \"%.2f\\n\", $n / (($c - $a) / 1e9)}" >>"$tmp/bw.$n"
     done
     row "concurrent runs of the example, N=$n \`ephemeral run\` processes, runs/s ($R rounds)" \

@@ -59,6 +59,7 @@ BWRAP=(bwrap --unshare-all --die-with-parent --ro-bind / / --dev /dev --proc /pr
 
 # The clock is read without a process: $(date +%s%N) forked and exec'd date inside every
 # timed region (~1 ms here, on both sides of a ratio, which drew it towards 1).
+# (Its decimal point is the locale's: [.,] takes either.)
 [ -n "${EPOCHREALTIME:-}" ] || { echo "${0##*/}: needs bash >= 5 (EPOCHREALTIME)"; exit 1; }
 # stats FILE: "median (min-max)" of the numbers in FILE, one per line.
 stats() {
@@ -78,8 +79,8 @@ echo '{"prompt": "calls", "shell": true, "timeout_seconds": 120, "max_cost_micro
 
 echo "== 1. exec -- true vs bwrap ($ROUNDS interleaved pairs)"
 for i in $(seq "$ROUNDS"); do
-  a=${EPOCHREALTIME/./}000; "$EPHEMERAL" exec -- true >/dev/null 2>"$tmp/exec.err" || { cat "$tmp/exec.err"; exit 1; }; b=${EPOCHREALTIME/./}000
-  bwrap --unshare-all --die-with-parent --ro-bind / / true; c=${EPOCHREALTIME/./}000
+  a=${EPOCHREALTIME/[.,]/}000; "$EPHEMERAL" exec -- true >/dev/null 2>"$tmp/exec.err" || { cat "$tmp/exec.err"; exit 1; }; b=${EPOCHREALTIME/[.,]/}000
+  bwrap --unshare-all --die-with-parent --ro-bind / / true; c=${EPOCHREALTIME/[.,]/}000
   echo $(( (b - a) / 1000 )) | awk '{print $1/1000}' >>"$tmp/exec"
   echo $(( (c - b) / 1000 )) | awk '{print $1/1000}' >>"$tmp/bwrap"
 done
@@ -127,12 +128,12 @@ echo "== 2. a run's cost per shell call vs a loop in one bwrap"
 transcript 100 "$tmp/t100.jsonl"
 transcript 1 "$tmp/t1.jsonl"
 for i in $(seq $(( (ROUNDS + 4) / 5 ))); do
-  a=${EPOCHREALTIME/./}000; "$EPHEMERAL" run --quiet --replay "$tmp/t100.jsonl" "$tmp/req.json" >/dev/null 2>"$tmp/run.err" ||
-    { tail -5 "$tmp/run.err"; exit 1; }; b=${EPOCHREALTIME/./}000
-  "$EPHEMERAL" run --quiet --replay "$tmp/t1.jsonl" "$tmp/req.json" >/dev/null 2>&1; c=${EPOCHREALTIME/./}000
+  a=${EPOCHREALTIME/[.,]/}000; "$EPHEMERAL" run --quiet --replay "$tmp/t100.jsonl" "$tmp/req.json" >/dev/null 2>"$tmp/run.err" ||
+    { tail -5 "$tmp/run.err"; exit 1; }; b=${EPOCHREALTIME/[.,]/}000
+  "$EPHEMERAL" run --quiet --replay "$tmp/t1.jsonl" "$tmp/req.json" >/dev/null 2>&1; c=${EPOCHREALTIME/[.,]/}000
   echo "$(( (b - a) - (c - b) ))" | awk '{print $1/99/1e6}' >>"$tmp/percall"
-  a=${EPOCHREALTIME/./}000; "${BWRAP[@]}" sh -c 'i=0; while [ $i -lt 100 ]; do sh -c true; i=$((i+1)); done'; b=${EPOCHREALTIME/./}000
-  "${BWRAP[@]}" sh -c 'sh -c true'; c=${EPOCHREALTIME/./}000
+  a=${EPOCHREALTIME/[.,]/}000; "${BWRAP[@]}" sh -c 'i=0; while [ $i -lt 100 ]; do sh -c true; i=$((i+1)); done'; b=${EPOCHREALTIME/[.,]/}000
+  "${BWRAP[@]}" sh -c 'sh -c true'; c=${EPOCHREALTIME/[.,]/}000
   echo "$(( (b - a) - (c - b) ))" | awk '{print $1/99/1e6}' >>"$tmp/bwcall"
 done
 row "a run's cost per shell call, ms" "$(stats "$tmp/percall")" 'bwrap loop per `sh -c true`, ms' \
@@ -184,7 +185,7 @@ concurrency() {
   for n in 1 4 16; do
     : >"$tmp/$tag.ours.$n"; : >"$tmp/$tag.bw.$n"
     for k in $(seq "$CROUNDS"); do
-      a=${EPOCHREALTIME/./}000; "$fn" "$n"; b=${EPOCHREALTIME/./}000; n_at_once "$n" bwrap_example; c=${EPOCHREALTIME/./}000
+      a=${EPOCHREALTIME/[.,]/}000; "$fn" "$n"; b=${EPOCHREALTIME/[.,]/}000; n_at_once "$n" bwrap_example; c=${EPOCHREALTIME/[.,]/}000
       awk "BEGIN{printf \"%.1f\\n\", $n / (($b - $a) / 1e9)}" >>"$tmp/$tag.ours.$n"
       awk "BEGIN{printf \"%.1f\\n\", $n / (($c - $b) / 1e9)}" >>"$tmp/$tag.bw.$n"
     done
