@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -509,6 +510,63 @@ test_background_and_deadline(void **ctx)
   destroy_clean(l, &b);
 }
 
+/* A process put into a sandbox's groups from outside it (here one of a pid namespace of its
+ * own, as a sandbox's processes are) keeps the groups from being removed once init is gone:
+ * destroy then SIGKILLs what the groups list and removes them, instead of taking the first,
+ * failed, removal for the end. */
+static void
+test_destroy_kills_what_the_groups_hold(void **ctx)
+{
+  loaded_t *l = *ctx;
+  box_t b;
+  eph_error_t err = {0};
+  if (make_box(l, &b, NULL, 0, &err) < 0)
+    fail_msg("create: %s", err.message);
+  int p[2];
+  assert_int_equal(pipe(p), 0);
+  pid_t mid = fork();
+  if (mid == 0) {
+    /* Neither may outlive the test (on a failure) nor hold its output open. */
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    int null = open("/dev/null", O_WRONLY);
+    dup2(null, STDOUT_FILENO);
+    dup2(null, STDERR_FILENO);
+    close(p[0]);
+    if (unshare(CLONE_NEWPID) < 0)
+      _exit(2);
+    pid_t g = fork(); /* PID 1 of a namespace of its own */
+    if (g == 0) {
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      close(p[1]);
+      for (;;)
+        pause();
+    }
+    if (g < 0 || write(p[1], &g, sizeof g) != (ssize_t)sizeof g)
+      _exit(3);
+    close(p[1]);
+    int st = 0;
+    waitpid(g, &st, 0);
+    _exit(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL ? 0 : 4);
+  }
+  close(p[1]);
+  pid_t g = -1;
+  assert_int_equal(read(p[0], &g, sizeof g), (ssize_t)sizeof g);
+  close(p[0]);
+  char path[512], pid[32];
+  snprintf(pid, sizeof pid, "%d", (int)g);
+  for (const char *c = "memory\0pids\0cpu\0"; *c; c += strlen(c) + 1) {
+    FILE *f = fopen(cg_path(c, b.run_id, "cgroup.procs", path, sizeof path), "w");
+    assert_non_null(f);
+    assert_true(fputs(pid, f) >= 0);
+    assert_int_equal(fclose(f), 0);
+  }
+  destroy_clean(l, &b); /* no process or group left, the stray one included */
+  int st = -1;
+  assert_int_equal(waitpid(mid, &st, 0), mid);
+  assert_true(WIFEXITED(st));
+  assert_int_equal(WEXITSTATUS(st), 0); /* it died of SIGKILL */
+}
+
 static void
 test_sweep_after_kill9(void **ctx)
 {
@@ -707,6 +765,7 @@ main(void)
       cmocka_unit_test_teardown(test_born_in_its_groups, teardown_boxes),
       cmocka_unit_test_teardown(test_fork_bomb_oom_enospc, teardown_boxes),
       cmocka_unit_test_teardown(test_background_and_deadline, teardown_boxes),
+      cmocka_unit_test_teardown(test_destroy_kills_what_the_groups_hold, teardown_boxes),
       cmocka_unit_test_teardown(test_sweep_after_kill9, teardown_boxes),
       cmocka_unit_test(test_usr_binds_refused),
       cmocka_unit_test_teardown(test_host_memory_untouched, teardown_boxes),

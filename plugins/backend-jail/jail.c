@@ -713,18 +713,16 @@ jail_destroy(void *state, eph_sandbox_t *sb, eph_sandbox_report_t *report, eph_e
   jail_unwatch(j, sb);
 
   /* 1. Kill init of the pid namespace: the kernel kills the rest, and init's exit completes
-   * only after every process of its namespace is gone (the pidfd turns readable then).
-   * 2. SIGKILL whatever the cgroup still lists (normally nothing by now), reap init. */
+   * only after every process of its namespace is gone (the pidfd turns readable then). */
   syscall(SYS_pidfd_send_signal, sb->pidfd, SIGKILL, NULL, 0);
   struct pollfd pf = {.fd = sb->pidfd, .events = POLLIN};
   bool init_gone = poll(&pf, 1, 5000) > 0;
-  int listed = jail_cg_kill_all(&j->cg, sb->run_id, 2000);
   siginfo_t si;
   memset(&si, 0, sizeof si);
   if (init_gone)
     init_gone = waitid(P_PIDFD, (id_t)sb->pidfd, &si, WEXITED | WNOHANG) == 0 && si.si_pid;
 
-  /* 3. Counters, before the groups go. */
+  /* 2. Counters, before the groups go. */
   jail_counters_t c = {0};
   eph_error_t cerr = {0};
   if (sb->counters.oom >= 0 || sb->counters.peak >= 0 || sb->counters.pids >= 0)
@@ -733,16 +731,26 @@ jail_destroy(void *state, eph_sandbox_t *sb, eph_sandbox_report_t *report, eph_e
     (void)jail_cg_counters(&j->cg, sb->run_id, &c, &cerr);
   jail_cg_counters_close(&sb->counters); /* before the rmdir: an open file keeps nothing */
 
-  /* 4. Remove the groups and the slot record. (A run granting web left nothing on the
-   * host: its proxy's listener lives in the sandbox's netns, held by the core's proxy.) */
-  int groups_left = jail_cg_remove(&j->cg, sb->run_id, 1000);
-  /* The record stays while a group does (the sweep finds the run by it). Whether it went is
-   * the unlink's answer: the slot's file may already be another create's record. */
+  /* 3. Remove the groups. With init reaped, one attempt normally removes them all, and the
+   * kernel refuses to remove a group that still holds a task (EBUSY, v1 and v2): a removed
+   * group proves nothing of the sandbox is left in it, without reading cgroup.procs. Only
+   * when one stays (init not reaped, or something else put in the group) is every process it
+   * lists SIGKILLed and the removal retried; what still stands is then counted (step 5). */
+  int listed = 0;
+  int groups_left = init_gone ? jail_cg_remove(&j->cg, sb->run_id, 0) : -1;
+  if (groups_left != 0) {
+    listed = jail_cg_kill_all(&j->cg, sb->run_id, 2000);
+    groups_left = jail_cg_remove(&j->cg, sb->run_id, 1000);
+  }
+  /* 4. The slot record: it stays while a group does (the sweep finds the run by it). Whether
+   * it went is the unlink's answer: the slot's file may already be another create's record.
+   * (A run granting web left nothing on the host: its proxy's listener lives in the
+   * sandbox's netns, held by the core's proxy.) */
   bool record_left = groups_left != 0 || jail_slot_release(j, sb->slot) < 0;
 
   /* 5. Check, then report. */
   eph_sandbox_report_t rep = {.struct_size = sizeof rep};
-  rep.processes_left = jail_cg_count(&j->cg, sb->run_id) + (init_gone ? 0 : 1);
+  rep.processes_left = (groups_left ? jail_cg_count(&j->cg, sb->run_id) : 0) + (init_gone ? 0 : 1);
   rep.files_left = groups_left + (record_left ? 1 : 0);
   rep.lifetime_ms = eph_now_ms() - sb->created_ms;
   rep.memory_peak_bytes = c.memory_peak_bytes;
