@@ -39,6 +39,32 @@ status_source(eph_run_status_t s)
  * taken before the reservation and dropped after settle, so a process that finds the file
  * lockable knows the owner died and settles the reservation (context.c). The lock is taken on
  * a private name first and renamed into place, so the file is never seen unlocked. */
+/* The owner lock file's note (eph_runstore_recover reads it): the run's org and creation
+ * time, which its record needs if the process dies before storing it. */
+static void
+owner_note(const eph_run_t *run, json_object *note)
+{
+  json_object_object_add(note, "org", json_object_new_string(run->org));
+  json_object_object_add(note, "created_at_us", json_object_new_int64(run->created_us));
+}
+
+/* note as OWNER_NOTE_BYTES bytes: its JSON, space-padded, newline-ended (without its
+ * "error" member when the whole does not fit). */
+static void
+note_bytes(json_object *note, char buf[OWNER_NOTE_BYTES])
+{
+  memset(buf, ' ', OWNER_NOTE_BYTES);
+  buf[OWNER_NOTE_BYTES - 1] = '\n';
+  const char *text = json_object_to_json_string_ext(note, JSON_C_TO_STRING_PLAIN);
+  size_t n = strlen(text);
+  if (n >= OWNER_NOTE_BYTES - 1) {
+    json_object_object_del(note, "error");
+    text = json_object_to_json_string_ext(note, JSON_C_TO_STRING_PLAIN);
+    n = strlen(text);
+  }
+  memcpy(buf, text, n < OWNER_NOTE_BYTES - 1 ? n : OWNER_NOTE_BYTES - 1);
+}
+
 static int
 take_owner_lock(eph_run_t *run, eph_error_t *err)
 {
@@ -50,11 +76,16 @@ take_owner_lock(eph_run_t *run, eph_error_t *err)
   int fd = open(tmp, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
   if (fd < 0)
     return eph_error_set(err, errno, "%s: %s", tmp, strerror(errno));
-  /* Room for the note abandon_owner_lock() may have to write on a full disk; a disk
-   * that cannot hold these bytes refuses the run before anything is reserved. */
+  /* The note starts as who the run is for and when it was queued (owner_note): a process
+   * killed between the reservation and the record's insert leaves the reconciler enough to
+   * record the run it settles (eph_runstore_recover). Its bytes are also the room for the
+   * note abandon_owner_lock() may have to write on a full disk; a disk that cannot hold
+   * them refuses the run before anything is reserved. */
   char blank[OWNER_NOTE_BYTES];
-  memset(blank, ' ', sizeof blank);
-  blank[sizeof blank - 1] = '\n';
+  json_object *note = json_object_new_object();
+  owner_note(run, note);
+  note_bytes(note, blank);
+  json_object_put(note);
   if (pwrite(fd, blank, sizeof blank, 0) != (ssize_t)sizeof blank) {
     int e = errno ? errno : ENOSPC;
     r = eph_error_set(err, e, "%s: %s", tmp, strerror(e));
@@ -85,6 +116,7 @@ abandon_owner_lock(eph_run_t *run)
   if (run->owner_fd < 0)
     return;
   json_object *note = json_object_new_object();
+  owner_note(run, note);
   pthread_mutex_lock(&run->lock);
   json_object_object_add(note, "status", json_object_new_string(eph_run_status_name(run->status)));
   json_object_object_add(note, "reason", json_object_new_string(run->reason));
@@ -92,17 +124,7 @@ abandon_owner_lock(eph_run_t *run)
     json_object_object_add(note, "error", json_object_new_string(run->error));
   pthread_mutex_unlock(&run->lock);
   char buf[OWNER_NOTE_BYTES];
-  memset(buf, ' ', sizeof buf);
-  buf[sizeof buf - 1] = '\n';
-  const char *text = json_object_to_json_string_ext(note, JSON_C_TO_STRING_PLAIN);
-  size_t n = strlen(text);
-  if (n >= sizeof buf - 1) {
-    /* Too long with the error: status and reason alone fit. */
-    json_object_object_del(note, "error");
-    text = json_object_to_json_string_ext(note, JSON_C_TO_STRING_PLAIN);
-    n = strlen(text);
-  }
-  memcpy(buf, text, n < sizeof buf - 1 ? n : sizeof buf - 1);
+  note_bytes(note, buf); /* too long with the error: the rest fits */
   if (pwrite(run->owner_fd, buf, sizeof buf, 0) != (ssize_t)sizeof buf)
     eph_warn("run %s: %s: writing its end: %s (it will be recovered as host_lost)", run->id,
              run->lock_path, strerror(errno));
@@ -215,6 +237,8 @@ eph_run_new(eph_ctx_t *ctx, eph_request_t *req, const eph_run_options_t *opt, ep
     }
   }
 
+  if (opt->adopt_reserved_micros > 0 && opt->created_us > 0)
+    run->created_us = opt->created_us; /* queued when the admitting node reserved */
   /* The reservation is the last step: any failure above reserved nothing. */
   if ((r = take_owner_lock(run, err)) < 0)
     goto fail;
@@ -227,8 +251,6 @@ eph_run_new(eph_ctx_t *ctx, eph_request_t *req, const eph_run_options_t *opt, ep
                         (long long)run->req.max_cost_micros);
       goto fail;
     }
-    if (opt->created_us > 0)
-      run->created_us = opt->created_us;
   } else {
     r = EPH_WITH_PLUGIN(run->ledger,
                         eph_run_ledger_ops(run)->reserve(run->ledger->state, run->org, run->id,

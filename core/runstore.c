@@ -229,8 +229,22 @@ complete_record(eph_store_t *store, const char *run_id, json_object *note,
 {
   cleanup_json json_object *row = NULL, *events = NULL;
   int r = eph_store_run_get(store, run_id, NULL, &row, err);
+  const char *org = eph_json_get_string(note, "org");
+  if (r == -ENOENT && have_totals && org && *org) {
+    /* Its process reserved the budget and died before it stored the record (or the insert
+     * failed): the record is made now from the owner note (org, queued at), so the ledger's
+     * settlement has the run it belongs to, as a node lost that way gets (settle_orphan). */
+    json_object *v = NULL;
+    int64_t created_us = json_object_object_get_ex(note, "created_at_us", &v)
+                             ? json_object_get_int64(v)
+                             : eph_wall_us();
+    r = eph_store_run_insert(store, run_id, org, "queued", created_us, NULL, false, err);
+    if (r < 0 && r != -EEXIST)
+      return r;
+    r = eph_store_run_get(store, run_id, NULL, &row, err);
+  }
   if (r == -ENOENT)
-    return 0; /* no record was ever stored (its insert failed): only money to settle */
+    return 0; /* no record, no reservation (or a note without its org): nothing to record */
   if (r < 0 || (r = eph_store_events_since(store, run_id, -1, 0, &events, err)) < 0)
     return r;
   int64_t next_seq = 1;
@@ -393,6 +407,14 @@ eph_runstore_settle_orphan(eph_ctx_t *ctx, eph_store_t *store, const char *run_i
   return 1;
 }
 
+/* Who left an owner lock file, by its note: the run itself wrote how it ended (its storage
+ * failed), or only the note of its start is there (its process died). */
+static const char *
+left_by(json_object *note)
+{
+  return eph_json_get_string(note, "status") ? "a run whose storage failed" : "a process that died";
+}
+
 int
 eph_runstore_recover(eph_ctx_t *ctx, eph_store_t *store, bool quiet, int *pending)
 {
@@ -440,15 +462,14 @@ eph_runstore_recover(eph_ctx_t *ctx, eph_store_t *store, bool quiet, int *pendin
     int r = EPH_WITH_PLUGIN(ledger, ops->settle(ledger->state, run_id, &totals, &e));
     if (r < 0 && e.code != ENOENT) {
       eph_log(quiet ? EPH_LOG_DEBUG : EPH_LOG_WARN, "run %s: settling (left by %s): %s", run_id,
-              note ? "a run whose storage failed" : "a process that died", e.message);
+              left_by(note), e.message);
       left++;
       continue; /* the lock file stays: the next pass tries again */
     }
     bool have_totals = r == 0;
     if (have_totals)
       eph_info("run %s: settled (left by %s): %" PRId64 " billed, %" PRId64 " released", run_id,
-               note ? "a run whose storage failed" : "a process that died", totals.billed_micros,
-               totals.released_micros);
+               left_by(note), totals.billed_micros, totals.released_micros);
     eph_store_t *st = store;
     if (!st) {
       if (!own) {
