@@ -341,6 +341,23 @@ keeper_main(const qemu_t *q, char **argv, const int *src, int nsrc, int log_fd, 
   _exit(code);
 }
 
+/* The guest image's two files are readable: 0, or negative with err naming the missing one
+ * (and how to build it). Checked before a snapshot is tried, so a missing image is one
+ * error, not a failed snapshot save followed by the cold boot's same failure. */
+int
+qemu_image_check(const qemu_t *q, eph_error_t *err)
+{
+  static const char *const files[] = {"vmlinuz", "initrd.cpio"};
+  char path[PATH_MAX];
+  for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+    snprintf(path, sizeof path, "%s/%s", q->cfg.image_dir, files[i]);
+    if (access(path, R_OK) < 0)
+      return eph_error_set(err, errno, "guest image: %s: %s (build it with `make guest-image`)",
+                           path, strerror(errno));
+  }
+  return 0;
+}
+
 /* Starts QEMU under a keeper. On success *vm holds the keeper, QEMU's pid, the lifeline
  * and the slot; *guest_fd is the host end of the guest's stream and *qmp_fd of its monitor
  * (both owned by the caller). vm_stop() ends it all. */

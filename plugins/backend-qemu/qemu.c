@@ -461,6 +461,11 @@ qemu_create(void *state, const eph_sandbox_spec_t *spec, eph_sandbox_t **out, in
     return r;
   }
   l.log_fd = log_fd;
+  if ((r = qemu_image_check(q, err)) < 0) {
+    if (l.tap_fd >= 0)
+      close(l.tap_fd);
+    goto fail;
+  }
   /* A snapshot was saved without a NIC and cannot be restored with one: web runs boot. */
   if (k->snapshot && l.tap_fd < 0) {
     eph_error_t serr = {0};

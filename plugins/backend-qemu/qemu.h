@@ -180,6 +180,8 @@ enum { KEEPER_STOPPED = 0, KEEPER_QEMU_ENDED = 1, KEEPER_DEADLINE = 3, KEEPER_FA
 int64_t qemu_tsc_khz(qemu_t *q);
 /* The argument vector of one QEMU start; strings live in store (16 x 512 bytes). */
 void build_argv(const qemu_t *q, const launch_t *l, char **argv, size_t max, char store[][512]);
+/* The guest image (vmlinuz, initrd.cpio in image_dir) is readable: 0, or negative with err. */
+int qemu_image_check(const qemu_t *q, eph_error_t *err);
 int launch_qemu(const qemu_t *q, const launch_t *l, vmproc_t *vm, int *guest_fd, int *qmp_fd,
                 eph_error_t *err);
 int vm_stop(const qemu_t *q, vmproc_t *vm, int *left);
