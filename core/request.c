@@ -4,6 +4,7 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <math.h>
 #include <strings.h>
 #include <stdio.h>
 #include <string.h>
@@ -53,13 +54,23 @@ type_word(json_type t)
   return "?";
 }
 
+/* What v is, for an error: json-c 0.16 takes NaN, Infinity and numbers past a double's
+ * range (1e999) even in strict mode (json_strict.h), which RFC 8259 section 6 does not
+ * permit; they are named as such rather than as "a number with a fraction". */
+static const char *
+value_word(json_object *v)
+{
+  if (json_object_is_type(v, json_type_double) && !isfinite(json_object_get_double(v)))
+    return "NaN, Infinity or a number out of range (not JSON: RFC 8259 section 6)";
+  return type_word(json_object_get_type(v));
+}
+
 static int
 want_type(json_object *v, json_type t, const char *name, const char **field, eph_error_t *err)
 {
   if (json_object_is_type(v, t))
     return 0;
-  return field_error(field, err, name, "expected %s, got %s", type_word(t),
-                     type_word(json_object_get_type(v)));
+  return field_error(field, err, name, "expected %s, got %s", type_word(t), value_word(v));
 }
 
 static int

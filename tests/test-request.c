@@ -112,6 +112,13 @@ test_invalid_fields(void **state)
                "timeout_seconds", "not clamped");
   expect_field("{\"prompt\":\"x\",\"timeout_seconds\":1.5,\"max_cost_micros\":1}",
                "timeout_seconds", "expected an integer");
+  /* json-c takes these even in strict mode; the error names them (not "a fraction"). */
+  expect_field("{\"prompt\":\"x\",\"timeout_seconds\":NaN,\"max_cost_micros\":1}",
+               "timeout_seconds", "got NaN, Infinity or a number out of range");
+  expect_field("{\"prompt\":\"x\",\"timeout_seconds\":10,\"max_cost_micros\":-Infinity}",
+               "max_cost_micros", "(not JSON: RFC 8259 section 6)");
+  expect_field("{\"prompt\":\"x\",\"timeout_seconds\":1e999,\"max_cost_micros\":1}",
+               "timeout_seconds", "got NaN, Infinity");
   expect_field("{\"prompt\":\"x\",\"timeout_seconds\":10,\"max_cost_micros\":0}", "max_cost_micros",
                "at least 1");
   expect_field("{\"prompt\":\"x\",\"timeout_seconds\":10,\"max_cost_micros\":10000001}",
