@@ -5,7 +5,8 @@
 # code before it in a second tree (e.g. `git worktree add ../base main`, configure and make
 # there without sanitizers) and run this from the new tree, as root:
 #
-#   bench/compare.sh ../base/_b          (NEW_BUILDDIR defaults to the current directory)
+#   bench/compare.sh ../base/_b          (NEW_BUILDDIR defaults to the current directory;
+#                                         one build twice, e.g. `bench/compare.sh . .`, shows the noise)
 #
 #   1. `ephemeral exec -- true`, wall ms and CPU ms (perf stat task-clock, every process)
 #   2. a run's cost per shell call: (replayed run of 100 `true` calls - one of 1) / 99, wall
@@ -56,23 +57,26 @@ row() { # NAME FILE_OLD FILE_NEW FILE_BWRAP
   echo "  $r"
 }
 for b in old new; do mkdir -p "$tmp/$b/state"; done
-st() { [ "$1" = "$OLD" ] && echo "$tmp/old/state" || echo "$tmp/new/state"; }
+# Builds by label, not by path: the same directory may be given twice (a build against
+# itself shows the run-to-run noise); each label has its own state and daemon.
+declare -A BUILD=([old]=$OLD [new]=$NEW)
+st() { echo "$tmp/$1/state"; }
 
 echo "== 1. exec -- true"
 R=${CMP_EXEC_ROUNDS:-41}
 for i in $(seq "$R"); do
-  for b in "$OLD" "$NEW"; do
-    n=$([ "$b" = "$OLD" ] && echo old || echo new)
-    s=$(st "$b") # outside the timed region: a $(...) forks a subshell
+  for n in old new; do
+    b=${BUILD[$n]}
+    s=$(st "$n") # outside the timed region: a $(...) forks a subshell
     a=${EPOCHREALTIME/[.,]/}000; EPHEMERAL_STATE_DIR=$s "$b/ephemeral" exec -- true >/dev/null 2>&1; c=${EPOCHREALTIME/[.,]/}000
     echo "$(( (c - a) / 1000 ))" | awk '{print $1/1000}' >>"$tmp/exec.$n"
   done
   a=${EPOCHREALTIME/[.,]/}000; bwrap --unshare-all --die-with-parent --ro-bind / / true; c=${EPOCHREALTIME/[.,]/}000
   echo "$(( (c - a) / 1000 ))" | awk '{print $1/1000}' >>"$tmp/exec.bw"
   if [ $have_perf = 1 ]; then
-    for b in "$OLD" "$NEW"; do
-      n=$([ "$b" = "$OLD" ] && echo old || echo new)
-      EPHEMERAL_STATE_DIR=$(st "$b") cpu "$b/ephemeral" exec -- true >>"$tmp/execcpu.$n"
+    for n in old new; do
+      b=${BUILD[$n]}
+      EPHEMERAL_STATE_DIR=$(st "$n") cpu "$b/ephemeral" exec -- true >>"$tmp/execcpu.$n"
     done
     cpu bwrap --unshare-all --die-with-parent --ro-bind / / true >>"$tmp/execcpu.bw"
   fi
@@ -86,15 +90,16 @@ if [ "${CMP_ONLY:-}" != exec ]; then
   python3 "$EPH_SRCDIR/bench/transcript.py" 100 "$tmp/t100.jsonl"
   python3 "$EPH_SRCDIR/bench/transcript.py" 1 "$tmp/t1.jsonl"
   echo '{"prompt": "calls", "shell": true, "timeout_seconds": 120, "max_cost_micros": 400000}' >"$tmp/req.json"
-  for b in "$OLD" "$NEW"; do
-    EPHEMERAL_STATE_DIR=$(st "$b") "$b/ephemeral" orgs credit cli 1000000000 >/dev/null 2>&1
+  for n in old new; do
+    b=${BUILD[$n]}
+    EPHEMERAL_STATE_DIR=$(st "$n") "$b/ephemeral" orgs credit cli 1000000000 >/dev/null 2>&1
   done
   loop='i=0; while [ $i -lt 100 ]; do sh -c true; i=$((i+1)); done'
   R=${CMP_CALL_ROUNDS:-7}
   for i in $(seq "$R"); do
-    for b in "$OLD" "$NEW"; do
-      n=$([ "$b" = "$OLD" ] && echo old || echo new)
-      export EPHEMERAL_STATE_DIR=$(st "$b")
+    for n in old new; do
+      b=${BUILD[$n]}
+      export EPHEMERAL_STATE_DIR=$(st "$n")
       a=${EPOCHREALTIME/[.,]/}000; "$b/ephemeral" run --quiet --replay "$tmp/t100.jsonl" "$tmp/req.json" >/dev/null 2>&1; m=${EPOCHREALTIME/[.,]/}000
       "$b/ephemeral" run --quiet --replay "$tmp/t1.jsonl" "$tmp/req.json" >/dev/null 2>&1; c=${EPOCHREALTIME/[.,]/}000
       echo "$(( (m - a) - (c - m) ))" | awk '{print $1/99/1e6}' >>"$tmp/call.$n"
@@ -131,8 +136,8 @@ for line in open(sys.argv[1]):
     >"$tmp/cfg/ephemeral.conf"
   echo 'server: { max_concurrent_runs = 16; max_queued_runs = 256; };' >>"$tmp/cfg/ephemeral.conf"
   ln -sfn "$EPH_CONFD" "$tmp/cfg/conf.d"
-  for b in "$OLD" "$NEW"; do
-    n=$([ "$b" = "$OLD" ] && echo old || echo new)
+  for n in old new; do
+    b=${BUILD[$n]}
     e=(--config "$tmp/cfg/ephemeral.conf" --state-dir "$tmp/$n/dstate")
     "$b/ephemeral" "${e[@]}" keys create --org benchc --name benchc >"$tmp/$n/key" 2>/dev/null
     "$b/ephemeral" "${e[@]}" orgs credit benchc 1000000000 >/dev/null
@@ -166,9 +171,9 @@ for line in open(sys.argv[1]):
   R=${CMP_RUN_ROUNDS:-5}
   for n in 1 4 16; do
     for k in $(seq "$R"); do
-      for b in "$OLD" "$NEW"; do
-        w=$([ "$b" = "$OLD" ] && echo old || echo new)
-        s=$(st "$b")
+      for w in old new; do
+        b=${BUILD[$w]}
+        s=$(st "$w")
         a=${EPOCHREALTIME/[.,]/}000; pids=""
         for i in $(seq $n); do
           EPHEMERAL_STATE_DIR=$s "$b/ephemeral" run --quiet --replay "$ex/transcript.jsonl" \
