@@ -218,10 +218,15 @@ print_summary(FILE *out, json_object *run)
                   ? " (truncated)"
                   : "");
   }
+  /* The parts as they add up to what was billed as shown in the header (largest remainder). */
+  int64_t parts[3] = {eph_json_int64(usage, "model_micros"), eph_json_int64(usage, "web_micros"),
+                      eph_json_int64(usage, "compute_micros")},
+          cost[3];
+  eph_dollars_split(parts, cost, 3);
   fprintf(out, "\nModel %s · Web %s · Compute %s\n",
-          eph_format_dollars(eph_json_int64(usage, "model_micros"), model, sizeof model),
-          eph_format_dollars(eph_json_int64(usage, "web_micros"), web, sizeof web),
-          eph_format_dollars(eph_json_int64(usage, "compute_micros"), compute, sizeof compute));
+          eph_format_dollars(cost[0], model, sizeof model),
+          eph_format_dollars(cost[1], web, sizeof web),
+          eph_format_dollars(cost[2], compute, sizeof compute));
 }
 
 /* ------------------------------------------------------------------ accounts */
