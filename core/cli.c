@@ -16,36 +16,26 @@ const eph_cli_command_t eph_cli_commands[] = {
      "  check   parse ephemeral.conf and conf.d, load the enabled plugins, check every key\n"
      "  keys    print every documented key: block, name, type, default, unit, description\n",
      true, 1, eph_cmd_config},
-    {"exec", EPH_CLI_EXEC_USAGE, "run one command in a fresh sandbox; exit with its status", NULL,
-     EPH_CLI_LAZY, 1, eph_cmd_exec},
-    {"run", "run [--json] [--quiet] [--backend NAME] [--replay FILE] [--record FILE] REQUEST.json",
-     "run a request end to end and print its timeline",
-     "  --json            print the final run object instead of the timeline\n"
-     "  --quiet           do not print commands' output live under them\n"
-     "  --backend NAME    jail or qemu (default: config `backend`)\n"
-     "  --replay FILE     answer model calls from a recorded transcript (offline)\n"
-     "  --record FILE     append the model's raw responses to FILE (a transcript)\n"
-     "  --org ORG         organisation billed (default: config `cli_org`)\n"
-     "Exit status: 0 succeeded, 1 failed, 2 invalid request, 3 timed_out,\n"
-     "4 budget_exhausted (or insufficient balance), 5 cancelled.\n",
+    {"exec", EPH_CLI_EXEC_USAGE, "run one command in a fresh sandbox; exit with its status",
+     EPH_CLI_EXEC_HELP, EPH_CLI_LAZY, 1, eph_cmd_exec},
+    {"run", EPH_CLI_RUN_USAGE, "run a request end to end and print its timeline", EPH_CLI_RUN_HELP,
      EPH_CLI_LAZY, 1, eph_cmd_run},
-    {"runs", "runs list [--org ORG] [--limit N] | show ID | replay ID [--speed N]",
-     "list past runs, show one as JSON, or replay its timeline at its original pace", NULL, false,
-     1, eph_cmd_runs},
-    {"orgs", "orgs credit ORG MICROS | orgs balance ORG",
-     "add credit to an organisation, or show its balance", NULL, true, 1, eph_cmd_orgs},
-    {"keys", "keys create|revoke|list --org ORG [--name NAME] [--admin]",
-     "make (printed once), revoke or list API keys of an organisation", NULL, false, 1,
-     eph_cmd_keys},
+    {"runs", EPH_CLI_RUNS_USAGE,
+     "list past runs, show one as JSON, or replay its timeline at its original pace",
+     EPH_CLI_RUNS_HELP, false, 1, eph_cmd_runs},
+    {"orgs", EPH_CLI_ORGS_USAGE, "add credit to an organisation, or show its balance",
+     EPH_CLI_ORGS_HELP, true, 1, eph_cmd_orgs},
+    {"keys", EPH_CLI_KEYS_USAGE, "make (printed once), revoke or list API keys of an organisation",
+     EPH_CLI_KEYS_HELP, false, 1, eph_cmd_keys},
     {"doctor", "doctor",
      "check the store, ledger, backend and model offline (exit 0 healthy, 1 otherwise)",
      "  One line per component: \"NAME: ok\" or \"NAME: degraded: REASON\". A damaged\n"
      "  store or ledger file (PRAGMA quick_check), a full disk, a plugin that did not load\n"
      "  are reported; runs a dead process left are settled and recorded first.\n",
      true, 1, eph_cmd_doctor},
-    {"snapshots", "snapshots list | prune [--max-bytes N] [--backend NAME]",
-     "list or prune what the backends keep to start sandboxes faster (microVM snapshots)", NULL,
-     true, 1, eph_cmd_snapshots},
+    {"snapshots", EPH_CLI_SNAPSHOTS_USAGE,
+     "list or prune what the backends keep to start sandboxes faster (microVM snapshots)",
+     EPH_CLI_SNAPSHOTS_HELP, true, 1, eph_cmd_snapshots},
     {"db", "db migrate", "create or migrate the store's schema (SQLite file or `database`)",
      "  migrate   open the configured store, applying every pending migration (safe while\n"
      "            other nodes start: PostgreSQL migrations hold an advisory lock)\n",

@@ -120,18 +120,8 @@ log_egress(void *opaque, const char *method, const char *target, const char *ref
 static void
 usage(FILE *f)
 {
-  /* The usage line is the command table's (cli.h), which `ephemeral --help` prints too. */
-  fputs("usage: ephemeral " EPH_CLI_EXEC_USAGE "\n"
-        "  --backend NAME  sandbox backend (jail, qemu); default: the configured one\n"
-        "  --timeout S     kill the command after S seconds (exit status 124); default 300\n"
-        "  --memory MIB    memory limit of the sandbox, half of it its /tmp; default: the "
-        "backend's\n"
-        "  --stdin         feed our stdin (at most 512 KiB) to the command; default /dev/null\n"
-        "  --web           egress through the host's proxy, as a run granting web gets\n"
-        "exit status: the command's; 124 when --timeout killed it; 125 when ephemeral itself "
-        "failed\n"
-        "  (no backend, the sandbox did not boot, or its destroy left something behind)\n",
-        f);
+  /* The command table's usage line and help (cli.h), which `exec --help` prints too. */
+  fputs("usage: ephemeral " EPH_CLI_EXEC_USAGE "\n" EPH_CLI_EXEC_HELP, f);
 }
 
 static int

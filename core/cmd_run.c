@@ -218,10 +218,15 @@ print_summary(FILE *out, json_object *run)
                   ? " (truncated)"
                   : "");
   }
+  /* The parts as they add up to what was billed as shown in the header (largest remainder). */
+  int64_t parts[3] = {eph_json_int64(usage, "model_micros"), eph_json_int64(usage, "web_micros"),
+                      eph_json_int64(usage, "compute_micros")},
+          cost[3];
+  eph_dollars_split(parts, cost, 3);
   fprintf(out, "\nModel %s · Web %s · Compute %s\n",
-          eph_format_dollars(eph_json_int64(usage, "model_micros"), model, sizeof model),
-          eph_format_dollars(eph_json_int64(usage, "web_micros"), web, sizeof web),
-          eph_format_dollars(eph_json_int64(usage, "compute_micros"), compute, sizeof compute));
+          eph_format_dollars(cost[0], model, sizeof model),
+          eph_format_dollars(cost[1], web, sizeof web),
+          eph_format_dollars(cost[2], compute, sizeof compute));
 }
 
 /* ------------------------------------------------------------------ accounts */
@@ -345,12 +350,12 @@ eph_cmd_run(eph_ctx_t *ctx, int argc, char **argv)
       org = optarg;
       break;
     default:
+      fputs("usage: ephemeral " EPH_CLI_RUN_USAGE "\n" EPH_CLI_RUN_HELP, stderr);
       return 2;
     }
   }
   if (optind != argc - 1) {
-    fprintf(stderr, "usage: ephemeral run [--json] [--quiet] [--backend NAME] "
-                    "[--replay TRANSCRIPT] [--record FILE] REQUEST.json\n");
+    fputs("usage: ephemeral " EPH_CLI_RUN_USAGE "\n" EPH_CLI_RUN_HELP, stderr);
     return 2;
   }
   const char *path = argv[optind];
@@ -593,8 +598,7 @@ runs_options(bool replay, int argc, char **argv, runs_opts_t *o)
 static int
 runs_usage(void)
 {
-  fprintf(stderr,
-          "usage: ephemeral runs list [--org ORG] [--limit N] | show ID | replay ID [--speed N]\n");
+  fputs("usage: ephemeral " EPH_CLI_RUNS_USAGE "\n" EPH_CLI_RUNS_HELP, stderr);
   return 2;
 }
 
@@ -672,7 +676,7 @@ eph_cmd_orgs(eph_ctx_t *ctx, int argc, char **argv)
 {
   if (argc < 3 || (strcmp(argv[1], "credit") == 0 && argc < 4) ||
       (strcmp(argv[1], "credit") != 0 && strcmp(argv[1], "balance") != 0)) {
-    fprintf(stderr, "usage: ephemeral orgs credit ORG MICROS | orgs balance ORG\n");
+    fputs("usage: ephemeral " EPH_CLI_ORGS_USAGE "\n" EPH_CLI_ORGS_HELP, stderr);
     return 2;
   }
   const eph_plugin_slot_t *ledger = ledger_slot(ctx);
@@ -743,9 +747,7 @@ eph_cmd_keys(eph_ctx_t *ctx, int argc, char **argv)
     eph_error("%s: %s is required", cmd, !org ? "--org ORG" : "--name NAME");
   }
   if (bad || !org || (!create && !revoke && !list) || ((create || revoke) && !name)) {
-    fprintf(stderr, "usage: ephemeral keys create --org ORG --name NAME [--admin]\n"
-                    "       ephemeral keys revoke --org ORG --name NAME|KEY_ID\n"
-                    "       ephemeral keys list --org ORG\n");
+    fputs("usage: ephemeral " EPH_CLI_KEYS_USAGE "\n" EPH_CLI_KEYS_HELP, stderr);
     return 2;
   }
   eph_store_t *store = NULL;

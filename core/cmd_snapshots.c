@@ -20,14 +20,7 @@
 static void
 usage(void)
 {
-  fputs("usage: ephemeral snapshots list [--backend NAME]\n"
-        "       ephemeral snapshots prune [--max-bytes N] [--backend NAME]\n"
-        "  list       one line per entry: backend, name, bytes, last used (UTC), in use,\n"
-        "             identity (SHA-256 of what it was made from), what that covers\n"
-        "  prune      remove entries, least recently used first, until each backend's cache\n"
-        "             takes at most N bytes (default: its configured limit, e.g.\n"
-        "             snapshot_max_bytes); an entry in use is never removed\n",
-        stderr);
+  fputs("usage: ephemeral " EPH_CLI_SNAPSHOTS_USAGE "\n" EPH_CLI_SNAPSHOTS_HELP, stderr);
 }
 
 typedef struct listing {

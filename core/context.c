@@ -82,6 +82,12 @@ eph_ctx_open(eph_ctx_t *ctx, const eph_ctx_options_t *opt, eph_error_t *err)
                                 : plugin_dir                     ? plugin_dir
                                                                  : ctx->paths.plugin_dir);
 
+  /* What can be refused without state is refused before any is made (a plugin directory
+   * that is not there, the caller's own checks, the cluster's database): a failed start
+   * leaves the state directory as it found it, or absent. */
+  if (opt->load_plugins && !opt->lazy_plugins &&
+      (r = eph_plugins_check_dir(&ctx->config, ctx->plugin_dir, err)) < 0)
+    goto fail;
   if (opt->before_state && (r = opt->before_state(ctx, err)) < 0)
     goto fail;
   r = resolve_state_dir(ctx, opt, err);

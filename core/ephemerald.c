@@ -67,6 +67,23 @@ notify(const char *state)
     eph_warn("NOTIFY_SOCKET %s: %s", path, strerror(errno));
 }
 
+/* --listen, when given: checked before anything is opened; it overrides server.listen. */
+static const char *listen_arg;
+
+/* The daemon's checks that need the configuration but no state (eph_ctx_options_t
+ * before_state): the address it will listen on, then the cluster's database. A daemon
+ * refused here leaves no state directory behind. */
+static int
+before_state(const eph_ctx_t *ctx, eph_error_t *err)
+{
+  struct sockaddr_storage ss;
+  unsigned len;
+  if (!listen_arg &&
+      eph_server_parse_listen(eph_config_values(&ctx->config)->server.listen, &ss, &len, err) < 0)
+    return eph_error_wrap(err, "server.listen");
+  return eph_cluster_probe(ctx, err);
+}
+
 int
 main(int argc, char **argv)
 {
@@ -87,16 +104,14 @@ main(int argc, char **argv)
 
   /* The database is opened once before anything is created: a daemon that cannot reach it
    * (or is given a bad one) exits leaving the state directory as it found it. */
-  eph_ctx_options_t copt = {
-      .daemon = true, .load_plugins = true, .before_state = eph_cluster_probe};
-  const char *listen = NULL;
+  eph_ctx_options_t copt = {.daemon = true, .load_plugins = true, .before_state = before_state};
   int verbose = 0, c;
   eph_log_set_program("ephemerald");
   signal(SIGPIPE, SIG_IGN);
   while ((c = getopt_long(argc, argv, "l:c:vqhV", options, NULL)) != -1) {
     switch (c) {
     case 'l':
-      listen = optarg;
+      listen_arg = optarg;
       break;
     case 'R':
       eph_server_print_routes(stdout);
@@ -117,6 +132,17 @@ main(int argc, char **argv)
   if (optind != argc) {
     usage(stderr);
     return 2;
+  }
+  /* Arguments are checked before anything is created or opened: `--listen nonsense` used to
+   * leave a fresh state directory (its store, ledger and qemu/) behind. */
+  if (listen_arg) {
+    struct sockaddr_storage ss;
+    unsigned len;
+    eph_error_t lerr = {0};
+    if (eph_server_parse_listen(listen_arg, &ss, &len, &lerr) < 0) {
+      eph_error("%s", lerr.message);
+      return 1;
+    }
   }
   /* The daemon says what it does: info by default, debug with -v. */
   eph_log_set_level(verbose > 0 ? EPH_LOG_DEBUG : verbose < 0 ? EPH_LOG_ERROR : EPH_LOG_INFO);
@@ -170,8 +196,8 @@ main(int argc, char **argv)
     eph_ctx_close(&ctx);
     return 1;
   }
-  if (listen)
-    snprintf(sopt.listen, sizeof sopt.listen, "%s", listen);
+  if (listen_arg)
+    snprintf(sopt.listen, sizeof sopt.listen, "%s", listen_arg);
   eph_server_t *srv = NULL;
   if (eph_server_start(&ctx, &sopt, &srv, &err) < 0) {
     eph_error("%s", err.message);

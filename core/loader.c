@@ -346,11 +346,8 @@ eph_plugins_load(eph_plugins_t *ps, eph_config_t *cfg, const char *plugin_dir,
 }
 
 int
-eph_plugins_load_except(eph_plugins_t *ps, eph_config_t *cfg, const char *plugin_dir,
-                        const eph_host_t *host, int defer, eph_error_t *err)
+eph_plugins_check_dir(const eph_config_t *cfg, const char *plugin_dir, eph_error_t *err)
 {
-  memset(ps, 0, sizeof *ps);
-  reserve_slots(ps, cfg);
   /* A missing plugin directory is one error naming it, not one "cannot load" per plugin
    * followed by a daemon that serves without them. Only blocks naming a relative file
    * use it. */
@@ -358,11 +355,20 @@ eph_plugins_load_except(eph_plugins_t *ps, eph_config_t *cfg, const char *plugin
     const eph_config_block_t *b = &cfg->blocks[i];
     if (!b->enabled || b->file[0] == '/')
       continue;
-    int r = check_plugin_dir(plugin_dir, b, err);
-    if (r < 0)
-      return r;
-    break;
+    return check_plugin_dir(plugin_dir, b, err);
   }
+  return 0;
+}
+
+int
+eph_plugins_load_except(eph_plugins_t *ps, eph_config_t *cfg, const char *plugin_dir,
+                        const eph_host_t *host, int defer, eph_error_t *err)
+{
+  memset(ps, 0, sizeof *ps);
+  reserve_slots(ps, cfg);
+  int r = eph_plugins_check_dir(cfg, plugin_dir, err);
+  if (r < 0)
+    return r;
   for (size_t i = 0; i < cfg->n_blocks; i++) {
     const eph_config_block_t *b = &cfg->blocks[i];
     if (!b->enabled || deferred(b, defer))

@@ -54,6 +54,11 @@ typedef struct eph_plugins {
 int eph_plugins_load(eph_plugins_t *ps, eph_config_t *cfg, const char *plugin_dir,
                      const eph_host_t *host, eph_error_t *err);
 
+/* 0, or negative with err naming the directory (as eph_plugins_load refuses it) when an
+ * enabled block of cfg needs plugin_dir and it is NULL, missing or not a directory. Opens
+ * nothing: eph_ctx_open checks it before it creates any state. */
+int eph_plugins_check_dir(const eph_config_t *cfg, const char *plugin_dir, eph_error_t *err);
+
 /* eph_plugins_load, except the blocks of plugins of kind `defer` (their file is not opened:
  * a block's kind is known once loaded, so deferred blocks are recognised by name, `backend-`
  * for EPH_KIND_BACKEND). They load later with eph_plugins_load_one. defer < 0: none. */

@@ -14,6 +14,36 @@
 #include "log.h"
 #include "util.h"
 
+/* The help's width and the column of the commands' descriptions. */
+enum { HELP_WIDTH = 79, HELP_COLUMN = 31 };
+
+/* Prints text from column `col` (the cursor is there), words wrapped before HELP_WIDTH
+ * onto lines starting at column `indent`; a space inside [...] never breaks, so an option
+ * and its value stay together. Ends the line. */
+static void
+print_wrapped(FILE *out, const char *text, int col, int indent)
+{
+  const char *p = text;
+  while (*p) {
+    /* The next word: up to a space outside brackets. */
+    const char *end = p;
+    for (int depth = 0; *end && (*end != ' ' || depth > 0); end++)
+      depth += *end == '[' ? 1 : *end == ']' && depth > 0 ? -1 : 0;
+    int len = (int)(end - p);
+    if (p != text && col + 1 + len > HELP_WIDTH) {
+      fprintf(out, "\n%*s", indent, "");
+      col = indent;
+    } else if (p != text) {
+      fputc(' ', out);
+      col++;
+    }
+    fprintf(out, "%.*s", len, p);
+    col += len;
+    p = *end ? end + 1 : end;
+  }
+  fputc('\n', out);
+}
+
 static void
 usage(FILE *out)
 {
@@ -21,9 +51,20 @@ usage(FILE *out)
                "\n"
                "Run an AI agent inside a disposable sandbox.\n"
                "\n"
-               "Commands:\n");
-  for (const eph_cli_command_t *c = eph_cli_commands; c->name; c++)
-    fprintf(out, "  %-28s %s\n", c->usage, c->summary);
+               "Commands (`ephemeral COMMAND --help` for its options):\n");
+  /* A syntax too long for its column gets a line (or more) of its own and its description
+   * the next, at the column, as argparse and others do. */
+  for (const eph_cli_command_t *c = eph_cli_commands; c->name; c++) {
+    int len = (int)strlen(c->usage);
+    if (2 + len + 1 <= HELP_COLUMN) {
+      fprintf(out, "  %-*s", HELP_COLUMN - 2, c->usage);
+    } else {
+      fputs("  ", out);
+      print_wrapped(out, c->usage, 2, 6);
+      fprintf(out, "%*s", HELP_COLUMN, "");
+    }
+    print_wrapped(out, c->summary, HELP_COLUMN, HELP_COLUMN);
+  }
   fprintf(out, "\n"
                "Options:\n"
                "  -c, --config FILE     ephemeral.conf to use (its conf.d/ beside it; also\n"
@@ -103,8 +144,13 @@ main(int argc, char **argv)
     /* Subcommand-local help works without touching the state directory. */
     for (int i = optind + 1; i < argc && strcmp(argv[i], "--") != 0; i++)
       if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
-        printf("Usage: ephemeral %s\n  %s\n%s", cmd->usage, cmd->summary,
-               cmd->help ? cmd->help : "");
+        /* The usage line, the summary, and the help its mistakes print too (cli.h). */
+        fputs("Usage: ephemeral ", stdout);
+        print_wrapped(stdout, cmd->usage, 17, 6);
+        fputs("  ", stdout);
+        print_wrapped(stdout, cmd->summary, 2, 2);
+        if (cmd->help)
+          printf("\n%s", cmd->help);
         return 0;
       }
     eph_ctx_t ctx;

@@ -395,13 +395,13 @@ end_and_settle(eph_run_t *run)
   run->web_micros = totals.web_micros;
   run->compute_micros = totals.compute_micros;
   pthread_mutex_unlock(&run->lock);
-  char billed[32], released[32];
+  char settled[64];
   json_object *sd = json_object_new_object();
   eph_run_json_money(sd, &totals);
   /* The product page's words for the last line of the timeline. */
-  eph_run_emit(run, "Worker destroyed", "settled", false, sd, "%s billed, %s released",
-               eph_format_dollars(totals.billed_micros, billed, sizeof billed),
-               eph_format_dollars(totals.released_micros, released, sizeof released));
+  eph_run_emit(
+      run, "Worker destroyed", "settled", false, sd, "%s",
+      eph_format_settled(totals.billed_micros, totals.released_micros, settled, sizeof settled));
   eph_run_notify_update(run);
   /* Money settled; if any write of the record failed on the way, the lock file stays so
    * the reconciler completes the record (ended, settled, the ledger's totals). */

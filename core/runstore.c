@@ -304,10 +304,8 @@ complete_record(eph_store_t *store, const char *run_id, json_object *note,
     json_object *d = json_object_new_object();
     eph_run_json_money(d, t);
     json_object_object_add(d, "recovered", json_object_new_boolean(1));
-    char billed[32], released[32];
-    cleanup_free char *text = eph_xasprintf(
-        "%s billed, %s released", eph_format_dollars(t->billed_micros, billed, sizeof billed),
-        eph_format_dollars(t->released_micros, released, sizeof released));
+    char text[64];
+    eph_format_settled(t->billed_micros, t->released_micros, text, sizeof text);
     r = eph_store_event_append(store, run_id, next_seq++, t_ms, "Worker destroyed", "settled", text,
                                d, err);
     json_object_put(d);

@@ -8,6 +8,7 @@
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "context.h"
 #include "guest_client.h"
@@ -292,10 +293,42 @@ eph_ctx_backend(eph_ctx_t *ctx, const char *name, eph_error_t *err)
       if (ctx->config.blocks[i].enabled && strncmp(ctx->config.blocks[i].name, "backend-", 8) == 0)
         names[n++] = ctx->config.blocks[i].name;
     const char *near = eph_closest(full, names, n);
-    if (near)
+    if (near) {
       eph_error_set(err, ENOENT, "backend '%s' is not loaded: did you mean '%s'?", name, near);
-    else
+      return NULL;
+    }
+    /* The file its block names, or the one a block would (PLUGIN_DIR/backend-NAME.so). */
+    const eph_config_block_t *block = NULL;
+    for (size_t i = 0; i < ctx->config.n_blocks && !block; i++)
+      if (strcmp(ctx->config.blocks[i].name, full) == 0)
+        block = &ctx->config.blocks[i];
+    const char *file = block ? block->file : NULL;
+    cleanup_free char *path = file && file[0] == '/' ? eph_xstrdup(file)
+                              : file                 ? eph_xasprintf("%s/%s", ctx->plugin_dir, file)
+                                     : eph_xasprintf("%s/%s.so", ctx->plugin_dir, full);
+    if (access(path, F_OK) < 0) {
+      /* Nothing to enable: say so, and which backends there are. */
+      char known[256] = "";
+      for (size_t i = 0, used = 0; i < n && used < sizeof known; i++)
+        used += (size_t)snprintf(known + used, sizeof known - used, "%s%s", i ? ", " : "",
+                                 names[i] + 8);
+      if (n)
+        eph_error_set(err, ENOENT,
+                      "backend '%s': there is no such backend (no plugin %s); the backends "
+                      "enabled in conf.d: %s",
+                      name, path, known);
+      else
+        eph_error_set(err, ENOENT,
+                      "backend '%s': there is no such backend (no plugin %s); no backend is "
+                      "enabled in conf.d",
+                      name, path);
+    } else if (block && block->enabled) {
+      eph_error_set(err, ENOENT,
+                    "backend '%s' is enabled (%s) but did not load: see the error above", name,
+                    block->where);
+    } else {
       eph_error_set(err, ENOENT, "backend '%s' is not loaded (enable %s in conf.d)", name, full);
+    }
     return NULL;
   }
   return s;

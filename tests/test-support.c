@@ -234,6 +234,28 @@ test_text_and_format(void **st)
   char buf[32];
   assert_string_equal(eph_format_dollars(3530, buf, sizeof buf), "$0.00353");
   assert_string_equal(eph_format_dollars(40000, buf, sizeof buf), "$0.04");
+  /* Shown figures add up: 345 + 39655 of $0.04 is not $0.00035 + $0.03966. */
+  char line[64];
+  assert_string_equal(eph_format_settled(345, 39655, line, sizeof line),
+                      "$0.00035 billed, $0.03965 released");
+  assert_string_equal(eph_format_settled(3530, 36470, line, sizeof line),
+                      "$0.00353 billed, $0.03647 released");
+  assert_string_equal(eph_format_settled(0, 40000, line, sizeof line),
+                      "$0.00 billed, $0.04 released");
+  int64_t parts[3] = {332, 0, 13}, shown[3];
+  eph_dollars_split(parts, shown, 3); /* 345 billed shows $0.00035: the parts add up to it */
+  assert_int_equal(shown[0], 330);
+  assert_int_equal(shown[1], 0);
+  assert_int_equal(shown[2], 20);
+  int64_t page[3] = {330, 0, 3200}; /* the product page's $0.00033 · $0.00 · $0.0032 */
+  eph_dollars_split(page, shown, 3);
+  assert_true(shown[0] == 330 && shown[1] == 0 && shown[2] == 3200);
+  int64_t tie[2] = {335, 5}; /* 340: one ten left over, the earlier part on a tie */
+  eph_dollars_split(tie, shown, 2);
+  assert_true(shown[0] == 340 && shown[1] == 0);
+  int64_t neg[2] = {-15, 25}; /* not parts of a total: each rounded on its own */
+  eph_dollars_split(neg, shown, 2);
+  assert_true(shown[0] == -20 && shown[1] == 30);
   eph_format_iso8601(1764560000123456LL, buf, sizeof buf);
   assert_string_equal(buf, "2025-12-01T03:33:20.123Z");
   json_object *o = json_tokener_parse("{\"a\": \"x\", \"b\": 1}");

@@ -30,6 +30,27 @@ function dollars(micros) {
   return (neg ? "-$" : "$") + s;
 }
 
+// Parts of a total (the cost line's model, web, compute) as they add up to the total as
+// shown: each rounded down to tens of micros, the tens left over to the largest remainders
+// (the earlier on a tie); the CLI's eph_dollars_split (sdk/support/format.c).
+function splitDollars(parts) {
+  if (parts.some((p) => p < 0)) return parts.map((p) => Math.sign(p) * Math.floor((Math.abs(p) + 5) / 10) * 10);
+  const shown = parts.map((p) => Math.floor(p / 10) * 10);
+  const sum = parts.reduce((a, b) => a + b, 0);
+  let left = Math.floor((sum + 5) / 10) - shown.reduce((a, b) => a + b, 0) / 10;
+  const order = parts.map((p, i) => i).sort((a, b) => (parts[b] % 10) - (parts[a] % 10) || a - b);
+  for (const i of order) if (left > 0 && parts[i] % 10) { shown[i] += 10; left--; }
+  return shown;
+}
+
+// "$0.00035 billed, $0.03965 released": released shown as the reservation shown less billed
+// shown, so the two add up to the budget (the CLI's eph_format_settled).
+function settled(billed, released) {
+  const b = Math.floor((billed + 5) / 10) * 10;
+  const r = Math.floor((billed + released + 5) / 10) * 10 - b;
+  return dollars(b) + " billed, " + dollars(r) + " released";
+}
+
 function key() { return $("apikey").value.trim(); }
 
 // One client per call: the key field may change between calls.
@@ -232,11 +253,11 @@ function showFinal(run) {
   cost.innerHTML = "";
   const line = document.createElement("span");
   line.className = "line";
-  line.textContent = "Model " + dollars(u.model_micros || 0) + " · Web " + dollars(u.web_micros || 0) +
-    " · Compute " + dollars(u.compute_micros || 0);
+  const parts = splitDollars([u.model_micros || 0, u.web_micros || 0, u.compute_micros || 0]);
+  line.textContent = "Model " + dollars(parts[0]) + " · Web " + dollars(parts[1]) + " · Compute " + dollars(parts[2]);
   const settle = document.createElement("span");
   settle.className = "settle";
-  settle.textContent = dollars(u.billed_micros || 0) + " billed, " + dollars(u.released_micros || 0) + " released";
+  settle.textContent = settled(u.billed_micros || 0, u.released_micros || 0);
   cost.append(line, settle);
   cost.hidden = false;
 }

@@ -29,6 +29,23 @@ def dollars(micros: int) -> str:
     return whole + "." + frac
 
 
+def split_dollars(parts):
+    """The micros to show for parts of a total (the cost line's model, web and compute) so that
+    they add up to the total as dollars() shows it: each rounded down to tens of micros, the
+    tens left over one each to the largest remainders, the earlier on a tie. The CLI's rule
+    (eph_dollars_split in sdk/support/format.c)."""
+    parts = [int(p) for p in parts]
+    if any(p < 0 for p in parts):
+        return [(p + 5) // 10 * 10 if p >= 0 else -((-p + 5) // 10 * 10) for p in parts]
+    shown = [p // 10 * 10 for p in parts]
+    left = (sum(parts) + 5) // 10 - sum(shown) // 10
+    order = sorted(range(len(parts)), key=lambda i: (-(parts[i] % 10), i))
+    for i in order[:left]:
+        if parts[i] % 10:
+            shown[i] += 10
+    return shown
+
+
 def event_line(e: Mapping[str, Any]) -> str:
     if e.get("kind") in ("output", "model_delta"):  # live output: indented under its command
         text = shown(e.get("text") or "").rstrip("\n")
@@ -57,9 +74,9 @@ def summary(run: Mapping[str, Any]) -> str:
         else:
             lines.append("output file %s: %d bytes%s" % (path, f.get("bytes", 0),
                                                          " (truncated)" if f.get("truncated") else ""))
-    lines += ["", "Model %s · Web %s · Compute %s" % (dollars(usage.get("model_micros", 0)),
-                                                     dollars(usage.get("web_micros", 0)),
-                                                     dollars(usage.get("compute_micros", 0)))]
+    cost = split_dollars([usage.get("model_micros", 0), usage.get("web_micros", 0),
+                          usage.get("compute_micros", 0)])
+    lines += ["", "Model %s · Web %s · Compute %s" % tuple(dollars(c) for c in cost)]
     return "\n".join(lines)
 
 

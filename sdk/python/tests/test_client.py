@@ -298,6 +298,15 @@ class TestOffline(unittest.TestCase):
                          ["$0.04", "$0.0032", "$0.00353", "$0.00033", "$0.00", "$1.23457"])
         self.assertEqual(shown("a\x1b[2Jb\x9bc\n"), "a\\x1b[2Jb\\xc2\\x9bc\n")
 
+    def test_cost_line_adds_up_to_the_billed_total(self):
+        # 332 + 0 + 13 = 345 billed ("$0.00035"): not "$0.00033 · $0.00 · $0.00001" ($0.00034).
+        from ephemeral.__main__ import summary
+        text = summary({"id": "run_x", "status": "succeeded", "usage": {
+            "reserved_micros": 40000, "billed_micros": 345, "released_micros": 39655,
+            "model_micros": 332, "web_micros": 0, "compute_micros": 13}})
+        self.assertIn("run_x  $0.00035 of $0.04\n", text)
+        self.assertTrue(text.endswith("Model $0.00033 · Web $0.00 · Compute $0.00002"), text)
+
     def test_summary_output_files(self):
         # A file the run did not leave is "not saved" with the reason, as ephemeral(1) says.
         from ephemeral.__main__ import summary
