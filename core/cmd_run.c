@@ -410,8 +410,17 @@ eph_cmd_run(eph_ctx_t *ctx, int argc, char **argv)
     eph_request_free(&req);
     return 1;
   }
+  bool org_given = org != NULL;
   if (!org)
     org = eph_config_values(&ctx->config)->cli_org;
+  /* Before any money moves: the ledger takes names the store refuses, and a reservation
+   * whose run cannot be recorded under its org is a settlement of no run. */
+  eph_error_t org_err = {0};
+  if (eph_store_check_org(org, &org_err) < 0) {
+    eph_error("%s: %s", org_given ? "--org" : "cli_org (ephemeral.conf)", org_err.message);
+    eph_request_free(&req);
+    return 2;
+  }
   if (ensure_cli_credit(ctx, ledger, org) < 0) {
     eph_request_free(&req);
     return 1;

@@ -15,6 +15,7 @@
 
 #include "cluster.h"
 #include "evqueue.h"
+#include "loader.h"
 #include "log.h"
 #include "util.h"
 
@@ -142,8 +143,14 @@ eph_runstore_attach(eph_store_t *store, eph_run_t *run, const eph_run_observer_t
    * row, which other nodes and the list read, says the created_at the 201 said. */
   int r = eph_store_run_insert(store, eph_run_id(run), eph_run_org(run), "queued",
                                eph_run_created_us(run), request, eph_run_zdr(run), err);
-  if (r < 0)
+  if (r < 0) {
+    /* The budget is reserved and the run has no record: a storage failure of the run, so
+     * its end keeps the owner lock file (abandon_owner_lock) and the next process's
+     * recovery makes the record the settlement belongs to (complete_record). Dropping the
+     * lock here left a settled reservation of no run. */
+    eph_run_storage_failed(run, err->message);
     return r;
+  }
   return eph_runstore_adopt(store, run, next, 0, err);
 }
 
@@ -235,9 +242,13 @@ complete_record(eph_store_t *store, const char *run_id, json_object *note,
      * failed): the record is made now from the owner note (org, queued at), so the ledger's
      * settlement has the run it belongs to, as a node lost that way gets (settle_orphan). */
     json_object *v = NULL;
-    int64_t created_us = json_object_object_get_ex(note, "created_at_us", &v)
+    int64_t now_us = eph_wall_us();
+    int64_t created_us = json_object_object_get_ex(note, "created_at_us", &v) &&
+                                 json_object_is_type(v, json_type_int)
                              ? json_object_get_int64(v)
-                             : eph_wall_us();
+                             : now_us;
+    if (created_us <= 0 || created_us > now_us)
+      created_us = now_us; /* not a time this run can have been queued at */
     r = eph_store_run_insert(store, run_id, org, "queued", created_us, NULL, false, err);
     if (r < 0 && r != -EEXIST)
       return r;
@@ -405,6 +416,67 @@ eph_runstore_settle_orphan(eph_ctx_t *ctx, eph_store_t *store, const char *run_i
   return 1;
 }
 
+/* The ledger's open reservation of run_id: who it is for and when it was made, which the
+ * recovered record takes over the owner note's words (the ledger holds the money; a note
+ * is a file in the state directory, and may be unreadable or wrong). */
+typedef struct {
+  const char *run_id;
+  char org[129]; /* a ledger's names are at most 128 bytes (ledger_common.h) */
+  int64_t reserved_us;
+  bool found;
+} reservation_of_t;
+
+static void
+reservation_each(void *ctx, const eph_ledger_open_t *r)
+{
+  reservation_of_t *w = ctx;
+  if (!w->found && r->run_id && strcmp(r->run_id, w->run_id) == 0 && r->org) {
+    snprintf(w->org, sizeof w->org, "%s", r->org);
+    w->reserved_us = r->reserved_unix_us;
+    w->found = true;
+  }
+}
+
+/* Rewrites note's org and created_at_us from the ledger's open reservation when the
+ * ledger can list them (open_reservations is optional: else the note's are kept), and
+ * drops a status that is no run's end (the record then says failed). note may be NULL (a
+ * file of no JSON): a new one is returned when the ledger knows the run. */
+static json_object *
+note_from_ledger(const eph_plugin_slot_t *ledger, const char *run_id, json_object *note)
+{
+  const eph_ledger_ops_t *ops = ledger->desc->ops;
+  static const char *const ends[] = {"succeeded", "failed", "cancelled", "timed_out",
+                                     "budget_exhausted"};
+  const char *status = note ? eph_json_get_string(note, "status") : NULL;
+  bool known = false;
+  for (size_t i = 0; status && i < sizeof ends / sizeof *ends; i++)
+    known |= strcmp(status, ends[i]) == 0;
+  if (note && status && !known) {
+    eph_warn("run %s: its lock file says status '%.32s', no run's end: recorded as failed", run_id,
+             status);
+    json_object_object_del(note, "status");
+    json_object_object_del(note, "reason");
+  }
+  if (!EPH_OPS_HAS(ops, eph_ledger_ops_t, open_reservations))
+    return note;
+  reservation_of_t w = {.run_id = run_id};
+  eph_error_t e = {0};
+  if (EPH_WITH_PLUGIN(ledger, ops->open_reservations(ledger->state, 0, INT32_MAX, reservation_each,
+                                                     &w, &e)) < 0 ||
+      !w.found)
+    return note;
+  if (!note)
+    note = json_object_new_object();
+  const char *said = eph_json_get_string(note, "org");
+  if (said && strcmp(said, w.org) != 0)
+    eph_warn("run %s: its lock file names organisation '%.64s', the ledger '%s': the ledger's",
+             run_id, said, w.org);
+  json_object_object_add(note, "org", json_object_new_string(w.org));
+  if (w.reserved_us > 0)
+    json_object_object_add(note, "created_at_us", json_object_new_int64(w.reserved_us));
+  return note;
+}
+
 /* Who left an owner lock file, by its note: the run itself wrote how it ended (its storage
  * failed), or only the note of its start is there (its process died). */
 static const char *
@@ -453,7 +525,7 @@ eph_runstore_recover(eph_ctx_t *ctx, eph_store_t *store, bool quiet, int *pendin
       continue;
     }
     cleanup_free char *run_id = eph_xstrndup(de->d_name, n - 5);
-    cleanup_json json_object *note = read_note(fd);
+    cleanup_json json_object *note = note_from_ledger(ledger, run_id, read_note(fd));
     const eph_ledger_ops_t *ops = ledger->desc->ops;
     eph_error_t e = {0};
     eph_ledger_totals_t totals = {0};

@@ -31,8 +31,8 @@ check_text(const char *what, const char *v, size_t max, eph_error_t *err)
   return 0;
 }
 
-static int
-check_org(const char *org, eph_error_t *err)
+int
+eph_store_check_org(const char *org, eph_error_t *err)
 {
   int r = check_text("organisation", org, 64, err);
   if (r < 0)
@@ -121,7 +121,7 @@ eph_store_close(eph_store_t *s)
 int
 eph_store_org_create(eph_store_t *s, const char *org, eph_error_t *err)
 {
-  int r = check_org(org, err);
+  int r = eph_store_check_org(org, err);
   return r < 0 ? r : s->ops->org_create(s, org, err);
 }
 
@@ -129,7 +129,7 @@ int
 eph_store_member_add(eph_store_t *s, const char *org, const char *member, const char *role,
                      eph_error_t *err)
 {
-  int r = check_org(org, err);
+  int r = eph_store_check_org(org, err);
   if (r < 0 || (r = check_text("member", member, 256, err)) < 0)
     return r;
   if (!role || (strcmp(role, "owner") && strcmp(role, "admin") && strcmp(role, "member")))
@@ -156,7 +156,7 @@ int
 eph_store_key_create(eph_store_t *s, const char *org, const char *name, char **key_out,
                      char **key_id_out, eph_error_t *err)
 {
-  int r = check_org(org, err);
+  int r = eph_store_check_org(org, err);
   if (r < 0 || (r = check_text("key name", name, 128, err)) < 0)
     return r;
   char key[sizeof KEY_PREFIX + 2 * KEY_RANDOM_BYTES], id[4 + 16 + 1];
@@ -208,7 +208,7 @@ eph_store_key_verify(eph_store_t *s, const char *key, char **org_out, char **key
 int
 eph_store_key_revoke(eph_store_t *s, const char *key_id_or_name, const char *org, eph_error_t *err)
 {
-  int r = check_org(org, err);
+  int r = eph_store_check_org(org, err);
   if (r < 0 || (r = check_text("key", key_id_or_name, 128, err)) < 0)
     return r;
   return s->ops->key_revoke(s, key_id_or_name, org, err);
@@ -217,7 +217,7 @@ eph_store_key_revoke(eph_store_t *s, const char *key_id_or_name, const char *org
 int
 eph_store_key_list(eph_store_t *s, const char *org, json_object **out, eph_error_t *err)
 {
-  int r = check_org(org, err);
+  int r = eph_store_check_org(org, err);
   return r < 0 ? r : s->ops->key_list(s, org, out, err);
 }
 
@@ -244,7 +244,8 @@ eph_store_run_insert(eph_store_t *s, const char *id, const char *org, const char
                      int64_t created_at_us, json_object *request, bool zdr, eph_error_t *err)
 {
   int r = check_text("run id", id, MAX_ID_BYTES, err);
-  if (r < 0 || (r = check_org(org, err)) < 0 || (r = check_text("status", status, 64, err)) < 0)
+  if (r < 0 || (r = eph_store_check_org(org, err)) < 0 ||
+      (r = check_text("status", status, 64, err)) < 0)
     return r;
   if (request && !json_object_is_type(request, json_type_object))
     return eph_error_set(err, EINVAL, "run %s: request is not a JSON object", id);
@@ -325,7 +326,7 @@ int
 eph_store_run_list(eph_store_t *s, const char *org, int limit, const char *cursor,
                    json_object **runs_out, char **next_cursor, eph_error_t *err)
 {
-  int r = check_org(org, err);
+  int r = eph_store_check_org(org, err);
   if (r < 0)
     return r;
   if (limit == 0)
@@ -421,7 +422,7 @@ int
 eph_store_idem_claim(eph_store_t *s, const char *org, const char *key, const char *body_sha256_hex,
                      const char *new_run_id, char **existing_run_id, eph_error_t *err)
 {
-  int r = check_org(org, err);
+  int r = eph_store_check_org(org, err);
   if (r < 0 || (r = check_text("idempotency key", key, 255, err)) < 0 ||
       (r = check_text("run id", new_run_id, MAX_ID_BYTES, err)) < 0)
     return r;
@@ -436,7 +437,7 @@ int
 eph_store_idem_release(eph_store_t *s, const char *org, const char *key, const char *run_id,
                        eph_error_t *err)
 {
-  int r = check_org(org, err);
+  int r = eph_store_check_org(org, err);
   if (r < 0 || (r = check_text("idempotency key", key, 255, err)) < 0 ||
       (r = check_text("run id", run_id, MAX_ID_BYTES, err)) < 0)
     return r;

@@ -134,6 +134,11 @@ int eph_store_key_revoke(eph_store_t *store, const char *key_id_or_name, const c
  * Never the key or its hash. */
 int eph_store_key_list(eph_store_t *store, const char *org, json_object **out, eph_error_t *err);
 
+/* An organisation's name as the store takes it: 1..64 bytes of letters, digits, '_', '.'
+ * and '-'. 0, or -EINVAL with err naming it. For a caller that must refuse a name before
+ * it reserves money under it (the CLI's `run --org`). */
+int eph_store_check_org(const char *org, eph_error_t *err);
+
 /* ---------------------------------------------------------------- runs */
 
 /* Inserts a run. id: "run_" + 32 hex (any unique string up to 128 bytes is accepted);
