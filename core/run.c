@@ -448,9 +448,10 @@ eph_run_execute(eph_run_t *run)
     eph_run_egress_start(&egress, &spec, source);
   int cr = eph_sbx_create(run->backend, &spec, &sbx, &err);
   if (cr < 0 && spec.network) {
-    /* Fail closed: a sandbox whose egress rules could not all be applied gets none. */
-    eph_run_emit(run, source, "egress_error", false, NULL,
-                 "web egress could not be set up: %s · the sandbox has no network", err.message);
+    /* Fail closed: a sandbox whose egress rules could not all be applied gets none. The
+     * timeline blames the egress only when a sandbox without it starts, or fails otherwise:
+     * a failure of the sandbox itself (a missing guest image) is told once, as that. */
+    eph_error_t first = err;
     eph_run_egress_stop(&egress);
     spec.network = 0;
     spec.proxy_url = NULL;
@@ -459,6 +460,10 @@ eph_run_execute(eph_run_t *run)
     spec.proxy_ctx = NULL;
     err = (eph_error_t){0};
     cr = eph_sbx_create(run->backend, &spec, &sbx, &err);
+    if (cr == 0 || strcmp(first.message, err.message) != 0)
+      eph_run_emit(run, source, "egress_error", false, NULL,
+                   "web egress could not be set up: %s · the sandbox has no network",
+                   first.message);
   }
   if (cr < 0) {
     eph_run_egress_stop(&egress);
