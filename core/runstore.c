@@ -513,6 +513,15 @@ eph_runstore_recover(eph_ctx_t *ctx, eph_store_t *store, bool quiet, int *pendin
       continue;
     cleanup_free char *path = eph_xasprintf("%s/%s", dir, de->d_name);
     cleanup_close int fd = open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0 && errno != ENOENT) {
+      /* Not a lock file of ours (a symlink, a directory: no run makes one) or unreadable:
+       * said, not skipped in silence, since its run's reservation stays open meanwhile. */
+      eph_log(quiet ? EPH_LOG_DEBUG : EPH_LOG_WARN,
+              "%s: %s: not a run's lock file; its reservation is left open (remove it)", path,
+              strerror(errno));
+      left++;
+      continue;
+    }
     if (fd < 0 || flock(fd, LOCK_EX | LOCK_NB) < 0)
       continue; /* its run is alive (in this process or another) */
     /* The owner may have settled, unlinked and closed between our open and our lock:
