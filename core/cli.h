@@ -98,6 +98,11 @@ typedef struct eph_cli_command {
   const char *help;        /* more lines for `ephemeral CMD --help`, or NULL */
   int load_plugins;        /* false: none; true: all enabled; EPH_CLI_LAZY*: see above */
   int config_error_status; /* exit status when the context cannot be opened */
+  /* The arguments' mistakes, found before the context is opened (it creates the state
+   * directory, the store's and the ledger's files, loads plugins): -1 when fn may run, else
+   * the exit status (2) after printing the mistake and the usage on stderr. NULL: fn checks
+   * its own. fn parses the same arguments again, the same way, for their values. */
+  int (*check)(int argc, char **argv);
   int (*fn)(eph_ctx_t *ctx, int argc, char **argv);
 } eph_cli_command_t;
 
@@ -109,6 +114,11 @@ struct option;
  * option or a missing value is logged as an error naming it and cmd ("runs list"), and
  * returns '?'; otherwise getopt_long's result (-1 at the end). */
 int eph_cli_getopt(const char *cmd, int argc, char **argv, const struct option *opts);
+/* The operands of a command that takes no option (argv[0] = the command, as above): an
+ * option, or an operand past the first max, is logged as an error naming it and cmd and
+ * returns -1; else the number of operands, which start at argv[optind] (getopt_long moves
+ * them after the options, and past a "--"). */
+int eph_cli_operands(const char *cmd, int argc, char **argv, int max);
 
 int eph_cmd_plugins(eph_ctx_t *ctx, int argc, char **argv);
 int eph_cmd_config(eph_ctx_t *ctx, int argc, char **argv);
@@ -119,5 +129,9 @@ int eph_cmd_keys(eph_ctx_t *ctx, int argc, char **argv);
 int eph_cmd_doctor(eph_ctx_t *ctx, int argc, char **argv);
 int eph_cmd_snapshots(eph_ctx_t *ctx, int argc, char **argv); /* core/cmd_snapshots.c */
 int eph_cmd_db(eph_ctx_t *ctx, int argc, char **argv);
+
+/* The commands' argument checks (eph_cli_command_t.check). */
+int eph_cmd_doctor_check(int argc, char **argv);
+int eph_cmd_db_check(int argc, char **argv);
 
 #endif

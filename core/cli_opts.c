@@ -19,3 +19,17 @@ eph_cli_getopt(const char *cmd, int argc, char **argv, const struct option *opts
               argv[optind - 1]);
   return c == ':' ? '?' : c;
 }
+
+int
+eph_cli_operands(const char *cmd, int argc, char **argv, int max)
+{
+  static const struct option none[] = {{0}};
+  optind = 0; /* 0: glibc re-initialises (main parsed its own options in "+" order) */
+  if (eph_cli_getopt(cmd, argc, argv, none) != -1)
+    return -1; /* named */
+  if (argc - optind > max) {
+    eph_error("%s: unexpected argument '%s'", cmd, argv[optind + max]);
+    return -1;
+  }
+  return argc - optind;
+}

@@ -3,6 +3,7 @@
  * operator runs it before a rolling upgrade of a cluster so no node waits on the lock. */
 #include "config.h"
 
+#include <getopt.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -13,12 +14,23 @@
 #include "util.h"
 
 int
+eph_cmd_db_check(int argc, char **argv)
+{
+  int n = eph_cli_operands("db", argc, argv, 1);
+  if (n == 1 && strcmp(argv[optind], "migrate") != 0)
+    eph_error("db: unknown subcommand '%s'", argv[optind]);
+  else if (n == 1)
+    return -1;
+  fputs("usage: ephemeral db migrate\n", stderr);
+  return 2;
+}
+
+int
 eph_cmd_db(eph_ctx_t *ctx, int argc, char **argv)
 {
-  if (argc != 2 || strcmp(argv[1], "migrate") != 0) {
-    fprintf(stderr, "usage: ephemeral db migrate\n");
-    return 2;
-  }
+  int bad = eph_cmd_db_check(argc, argv);
+  if (bad >= 0)
+    return bad;
   eph_store_t *store = NULL;
   eph_error_t err = {0};
   if (eph_store_open_ctx(ctx, NULL, false, &store, &err) < 0) {

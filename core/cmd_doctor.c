@@ -14,13 +14,21 @@
 #include "util.h"
 
 int
-eph_cmd_doctor(eph_ctx_t *ctx, int argc, char **argv)
+eph_cmd_doctor_check(int argc, char **argv)
 {
-  (void)argv;
-  if (argc > 1) {
-    fprintf(stderr, "usage: ephemeral doctor\n");
+  if (eph_cli_operands("doctor", argc, argv, 0) < 0) {
+    fputs("usage: ephemeral doctor\n", stderr);
     return 2;
   }
+  return -1;
+}
+
+int
+eph_cmd_doctor(eph_ctx_t *ctx, int argc, char **argv)
+{
+  int bad = eph_cmd_doctor_check(argc, argv);
+  if (bad >= 0)
+    return bad;
   eph_store_t *store = NULL;
   eph_error_t err = {0};
   if (eph_store_open_ctx(ctx, &(eph_store_options_t){.check_whole = true}, false, &store, &err) < 0)

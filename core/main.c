@@ -134,7 +134,9 @@ main(int argc, char **argv)
     usage(stderr);
     return 2;
   }
-  const char *name = argv[optind];
+  /* The command's own argv (argv[0] its name); optind moves as the command parses it. */
+  int at = optind;
+  const char *name = argv[at];
   for (const eph_cli_command_t *cmd = eph_cli_commands; cmd->name; cmd++) {
     if (strcmp(cmd->name, name) != 0)
       continue;
@@ -142,7 +144,7 @@ main(int argc, char **argv)
     opt.lazy_plugins = cmd->load_plugins == EPH_CLI_LAZY;
     opt.lazy_backends = cmd->load_plugins == EPH_CLI_LAZY_BACKENDS;
     /* Subcommand-local help works without touching the state directory. */
-    for (int i = optind + 1; i < argc && strcmp(argv[i], "--") != 0; i++)
+    for (int i = at + 1; i < argc && strcmp(argv[i], "--") != 0; i++)
       if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
         /* The usage line, the summary, and the help its mistakes print too (cli.h). */
         fputs("Usage: ephemeral ", stdout);
@@ -153,6 +155,11 @@ main(int argc, char **argv)
           printf("\n%s", cmd->help);
         return 0;
       }
+    /* A mistake in the arguments is found before the context makes any state (a state
+     * directory that was not there stays absent). */
+    int bad = cmd->check ? cmd->check(argc - at, argv + at) : -1;
+    if (bad >= 0)
+      return bad;
     eph_ctx_t ctx;
     eph_error_t err = {0};
     /* The state files opened here (the ledger's SQLite file and its -wal/-shm) are created
@@ -165,7 +172,7 @@ main(int argc, char **argv)
       eph_error("%s", err.message);
       return cmd->config_error_status;
     }
-    int status = cmd->fn(&ctx, argc - optind, argv + optind);
+    int status = cmd->fn(&ctx, argc - at, argv + at);
     eph_ctx_close(&ctx);
     return status;
   }
