@@ -313,8 +313,23 @@ signal_thread_stop(pthread_t thr, bool up)
   pthread_join(thr, NULL);
 }
 
-int
-eph_cmd_run(eph_ctx_t *ctx, int argc, char **argv)
+/* The options and the one operand of `run`, as given (no default applied). */
+typedef struct run_args {
+  bool json, quiet;
+  const char *backend, *replay, *record, *org, *path;
+} run_args_t;
+
+static int
+run_usage(void)
+{
+  fputs("usage: ephemeral " EPH_CLI_RUN_USAGE "\n" EPH_CLI_RUN_HELP, stderr);
+  return 2;
+}
+
+/* -1, or 2 after the usage: a misspelt option or a missing value (named by getopt), not
+ * exactly one REQUEST.json. */
+static int
+run_args(int argc, char **argv, run_args_t *a)
 {
   static const struct option options[] = {
       {"json", no_argument, NULL, 'j'},
@@ -325,40 +340,75 @@ eph_cmd_run(eph_ctx_t *ctx, int argc, char **argv)
       {"quiet", no_argument, NULL, 'q'},
       {0},
   };
-  bool json = false, quiet = false;
-  const char *backend = NULL, *replay = NULL, *record = NULL, *org = NULL;
+  *a = (run_args_t){0};
   int c;
   optind = 1;
   while ((c = getopt_long(argc, argv, "+jqb:", options, NULL)) != -1) {
     switch (c) {
     case 'j':
-      json = true;
+      a->json = true;
       break;
     case 'q':
-      quiet = true;
+      a->quiet = true;
       break;
     case 'b':
-      backend = optarg;
+      a->backend = optarg;
       break;
     case 'r':
-      replay = optarg;
+      a->replay = optarg;
       break;
     case 'R':
-      record = optarg;
+      a->record = optarg;
       break;
     case 'o':
-      org = optarg;
+      a->org = optarg;
       break;
     default:
-      fputs("usage: ephemeral " EPH_CLI_RUN_USAGE "\n" EPH_CLI_RUN_HELP, stderr);
-      return 2;
+      return run_usage();
     }
   }
-  if (optind != argc - 1) {
-    fputs("usage: ephemeral " EPH_CLI_RUN_USAGE "\n" EPH_CLI_RUN_HELP, stderr);
-    return 2;
+  if (optind != argc - 1)
+    return run_usage();
+  a->path = argv[optind];
+  return -1;
+}
+
+int
+eph_cmd_run_check(int argc, char **argv)
+{
+  run_args_t a;
+  int bad = run_args(argc, argv, &a);
+  if (bad >= 0)
+    return bad;
+  /* REQUEST.json names a file there is (not a directory). Only a regular file is opened
+   * here: a pipe or a FIFO is read once, by the command ("-" is its stdin). */
+  if (strcmp(a.path, "-") == 0)
+    return -1;
+  struct stat st;
+  int e = stat(a.path, &st) < 0 ? errno : S_ISDIR(st.st_mode) ? EISDIR : 0;
+  if (!e && S_ISREG(st.st_mode)) {
+    int fd = open(a.path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
+    if (fd < 0)
+      e = errno;
+    else
+      close(fd);
   }
-  const char *path = argv[optind];
+  if (!e)
+    return -1;
+  eph_error("%s: %s", a.path, strerror(e));
+  return run_usage();
+}
+
+int
+eph_cmd_run(eph_ctx_t *ctx, int argc, char **argv)
+{
+  run_args_t a;
+  int bad = run_args(argc, argv, &a);
+  if (bad >= 0)
+    return bad;
+  bool json = a.json, quiet = a.quiet;
+  const char *backend = a.backend, *replay = a.replay, *record = a.record, *org = a.org;
+  const char *path = a.path;
   eph_error_t err = {0};
   cleanup_free char *body = NULL;
   size_t len = 0;
@@ -554,55 +604,17 @@ runs_replay(eph_store_t *store, const char *id, double speed)
   return 0;
 }
 
-/* The options of `runs list [--org ORG] [--limit N]` and `runs replay ID [--speed N]`: a
- * misspelt option or a bad value is an error naming it and what is accepted (before: the
- * default list came back as if asked for; atof read --speed "fast" as 0, "2x" as 2). The
- * speed bounds keep every pause of a replay a finite timespec. */
+/* The arguments of `runs list [--org ORG] [--limit N]`, `runs show ID` and `runs replay ID
+ * [--speed N]`: a misspelt option or a bad value is an error naming it and what is
+ * accepted (before: the default list came back as if asked for; atof read --speed "fast"
+ * as 0, "2x" as 2). The speed bounds keep every pause of a replay a finite timespec. */
+typedef enum { RUNS_LIST, RUNS_SHOW, RUNS_REPLAY } runs_sub_t;
 typedef struct runs_opts {
-  const char *org, *id; /* id: replay's argument (list takes none) */
+  runs_sub_t sub;
+  const char *org, *id; /* org: NULL for config `cli_org`; id: show's and replay's */
   int limit;
   double speed; /* times the original pace */
 } runs_opts_t;
-
-static int
-runs_options(bool replay, int argc, char **argv, runs_opts_t *o)
-{
-  static const struct option list_opts[] = {
-      {"org", required_argument, NULL, 'o'}, {"limit", required_argument, NULL, 'n'}, {0}};
-  static const struct option replay_opts[] = {{"speed", required_argument, NULL, 's'}, {0}};
-  const char *cmd = replay ? "runs replay" : "runs list";
-  optind = 0; /* 0: glibc re-initialises (main parsed its own options in "+" order) */
-  for (int c; (c = eph_cli_getopt(cmd, argc, argv, replay ? replay_opts : list_opts)) != -1;) {
-    char *end;
-    errno = 0;
-    if (c == 'o') {
-      o->org = optarg;
-    } else if (c == 'n') {
-      long n = strtol(optarg, &end, 10);
-      if (errno || *end || end == optarg || n < 1 || n > 10000) {
-        eph_error("runs list: --limit '%s': a number of runs, 1..10000", optarg);
-        return -1;
-      }
-      o->limit = (int)n;
-    } else if (c == 's') {
-      o->speed = strtod(optarg, &end);
-      if (errno || *end || end == optarg || !(o->speed >= 0.001 && o->speed <= 1000000.0)) {
-        eph_error("runs replay: --speed '%s': expected a positive number, times the original "
-                  "pace, within 0.001..1000000 (e.g. 1, 2.5, 10)",
-                  optarg);
-        return -1;
-      }
-    } else {
-      return -1; /* getopt named the option */
-    }
-  }
-  if (argc - optind > (replay ? 1 : 0)) {
-    eph_error("%s: unexpected argument '%s'", cmd, argv[optind + (replay ? 1 : 0)]);
-    return -1;
-  }
-  o->id = optind < argc ? argv[optind] : NULL;
-  return 0;
-}
 
 static int
 runs_usage(void)
@@ -611,23 +623,90 @@ runs_usage(void)
   return 2;
 }
 
+/* -1, or 2 after the mistake and the usage. */
+static int
+runs_args(int argc, char **argv, runs_opts_t *o)
+{
+  static const struct option list_opts[] = {
+      {"org", required_argument, NULL, 'o'}, {"limit", required_argument, NULL, 'n'}, {0}};
+  static const struct option replay_opts[] = {{"speed", required_argument, NULL, 's'}, {0}};
+  static const struct option show_opts[] = {{0}};
+  *o = (runs_opts_t){.limit = 20, .speed = 1.0};
+  if (argc < 2)
+    return runs_usage();
+  if (strcmp(argv[1], "list") == 0) {
+    o->sub = RUNS_LIST;
+  } else if (strcmp(argv[1], "show") == 0) {
+    o->sub = RUNS_SHOW;
+  } else if (strcmp(argv[1], "replay") == 0) {
+    o->sub = RUNS_REPLAY;
+  } else {
+    eph_error("runs: unknown subcommand '%s'", argv[1]);
+    return runs_usage();
+  }
+  const char *cmd = (const char *[]){"runs list", "runs show", "runs replay"}[o->sub];
+  const struct option *opts = (const struct option *[]){list_opts, show_opts, replay_opts}[o->sub];
+  int operands = o->sub == RUNS_LIST ? 0 : 1;
+  argc--, argv++;
+  optind = 0; /* 0: glibc re-initialises (main parsed its own options in "+" order) */
+  for (int c; (c = eph_cli_getopt(cmd, argc, argv, opts)) != -1;) {
+    char *end;
+    errno = 0;
+    if (c == 'o') {
+      o->org = optarg;
+    } else if (c == 'n') {
+      long n = strtol(optarg, &end, 10);
+      if (errno || *end || end == optarg || n < 1 || n > 10000) {
+        eph_error("runs list: --limit '%s': a number of runs, 1..10000", optarg);
+        return runs_usage();
+      }
+      o->limit = (int)n;
+    } else if (c == 's') {
+      o->speed = strtod(optarg, &end);
+      if (errno || *end || end == optarg || !(o->speed >= 0.001 && o->speed <= 1000000.0)) {
+        eph_error("runs replay: --speed '%s': expected a positive number, times the original "
+                  "pace, within 0.001..1000000 (e.g. 1, 2.5, 10)",
+                  optarg);
+        return runs_usage();
+      }
+    } else {
+      return runs_usage(); /* getopt named the option */
+    }
+  }
+  if (argc - optind > operands) {
+    eph_error("%s: unexpected argument '%s'", cmd, argv[optind + operands]);
+    return runs_usage();
+  }
+  if (argc - optind < operands) {
+    eph_error("%s: the run's ID is required", cmd);
+    return runs_usage();
+  }
+  o->id = operands ? argv[optind] : NULL;
+  return -1;
+}
+
+int
+eph_cmd_runs_check(int argc, char **argv)
+{
+  runs_opts_t o;
+  return runs_args(argc, argv, &o);
+}
+
 int
 eph_cmd_runs(eph_ctx_t *ctx, int argc, char **argv)
 {
-  if (argc < 2)
-    return runs_usage();
-  runs_opts_t o = {.org = eph_config_values(&ctx->config)->cli_org, .limit = 20, .speed = 1.0};
-  bool list = strcmp(argv[1], "list") == 0, replay = strcmp(argv[1], "replay") == 0;
-  if ((list || replay) && runs_options(replay, argc - 1, argv + 1, &o) < 0)
-    return 2;
-  if (replay && !o.id)
-    return runs_usage();
+  runs_opts_t o;
+  int bad = runs_args(argc, argv, &o);
+  if (bad >= 0)
+    return bad;
+  if (!o.org)
+    o.org = eph_config_values(&ctx->config)->cli_org;
   eph_store_t *store = NULL;
   if (open_store(ctx, &store) < 0)
     return 1;
   eph_error_t err = {0};
   int status = 0;
-  if (list) {
+  if (o.sub == RUNS_LIST) {
     json_object *runs = NULL;
     char *next = NULL;
     if (eph_store_run_list(store, o.org, o.limit, NULL, &runs, &next, &err) < 0) {
@@ -656,12 +735,12 @@ eph_cmd_runs(eph_ctx_t *ctx, int argc, char **argv)
       json_object_put(runs);
       free(next);
     }
-  } else if (strcmp(argv[1], "show") == 0 && argc >= 3) {
+  } else if (o.sub == RUNS_SHOW) {
     /* The API's run object (what GET /v1/runs/{id} answers for it), rendered by the daemon's
      * renderer, so a script reads either the same way; not the store's row. */
     cleanup_json json_object *row = NULL, *events = NULL;
-    if (eph_store_run_get(store, argv[2], NULL, &row, &err) < 0 ||
-        eph_store_events_since(store, argv[2], -1, 0, &events, &err) < 0) {
+    if (eph_store_run_get(store, o.id, NULL, &row, &err) < 0 ||
+        eph_store_events_since(store, o.id, -1, 0, &events, &err) < 0) {
       eph_error("%s", err.message);
       status = 1;
     } else {
@@ -669,10 +748,8 @@ eph_cmd_runs(eph_ctx_t *ctx, int argc, char **argv)
       printf("%s\n", json_object_to_json_string_ext(run, JSON_C_TO_STRING_PRETTY |
                                                              JSON_C_TO_STRING_NOSLASHESCAPE));
     }
-  } else if (replay) {
-    status = runs_replay(store, o.id, o.speed);
   } else {
-    status = runs_usage();
+    status = runs_replay(store, o.id, o.speed);
   }
   eph_store_close(store);
   return status;
@@ -680,28 +757,66 @@ eph_cmd_runs(eph_ctx_t *ctx, int argc, char **argv)
 
 /* ------------------------------------------------------------------ orgs, keys */
 
-int
-eph_cmd_orgs(eph_ctx_t *ctx, int argc, char **argv)
+/* `orgs credit ORG MICROS`, `orgs balance ORG`: -1, or 2 after the mistake and the usage. */
+typedef struct orgs_args {
+  bool credit;
+  const char *org;
+  long long micros;
+} orgs_args_t;
+
+static int
+orgs_args(int argc, char **argv, orgs_args_t *a)
 {
-  if (argc < 3 || (strcmp(argv[1], "credit") == 0 && argc < 4) ||
-      (strcmp(argv[1], "credit") != 0 && strcmp(argv[1], "balance") != 0)) {
+  *a = (orgs_args_t){0};
+  const char *sub = argc >= 2 ? argv[1] : NULL;
+  a->credit = sub && strcmp(sub, "credit") == 0;
+  bool balance = sub && strcmp(sub, "balance") == 0;
+  int want = a->credit ? 4 : 3; /* orgs credit ORG MICROS, orgs balance ORG */
+  bool bad = !sub || (!a->credit && !balance) || argc != want;
+  if (sub && !a->credit && !balance) {
+    eph_error("orgs: unknown subcommand '%s'", sub);
+  } else if (sub && argc > want) {
+    eph_error("orgs %s: unexpected argument '%s'", sub, argv[want]);
+  } else if (!bad && a->credit) {
+    char *end = NULL;
+    errno = 0;
+    a->micros = strtoll(argv[3], &end, 10);
+    if (errno || end == argv[3] || *end || a->micros <= 0) {
+      eph_error("orgs credit: MICROS '%s': a positive integer of micro-dollars (1000000 = $1)",
+                argv[3]);
+      bad = true;
+    }
+  }
+  if (bad) {
     fputs("usage: ephemeral " EPH_CLI_ORGS_USAGE "\n" EPH_CLI_ORGS_HELP, stderr);
     return 2;
   }
+  a->org = argv[2];
+  return -1;
+}
+
+int
+eph_cmd_orgs_check(int argc, char **argv)
+{
+  orgs_args_t a;
+  return orgs_args(argc, argv, &a);
+}
+
+int
+eph_cmd_orgs(eph_ctx_t *ctx, int argc, char **argv)
+{
+  orgs_args_t a;
+  int bad = orgs_args(argc, argv, &a);
+  if (bad >= 0)
+    return bad;
   const eph_plugin_slot_t *ledger = ledger_slot(ctx);
   if (!ledger)
     return 1;
   const eph_ledger_ops_t *ops = ledger->desc->ops;
   eph_error_t err = {0};
-  const char *org = argv[2];
-  if (strcmp(argv[1], "credit") == 0) {
-    char *end = NULL;
-    errno = 0;
-    long long micros = strtoll(argv[3], &end, 10);
-    if (errno || !end || *end || micros <= 0) {
-      eph_error("MICROS must be a positive integer (micro-dollars: 1000000 = $1)");
-      return 2;
-    }
+  const char *org = a.org;
+  if (a.credit) {
+    long long micros = a.micros;
     eph_store_t *store = NULL;
     if (open_store(ctx, &store) < 0)
       return 1;
@@ -723,32 +838,43 @@ eph_cmd_orgs(eph_ctx_t *ctx, int argc, char **argv)
   return 0;
 }
 
-int
-eph_cmd_keys(eph_ctx_t *ctx, int argc, char **argv)
+/* `keys create|revoke|list --org ORG [--name NAME] [--admin]`: -1, or 2 after the mistake
+ * and the usage. */
+typedef struct keys_args {
+  bool create, revoke, list, admin;
+  const char *org, *name;
+} keys_args_t;
+
+static int
+keys_args(int argc, char **argv, keys_args_t *a)
 {
   static const struct option opts[] = {{"org", required_argument, NULL, 'o'},
                                        {"name", required_argument, NULL, 'n'},
                                        {"admin", no_argument, NULL, 'a'},
                                        {0}};
-  const char *org = NULL, *name = NULL;
-  bool admin = false, bad = false;
+  *a = (keys_args_t){0};
+  bool bad = false;
   const char *sub = argc >= 2 ? argv[1] : "";
   char cmd[64];
   snprintf(cmd, sizeof cmd, "keys %s", sub);
   optind = 0; /* 0: glibc re-initialises (main parsed its own options in "+" order) */
   for (int c; argc >= 2 && (c = eph_cli_getopt(cmd, argc - 1, argv + 1, opts)) != -1;) {
     if (c == 'o')
-      org = optarg;
+      a->org = optarg;
     else if (c == 'n')
-      name = optarg;
+      a->name = optarg;
     else if (c == 'a')
-      admin = true;
+      a->admin = true;
     else
       bad = true;
   }
-  bool create = strcmp(sub, "create") == 0, revoke = strcmp(sub, "revoke") == 0,
-       list = strcmp(sub, "list") == 0;
-  if (!bad && argc >= 2 && optind + 1 < argc && (create || revoke || list)) {
+  bool create = a->create = strcmp(sub, "create") == 0;
+  bool revoke = a->revoke = strcmp(sub, "revoke") == 0;
+  bool list = a->list = strcmp(sub, "list") == 0;
+  const char *org = a->org, *name = a->name;
+  if (!bad && argc >= 2 && !create && !revoke && !list) {
+    eph_error("keys: unknown subcommand '%s'", sub);
+  } else if (!bad && argc >= 2 && optind + 1 < argc) {
     eph_error("%s: unexpected argument '%s'%s", cmd, argv[optind + 1],
               revoke ? " (the key: --name NAME or --name KEY_ID)" : "");
     bad = true;
@@ -759,6 +885,25 @@ eph_cmd_keys(eph_ctx_t *ctx, int argc, char **argv)
     fputs("usage: ephemeral " EPH_CLI_KEYS_USAGE "\n" EPH_CLI_KEYS_HELP, stderr);
     return 2;
   }
+  return -1;
+}
+
+int
+eph_cmd_keys_check(int argc, char **argv)
+{
+  keys_args_t a;
+  return keys_args(argc, argv, &a);
+}
+
+int
+eph_cmd_keys(eph_ctx_t *ctx, int argc, char **argv)
+{
+  keys_args_t a;
+  int bad = keys_args(argc, argv, &a);
+  if (bad >= 0)
+    return bad;
+  bool create = a.create, revoke = a.revoke, admin = a.admin;
+  const char *org = a.org, *name = a.name;
   eph_store_t *store = NULL;
   if (open_store(ctx, &store) < 0)
     return 1;
