@@ -40,7 +40,7 @@ const eph_cli_command_t eph_cli_commands[] = {
      "  keys    print every documented key: block, name, type, default, unit, description\n",
      true, 1, config_check, eph_cmd_config},
     {"exec", EPH_CLI_EXEC_USAGE, "run one command in a fresh sandbox; exit with its status",
-     EPH_CLI_EXEC_HELP, EPH_CLI_LAZY, 1, NULL, eph_cmd_exec},
+     EPH_CLI_EXEC_HELP, EPH_CLI_LAZY, 1, eph_cmd_exec_check, eph_cmd_exec},
     {"run", EPH_CLI_RUN_USAGE, "run a request end to end and print its timeline", EPH_CLI_RUN_HELP,
      EPH_CLI_LAZY, 1, eph_cmd_run_check, eph_cmd_run},
     {"runs", EPH_CLI_RUNS_USAGE,
@@ -58,7 +58,7 @@ const eph_cli_command_t eph_cli_commands[] = {
      true, 1, eph_cmd_doctor_check, eph_cmd_doctor},
     {"snapshots", EPH_CLI_SNAPSHOTS_USAGE,
      "list or prune what the backends keep to start sandboxes faster (microVM snapshots)",
-     EPH_CLI_SNAPSHOTS_HELP, true, 1, NULL, eph_cmd_snapshots},
+     EPH_CLI_SNAPSHOTS_HELP, true, 1, eph_cmd_snapshots_check, eph_cmd_snapshots},
     {"db", "db migrate", "create or migrate the store's schema (SQLite file or `database`)",
      "  migrate   open the configured store, applying every pending migration (safe while\n"
      "            other nodes start: PostgreSQL migrations hold an advisory lock)\n",

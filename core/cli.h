@@ -131,11 +131,13 @@ int eph_cmd_snapshots(eph_ctx_t *ctx, int argc, char **argv); /* core/cmd_snapsh
 int eph_cmd_db(eph_ctx_t *ctx, int argc, char **argv);
 
 /* The commands' argument checks (eph_cli_command_t.check). */
+int eph_cmd_exec_check(int argc, char **argv);
 int eph_cmd_run_check(int argc, char **argv);
 int eph_cmd_runs_check(int argc, char **argv);
 int eph_cmd_orgs_check(int argc, char **argv);
 int eph_cmd_keys_check(int argc, char **argv);
 int eph_cmd_doctor_check(int argc, char **argv);
+int eph_cmd_snapshots_check(int argc, char **argv);
 int eph_cmd_db_check(int argc, char **argv);
 
 #endif

@@ -135,8 +135,17 @@ read_stdin(char **data, size_t *bytes)
   return r == -EFBIG ? -E2BIG : r;
 }
 
-int
-eph_cmd_exec(eph_ctx_t *ctx, int argc, char **argv)
+/* The options of exec, as given; cmd: the index of CMD in argv. */
+typedef struct exec_args {
+  const char *backend_name;
+  long long timeout_s, memory_mib;
+  bool feed_stdin, web;
+  int cmd;
+} exec_args_t;
+
+/* -1, or the exit status after the usage (0 for -h, 2 for a mistake). */
+static int
+exec_args(int argc, char **argv, exec_args_t *a)
 {
   static const struct option opts[] = {
       {"backend", required_argument, NULL, 'b'},
@@ -147,36 +156,36 @@ eph_cmd_exec(eph_ctx_t *ctx, int argc, char **argv)
       {"help", no_argument, NULL, 'h'},
       {0},
   };
-  const char *backend_name = NULL;
-  long long timeout_s = EPH_GUEST_DEFAULT_TIMEOUT_MS / 1000, memory_mib = 0;
-  bool feed_stdin = false, web = false;
+  *a = (exec_args_t){.timeout_s = EPH_GUEST_DEFAULT_TIMEOUT_MS / 1000};
   int c;
   optind = 1;
   while ((c = getopt_long(argc, argv, "+b:t:m:iwh", opts, NULL)) != -1) {
     char *end = NULL;
     switch (c) {
     case 'b':
-      backend_name = optarg;
+      a->backend_name = optarg;
       break;
     case 't':
-      timeout_s = strtoll(optarg, &end, 10);
-      if (*end || timeout_s <= 0 || timeout_s > 86400) {
+      a->timeout_s = strtoll(optarg, &end, 10);
+      if (*end || a->timeout_s <= 0 || a->timeout_s > 86400) {
         eph_error("exec: --timeout '%s': expected seconds within 1..86400", optarg);
+        usage(stderr);
         return 2;
       }
       break;
     case 'm':
-      memory_mib = strtoll(optarg, &end, 10);
-      if (*end || memory_mib <= 0 || memory_mib > (1LL << 30)) {
+      a->memory_mib = strtoll(optarg, &end, 10);
+      if (*end || a->memory_mib <= 0 || a->memory_mib > (1LL << 30)) {
         eph_error("exec: --memory '%s': expected MiB, a positive number", optarg);
+        usage(stderr);
         return 2;
       }
       break;
     case 'i':
-      feed_stdin = true;
+      a->feed_stdin = true;
       break;
     case 'w':
-      web = true;
+      a->web = true;
       break;
     case 'h':
       usage(stdout);
@@ -190,6 +199,27 @@ eph_cmd_exec(eph_ctx_t *ctx, int argc, char **argv)
     usage(stderr);
     return 2;
   }
+  a->cmd = optind;
+  return -1;
+}
+
+int
+eph_cmd_exec_check(int argc, char **argv)
+{
+  exec_args_t a;
+  return exec_args(argc, argv, &a);
+}
+
+int
+eph_cmd_exec(eph_ctx_t *ctx, int argc, char **argv)
+{
+  exec_args_t a;
+  int done = exec_args(argc, argv, &a);
+  if (done >= 0)
+    return done;
+  const char *backend_name = a.backend_name;
+  long long timeout_s = a.timeout_s, memory_mib = a.memory_mib;
+  bool feed_stdin = a.feed_stdin, web = a.web;
 
   eph_error_t err = {0};
   const eph_plugin_slot_t *backend = eph_ctx_backend(ctx, backend_name, &err);
@@ -259,7 +289,7 @@ eph_cmd_exec(eph_ctx_t *ctx, int argc, char **argv)
 
   eph_exec_request_t req = {
       .struct_size = sizeof req,
-      .argv = (const char *const *)(argv + optind),
+      .argv = (const char *const *)(argv + a.cmd),
       .stdin_data = stdin_data,
       .stdin_bytes = stdin_bytes,
       .timeout_ms = (uint32_t)(timeout_s * 1000),

@@ -54,27 +54,36 @@ print_removed(void *ctx, const eph_cache_entry_t *e)
   l->n++;
 }
 
-int
-eph_cmd_snapshots(eph_ctx_t *ctx, int argc, char **argv)
+/* `snapshots list | prune [--max-bytes N] [--backend NAME]`, as given (max_bytes -1: each
+ * backend's configured limit). */
+typedef struct snapshots_args {
+  const char *backend_name;
+  int64_t max_bytes;
+  bool list;
+} snapshots_args_t;
+
+/* -1, or the exit status after the usage (0 for -h, 2 for a mistake). */
+static int
+snapshots_args(int argc, char **argv, snapshots_args_t *a)
 {
   static const struct option opts[] = {{"backend", required_argument, NULL, 'b'},
                                        {"max-bytes", required_argument, NULL, 'm'},
                                        {"help", no_argument, NULL, 'h'},
                                        {0}};
-  const char *backend_name = NULL;
-  int64_t max_bytes = -1;
+  *a = (snapshots_args_t){.max_bytes = -1};
   optind = 0; /* 0: glibc re-initialises (main parsed its own options in "+" order) */
   for (int c; (c = getopt_long(argc, argv, "b:m:h", opts, NULL)) != -1;) {
     char *end;
     switch (c) {
     case 'b':
-      backend_name = optarg;
+      a->backend_name = optarg;
       break;
     case 'm':
       errno = 0;
-      max_bytes = strtoll(optarg, &end, 10);
-      if (errno || *end || end == optarg || max_bytes < 0) {
+      a->max_bytes = strtoll(optarg, &end, 10);
+      if (errno || *end || end == optarg || a->max_bytes < 0) {
         fprintf(stderr, "snapshots: --max-bytes '%s': a number of bytes >= 0\n", optarg);
+        usage();
         return 2;
       }
       break;
@@ -83,12 +92,32 @@ eph_cmd_snapshots(eph_ctx_t *ctx, int argc, char **argv)
       return c == 'h' ? 0 : 2;
     }
   }
-  bool list = optind < argc && strcmp(argv[optind], "list") == 0;
+  a->list = optind < argc && strcmp(argv[optind], "list") == 0;
   bool prune = optind < argc && strcmp(argv[optind], "prune") == 0;
-  if ((!list && !prune) || optind + 1 != argc || (list && max_bytes >= 0)) {
+  if ((!a->list && !prune) || optind + 1 != argc || (a->list && a->max_bytes >= 0)) {
     usage();
     return 2;
   }
+  return -1;
+}
+
+int
+eph_cmd_snapshots_check(int argc, char **argv)
+{
+  snapshots_args_t a;
+  return snapshots_args(argc, argv, &a);
+}
+
+int
+eph_cmd_snapshots(eph_ctx_t *ctx, int argc, char **argv)
+{
+  snapshots_args_t a;
+  int done = snapshots_args(argc, argv, &a);
+  if (done >= 0)
+    return done;
+  const char *backend_name = a.backend_name;
+  int64_t max_bytes = a.max_bytes;
+  bool list = a.list;
   const eph_plugin_slot_t *only = NULL;
   eph_error_t err = {0};
   if (backend_name && !(only = eph_ctx_backend(ctx, backend_name, &err))) {
