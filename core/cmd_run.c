@@ -380,6 +380,13 @@ eph_cmd_run_check(int argc, char **argv)
   int bad = run_args(argc, argv, &a);
   if (bad >= 0)
     return bad;
+  /* --org is a name the store takes (cli_org, the default, is checked once the
+   * configuration is read: eph_cmd_run). */
+  eph_error_t err = {0};
+  if (a.org && eph_store_check_org(a.org, &err) < 0) {
+    eph_error("--org: %s", err.message);
+    return run_usage();
+  }
   /* REQUEST.json names a file there is (not a directory). Only a regular file is opened
    * here: a pipe or a FIFO is read once, by the command ("-" is its stdin). */
   if (strcmp(a.path, "-") == 0)
