@@ -510,23 +510,18 @@ test_background_and_deadline(void **ctx)
   destroy_clean(l, &b);
 }
 
-/* A process put into a sandbox's groups from outside it (here one of a pid namespace of its
- * own, as a sandbox's processes are) keeps the groups from being removed once init is gone:
- * destroy then SIGKILLs what the groups list and removes them, instead of taking the first,
- * failed, removal for the end. */
-static void
-test_destroy_kills_what_the_groups_hold(void **ctx)
+/* A stray process for the tests below: PID 1 of a pid namespace of its own (as a sandbox's
+ * processes are, so the jail's kill paths do not take it for a host process), in this
+ * process's groups, pausing. *mid receives its parent, which exits 0 once the stray died of
+ * SIGKILL. Neither outlives the test (PR_SET_PDEATHSIG) nor holds its output open. */
+static pid_t
+spawn_stray(pid_t *mid)
 {
-  loaded_t *l = *ctx;
-  box_t b;
-  eph_error_t err = {0};
-  if (make_box(l, &b, NULL, 0, &err) < 0)
-    fail_msg("create: %s", err.message);
   int p[2];
   assert_int_equal(pipe(p), 0);
-  pid_t mid = fork();
-  if (mid == 0) {
-    /* Neither may outlive the test (on a failure) nor hold its output open. */
+  *mid = fork();
+  assert_true(*mid >= 0);
+  if (*mid == 0) {
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     int null = open("/dev/null", O_WRONLY);
     dup2(null, STDOUT_FILENO);
@@ -552,19 +547,269 @@ test_destroy_kills_what_the_groups_hold(void **ctx)
   pid_t g = -1;
   assert_int_equal(read(p[0], &g, sizeof g), (ssize_t)sizeof g);
   close(p[0]);
-  char path[512], pid[32];
-  snprintf(pid, sizeof pid, "%d", (int)g);
-  for (const char *c = "memory\0pids\0cpu\0"; *c; c += strlen(c) + 1) {
-    FILE *f = fopen(cg_path(c, b.run_id, "cgroup.procs", path, sizeof path), "w");
-    assert_non_null(f);
-    assert_true(fputs(pid, f) >= 0);
-    assert_int_equal(fclose(f), 0);
+  return g;
+}
+
+/* A host process (one of this pid namespace) in this process's groups, pausing, for the
+ * test that checks the jail never kills one but counts it. */
+static pid_t
+spawn_host_stray(void)
+{
+  pid_t h = fork();
+  assert_true(h >= 0);
+  if (h == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    int null = open("/dev/null", O_WRONLY);
+    dup2(null, STDOUT_FILENO);
+    dup2(null, STDERR_FILENO);
+    for (;;)
+      pause();
   }
-  destroy_clean(l, &b); /* no process or group left, the stray one included */
+  return h;
+}
+
+/* Moves pid into the group directory dir (v1: of that one controller only). */
+static void
+move_to(const char *dir, pid_t pid)
+{
+  char file[600], text[32];
+  snprintf(file, sizeof file, "%s/cgroup.procs", dir);
+  snprintf(text, sizeof text, "%d", (int)pid);
+  FILE *f = fopen(file, "w");
+  assert_non_null(f);
+  assert_true(fputs(text, f) >= 0);
+  assert_int_equal(fclose(f), 0);
+}
+
+/* The length of the fake host's log so far, and what it logged since such a mark. */
+static size_t
+log_mark(void)
+{
+  return fh.log ? strlen(fh.log) : 0;
+}
+
+static const char *
+log_since(size_t mark)
+{
+  const char *said = fh.log && strlen(fh.log) >= mark ? fh.log + mark : "";
+  printf("# logged: %s%s", said, said[0] ? "" : "nothing\n");
+  return said;
+}
+
+/* What the stray tests below made, undone by teardown_strays() on any path (a failed
+ * assertion included): their processes killed and their groups, child groups included, and
+ * the run's slot record removed, so a failure leaves nothing for the later tests. A stray is
+ * killed first, then its parent waited for, which reaps it before it exits (a host stray is
+ * its own parent): the groups are empty by then. */
+static struct {
+  pid_t stray[4], parent[4];
+  char run_id[64];
+} strays;
+
+static void
+note_stray(pid_t stray, pid_t parent)
+{
+  for (size_t i = 0; i < sizeof strays.stray / sizeof strays.stray[0]; i++)
+    if (strays.parent[i] <= 0) {
+      strays.stray[i] = stray;
+      strays.parent[i] = parent;
+      return;
+    }
+}
+
+/* After the stray of parent was seen dead and its parent reaped. */
+static void
+forget_stray(pid_t parent)
+{
+  for (size_t i = 0; i < sizeof strays.stray / sizeof strays.stray[0]; i++)
+    if (strays.parent[i] == parent)
+      strays.stray[i] = strays.parent[i] = 0;
+}
+
+/* Removes the slot record naming run_id from run_dir, if one is left. */
+static void
+remove_record_of(const char *run_id)
+{
+  char cmd[1024];
+  snprintf(cmd, sizeof cmd, "grep -l -s -F '\"%s\"' %s/slot-* | xargs -r rm -f", run_id, run_dir);
+  if (system(cmd) != 0)
+    fprintf(stderr, "# teardown: %s failed\n", cmd);
+}
+
+static int
+teardown_strays(void **ctx)
+{
+  teardown_boxes(ctx);
+  for (size_t i = 0; i < sizeof strays.stray / sizeof strays.stray[0]; i++)
+    if (strays.parent[i] > 0) {
+      kill(strays.stray[i], SIGKILL);
+      waitpid(strays.parent[i], NULL, 0);
+      strays.stray[i] = strays.parent[i] = 0;
+    }
+  if (strays.run_id[0]) {
+    char path[512], cmd[1200];
+    for (const char *c = "memory\0pids\0cpu\0"; *c; c += strlen(c) + 1) {
+      snprintf(cmd, sizeof cmd, "[ ! -d %s ] || find %s -depth -type d -exec rmdir {} +",
+               cg_path(c, strays.run_id, NULL, path, sizeof path), path);
+      if (system(cmd) != 0)
+        fprintf(stderr, "# teardown: %s failed\n", cmd);
+    }
+    remove_record_of(strays.run_id);
+    strays.run_id[0] = '\0';
+  }
+  return 0;
+}
+
+/* Asserts the stray spawn_stray() made died of SIGKILL (its parent exits 0 then). */
+static void
+assert_stray_killed(pid_t mid)
+{
   int st = -1;
   assert_int_equal(waitpid(mid, &st, 0), mid);
+  forget_stray(mid);
   assert_true(WIFEXITED(st));
   assert_int_equal(WEXITSTATUS(st), 0); /* it died of SIGKILL */
+}
+
+/* A process put into a sandbox's groups from outside it (here one of a pid namespace of its
+ * own, as a sandbox's processes are) keeps the groups from being removed once init is gone:
+ * destroy then SIGKILLs what the groups list and removes them, instead of taking the first,
+ * failed, removal for the end. */
+static void
+test_destroy_kills_what_the_groups_hold(void **ctx)
+{
+  loaded_t *l = *ctx;
+  box_t b;
+  eph_error_t err = {0};
+  if (make_box(l, &b, NULL, 0, &err) < 0)
+    fail_msg("create: %s", err.message);
+  snprintf(strays.run_id, sizeof strays.run_id, "%s", b.run_id);
+  pid_t mid, g = spawn_stray(&mid);
+  note_stray(g, mid);
+  char path[512];
+  for (const char *c = "memory\0pids\0cpu\0"; *c; c += strlen(c) + 1)
+    move_to(cg_path(c, b.run_id, NULL, path, sizeof path), g);
+  destroy_clean(l, &b); /* no process or group left, the stray one included */
+  assert_stray_killed(mid);
+}
+
+/* The same, for a stray in the run's memory group only (its pids group, which the kill
+ * step read alone, is empty): destroy kills it and removes every group, and says so in its
+ * warning. Before, it was neither killed nor its memory group removed. */
+static void
+test_destroy_kills_a_stray_beside_the_pids_group(void **ctx)
+{
+  loaded_t *l = *ctx;
+  box_t b;
+  eph_error_t err = {0};
+  if (make_box(l, &b, NULL, 0, &err) < 0)
+    fail_msg("create: %s", err.message);
+  snprintf(strays.run_id, sizeof strays.run_id, "%s", b.run_id);
+  pid_t mid, g = spawn_stray(&mid);
+  note_stray(g, mid);
+  char path[512];
+  move_to(cg_path("memory", b.run_id, NULL, path, sizeof path), g);
+  size_t mark = log_mark();
+  destroy_clean(l, &b);
+  assert_stray_killed(mid);
+  const char *said = log_since(mark);
+  assert_non_null(strstr(said, b.run_id));
+  assert_non_null(strstr(said, "killed 1 process(es)"));
+  assert_non_null(strstr(said, "memory 1"));
+}
+
+/* A stray in a child group made under the run's pids group: destroy kills it and removes
+ * the child group, then the run's. Before, the kill step never looked below the run's
+ * groups, and destroy failed reporting 0 processes left. */
+static void
+test_destroy_kills_a_stray_in_a_child_group(void **ctx)
+{
+  loaded_t *l = *ctx;
+  box_t b;
+  eph_error_t err = {0};
+  if (make_box(l, &b, NULL, 0, &err) < 0)
+    fail_msg("create: %s", err.message);
+  snprintf(strays.run_id, sizeof strays.run_id, "%s", b.run_id);
+  pid_t mid, g = spawn_stray(&mid);
+  note_stray(g, mid);
+  char path[512];
+  assert_int_equal(mkdir(cg_path("pids", b.run_id, "stray", path, sizeof path), 0755), 0);
+  move_to(path, g);
+  size_t mark = log_mark();
+  destroy_clean(l, &b); /* the run's pids group gone: its child group went first */
+  assert_stray_killed(mid);
+  const char *said = log_since(mark);
+  assert_non_null(strstr(said, "killed 1 process(es)"));
+  assert_non_null(strstr(said, "1 in child groups"));
+}
+
+/* What cannot be killed is counted. A host process (never killed: a creator's thread stands
+ * in a run's groups while it clones) in a child group of the run's pids group: destroy fails,
+ * and its report counts that process, the two pids groups and the slot record that stays
+ * with them. Before, it reported 0 processes left. */
+static void
+test_destroy_counts_what_it_spares(void **ctx)
+{
+  loaded_t *l = *ctx;
+  box_t b;
+  eph_error_t err = {0};
+  if (make_box(l, &b, NULL, 0, &err) < 0)
+    fail_msg("create: %s", err.message);
+  snprintf(strays.run_id, sizeof strays.run_id, "%s", b.run_id);
+  pid_t h = spawn_host_stray();
+  note_stray(h, h);
+  char path[512];
+  assert_int_equal(mkdir(cg_path("pids", b.run_id, "stray", path, sizeof path), 0755), 0);
+  move_to(path, h);
+  eph_sandbox_report_t rep = {.struct_size = sizeof rep};
+  forget_box(b.sb);
+  int r = l->ops->destroy(l->state, b.sb, &rep, &err);
+  close(b.fd);
+  printf("# %s\n", err.message);
+  assert_true(r < 0);
+  assert_int_equal(rep.processes_left, 1);
+  assert_int_equal(rep.files_left, 3);
+  assert_non_null(strstr(err.message, "1 process(es) and 3 file(s) left"));
+  assert_non_null(strstr(err.message, "1 host process(es) spared"));
+  assert_int_equal(kill(h, 0), 0); /* spared */
+  assert_int_equal(access(cg_path("memory", b.run_id, NULL, path, sizeof path), F_OK), -1);
+  assert_int_equal(access(cg_path("cpu", b.run_id, NULL, path, sizeof path), F_OK), -1);
+}
+
+/* The walk of a run's groups is bounded (8 levels, 256 groups below each run's group), so a
+ * tree only host root can make cannot stall destroy: one 10 levels deep under the pids group
+ * is removed as far as the walk reaches, and destroy fails in a bounded time saying its walk
+ * stopped, counting the groups that stay. */
+static void
+test_destroy_bounds_its_walk(void **ctx)
+{
+  loaded_t *l = *ctx;
+  box_t b;
+  eph_error_t err = {0};
+  if (make_box(l, &b, NULL, 0, &err) < 0)
+    fail_msg("create: %s", err.message);
+  snprintf(strays.run_id, sizeof strays.run_id, "%s", b.run_id);
+  char path[512], level[256] = "";
+  for (int i = 0; i < 10; i++) {
+    snprintf(level + strlen(level), sizeof level - strlen(level), "%sd%d", i ? "/" : "", i + 1);
+    assert_int_equal(mkdir(cg_path("pids", b.run_id, level, path, sizeof path), 0755), 0);
+  }
+  eph_sandbox_report_t rep = {.struct_size = sizeof rep};
+  struct timespec t0, t1;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  forget_box(b.sb);
+  int r = l->ops->destroy(l->state, b.sb, &rep, &err);
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  close(b.fd);
+  printf("# %s\n", err.message);
+  assert_true(r < 0);
+  assert_int_equal(rep.processes_left, 0);
+  assert_true(rep.files_left >= 10); /* the pids group, d1..d9 unremovable, the record */
+  assert_non_null(strstr(err.message, "past the walk's bounds"));
+  assert_true(t1.tv_sec - t0.tv_sec < 10);
+  assert_int_equal(access(cg_path("memory", b.run_id, NULL, path, sizeof path), F_OK), -1);
+  assert_int_equal(
+      access(cg_path("pids", b.run_id, "d1/d2/d3/d4/d5/d6/d7/d8/d9", path, sizeof path), F_OK), 0);
 }
 
 static void
@@ -613,6 +858,39 @@ test_sweep_after_kill9(void **ctx)
   /* A second sweep leaves the victim gone (other tests' orphans may be reaped by it). */
   assert_true(l->ops->sweep(l->state, &err) >= 0);
   assert_int_equal(access(cg_path("pids", run_id, NULL, path, sizeof path), F_OK), -1);
+}
+
+/* The start-up sweep of a dead owner's groups (none of its records left) kills what they
+ * hold beside and below the pids group, the kill step's only list before: a stray in the
+ * memory group only and one in a child group of the pids group. Both die, and the groups,
+ * the child group included, are removed (before: neither was killed, and the groups stayed
+ * through every later sweep, each waiting 2 s for them). */
+static void
+test_sweep_kills_strays_beside_and_below(void **ctx)
+{
+  loaded_t *l = *ctx;
+  char path[512];
+  snprintf(strays.run_id, sizeof strays.run_id, "run_test%d_sweep", (int)getpid());
+  const char *run_id = strays.run_id;
+  for (const char *c = "memory\0pids\0cpu\0"; *c; c += strlen(c) + 1)
+    assert_int_equal(mkdir(cg_path(c, run_id, NULL, path, sizeof path), 0755), 0);
+  assert_int_equal(mkdir(cg_path("pids", run_id, "stray", path, sizeof path), 0755), 0);
+  pid_t mid1, g1 = spawn_stray(&mid1);
+  note_stray(g1, mid1);
+  pid_t mid2, g2 = spawn_stray(&mid2);
+  note_stray(g2, mid2);
+  move_to(cg_path("memory", run_id, NULL, path, sizeof path), g1);
+  move_to(cg_path("pids", run_id, "stray", path, sizeof path), g2);
+  size_t mark = log_mark();
+  eph_error_t err = {0};
+  assert_true(l->ops->sweep(l->state, &err) >= 1);
+  const char *said = log_since(mark);
+  for (const char *c = "memory\0pids\0cpu\0"; *c; c += strlen(c) + 1)
+    assert_int_equal(access(cg_path(c, run_id, NULL, path, sizeof path), F_OK), -1);
+  assert_stray_killed(mid1);
+  assert_stray_killed(mid2);
+  assert_non_null(strstr(said, run_id));
+  assert_non_null(strstr(said, "killed 2 process(es)"));
 }
 
 /* usr_binds entries that would expose host configuration are refused at init, naming
@@ -765,8 +1043,13 @@ main(void)
       cmocka_unit_test_teardown(test_born_in_its_groups, teardown_boxes),
       cmocka_unit_test_teardown(test_fork_bomb_oom_enospc, teardown_boxes),
       cmocka_unit_test_teardown(test_background_and_deadline, teardown_boxes),
-      cmocka_unit_test_teardown(test_destroy_kills_what_the_groups_hold, teardown_boxes),
+      cmocka_unit_test_teardown(test_destroy_kills_what_the_groups_hold, teardown_strays),
+      cmocka_unit_test_teardown(test_destroy_kills_a_stray_beside_the_pids_group, teardown_strays),
+      cmocka_unit_test_teardown(test_destroy_kills_a_stray_in_a_child_group, teardown_strays),
+      cmocka_unit_test_teardown(test_destroy_counts_what_it_spares, teardown_strays),
+      cmocka_unit_test_teardown(test_destroy_bounds_its_walk, teardown_strays),
       cmocka_unit_test_teardown(test_sweep_after_kill9, teardown_boxes),
+      cmocka_unit_test_teardown(test_sweep_kills_strays_beside_and_below, teardown_strays),
       cmocka_unit_test(test_usr_binds_refused),
       cmocka_unit_test_teardown(test_host_memory_untouched, teardown_boxes),
       cmocka_unit_test_teardown(test_failed_step_named, teardown_boxes),

@@ -23,6 +23,9 @@
  * which init refuses.
  * Counters read: v1 memory.oom_control "oom_kill N", memory.max_usage_in_bytes;
  *   v2 memory.events "oom_kill N", memory.peak; both pids.events "max N".
+ * Killing, counting and removing (jail_cg_kill_all, jail_cg_count, jail_cg_remove's slow
+ * path) cover every controller's run group and its descendants, within bounds: see
+ * "a run's subtrees" below.
  */
 #include "config.h"
 
@@ -548,34 +551,6 @@ host_process(pid_t pid)
          self.st_ino == other.st_ino && self.st_dev == other.st_dev;
 }
 
-/* Pids listed in one group's cgroup.procs; kill != 0 sends SIGKILL to each. Returns the
- * count, or 0 when the group is gone. */
-static int
-scan_procs(int parent_fd, const char *name, bool kill_them)
-{
-  char file[300];
-  snprintf(file, sizeof file, "%s/cgroup.procs", name);
-  int fd = openat(parent_fd, file, O_RDONLY | O_CLOEXEC);
-  if (fd < 0)
-    return 0;
-  FILE *f = fdopen(fd, "r");
-  if (!f) {
-    close(fd);
-    return 0;
-  }
-  int n = 0, pid;
-  while (fscanf(f, "%d", &pid) == 1) {
-    n++;
-    /* Never a host process: a thread of this one, or of another process sharing the
-     * cgroup parent, stands in the group while it clones a sandbox (jail_cg_enter_thread),
-     * and one that could not step out must not kill its owner. */
-    if (kill_them && pid > 1 && pid != getpid() && !host_process(pid))
-      kill(pid, SIGKILL);
-  }
-  fclose(f);
-  return n;
-}
-
 /* The parent pid of pid from /proc/<pid>/stat, or -1. */
 static pid_t
 parent_of(pid_t pid)
@@ -640,34 +615,256 @@ jail_cg_has_live_parent(jail_cgroups_t *cg, const char *name)
   return false;
 }
 
-int
-jail_cg_kill_all(jail_cgroups_t *cg, const char *name, int timeout_ms)
+/* ------------------------------------------------------------ a run's subtrees */
+
+/* The kill step, the count of what is left and the removal do not stop at the run's groups
+ * themselves: each controller's run group is walked with its descendants, depth first, so
+ * a process put (by host root: the sandbox cannot) in a child group, or in one controller's
+ * group only, is killed and counted too, and child groups are removed bottom-up before the
+ * run's. The walk is bounded, so a tree deep or wide enough cannot stall the daemon: groups
+ * past a bound are not visited, the groups above them stay (the kernel removes no group
+ * that has children), they count as left, and the walk says it stopped (`truncated`). */
+#define WALK_MAX_DEPTH 8    /* levels of groups below a run's group */
+#define WALK_MAX_GROUPS 256 /* directory entries below a run's group, per controller and walk */
+#define WALK_MAX_PIDS 65536 /* distinct processes remembered per walk; more count as new */
+
+/* Where a process was listed: bit i for controller slot i, and these. */
+#define SEEN_CHILD (1u << JAIL_CG_N)      /* in a group below the run's */
+#define SEEN_HOST (1u << (JAIL_CG_N + 1)) /* a host process: never killed (host_process) */
+
+typedef struct seen_pid {
+  pid_t pid;
+  unsigned where;
+} seen_pid_t;
+
+/* Distinct processes listed by a walk, sorted by pid: a v1 sandbox's process is listed once
+ * per controller. */
+typedef struct pidset {
+  seen_pid_t *v;
+  size_t n, cap;
+  int overflow; /* listings past WALK_MAX_PIDS (or unrecorded for want of memory) */
+} pidset_t;
+
+static void
+pidset_add(pidset_t *s, pid_t pid, unsigned where)
 {
-  int i = cg->v2 ? 0 : JAIL_CG_PIDS;
+  size_t lo = 0, hi = s->n;
+  while (lo < hi) {
+    size_t mid = lo + (hi - lo) / 2;
+    if (s->v[mid].pid == pid) {
+      s->v[mid].where |= where;
+      return;
+    }
+    if (s->v[mid].pid < pid)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  if (s->n == s->cap) {
+    size_t cap = s->cap ? s->cap * 2 : 64;
+    seen_pid_t *v = s->n < WALK_MAX_PIDS ? realloc(s->v, cap * sizeof *v) : NULL;
+    if (!v) {
+      s->overflow++;
+      return;
+    }
+    s->v = v;
+    s->cap = cap;
+  }
+  memmove(s->v + lo + 1, s->v + lo, (s->n - lo) * sizeof *s->v);
+  s->v[lo] = (seen_pid_t){pid, where};
+  s->n++;
+}
+
+static void
+pidset_free(pidset_t *s)
+{
+  free(s->v);
+  *s = (pidset_t){0};
+}
+
+/* Adds what s holds to t; host: whether host processes are counted (in procs too). */
+static void
+tally_add(jail_cg_tally_t *t, const pidset_t *s, bool host)
+{
+  for (size_t k = 0; k < s->n; k++) {
+    unsigned w = s->v[k].where;
+    if ((w & SEEN_HOST) && !host)
+      continue;
+    t->procs++;
+    for (int i = 0; i < JAIL_CG_N; i++)
+      t->in_ctl[i] += (w >> i) & 1;
+    t->in_children += (w & SEEN_CHILD) != 0;
+    t->host += (w & SEEN_HOST) != 0;
+  }
+  t->procs += s->overflow;
+  t->truncated = t->truncated || s->overflow > 0;
+}
+
+/* One walk of the run's groups, controller by controller. */
+typedef struct walk {
+  int ctl;         /* the controller slot being walked */
+  bool kill;       /* SIGKILL every process listed but host ones */
+  bool remove;     /* rmdir the descendants, bottom-up */
+  pidset_t *seen;  /* what cgroup.procs lists; NULL: none is read */
+  int entries;     /* directory entries below the run's group (this controller) */
+  int groups;      /* descendant groups found (all controllers) */
+  int groups_left; /* of them still there (all of them unless remove), unvisited ones too */
+  bool truncated;  /* a bound stopped it */
+} walk_t;
+
+/* Reads the cgroup.procs of the group open as dirfd. */
+static void
+walk_procs(int dirfd, bool child, walk_t *w)
+{
+  int fd = openat(dirfd, "cgroup.procs", O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    return; /* gone; or v2's threaded groups, whose processes their domain lists */
+  FILE *f = fdopen(fd, "r");
+  if (!f) {
+    close(fd);
+    return;
+  }
+  int pid;
+  while (fscanf(f, "%d", &pid) == 1) {
+    /* Never a host process: a thread of this one, or of another process sharing the
+     * cgroup parent, stands in the group while it clones a sandbox (jail_cg_enter_thread),
+     * and one that could not step out must not kill its owner. */
+    bool host = pid <= 1 || pid == getpid() || host_process(pid);
+    if (w->kill && !host)
+      kill(pid, SIGKILL);
+    pidset_add(w->seen, pid, (1u << w->ctl) | (child ? SEEN_CHILD : 0) | (host ? SEEN_HOST : 0));
+  }
+  fclose(f);
+}
+
+/* Walks the group open as fd (O_RDONLY directory; closed here), depth levels below the
+ * run's group: its own list, then each child group's subtree, each child removed after it. */
+static void
+walk_group(int fd, int depth, walk_t *w)
+{
+  DIR *d = fdopendir(fd);
+  if (!d) {
+    close(fd);
+    return;
+  }
+  int dfd = dirfd(d);
+  if (w->seen)
+    walk_procs(dfd, depth > 0, w);
+  struct dirent *de;
+  while ((de = readdir(d))) {
+    if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
+      continue;
+    struct stat st;
+    if (de->d_type != DT_DIR &&
+        (de->d_type != DT_UNKNOWN || fstatat(dfd, de->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0 ||
+         !S_ISDIR(st.st_mode)))
+      continue;
+    w->groups++;
+    if (++w->entries > WALK_MAX_GROUPS || depth >= WALK_MAX_DEPTH) {
+      w->truncated = true;
+      w->groups_left++; /* and whatever is below it, unvisited */
+      if (w->entries > WALK_MAX_GROUPS)
+        break;
+      continue;
+    }
+    int c = openat(dfd, de->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (c < 0) {
+      if (errno != ENOENT)
+        w->groups_left++;
+      continue;
+    }
+    walk_group(c, depth + 1, w);
+    if (!w->remove || (unlinkat(dfd, de->d_name, AT_REMOVEDIR) < 0 && errno != ENOENT))
+      w->groups_left++;
+  }
+  closedir(d);
+}
+
+/* Walks controller slot i's run group `name` and its descendants; false when it is absent. */
+static bool
+walk_run(jail_cgroups_t *cg, int i, const char *name, walk_t *w)
+{
+  int fd = openat(cg->parent_fd[i], name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0)
+    return false;
+  w->ctl = i;
+  w->entries = 0;
+  walk_group(fd, 0, w);
+  return true;
+}
+
+/* One walk of every controller's run group: what they and their descendants list. */
+static void
+walk_all(jail_cgroups_t *cg, const char *name, bool kill_them, pidset_t *seen, walk_t *out)
+{
+  *out = (walk_t){.kill = kill_them, .seen = seen};
+  for (int i = 0; i < cg->n_dirs; i++)
+    (void)walk_run(cg, i, name, out);
+}
+
+int
+jail_cg_kill_all(jail_cgroups_t *cg, const char *name, int timeout_ms, jail_cg_tally_t *killed,
+                 jail_cg_tally_t *left)
+{
+  pidset_t all = {0}; /* every process listed during the call */
+  jail_cg_tally_t now = {0};
+  int groups = 0;
+  bool truncated = false;
   if (cg->v2 && cg->has_kill) {
+    /* cgroup.kill kills the whole subtree at once (and what forks meanwhile); it says not
+     * what it killed, so when that is asked the groups are listed first. The walks below
+     * kill what comes in later. */
+    walk_t w;
+    if (killed) {
+      walk_all(cg, name, false, &all, &w);
+      groups = w.groups;
+      truncated = w.truncated;
+    }
     char file[300];
     snprintf(file, sizeof file, "%s/cgroup.kill", name);
     (void)write_at(cg->parent_fd[0], file, "1");
   }
   int64_t end = eph_now_ms() + timeout_ms;
   for (;;) {
-    int n = scan_procs(cg->parent_fd[i], name, true);
-    if (n == 0 || eph_now_ms() >= end)
-      return n;
+    pidset_t seen = {0};
+    walk_t w;
+    walk_all(cg, name, true, &seen, &w);
+    for (size_t k = 0; k < seen.n; k++)
+      pidset_add(&all, seen.v[k].pid, seen.v[k].where);
+    all.overflow = all.overflow > seen.overflow ? all.overflow : seen.overflow;
+    now = (jail_cg_tally_t){.groups = w.groups, .truncated = w.truncated};
+    tally_add(&now, &seen, true);
+    groups = groups > w.groups ? groups : w.groups;
+    truncated = truncated || w.truncated;
+    pidset_free(&seen);
+    /* Done when nothing is listed but host processes, which are never killed here: waiting
+     * would not make them go. */
+    if (now.procs == now.host || eph_now_ms() >= end)
+      break;
     sleep_ms(1);
   }
+  if (killed) {
+    *killed = (jail_cg_tally_t){.groups = groups, .truncated = truncated};
+    tally_add(killed, &all, false);
+  }
+  if (left)
+    *left = now;
+  pidset_free(&all);
+  return now.procs;
 }
 
 int
-jail_cg_count(jail_cgroups_t *cg, const char *name)
+jail_cg_count(jail_cgroups_t *cg, const char *name, jail_cg_tally_t *out)
 {
-  int max = 0;
-  for (int i = 0; i < cg->n_dirs; i++) {
-    int n = scan_procs(cg->parent_fd[i], name, false);
-    if (n > max)
-      max = n;
-  }
-  return max;
+  pidset_t seen = {0};
+  walk_t w;
+  walk_all(cg, name, false, &seen, &w);
+  jail_cg_tally_t t = {.groups = w.groups, .truncated = w.truncated};
+  tally_add(&t, &seen, true);
+  pidset_free(&seen);
+  if (out)
+    *out = t;
+  return t.procs;
 }
 
 int
@@ -678,13 +875,50 @@ jail_cg_remove(jail_cgroups_t *cg, const char *name, int timeout_ms)
   for (;;) {
     left = 0;
     for (int i = 0; i < cg->n_dirs; i++) {
-      if (unlinkat(cg->parent_fd[i], name, AT_REMOVEDIR) < 0 && errno != ENOENT)
-        left++;
+      /* The first rmdir is all a clean run's group needs: nothing is read. */
+      if (unlinkat(cg->parent_fd[i], name, AT_REMOVEDIR) == 0 || errno == ENOENT)
+        continue;
+      /* Refused (EBUSY): a process or a child group holds it. Child groups go first,
+       * bottom-up (no cgroup.procs read: a group holding a process refuses its rmdir). */
+      walk_t w = {.remove = true};
+      if (!walk_run(cg, i, name, &w) && errno == ENOENT)
+        continue;
+      if (unlinkat(cg->parent_fd[i], name, AT_REMOVEDIR) == 0 || errno == ENOENT)
+        continue;
+      left += 1 + w.groups_left;
     }
     if (left == 0 || eph_now_ms() >= end)
       return left;
     sleep_ms(1);
   }
+}
+
+int
+jail_cg_tally_text(const jail_cgroups_t *cg, const jail_cg_tally_t *t, char *buf, size_t size)
+{
+  int n = snprintf(buf, size, "%d process(es)", t->procs);
+  size_t off = n < 0 ? 0 : (size_t)n;
+#define TALLY_PUT(...)                                                                             \
+  do {                                                                                             \
+    if (off < size) {                                                                              \
+      int k_ = snprintf(buf + off, size - off, __VA_ARGS__);                                       \
+      off += k_ < 0 ? 0 : (size_t)k_;                                                              \
+    }                                                                                              \
+  } while (0)
+  if (t->procs && !cg->v2)
+    TALLY_PUT(" (memory %d, pids %d, cpu %d%s", t->in_ctl[JAIL_CG_MEMORY], t->in_ctl[JAIL_CG_PIDS],
+              t->in_ctl[JAIL_CG_CPU], t->in_children ? "; " : ")");
+  if (t->procs && t->in_children)
+    TALLY_PUT("%s%d in child groups)", cg->v2 ? " (" : "", t->in_children);
+  if (t->host)
+    TALLY_PUT(", %d host process(es) spared", t->host);
+  if (t->groups)
+    TALLY_PUT("; the run's groups had %d child group(s)", t->groups);
+  if (t->truncated)
+    TALLY_PUT(", more past the walk's bounds (%d levels, %d groups)", WALK_MAX_DEPTH,
+              WALK_MAX_GROUPS);
+#undef TALLY_PUT
+  return (int)(off < size ? off : size ? size - 1 : 0);
 }
 
 static bool

@@ -21,10 +21,10 @@
  *   the child runs setup.c's steps and execs ephemeral-guest -> the parent sees the error
  *   pipe close (exec) -> the deadline is armed with the watchdog thread.
  * destroy: SIGKILL the pid namespace's init (the kernel then kills the whole namespace),
- *   SIGKILL whatever the cgroup still lists, reap, read the counters, rmdir the cgroups,
- *   remove the slot record, then count what is left. The root, /tmp and /dev/shm are tmpfs
- *   mounts of the sandbox's own mount namespace: they are freed with it, nothing of them is
- *   ever on the host's disk.
+ *   reap, read the counters, rmdir the cgroups (when one stays: SIGKILL whatever the groups
+ *   and their child groups list, remove the child groups, retry), remove the slot record,
+ *   then count what is left. The root, /tmp and /dev/shm are tmpfs mounts of the sandbox's
+ *   own mount namespace: they are freed with it, nothing of them is ever on the host's disk.
  */
 #include "config.h"
 
@@ -663,7 +663,7 @@ fail:
   if (vm_held)
     jail_vm_release(j);
   if (cg_made) {
-    jail_cg_kill_all(&j->cg, sb->run_id, 1000);
+    jail_cg_kill_all(&j->cg, sb->run_id, 1000, NULL, NULL);
     jail_cg_remove(&j->cg, sb->run_id, 1000);
   }
   jail_slot_release(j, sb->slot);
@@ -732,15 +732,18 @@ jail_destroy(void *state, eph_sandbox_t *sb, eph_sandbox_report_t *report, eph_e
   jail_cg_counters_close(&sb->counters); /* before the rmdir: an open file keeps nothing */
 
   /* 3. Remove the groups. With init reaped, one attempt normally removes them all, and the
-   * kernel refuses to remove a group that still holds a task (EBUSY, v1 and v2): a removed
-   * group proves nothing of the sandbox is left in it, without reading cgroup.procs. Only
-   * when one stays (init not reaped, or something else put in the group) is every process it
-   * lists SIGKILLed and the removal retried; what still stands is then counted (step 5). */
-  int listed = 0;
+   * kernel refuses to remove a group that still holds a task or a child group (EBUSY, v1 and
+   * v2): a removed group proves nothing of the sandbox is left in it, without reading
+   * cgroup.procs. Only when one stays (init not reaped, or something put in a group, or a
+   * child group made, from outside) is every process the groups and their descendants list
+   * SIGKILLed and the removal retried, child groups first; what still stands is then counted
+   * (step 5). */
+  jail_cg_tally_t killed = {0}, listed = {0};
   int groups_left = init_gone ? jail_cg_remove(&j->cg, sb->run_id, 0) : -1;
   if (groups_left != 0) {
-    listed = jail_cg_kill_all(&j->cg, sb->run_id, 2000);
-    groups_left = jail_cg_remove(&j->cg, sb->run_id, 1000);
+    int still = jail_cg_kill_all(&j->cg, sb->run_id, 2000, &killed, &listed);
+    /* Host processes are never killed: when only they are left, waiting would not help. */
+    groups_left = jail_cg_remove(&j->cg, sb->run_id, still && still == listed.host ? 0 : 1000);
   }
   /* 4. The slot record: it stays while a group does (the sweep finds the run by it). Whether
    * it went is the unlink's answer: the slot's file may already be another create's record.
@@ -748,9 +751,12 @@ jail_destroy(void *state, eph_sandbox_t *sb, eph_sandbox_report_t *report, eph_e
    * sandbox's netns, held by the core's proxy.) */
   bool record_left = groups_left != 0 || jail_slot_release(j, sb->slot) < 0;
 
-  /* 5. Check, then report. */
+  /* 5. Check, then report: what is left is counted in every group that stays, child groups
+   * included. */
+  jail_cg_tally_t left = {0};
   eph_sandbox_report_t rep = {.struct_size = sizeof rep};
-  rep.processes_left = (groups_left ? jail_cg_count(&j->cg, sb->run_id) : 0) + (init_gone ? 0 : 1);
+  rep.processes_left =
+      (groups_left ? jail_cg_count(&j->cg, sb->run_id, &left) : 0) + (init_gone ? 0 : 1);
   rep.files_left = groups_left + (record_left ? 1 : 0);
   rep.lifetime_ms = eph_now_ms() - sb->created_ms;
   rep.memory_peak_bytes = c.memory_peak_bytes;
@@ -762,11 +768,26 @@ jail_destroy(void *state, eph_sandbox_t *sb, eph_sandbox_report_t *report, eph_e
     report->struct_size = size < sizeof rep ? size : sizeof rep;
   }
   int r = 0;
+  char ktext[400], ltext[400];
+  jail_cg_tally_text(&j->cg, &left, ltext, sizeof ltext);
+  if (rep.processes_left || rep.files_left) {
+    killed.groups = 0; /* the child groups still there are said once, with what is left */
+    killed.truncated = false;
+  }
+  jail_cg_tally_text(&j->cg, &killed, ktext, sizeof ktext);
   if (rep.processes_left || rep.files_left)
     r = eph_error_set(err, EBUSY,
-                      "sandbox %s: %d process(es) and %d file(s) left after "
-                      "destroy (%d listed at kill time)",
-                      sb->run_id, rep.processes_left, rep.files_left, listed);
+                      "sandbox %s: %d process(es) and %d file(s) left after destroy (%s%s; "
+                      "killed %s; still listed %s)",
+                      sb->run_id, rep.processes_left, rep.files_left,
+                      init_gone ? "its init reaped" : "its init not reaped",
+                      groups_left > 0 ? ", groups not removed" : "", ktext, ltext);
+  else if (killed.procs || killed.groups)
+    /* Nothing is left, but the groups held what the sandbox could not have put there. */
+    j->host->log(EPH_LOG_WARN,
+                 "sandbox %s: its groups held more than the sandbox at destroy: killed %s; "
+                 "every group removed",
+                 sb->run_id, ktext);
   close(sb->pidfd);
   free(sb);
   return r;

@@ -143,20 +143,42 @@ int jail_cg_counters_open(jail_cgroups_t *cg, const char *name, jail_counter_fds
 void jail_cg_counters_read(const jail_cgroups_t *cg, const jail_counter_fds_t *fds,
                            jail_counters_t *out);
 void jail_cg_counters_close(jail_counter_fds_t *fds);
-/* SIGKILLs every process listed in the run's group(s) but host processes (those in our pid
- * namespace: a creator's thread stepping in, see jail_cg_enter_thread) until none is left
- * or timeout_ms passed. Returns how many processes are still listed (0 = empty), or 0 when the
- * group does not exist. */
-int jail_cg_kill_all(jail_cgroups_t *cg, const char *name, int timeout_ms);
+/* What a walk of a run's groups found: every controller's run group and its descendants
+ * (child groups, depth first, within the walk's bounds: cgroup.c WALK_MAX_*). */
+typedef struct jail_cg_tally {
+  int procs;             /* distinct processes (a v1 sandbox's process is in 3 groups) */
+  int in_ctl[JAIL_CG_N]; /* of them listed in each controller's subtree (v2: [0]) */
+  int in_children;       /* of them listed in a group below the run's */
+  int host;              /* of them host processes, which are never killed */
+  int groups;            /* groups found below the run's (all controllers) */
+  bool truncated;        /* a bound stopped the walk: more may be there */
+} jail_cg_tally_t;
+/* SIGKILLs every process listed in the run's group(s) and their descendants but host
+ * processes (those in our pid namespace: a creator's thread stepping in, see
+ * jail_cg_enter_thread) until none but host processes is left or timeout_ms passed; on v2
+ * first writes the run group's cgroup.kill where there is one (the whole subtree). Returns
+ * how many processes are still listed (0 = empty, or the group does not exist); killed
+ * (may be NULL) receives what was SIGKILLed, left (may be NULL) what is still listed. */
+int jail_cg_kill_all(jail_cgroups_t *cg, const char *name, int timeout_ms, jail_cg_tally_t *killed,
+                     jail_cg_tally_t *left);
 /* True when a process of the group has a live parent outside it (other than pid 1), or is
  * itself a host process (a creator stepping in): the host process that owns the sandbox is
- * alive, whatever its slot record says. */
+ * alive, whatever its slot record says. Reads the run's pids group alone (v2: its group):
+ * every process of a sandbox is there, never only in another controller's group or in a
+ * child group (it can make and join neither), so one found only there was put there from
+ * outside, and is killed by the sweep rather than taken for a live owner's witness. */
 bool jail_cg_has_live_parent(jail_cgroups_t *cg, const char *name);
-/* Number of processes listed in the run's group(s) (max over controllers); 0 when absent. */
-int jail_cg_count(jail_cgroups_t *cg, const char *name);
-/* rmdir()s the run's group(s), retrying EBUSY for up to timeout_ms. Returns how many group
- * directories still exist afterwards. */
+/* Number of distinct processes listed in the run's group(s) and their descendants; 0 when
+ * absent. out (may be NULL) receives the tally. */
+int jail_cg_count(jail_cgroups_t *cg, const char *name, jail_cg_tally_t *out);
+/* rmdir()s the run's group(s), retrying EBUSY for up to timeout_ms; a group refused is
+ * walked and its child groups removed bottom-up first (a clean run's groups, which have
+ * none, are only rmdir()ed). Returns how many group directories still exist afterwards,
+ * child groups included. */
 int jail_cg_remove(jail_cgroups_t *cg, const char *name, int timeout_ms);
+/* "N process(es) (memory a, pids b, cpu c; k in child groups), h host process(es) spared;
+ * the run's groups had g child group(s)" (the parts that apply) in buf; its length. */
+int jail_cg_tally_text(const jail_cgroups_t *cg, const jail_cg_tally_t *t, char *buf, size_t size);
 /* Calls fn for every run group found under the parent(s) (deduplicated by name). */
 int jail_cg_list(jail_cgroups_t *cg, void (*fn)(void *opaque, const char *name), void *opaque);
 

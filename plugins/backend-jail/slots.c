@@ -232,11 +232,30 @@ reap_group(void *opaque, const char *run_id)
     struct timespec ts = {0, 20 * 1000000};
     nanosleep(&ts, NULL);
   }
-  int left = jail_cg_kill_all(&s->j->cg, run_id, 2000);
-  int groups = jail_cg_remove(&s->j->cg, run_id, 2000);
-  s->j->host->log(groups ? EPH_LOG_WARN : EPH_LOG_INFO,
-                  "sweep: sandbox %s of a dead owner: %s (%d process(es) still listed)", run_id,
-                  groups ? "could not remove its cgroups" : "reaped", left);
+  /* Every controller's group and the groups below them: what was put in one from outside
+   * (in one controller's group only, in a child group) is killed too, and child groups are
+   * removed before the run's. */
+  jail_cg_tally_t killed = {0}, listed = {0};
+  int still = jail_cg_kill_all(&s->j->cg, run_id, 2000, &killed, &listed);
+  /* Host processes are never killed: when only they are left, waiting would not help. */
+  int groups = jail_cg_remove(&s->j->cg, run_id, still && still == listed.host ? 0 : 2000);
+  char ktext[400], ltext[400];
+  jail_cg_tally_text(&s->j->cg, &killed, ktext, sizeof ktext);
+  if (groups) {
+    jail_cg_count(&s->j->cg, run_id, &listed);
+    jail_cg_tally_text(&s->j->cg, &listed, ltext, sizeof ltext);
+    s->j->host->log(EPH_LOG_WARN,
+                    "sweep: sandbox %s of a dead owner: could not remove its cgroups (killed %s; "
+                    "%d group(s) left, still listed %s)",
+                    run_id, ktext, groups, ltext);
+  } else {
+    /* A warning when some were where no sandbox process can be: only in another controller's
+     * group, or below the run's groups (put there from outside). */
+    bool outside = killed.in_children > 0 || killed.groups > 0 ||
+                   (!s->j->cg.v2 && killed.in_ctl[JAIL_CG_PIDS] < killed.procs);
+    s->j->host->log(outside ? EPH_LOG_WARN : EPH_LOG_INFO,
+                    "sweep: sandbox %s of a dead owner: reaped (killed %s)", run_id, ktext);
+  }
   note_reaped(s, run_id);
 }
 

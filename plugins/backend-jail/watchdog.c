@@ -21,7 +21,7 @@ kill_sandbox(jail_t *j, struct eph_sandbox *sb)
 {
   if (sb->pidfd >= 0)
     syscall(SYS_pidfd_send_signal, sb->pidfd, SIGKILL, NULL, 0);
-  jail_cg_kill_all(&j->cg, sb->run_id, 0);
+  jail_cg_kill_all(&j->cg, sb->run_id, 0, NULL, NULL);
 }
 
 static void *
