@@ -737,8 +737,13 @@ fail:;
   return r;
 }
 
-/* The accelerator to use: the configured one, or for auto the cached verdict of a bounded
- * test boot under KVM. */
+/* The accelerator to use: the configured one, or for auto the verdict of a bounded test
+ * boot under KVM, cached in <state_dir>/qemu/accel for the image (its image.sha256). The
+ * caller has opened and checked the image (base->image). Only an answer about KVM is
+ * cached: the guest's hello (kvm), or QEMU still running under KVM without one when
+ * kvm_probe_ms is up (tcg: the nested hosts where KVM hangs guests). A test boot that never
+ * got that far (QEMU could not start, or ended by itself: a launch or image problem) and a
+ * host whose /dev/kvm does not open give tcg for this create only: the next one asks again. */
 const char *
 resolve_accel(qemu_t *q, const launch_t *base)
 {
@@ -753,54 +758,82 @@ resolve_accel(qemu_t *q, const launch_t *base)
   if (read_small(path, shabuf, sizeof shabuf))
     snprintf(sha, sizeof sha, "%.64s", shabuf);
   snprintf(path, sizeof path, "%s/accel", q->base);
-  char want[256];
-  if (read_small(path, buf, sizeof buf) && sscanf(buf, "%7s %255s", q->accel, want) == 2 &&
-      strcmp(want, sha[0] ? sha : "-") == 0 &&
-      (!strcmp(q->accel, "kvm") || !strcmp(q->accel, "tcg")))
+  /* "ACCEL SHA answered". A `tcg` without "answered" may be what an older version cached
+   * after a test boot that never ran the guest (a missing vmlinuz, say): asked again. */
+  char want[256], how[16] = "";
+  int fields =
+      read_small(path, buf, sizeof buf) ? sscanf(buf, "%7s %255s %15s", q->accel, want, how) : 0;
+  if (fields >= 2 && strcmp(want, sha[0] ? sha : "-") == 0 &&
+      (!strcmp(q->accel, "kvm") || (!strcmp(q->accel, "tcg") && !strcmp(how, "answered"))))
     goto out;
-  snprintf(q->accel, sizeof q->accel, "tcg");
+  q->accel[0] = '\0';
+  /* QEMU must be able to open /dev/kvm: as we do (our open says), or as the microVM's own
+   * uid, which gets the device's group when it is not root's (launch_qemu) and nothing else:
+   * root's open passes any mode. */
+  struct stat kst = {0};
   int kvm = open("/dev/kvm", O_RDWR | O_CLOEXEC);
-  if (kvm >= 0) {
+  bool usable = kvm >= 0 && fstat(kvm, &kst) == 0 &&
+                (q->ids != QEMU_IDS_OWN || (kst.st_mode & 06) == 06 ||
+                 (kst.st_gid != 0 && (kst.st_mode & 060) == 060));
+  if (kvm >= 0)
     close(kvm);
-    eph_error_t err = {0};
-    char dir[PATH_MAX];
-    int log_fd = -1;
-    char id[64];
-    snprintf(id, sizeof id, "kvm-probe-%d", (int)getpid());
-    if (make_run_dir(q, id, dir, sizeof dir, &log_fd, &err) == 0) {
-      char name[96];
-      snprintf(name, sizeof name, "ephemeral-%s", id);
-      launch_t l = *base;
-      l.name = name;
-      l.accel = "kvm";
-      l.incoming_fd = -1;
-      l.tap_fd = -1;
-      l.log_fd = log_fd;
-      int64_t t0 = eph_now_ms();
-      l.deadline_ms = t0 + q->cfg.kvm_probe_ms;
-      vmproc_t vm;
-      int gfd = -1;
-      qmp_t qmp = {.fd = -1};
-      if (boot_and_hello(q, dir, &l, &vm, &gfd, &qmp, l.deadline_ms, &err) == 0) {
-        snprintf(q->accel, sizeof q->accel, "kvm");
-        qmp_close(&qmp);
-        close(gfd);
-        vm_stop(q, &vm, NULL);
-      }
-      q->host->log(EPH_LOG_INFO, "KVM test boot %s after %" PRId64 " ms%s%s: using %s",
-                   strcmp(q->accel, "kvm") ? "failed" : "succeeded", eph_now_ms() - t0,
-                   err.message[0] ? ": " : "", err.message, q->accel);
-      close(log_fd);
-      rm_tree(dir);
+  if (kvm >= 0 && !usable && !q->kvm_noted)
+    q->host->log(EPH_LOG_INFO,
+                 "/dev/kvm is mode %04o, gid %u: QEMU, as the microVM's own uid, cannot open it "
+                 "(it needs a group other than root's with rw, e.g. Debian's root:kvm 0660): "
+                 "using tcg",
+                 (unsigned)(kst.st_mode & 07777), (unsigned)kst.st_gid);
+  q->kvm_noted = kvm >= 0 && !usable;
+  if (!usable)
+    goto out;
+  eph_error_t err = {0};
+  char dir[PATH_MAX];
+  int log_fd = -1;
+  char id[64];
+  snprintf(id, sizeof id, "kvm-probe-%d", (int)getpid());
+  int64_t t0 = eph_now_ms();
+  int r = make_run_dir(q, id, dir, sizeof dir, &log_fd, &err);
+  if (r == 0) {
+    char name[96];
+    snprintf(name, sizeof name, "ephemeral-%s", id);
+    launch_t l = *base;
+    l.name = name;
+    l.accel = "kvm";
+    l.incoming_fd = -1;
+    l.tap_fd = -1;
+    l.log_fd = log_fd;
+    /* The keeper's kill comes after the wait for the hello: a guest hung at the deadline is
+     * a timeout (an answer), never a stream QEMU's end closed (none). */
+    l.deadline_ms = t0 + q->cfg.kvm_probe_ms + 2000;
+    vmproc_t vm;
+    int gfd = -1;
+    qmp_t qmp = {.fd = -1};
+    if ((r = boot_and_hello(q, dir, &l, &vm, &gfd, &qmp, t0 + q->cfg.kvm_probe_ms, &err)) == 0) {
+      qmp_close(&qmp);
+      close(gfd);
+      vm_stop(q, &vm, NULL);
     }
+    close(log_fd);
+    rm_tree(dir);
   }
-  snprintf(buf, sizeof buf, "%s %s\n", q->accel, sha[0] ? sha : "-");
-  eph_error_t werr = {0};
-  if (write_file(path, buf, &werr) < 0)
-    q->host->log(EPH_LOG_WARN, "%s", werr.message);
-out:
+  bool answer = r == 0 || r == -ETIMEDOUT;
+  if (answer)
+    snprintf(q->accel, sizeof q->accel, "%s", r == 0 ? "kvm" : "tcg");
+  q->host->log(EPH_LOG_INFO, "KVM test boot %s after %" PRId64 " ms%s%s: using %s%s",
+               r == 0 ? "succeeded" : "failed", eph_now_ms() - t0, err.message[0] ? ": " : "",
+               err.message, r == 0 ? "kvm" : "tcg",
+               answer ? ""
+                      : " (QEMU never ran the guest: no verdict on KVM, asked again next time)");
+  if (answer) {
+    snprintf(buf, sizeof buf, "%s %s answered\n", q->accel, sha[0] ? sha : "-");
+    eph_error_t werr = {0};
+    if (write_file(path, buf, &werr) < 0)
+      q->host->log(EPH_LOG_WARN, "%s", werr.message);
+  }
+out:;
+  const char *accel = strcmp(q->accel, "kvm") == 0 ? "kvm" : "tcg";
   pthread_mutex_unlock(&q->lock);
-  return q->accel;
+  return accel;
 }
 
 /* ------------------------------------------------------------ run directories */

@@ -59,6 +59,7 @@ typedef struct qemu {
   int64_t tsc_khz;      /* host TSC rate for a cold-booting TCG guest (qemu_tsc_khz), -1 unknown */
   pthread_mutex_t lock; /* accel verdict, ids, exec copy, tsc_khz */
   char accel[8];        /* resolved: "kvm" or "tcg"; "" until the first create */
+  bool kvm_noted;       /* said once that QEMU's uid cannot open /dev/kvm (under lock) */
   /* pool.c, all under pool_lock: the loaded microVMs, the limits they are made for, the
    * filler thread (started at the second restore of this process) and its stop flag. */
   pthread_mutex_t pool_lock;
