@@ -27,7 +27,6 @@
 
 #include "guest/protocol.h"
 #include "qemu.h"
-#include "support/cleanup.h"
 
 /* Inherited fds of the QEMU child, in this order. */
 enum { FD_GUEST = 3, FD_QMP, FD_KERNEL, FD_INITRD, FD_INCOMING, FD_TAP, FD_FIRST_FREE };
@@ -341,42 +340,213 @@ keeper_main(const qemu_t *q, char **argv, const int *src, int nsrc, int log_fd, 
   _exit(code);
 }
 
-/* The guest image's two files are readable: 0, or negative with err naming the missing one
- * (and how to build it). Checked before a snapshot is tried, so a missing image is one
- * error, not a failed snapshot save followed by the cold boot's same failure. */
-int
-qemu_image_check(const qemu_t *q, eph_error_t *err)
+/* ------------------------------------------------------------ the guest image */
+
+static uint32_t
+le32(const unsigned char *p)
 {
-  static const char *const files[] = {"vmlinuz", "initrd.cpio"};
-  char path[PATH_MAX];
-  for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
-    snprintf(path, sizeof path, "%s/%s", q->cfg.image_dir, files[i]);
-    if (access(path, R_OK) < 0)
-      return eph_error_set(err, errno, "guest image: %s: %s (build it with `make guest-image`)",
-                           path, strerror(errno));
+  return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+static uint64_t
+le64(const unsigned char *p)
+{
+  return (uint64_t)le32(p) | (uint64_t)le32(p + 4) << 32;
+}
+
+/* What keeps the kernel (open on fd, size bytes) from booting, into why, or "": the formats
+ * QEMU's x86 loader boots are a bzImage (the "HdrS" header: its setup sectors and system
+ * size must fit in the file), a multiboot image and an ELF (PVH); anything else it starts
+ * as an ancient zImage, which never says hello. */
+static void
+kernel_problem(int fd, off_t size, char *why, size_t wsize)
+{
+  unsigned char h[8192];
+  ssize_t n = pread(fd, h, sizeof h, 0);
+  if (n < 0) {
+    snprintf(why, wsize, "%s", strerror(errno));
+    return;
   }
+  why[0] = '\0';
+  if (n >= 0x206 && memcmp(h + 0x202, "HdrS", 4) == 0) {
+    uint64_t setup = (uint64_t)(h[0x1f1] ? h[0x1f1] : 4) + 1;
+    uint64_t need = setup * 512 + (uint64_t)le32(h + 0x1f4) * 16;
+    if ((uint64_t)size < need)
+      snprintf(why, wsize, "truncated: %lld bytes, its bzImage header says %" PRIu64,
+               (long long)size, need);
+    return;
+  }
+  for (ssize_t i = 0; i + 12 <= n && i < 8192; i += 4)
+    if (le32(h + i) == 0x1BADB002u && le32(h + i) + le32(h + i + 4) + le32(h + i + 8) == 0)
+      return; /* multiboot: magic + flags + checksum = 0 */
+  if (n >= 52 && memcmp(h, "\177ELF", 4) == 0 && (h[4] == 1 || h[4] == 2) && h[5] == 1) {
+    bool is64 = h[4] == 2;
+    uint64_t phoff = is64 ? le64(h + 0x20) : le32(h + 0x1c);
+    unsigned phsize =
+        is64 ? (unsigned)(h[0x36] | h[0x37] << 8) : (unsigned)(h[0x2a] | h[0x2b] << 8);
+    unsigned phnum = is64 ? (unsigned)(h[0x38] | h[0x39] << 8) : (unsigned)(h[0x2c] | h[0x2d] << 8);
+    uint64_t need = phoff + (uint64_t)phsize * phnum;
+    unsigned char ph[64];
+    for (unsigned i = 0; need <= (uint64_t)size && i < phnum && phsize >= (is64 ? 56u : 32u); i++) {
+      if (pread(fd, ph, is64 ? 56 : 32, (off_t)(phoff + (uint64_t)i * phsize)) != (is64 ? 56 : 32))
+        break;
+      uint64_t end =
+          is64 ? le64(ph + 8) + le64(ph + 0x20) : (uint64_t)le32(ph + 4) + le32(ph + 0x10);
+      if (le32(ph) == 1 /* PT_LOAD */ && end > need)
+        need = end;
+    }
+    if ((uint64_t)size < need)
+      snprintf(why, wsize, "truncated: %lld bytes, its ELF headers say %" PRIu64, (long long)size,
+               need);
+    return;
+  }
+  snprintf(why, wsize, "not a Linux kernel (no bzImage, ELF or multiboot header)");
+}
+
+/* The value of the 8 hex digits at p, or -1. */
+static int64_t
+hex8(const unsigned char *p)
+{
+  int64_t v = 0;
+  for (int i = 0; i < 8; i++) {
+    int c = p[i];
+    int d = c >= '0' && c <= '9'   ? c - '0'
+            : c >= 'a' && c <= 'f' ? c - 'a' + 10
+            : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                   : -1;
+    if (d < 0)
+      return -1;
+    v = v * 16 + d;
+  }
+  return v;
+}
+
+/* What keeps the initramfs (open on fd, size bytes) from unpacking, into why, or "": the
+ * kernel skips leading zero bytes, then wants a "newc" cpio header or the magic of one of
+ * its decompressors (lib/decompress.c). A plain cpio (what build-image.sh writes) must reach
+ * its TRAILER!!! entry within the file: found in the last 8 KiB at once, else by walking its
+ * headers (an archive followed by a compressed one, say). */
+static void
+initrd_problem(int fd, off_t size, char *why, size_t wsize)
+{
+  static const unsigned char magic[][2] = {{037, 0213}, {037, 0236}, {'B', 'Z'},   {0x5d, 0},
+                                           {0xfd, '7'}, {0x89, 'L'}, {0x02, 0x21}, {0x28, 0xb5}};
+  unsigned char h[4096];
+  ssize_t n = pread(fd, h, sizeof h, 0);
+  if (n < 0) {
+    snprintf(why, wsize, "%s", strerror(errno));
+    return;
+  }
+  why[0] = '\0';
+  ssize_t at = 0;
+  while (at < n && h[at] == 0)
+    at++;
+  if (at + 6 <= n && (memcmp(h + at, "070701", 6) == 0 || memcmp(h + at, "070702", 6) == 0)) {
+    unsigned char tail[8192];
+    off_t from = size > (off_t)sizeof tail ? size - (off_t)sizeof tail : 0;
+    ssize_t t = pread(fd, tail, sizeof tail, from);
+    if (t > 0 && memmem(tail, (size_t)t, "TRAILER!!!", 11))
+      return;
+    /* Each entry: a 110-byte header, the name (namesize bytes with its NUL), the data, each
+     * padded to 4 bytes from the archive's start. */
+    for (uint64_t off = (uint64_t)at;;) {
+      unsigned char e[110 + 11];
+      ssize_t got = pread(fd, e, sizeof e, (off_t)off);
+      int64_t filesize = got >= 110 ? hex8(e + 54) : -1, namesize = got >= 110 ? hex8(e + 94) : -1;
+      if (got < 110 || memcmp(e, "07070", 5) != 0 || filesize < 0 || namesize < 0) {
+        if (off + 110 > (uint64_t)size)
+          snprintf(why, wsize,
+                   "truncated: %lld bytes, its cpio archive ends without its "
+                   "TRAILER!!! entry",
+                   (long long)size);
+        else
+          snprintf(why, wsize, "not a valid cpio archive: no entry header at byte %" PRIu64, off);
+        return;
+      }
+      if (namesize == 11 && got >= 121 && memcmp(e + 110, "TRAILER!!!", 11) == 0)
+        return;
+      off = (off + 110 + (uint64_t)namesize + 3) & ~(uint64_t)3;
+      off = (off + (uint64_t)filesize + 3) & ~(uint64_t)3;
+    }
+  }
+  for (size_t i = 0; i < sizeof magic / sizeof magic[0]; i++)
+    if (at + 2 <= n && h[at] == magic[i][0] && h[at + 1] == magic[i][1])
+      return;
+  snprintf(why, wsize, "not an initramfs (no cpio, gzip, bzip2, lzma, xz, lzo, lz4 or zstd magic)");
+}
+
+/* Opens image_dir/name for QEMU and checks it: the fd, or negative with err set. */
+static int
+image_file_open(const qemu_t *q, const char *name, bool kernel, eph_error_t *err)
+{
+  char path[PATH_MAX], why[160] = "";
+  snprintf(path, sizeof path, "%s/%s", q->cfg.image_dir, name);
+  /* O_NONBLOCK: a FIFO (or a device) must not hold us here; a regular file ignores it. */
+  int fd = open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+  struct stat st;
+  int e = 0;
+  if (fd < 0 || fstat(fd, &st) < 0)
+    snprintf(why, sizeof why, "%s", strerror(e = errno));
+  else if (S_ISDIR(st.st_mode))
+    snprintf(why, sizeof why, "a directory, not a file");
+  else if (!S_ISREG(st.st_mode))
+    snprintf(why, sizeof why, "a %s, not a regular file",
+             S_ISFIFO(st.st_mode)   ? "FIFO"
+             : S_ISSOCK(st.st_mode) ? "socket"
+             : S_ISCHR(st.st_mode)  ? "character device"
+             : S_ISBLK(st.st_mode)  ? "block device"
+                                    : "special file");
+  else if (st.st_size == 0)
+    snprintf(why, sizeof why, "empty");
+  /* QEMU opens /proc/self/fd/N again, as the microVM's own uid (neither the file's owner
+   * nor in its group): the inode's mode decides, not our open (root's passes any). */
+  else if (q->ids == QEMU_IDS_OWN && !(st.st_mode & S_IROTH))
+    snprintf(why, sizeof why,
+             "mode %04o: QEMU runs as the microVM's own uid and cannot read it (chmod o+r)",
+             (unsigned)(st.st_mode & 07777));
+  else if (kernel)
+    kernel_problem(fd, st.st_size, why, sizeof why);
+  else
+    initrd_problem(fd, st.st_size, why, sizeof why);
+  if (!why[0])
+    return fd;
+  if (fd >= 0)
+    close(fd);
+  return eph_error_set(err, e ? e : EINVAL,
+                       "guest image: %s: %s (build it with `make guest-image`)", path, why);
+}
+
+int
+qemu_image_open(const qemu_t *q, qemu_image_t *img, eph_error_t *err)
+{
+  img->kernel_fd = img->initrd_fd = -1;
+  int fd = image_file_open(q, "vmlinuz", true, err);
+  if (fd < 0)
+    return fd;
+  img->kernel_fd = fd;
+  if ((fd = image_file_open(q, "initrd.cpio", false, err)) < 0) {
+    qemu_image_close(img);
+    return fd;
+  }
+  img->initrd_fd = fd;
   return 0;
 }
 
-/* Starts QEMU under a keeper. On success *vm holds the keeper, QEMU's pid, the lifeline
- * and the slot; *guest_fd is the host end of the guest's stream and *qmp_fd of its monitor
- * (both owned by the caller). vm_stop() ends it all. */
-int
-launch_qemu(const qemu_t *q, const launch_t *l, vmproc_t *vm, int *guest_fd, int *qmp_fd,
-            eph_error_t *err)
+void
+qemu_image_close(qemu_image_t *img)
 {
-  *vm = (vmproc_t){.keeper = -1, .qemu = -1, .lifeline = -1, .slot = -1};
-  char path[PATH_MAX];
-  snprintf(path, sizeof path, "%s/vmlinuz", q->cfg.image_dir);
-  cleanup_close int kfd = open(path, O_RDONLY | O_CLOEXEC);
-  if (kfd < 0)
-    return eph_error_set(err, errno, "guest image: %s: %s (build it with `make guest-image`)", path,
-                         strerror(errno));
-  snprintf(path, sizeof path, "%s/initrd.cpio", q->cfg.image_dir);
-  cleanup_close int ifd = open(path, O_RDONLY | O_CLOEXEC);
-  if (ifd < 0)
-    return eph_error_set(err, errno, "guest image: %s: %s (build it with `make guest-image`)", path,
-                         strerror(errno));
+  if (img->kernel_fd >= 0)
+    close(img->kernel_fd);
+  if (img->initrd_fd >= 0)
+    close(img->initrd_fd);
+  img->kernel_fd = img->initrd_fd = -1;
+}
+
+/* launch_qemu once the image is open: the slot, the socketpairs, the keeper. */
+static int
+start_keeper(const qemu_t *q, const launch_t *l, int kfd, int ifd, vmproc_t *vm, int *guest_fd,
+             int *qmp_fd, eph_error_t *err)
+{
   if (access(q->qemu_path, X_OK) < 0)
     return eph_error_set(err, errno, "%s: %s (install the Debian package qemu-system-x86)",
                          q->qemu_path, strerror(errno));
@@ -450,6 +620,26 @@ launch_qemu(const qemu_t *q, const launch_t *l, vmproc_t *vm, int *guest_fd, int
   *guest_fd = gp[0];
   *qmp_fd = mp[0];
   return 0;
+}
+
+/* Starts QEMU under a keeper. On success *vm holds the keeper, QEMU's pid, the lifeline
+ * and the slot; *guest_fd is the host end of the guest's stream and *qmp_fd of its monitor
+ * (both owned by the caller). vm_stop() ends it all. */
+int
+launch_qemu(const qemu_t *q, const launch_t *l, vmproc_t *vm, int *guest_fd, int *qmp_fd,
+            eph_error_t *err)
+{
+  *vm = (vmproc_t){.keeper = -1, .qemu = -1, .lifeline = -1, .slot = -1};
+  /* The caller's checked image, else one opened and checked here (the same helper). */
+  qemu_image_t own = {-1, -1};
+  int r;
+  if (!l->image && (r = qemu_image_open(q, &own, err)) < 0)
+    return r;
+  int kfd = l->image ? l->image->kernel_fd : own.kernel_fd;
+  int ifd = l->image ? l->image->initrd_fd : own.initrd_fd;
+  r = start_keeper(q, l, kfd, ifd, vm, guest_fd, qmp_fd, err);
+  qemu_image_close(&own);
+  return r;
 }
 
 int
@@ -547,8 +737,13 @@ fail:;
   return r;
 }
 
-/* The accelerator to use: the configured one, or for auto the cached verdict of a bounded
- * test boot under KVM. */
+/* The accelerator to use: the configured one, or for auto the verdict of a bounded test
+ * boot under KVM, cached in <state_dir>/qemu/accel for the image (its image.sha256). The
+ * caller has opened and checked the image (base->image). Only an answer about KVM is
+ * cached: the guest's hello (kvm), or QEMU still running under KVM without one when
+ * kvm_probe_ms is up (tcg: the nested hosts where KVM hangs guests). A test boot that never
+ * got that far (QEMU could not start, or ended by itself: a launch or image problem) and a
+ * host whose /dev/kvm does not open give tcg for this create only: the next one asks again. */
 const char *
 resolve_accel(qemu_t *q, const launch_t *base)
 {
@@ -563,54 +758,82 @@ resolve_accel(qemu_t *q, const launch_t *base)
   if (read_small(path, shabuf, sizeof shabuf))
     snprintf(sha, sizeof sha, "%.64s", shabuf);
   snprintf(path, sizeof path, "%s/accel", q->base);
-  char want[256];
-  if (read_small(path, buf, sizeof buf) && sscanf(buf, "%7s %255s", q->accel, want) == 2 &&
-      strcmp(want, sha[0] ? sha : "-") == 0 &&
-      (!strcmp(q->accel, "kvm") || !strcmp(q->accel, "tcg")))
+  /* "ACCEL SHA answered". A `tcg` without "answered" may be what an older version cached
+   * after a test boot that never ran the guest (a missing vmlinuz, say): asked again. */
+  char want[256], how[16] = "";
+  int fields =
+      read_small(path, buf, sizeof buf) ? sscanf(buf, "%7s %255s %15s", q->accel, want, how) : 0;
+  if (fields >= 2 && strcmp(want, sha[0] ? sha : "-") == 0 &&
+      (!strcmp(q->accel, "kvm") || (!strcmp(q->accel, "tcg") && !strcmp(how, "answered"))))
     goto out;
-  snprintf(q->accel, sizeof q->accel, "tcg");
+  q->accel[0] = '\0';
+  /* QEMU must be able to open /dev/kvm: as we do (our open says), or as the microVM's own
+   * uid, which gets the device's group when it is not root's (launch_qemu) and nothing else:
+   * root's open passes any mode. */
+  struct stat kst = {0};
   int kvm = open("/dev/kvm", O_RDWR | O_CLOEXEC);
-  if (kvm >= 0) {
+  bool usable = kvm >= 0 && fstat(kvm, &kst) == 0 &&
+                (q->ids != QEMU_IDS_OWN || (kst.st_mode & 06) == 06 ||
+                 (kst.st_gid != 0 && (kst.st_mode & 060) == 060));
+  if (kvm >= 0)
     close(kvm);
-    eph_error_t err = {0};
-    char dir[PATH_MAX];
-    int log_fd = -1;
-    char id[64];
-    snprintf(id, sizeof id, "kvm-probe-%d", (int)getpid());
-    if (make_run_dir(q, id, dir, sizeof dir, &log_fd, &err) == 0) {
-      char name[96];
-      snprintf(name, sizeof name, "ephemeral-%s", id);
-      launch_t l = *base;
-      l.name = name;
-      l.accel = "kvm";
-      l.incoming_fd = -1;
-      l.tap_fd = -1;
-      l.log_fd = log_fd;
-      int64_t t0 = eph_now_ms();
-      l.deadline_ms = t0 + q->cfg.kvm_probe_ms;
-      vmproc_t vm;
-      int gfd = -1;
-      qmp_t qmp = {.fd = -1};
-      if (boot_and_hello(q, dir, &l, &vm, &gfd, &qmp, l.deadline_ms, &err) == 0) {
-        snprintf(q->accel, sizeof q->accel, "kvm");
-        qmp_close(&qmp);
-        close(gfd);
-        vm_stop(q, &vm, NULL);
-      }
-      q->host->log(EPH_LOG_INFO, "KVM test boot %s after %" PRId64 " ms%s%s: using %s",
-                   strcmp(q->accel, "kvm") ? "failed" : "succeeded", eph_now_ms() - t0,
-                   err.message[0] ? ": " : "", err.message, q->accel);
-      close(log_fd);
-      rm_tree(dir);
+  if (kvm >= 0 && !usable && !q->kvm_noted)
+    q->host->log(EPH_LOG_INFO,
+                 "/dev/kvm is mode %04o, gid %u: QEMU, as the microVM's own uid, cannot open it "
+                 "(it needs a group other than root's with rw, e.g. Debian's root:kvm 0660): "
+                 "using tcg",
+                 (unsigned)(kst.st_mode & 07777), (unsigned)kst.st_gid);
+  q->kvm_noted = kvm >= 0 && !usable;
+  if (!usable)
+    goto out;
+  eph_error_t err = {0};
+  char dir[PATH_MAX];
+  int log_fd = -1;
+  char id[64];
+  snprintf(id, sizeof id, "kvm-probe-%d", (int)getpid());
+  int64_t t0 = eph_now_ms();
+  int r = make_run_dir(q, id, dir, sizeof dir, &log_fd, &err);
+  if (r == 0) {
+    char name[96];
+    snprintf(name, sizeof name, "ephemeral-%s", id);
+    launch_t l = *base;
+    l.name = name;
+    l.accel = "kvm";
+    l.incoming_fd = -1;
+    l.tap_fd = -1;
+    l.log_fd = log_fd;
+    /* The keeper's kill comes after the wait for the hello: a guest hung at the deadline is
+     * a timeout (an answer), never a stream QEMU's end closed (none). */
+    l.deadline_ms = t0 + q->cfg.kvm_probe_ms + 2000;
+    vmproc_t vm;
+    int gfd = -1;
+    qmp_t qmp = {.fd = -1};
+    if ((r = boot_and_hello(q, dir, &l, &vm, &gfd, &qmp, t0 + q->cfg.kvm_probe_ms, &err)) == 0) {
+      qmp_close(&qmp);
+      close(gfd);
+      vm_stop(q, &vm, NULL);
     }
+    close(log_fd);
+    rm_tree(dir);
   }
-  snprintf(buf, sizeof buf, "%s %s\n", q->accel, sha[0] ? sha : "-");
-  eph_error_t werr = {0};
-  if (write_file(path, buf, &werr) < 0)
-    q->host->log(EPH_LOG_WARN, "%s", werr.message);
-out:
+  bool answer = r == 0 || r == -ETIMEDOUT;
+  if (answer)
+    snprintf(q->accel, sizeof q->accel, "%s", r == 0 ? "kvm" : "tcg");
+  q->host->log(EPH_LOG_INFO, "KVM test boot %s after %" PRId64 " ms%s%s: using %s%s",
+               r == 0 ? "succeeded" : "failed", eph_now_ms() - t0, err.message[0] ? ": " : "",
+               err.message, r == 0 ? "kvm" : "tcg",
+               answer ? ""
+                      : " (QEMU never ran the guest: no verdict on KVM, asked again next time)");
+  if (answer) {
+    snprintf(buf, sizeof buf, "%s %s answered\n", q->accel, sha[0] ? sha : "-");
+    eph_error_t werr = {0};
+    if (write_file(path, buf, &werr) < 0)
+      q->host->log(EPH_LOG_WARN, "%s", werr.message);
+  }
+out:;
+  const char *accel = strcmp(q->accel, "kvm") == 0 ? "kvm" : "tcg";
   pthread_mutex_unlock(&q->lock);
-  return q->accel;
+  return accel;
 }
 
 /* ------------------------------------------------------------ run directories */

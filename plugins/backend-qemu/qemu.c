@@ -436,9 +436,18 @@ qemu_create(void *state, const eph_sandbox_spec_t *spec, eph_sandbox_t **out, in
     snprintf(q->exec_copy, sizeof q->exec_copy, "%s/bin/qemu", q->base);
   q->exec_checked = true;
   pthread_mutex_unlock(&q->lock);
-  l.accel = "tcg";
+  /* The image first, opened once for every QEMU this create starts (the KVM test boot, the
+   * snapshot's cold boot, the run's): one that cannot boot is one error, before a test boot
+   * whose failure would say nothing about KVM and before the snapshot. */
+  qemu_image_t img;
+  if ((r = qemu_image_open(q, &img, err)) < 0) {
+    sandbox_free(s);
+    return r;
+  }
+  l.image = &img;
   l.accel = resolve_accel(q, &l);
   if ((r = add_network(spec, s, &l, err)) < 0) {
+    qemu_image_close(&img);
     sandbox_free(s);
     return r;
   }
@@ -448,24 +457,23 @@ qemu_create(void *state, const eph_sandbox_spec_t *spec, eph_sandbox_t **out, in
   /* A pooled microVM (pool.c) for these limits: already started, loaded and paused. */
   pool_vm_t *pv = k->snapshot && l.tap_fd < 0 ? pool_take(q, &l) : NULL;
   if (pv && (r = adopt_pooled(q, s, pv, spec->deadline_ms, &gfd, err)) < 0) {
+    qemu_image_close(&img);
     sandbox_free(s);
     return r;
   }
   int64_t t_launch = eph_now_ms();
-  if (pv)
+  if (pv) {
+    qemu_image_close(&img);
     goto loaded;
+  }
   if ((r = make_run_dir(q, s->run_id, s->dir, sizeof s->dir, &log_fd, err)) < 0) {
     if (l.tap_fd >= 0)
       close(l.tap_fd);
+    qemu_image_close(&img);
     sandbox_free(s);
     return r;
   }
   l.log_fd = log_fd;
-  if ((r = qemu_image_check(q, err)) < 0) {
-    if (l.tap_fd >= 0)
-      close(l.tap_fd);
-    goto fail;
-  }
   /* A snapshot was saved without a NIC and cannot be restored with one: web runs boot. */
   if (k->snapshot && l.tap_fd < 0) {
     eph_error_t serr = {0};
@@ -486,6 +494,7 @@ qemu_create(void *state, const eph_sandbox_spec_t *spec, eph_sandbox_t **out, in
     l.tsc_khz = qemu_tsc_khz(q);
   t_launch = eph_now_ms();
   r = launch_qemu(q, &l, &s->vm, &gfd, &qfd, err);
+  qemu_image_close(&img); /* QEMU has its own */
   if (snap_fd >= 0)
     close(snap_fd); /* QEMU shares it (and its flock) until loaded */
   if (l.tap_fd >= 0)
@@ -550,6 +559,7 @@ fail:;
     close(qfd);
   if (gfd >= 0)
     close(gfd);
+  qemu_image_close(&img);
   vm_stop(q, &s->vm, NULL);
   rm_tree(s->dir);
   sandbox_free(s);

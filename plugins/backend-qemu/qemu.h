@@ -59,6 +59,7 @@ typedef struct qemu {
   int64_t tsc_khz;      /* host TSC rate for a cold-booting TCG guest (qemu_tsc_khz), -1 unknown */
   pthread_mutex_t lock; /* accel verdict, ids, exec copy, tsc_khz */
   char accel[8];        /* resolved: "kvm" or "tcg"; "" until the first create */
+  bool kvm_noted;       /* said once that QEMU's uid cannot open /dev/kvm (under lock) */
   /* pool.c, all under pool_lock: the loaded microVMs, the limits they are made for, the
    * filler thread (started at the second restore of this process) and its stop flag. */
   pthread_mutex_t pool_lock;
@@ -83,6 +84,12 @@ typedef struct vmproc {
   int slot;     /* the slot held (QEMU runs as uid_base + slot), -1 none */
 } vmproc_t;
 
+/* The guest image's kernel and initramfs, opened and checked by qemu_image_open: QEMU reads
+ * these descriptors (as /proc/self/fd/N), so what was checked is what it boots. */
+typedef struct qemu_image {
+  int kernel_fd, initrd_fd;
+} qemu_image_t;
+
 /* What one QEMU start needs. */
 typedef struct launch {
   const char *name;  /* -name: "ephemeral-<run_id>" marks the process for sweep */
@@ -99,6 +106,8 @@ typedef struct launch {
   int tap_fd;          /* the NIC's tap (tap.c), or -1: no NIC */
   char net[64];        /* with a tap: "eph_net=GUEST/32,PROXY" for the guest's eth0 */
   char mac[18];        /* with a tap: the NIC's MAC, locally administered */
+  /* The image, opened and checked by the caller (borrowed), or NULL: launch_qemu opens it. */
+  const qemu_image_t *image;
 } launch_t;
 
 /* A QMP connection over a connected stream socket (one end of a socketpair whose other end
@@ -180,8 +189,14 @@ enum { KEEPER_STOPPED = 0, KEEPER_QEMU_ENDED = 1, KEEPER_DEADLINE = 3, KEEPER_FA
 int64_t qemu_tsc_khz(qemu_t *q);
 /* The argument vector of one QEMU start; strings live in store (16 x 512 bytes). */
 void build_argv(const qemu_t *q, const launch_t *l, char **argv, size_t max, char store[][512]);
-/* The guest image (vmlinuz, initrd.cpio in image_dir) is readable: 0, or negative with err. */
-int qemu_image_check(const qemu_t *q, eph_error_t *err);
+/* Opens the guest image (vmlinuz, initrd.cpio in image_dir) for QEMU: each file without
+ * blocking (a FIFO fails at once), checked to be a regular, non-empty file QEMU's uid may
+ * read, the kernel a bzImage, ELF or multiboot image whose sizes fit in the file, the
+ * initramfs a cpio archive (ending in its trailer) or compressed. 0 with both fds in *img
+ * (qemu_image_close), or negative with err naming the file, what is wrong and how to build
+ * the image (one line). */
+int qemu_image_open(const qemu_t *q, qemu_image_t *img, eph_error_t *err);
+void qemu_image_close(qemu_image_t *img);
 int launch_qemu(const qemu_t *q, const launch_t *l, vmproc_t *vm, int *guest_fd, int *qmp_fd,
                 eph_error_t *err);
 int vm_stop(const qemu_t *q, vmproc_t *vm, int *left);

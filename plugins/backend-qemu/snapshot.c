@@ -50,12 +50,13 @@
 #define MAGIC "ephemeral-snapshot 1\n"
 #define NAME_HEX 32
 
-/* The identity of a file: its path, device, inode, size and mtime (ns). */
+/* The identity of a file: its path, device, inode, size and mtime (ns); of the file open
+ * on fd when fd >= 0 (the image QEMU is given). */
 static void
-file_identity(const char *label, const char *path, char *out, size_t size)
+file_identity(const char *label, const char *path, int fd, char *out, size_t size)
 {
   struct stat st;
-  if (stat(path, &st) < 0)
+  if (fd >= 0 ? fstat(fd, &st) < 0 : stat(path, &st) < 0)
     snprintf(out, size, "%s %s missing\n", label, path);
   else
     snprintf(out, size, "%s %s dev=%llu ino=%llu size=%lld mtime=%lld.%09ld\n", label, path,
@@ -76,12 +77,12 @@ identity_of(const qemu_t *q, const launch_t *l, char hex[65], char *inputs, size
   sha[strcspn(sha, "\n")] = '\0';
   size_t n = (size_t)snprintf(inputs, isize, "image %s\n", sha);
   snprintf(path, sizeof path, "%s/vmlinuz", q->cfg.image_dir);
-  file_identity("kernel", path, line, sizeof line);
+  file_identity("kernel", path, l->image ? l->image->kernel_fd : -1, line, sizeof line);
   n += (size_t)snprintf(inputs + n, n < isize ? isize - n : 0, "%s", line);
   snprintf(path, sizeof path, "%s/initrd.cpio", q->cfg.image_dir);
-  file_identity("initrd", path, line, sizeof line);
+  file_identity("initrd", path, l->image ? l->image->initrd_fd : -1, line, sizeof line);
   n += (size_t)snprintf(inputs + n, n < isize ? isize - n : 0, "%s", line);
-  file_identity("qemu", q->qemu_path, line, sizeof line);
+  file_identity("qemu", q->qemu_path, -1, line, sizeof line);
   n += (size_t)snprintf(inputs + n, n < isize ? isize - n : 0, "%s", line);
   /* The command line of the cold boot that saves it, with a fixed name and no TSC rate. */
   launch_t m = *l;
