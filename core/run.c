@@ -65,6 +65,16 @@ note_bytes(json_object *note, char buf[OWNER_NOTE_BYTES])
   memcpy(buf, text, n < OWNER_NOTE_BYTES - 1 ? n : OWNER_NOTE_BYTES - 1);
 }
 
+/* A reserve that failed for one of these reserved nothing: the ledger refused it before
+ * writing (balance, a bad name or amount, a duplicate run id). Any other error (EIO,
+ * ENOSPC, EBUSY) may come after the write: nobody can tell from here. */
+static bool
+reserve_refused(int code)
+{
+  return code == EPH_E_INSUFFICIENT || code == EPH_E_BUDGET || code == EINVAL || code == EEXIST ||
+         code == EOVERFLOW;
+}
+
 static int
 take_owner_lock(eph_run_t *run, eph_error_t *err)
 {
@@ -255,6 +265,16 @@ eph_run_new(eph_ctx_t *ctx, eph_request_t *req, const eph_run_options_t *opt, ep
     r = EPH_WITH_PLUGIN(run->ledger,
                         eph_run_ledger_ops(run)->reserve(run->ledger->state, run->org, run->id,
                                                          run->req.max_cost_micros, err));
+    if (r < 0 && !reserve_refused(err->code)) {
+      /* Not a refusal: the ledger failed (an I/O error on its commit's sync), and what it
+       * wrote may hold (SQLite's frames reached the WAL before the fsync failed). The lock
+       * file stays, released, with the run's org in its note: the reconciler settles what
+       * was reserved and records the run, or finds nothing and removes the file. */
+      close(run->owner_fd);
+      run->owner_fd = -1;
+      free(run->lock_path);
+      run->lock_path = NULL;
+    }
     if (r < 0)
       goto fail;
   }

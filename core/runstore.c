@@ -416,35 +416,82 @@ eph_runstore_settle_orphan(eph_ctx_t *ctx, eph_store_t *store, const char *run_i
   return 1;
 }
 
-/* The ledger's open reservation of run_id: who it is for and when it was made, which the
+/* The ledger's open reservations, read once per recovery pass (one scan, not one per lock
+ * file: a pass over many stale lock files with many open reservations was lock files x
+ * reservations), sorted by run id: who each is for and when it was made, which a
  * recovered record takes over the owner note's words (the ledger holds the money; a note
  * is a file in the state directory, and may be unreadable or wrong). */
 typedef struct {
-  const char *run_id;
-  char org[129]; /* a ledger's names are at most 128 bytes (ledger_common.h) */
+  char *run_id, *org;
   int64_t reserved_us;
-  bool found;
-} reservation_of_t;
+} open_res_t;
+
+typedef struct {
+  open_res_t *v;
+  size_t n, cap;
+  bool read; /* scanned (or the ledger cannot list: then empty) */
+} open_table_t;
 
 static void
-reservation_each(void *ctx, const eph_ledger_open_t *r)
+open_table_add(void *ctx, const eph_ledger_open_t *r)
 {
-  reservation_of_t *w = ctx;
-  if (!w->found && r->run_id && strcmp(r->run_id, w->run_id) == 0 && r->org) {
-    snprintf(w->org, sizeof w->org, "%s", r->org);
-    w->reserved_us = r->reserved_unix_us;
-    w->found = true;
+  open_table_t *t = ctx;
+  if (!r->run_id || !r->org)
+    return;
+  if (t->n == t->cap) {
+    t->cap = t->cap ? 2 * t->cap : 64;
+    t->v = eph_xrealloc(t->v, t->cap * sizeof *t->v);
   }
+  t->v[t->n++] = (open_res_t){eph_xstrdup(r->run_id), eph_xstrdup(r->org), r->reserved_unix_us};
+}
+
+static int
+open_res_cmp(const void *a, const void *b)
+{
+  return strcmp(((const open_res_t *)a)->run_id, ((const open_res_t *)b)->run_id);
+}
+
+static void
+open_table_clear(open_table_t *t)
+{
+  for (size_t i = 0; i < t->n; i++) {
+    free(t->v[i].run_id);
+    free(t->v[i].org);
+  }
+  free(t->v);
+  *t = (open_table_t){0};
+}
+
+static const open_res_t *
+open_table_find(const eph_plugin_slot_t *ledger, open_table_t *t, const char *run_id)
+{
+  const eph_ledger_ops_t *ops = ledger->desc->ops;
+  if (!t->read) {
+    t->read = true;
+    eph_error_t e = {0};
+    if (EPH_OPS_HAS(ops, eph_ledger_ops_t, open_reservations) &&
+        EPH_WITH_PLUGIN(
+            ledger, ops->open_reservations(ledger->state, 0, INT32_MAX, open_table_add, t, &e)) < 0)
+      eph_warn("listing the ledger's open reservations: %s (lock files' notes are used)",
+               e.message);
+    if (t->n)
+      qsort(t->v, t->n, sizeof *t->v, open_res_cmp);
+  }
+  open_res_t key = {.run_id = (char *)run_id};
+  return t->n ? bsearch(&key, t->v, t->n, sizeof *t->v, open_res_cmp) : NULL;
 }
 
 /* Rewrites note's org and created_at_us from the ledger's open reservation when the
  * ledger can list them (open_reservations is optional: else the note's are kept), and
  * drops a status that is no run's end (the record then says failed). note may be NULL (a
- * file of no JSON): a new one is returned when the ledger knows the run. */
+ * file of no JSON): a new one is returned when the ledger knows the run. What the ledger
+ * said is written back into the lock file (fd, held) before the settle: a pass that
+ * settles and then cannot record leaves the next pass, which finds the reservation no
+ * longer open, the ledger's words rather than the note's. */
 static json_object *
-note_from_ledger(const eph_plugin_slot_t *ledger, const char *run_id, json_object *note)
+note_from_ledger(const eph_plugin_slot_t *ledger, open_table_t *t, int fd, const char *run_id,
+                 json_object *note)
 {
-  const eph_ledger_ops_t *ops = ledger->desc->ops;
   static const char *const ends[] = {"succeeded", "failed", "cancelled", "timed_out",
                                      "budget_exhausted"};
   const char *status = note ? eph_json_get_string(note, "status") : NULL;
@@ -457,23 +504,22 @@ note_from_ledger(const eph_plugin_slot_t *ledger, const char *run_id, json_objec
     json_object_object_del(note, "status");
     json_object_object_del(note, "reason");
   }
-  if (!EPH_OPS_HAS(ops, eph_ledger_ops_t, open_reservations))
-    return note;
-  reservation_of_t w = {.run_id = run_id};
-  eph_error_t e = {0};
-  if (EPH_WITH_PLUGIN(ledger, ops->open_reservations(ledger->state, 0, INT32_MAX, reservation_each,
-                                                     &w, &e)) < 0 ||
-      !w.found)
+  const open_res_t *w = open_table_find(ledger, t, run_id);
+  if (!w)
     return note;
   if (!note)
     note = json_object_new_object();
   const char *said = eph_json_get_string(note, "org");
-  if (said && strcmp(said, w.org) != 0)
+  if (said && strcmp(said, w->org) != 0)
     eph_warn("run %s: its lock file names organisation '%.64s', the ledger '%s': the ledger's",
-             run_id, said, w.org);
-  json_object_object_add(note, "org", json_object_new_string(w.org));
-  if (w.reserved_us > 0)
-    json_object_object_add(note, "created_at_us", json_object_new_int64(w.reserved_us));
+             run_id, said, w->org);
+  json_object_object_add(note, "org", json_object_new_string(w->org));
+  if (w->reserved_us > 0)
+    json_object_object_add(note, "created_at_us", json_object_new_int64(w->reserved_us));
+  const char *text = json_object_to_json_string_ext(note, JSON_C_TO_STRING_PLAIN);
+  size_t len = strlen(text);
+  if (len < 1024 && (pwrite(fd, text, len, 0) != (ssize_t)len || ftruncate(fd, (off_t)len) < 0))
+    eph_warn("run %s: rewriting its lock file's note: %s", run_id, strerror(errno));
   return note;
 }
 
@@ -497,6 +543,7 @@ eph_runstore_recover(eph_ctx_t *ctx, eph_store_t *store, bool quiet, int *pendin
     return 0;
   eph_store_t *own = NULL;
   int recovered = 0, left = 0;
+  open_table_t opened = {0}; /* the ledger's open reservations, read at the first lock file */
   struct dirent *de;
   while ((de = readdir(d))) {
     size_t n = strlen(de->d_name);
@@ -534,7 +581,7 @@ eph_runstore_recover(eph_ctx_t *ctx, eph_store_t *store, bool quiet, int *pendin
       continue;
     }
     cleanup_free char *run_id = eph_xstrndup(de->d_name, n - 5);
-    cleanup_json json_object *note = note_from_ledger(ledger, run_id, read_note(fd));
+    cleanup_json json_object *note = note_from_ledger(ledger, &opened, fd, run_id, read_note(fd));
     const eph_ledger_ops_t *ops = ledger->desc->ops;
     eph_error_t e = {0};
     eph_ledger_totals_t totals = {0};
@@ -579,6 +626,7 @@ eph_runstore_recover(eph_ctx_t *ctx, eph_store_t *store, bool quiet, int *pendin
     recovered++;
   }
   closedir(d);
+  open_table_clear(&opened);
   if (own)
     eph_store_close(own);
   if (pending)
