@@ -812,17 +812,21 @@ jail_cg_kill_all(jail_cgroups_t *cg, const char *name, int timeout_ms, jail_cg_t
   bool truncated = false;
   if (cg->v2 && cg->has_kill) {
     /* cgroup.kill kills the whole subtree at once (and what forks meanwhile); it says not
-     * what it killed, so when that is asked the groups are listed first. The walks below
-     * kill what comes in later. */
+     * what it killed, and it would kill a host process put there too, which is never
+     * killed here: the groups are listed first, and it is written only when they hold
+     * none. The walks below kill what comes in later (or everything, process by process). */
     walk_t w;
-    if (killed) {
-      walk_all(cg, name, false, &all, &w);
-      groups = w.groups;
-      truncated = w.truncated;
+    walk_all(cg, name, false, &all, &w);
+    groups = w.groups;
+    truncated = w.truncated;
+    bool host = false;
+    for (size_t k = 0; k < all.n; k++)
+      host = host || (all.v[k].where & SEEN_HOST);
+    if (!host) {
+      char file[300];
+      snprintf(file, sizeof file, "%s/cgroup.kill", name);
+      (void)write_at(cg->parent_fd[0], file, "1");
     }
-    char file[300];
-    snprintf(file, sizeof file, "%s/cgroup.kill", name);
-    (void)write_at(cg->parent_fd[0], file, "1");
   }
   int64_t end = eph_now_ms() + timeout_ms;
   for (;;) {

@@ -743,7 +743,8 @@ jail_destroy(void *state, eph_sandbox_t *sb, eph_sandbox_report_t *report, eph_e
   if (groups_left != 0) {
     int still = jail_cg_kill_all(&j->cg, sb->run_id, 2000, &killed, &listed);
     /* Host processes are never killed: when only they are left, waiting would not help. */
-    groups_left = jail_cg_remove(&j->cg, sb->run_id, still && still == listed.host ? 0 : 1000);
+    groups_left = jail_cg_remove(&j->cg, sb->run_id,
+                                 still == listed.host && (still || !killed.procs) ? 0 : 1000);
   }
   /* 4. The slot record: it stays while a group does (the sweep finds the run by it). Whether
    * it went is the unlink's answer: the slot's file may already be another create's record.

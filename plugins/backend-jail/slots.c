@@ -237,8 +237,11 @@ reap_group(void *opaque, const char *run_id)
    * removed before the run's. */
   jail_cg_tally_t killed = {0}, listed = {0};
   int still = jail_cg_kill_all(&s->j->cg, run_id, 2000, &killed, &listed);
-  /* Host processes are never killed: when only they are left, waiting would not help. */
-  int groups = jail_cg_remove(&s->j->cg, run_id, still && still == listed.host ? 0 : 2000);
+  /* Host processes are never killed: when only they are left, or nothing was listed nor
+   * killed (what stays is groups past the walk's bounds), waiting would not help; every
+   * later start paid the 2 s for such a tree. What was killed may still be exiting. */
+  int groups = jail_cg_remove(&s->j->cg, run_id,
+                              still == listed.host && (still || !killed.procs) ? 0 : 2000);
   char ktext[400], ltext[400];
   jail_cg_tally_text(&s->j->cg, &killed, ktext, sizeof ktext);
   if (groups) {
