@@ -660,6 +660,11 @@ runs_args(int argc, char **argv, runs_opts_t *o)
     char *end;
     errno = 0;
     if (c == 'o') {
+      eph_error_t oe = {0};
+      if (eph_store_check_org(optarg, &oe) < 0) {
+        eph_error("runs list: --org: %s", oe.message);
+        return runs_usage();
+      }
       o->org = optarg;
     } else if (c == 'n') {
       long n = strtol(optarg, &end, 10);
@@ -689,6 +694,10 @@ runs_args(int argc, char **argv, runs_opts_t *o)
     return runs_usage();
   }
   o->id = operands ? argv[optind] : NULL;
+  if (o->id && !*o->id) {
+    eph_error("%s: the run's ID is empty", cmd);
+    return runs_usage();
+  }
   return -1;
 }
 
@@ -794,6 +803,11 @@ orgs_args(int argc, char **argv, orgs_args_t *a)
       bad = true;
     }
   }
+  eph_error_t oe = {0};
+  if (!bad && eph_store_check_org(argv[2], &oe) < 0) {
+    eph_error("orgs %s: %s", sub, oe.message);
+    bad = true;
+  }
   if (bad) {
     fputs("usage: ephemeral " EPH_CLI_ORGS_USAGE "\n" EPH_CLI_ORGS_HELP, stderr);
     return 2;
@@ -887,6 +901,15 @@ keys_args(int argc, char **argv, keys_args_t *a)
     bad = true;
   } else if (!bad && (create || revoke || list) && (!org || ((create || revoke) && !name))) {
     eph_error("%s: %s is required", cmd, !org ? "--org ORG" : "--name NAME");
+  }
+  eph_error_t oe = {0};
+  if (!bad && org && eph_store_check_org(org, &oe) < 0) {
+    eph_error("%s: --org: %s", cmd, oe.message);
+    bad = true;
+  }
+  if (!bad && name && !*name) {
+    eph_error("%s: --name: empty", cmd);
+    bad = true;
   }
   if (bad || !org || (!create && !revoke && !list) || ((create || revoke) && !name)) {
     fputs("usage: ephemeral " EPH_CLI_KEYS_USAGE "\n" EPH_CLI_KEYS_HELP, stderr);
