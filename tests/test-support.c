@@ -234,6 +234,9 @@ test_text_and_format(void **st)
   char buf[32];
   assert_string_equal(eph_format_dollars(3530, buf, sizeof buf), "$0.00353");
   assert_string_equal(eph_format_dollars(40000, buf, sizeof buf), "$0.04");
+  /* Below half a display unit either way is $0.00, without a sign (was -$0.00). */
+  assert_string_equal(eph_format_dollars(-4, buf, sizeof buf), "$0.00");
+  assert_string_equal(eph_format_dollars(-5, buf, sizeof buf), "-$0.00001");
   /* Shown figures add up: 345 + 39655 of $0.04 is not $0.00035 + $0.03966. */
   char line[64];
   assert_string_equal(eph_format_settled(345, 39655, line, sizeof line),

@@ -23,8 +23,8 @@ const STATUS_WORD = {
 // Micro-dollars as the product page prints them ("$0.00353", "$0.0032", "$0.04"): at most
 // 5 decimals, at least 2 (the same rule as the CLI's eph_format_dollars).
 function dollars(micros) {
-  const neg = micros < 0;
   const tens = Math.floor((Math.abs(micros) + 5) / 10);
+  const neg = micros < 0 && tens > 0; // -4 micros is $0.00, as the CLI prints it
   let s = Math.floor(tens / 100000) + "." + String(tens % 100000).padStart(5, "0");
   while (s.length > s.indexOf(".") + 3 && s.endsWith("0")) s = s.slice(0, -1);
   return (neg ? "-$" : "$") + s;

@@ -31,10 +31,10 @@ shown_micros(int64_t micros)
 char *
 eph_format_dollars(int64_t micros, char *buf, size_t size)
 {
-  const char *sign = micros < 0 ? "-" : "";
   uint64_t m = micros < 0 ? (uint64_t)(-(micros + 1)) + 1 : (uint64_t)micros;
   /* 5 decimals = tens of micros, rounded half up, as the product page prints $0.00353. */
   uint64_t tens = (m + 5) / 10;
+  const char *sign = micros < 0 && tens ? "-" : ""; /* -4 micros is $0.00, not -$0.00 */
   snprintf(buf, size, "%s$%llu.%05llu", sign, (unsigned long long)(tens / 100000),
            (unsigned long long)(tens % 100000));
   /* Trailing zeros go, down to cents: $0.04, $0.0032, $0.00353 as on the product page. */

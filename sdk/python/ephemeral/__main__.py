@@ -20,8 +20,8 @@ _EXIT = {"succeeded": 0, "timed_out": 3, "budget_exhausted": 4, "cancelled": 5}
 
 def dollars(micros: int) -> str:
     """$0.04, $0.0032, $0.00353: 5 decimals rounded half up, trailing zeros down to cents."""
-    sign = "-" if micros < 0 else ""
     tens = (abs(micros) + 5) // 10
+    sign = "-" if micros < 0 and tens else ""  # -4 micros is $0.00, as the CLI prints it
     text = "%s$%d.%05d" % (sign, tens // 100000, tens % 100000)
     whole, _, frac = text.partition(".")
     while len(frac) > 2 and frac.endswith("0"):

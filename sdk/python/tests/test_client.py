@@ -296,6 +296,7 @@ class TestOffline(unittest.TestCase):
         from ephemeral.__main__ import dollars, shown
         self.assertEqual([dollars(m) for m in (40000, 3200, 3530, 330, 0, 1234567)],
                          ["$0.04", "$0.0032", "$0.00353", "$0.00033", "$0.00", "$1.23457"])
+        self.assertEqual([dollars(m) for m in (-4, -5)], ["$0.00", "-$0.00001"])
         self.assertEqual(shown("a\x1b[2Jb\x9bc\n"), "a\\x1b[2Jb\\xc2\\x9bc\n")
 
     def test_cost_line_adds_up_to_the_billed_total(self):
