@@ -89,7 +89,9 @@
   "                  remove entries, least recently used first, until each\n"                      \
   "                  backend's cache takes at most N bytes (default: its\n"                        \
   "                  configured limit, e.g. snapshot_max_bytes); an entry in use\n"                \
-  "                  is never removed\n"
+  "                  is never removed\n"                                                           \
+  "Exit status: 0 on success, 1 when the cache cannot be read or changed, 2 for a\n"               \
+  "mistake in the arguments.\n"
 
 typedef struct eph_cli_command {
   const char *name;

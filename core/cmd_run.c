@@ -387,11 +387,17 @@ eph_cmd_run_check(int argc, char **argv)
     eph_error("--org: %s", err.message);
     return run_usage();
   }
+  /* --replay names a transcript there is, a file (before any state or money: it was
+   * checked after the CLI's organisation had been credited). */
+  struct stat st;
+  if (a.replay && (stat(a.replay, &st) < 0 || S_ISDIR(st.st_mode))) {
+    eph_error("--replay %s: %s", a.replay, strerror(S_ISDIR(st.st_mode) ? EISDIR : errno));
+    return run_usage();
+  }
   /* REQUEST.json names a file there is (not a directory). Only a regular file is opened
    * here: a pipe or a FIFO is read once, by the command ("-" is its stdin). */
   if (strcmp(a.path, "-") == 0)
     return -1;
-  struct stat st;
   int e = stat(a.path, &st) < 0 ? errno : S_ISDIR(st.st_mode) ? EISDIR : 0;
   if (!e && S_ISREG(st.st_mode)) {
     int fd = open(a.path, O_RDONLY | O_CLOEXEC | O_NOCTTY);

@@ -82,7 +82,7 @@ snapshots_args(int argc, char **argv, snapshots_args_t *a)
       errno = 0;
       a->max_bytes = strtoll(optarg, &end, 10);
       if (errno || *end || end == optarg || a->max_bytes < 0) {
-        fprintf(stderr, "snapshots: --max-bytes '%s': a number of bytes >= 0\n", optarg);
+        eph_error("snapshots: --max-bytes '%s': a number of bytes >= 0", optarg);
         usage();
         return 2;
       }
@@ -94,6 +94,12 @@ snapshots_args(int argc, char **argv, snapshots_args_t *a)
   }
   a->list = optind < argc && strcmp(argv[optind], "list") == 0;
   bool prune = optind < argc && strcmp(argv[optind], "prune") == 0;
+  if (optind < argc && !a->list && !prune)
+    eph_error("snapshots: unknown subcommand '%s'", argv[optind]);
+  else if (optind + 1 < argc)
+    eph_error("snapshots %s: unexpected argument '%s'", argv[optind], argv[optind + 1]);
+  else if (a->list && a->max_bytes >= 0)
+    eph_error("snapshots list: --max-bytes is prune's");
   if ((!a->list && !prune) || optind + 1 != argc || (a->list && a->max_bytes >= 0)) {
     usage();
     return 2;
