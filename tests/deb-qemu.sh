@@ -6,7 +6,7 @@
 # as an operator builds it (the installed script, into the daemon's state directory; the
 # kernel and busybox packages from the CLI's cache when this machine has one, as there is
 # no network here), then the daemon's default backend switched to it.
-cache=$EPH_BUILDDIR/tests/state/guest-image-cache # the microVM tests' (tests/tap.sh)
+cache=/root/.local/state/ephemeral/guest-image-cache
 img=/var/lib/ephemeral
 qemu_ok=
 if dpkg-query -W -f='${Status}' ephemeral-backend-qemu 2>/dev/null | grep -q installed &&

@@ -5,10 +5,6 @@ set -u
 EPH_BUILDDIR=${EPH_BUILDDIR:-$(cd "$(dirname "$0")/.." && pwd)}
 EPH_SRCDIR=${EPH_SRCDIR:-$EPH_BUILDDIR}
 EPHEMERAL="$EPH_BUILDDIR/ephemeral"
-# A test that names no state directory of its own (the microVM tests share one, with its
-# guest image and snapshots) uses the build tree's, never the CLI's default for the user
-# running the suite (~/.local/state/ephemeral: that user's own runs and ledger).
-export EPHEMERAL_STATE_DIR=${EPHEMERAL_STATE_DIR:-$EPH_BUILDDIR/tests/state}
 
 # The configuration every test starts from: the tree's ephemeral.conf and conf.d, except that
 # the jail keeps its slot records, cgroups and host uids apart from a real installation's
