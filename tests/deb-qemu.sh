@@ -4,9 +4,9 @@
 # user, uid, t, work), after the jail runs; three checks.
 # ---- the microVM backend (ephemeral-backend-qemu) under the unit: its guest image built
 # as an operator builds it (the installed script, into the daemon's state directory; the
-# kernel and busybox packages from the CLI's cache when this machine has one, as there is
-# no network here), then the daemon's default backend switched to it.
-cache=/root/.local/state/ephemeral/guest-image-cache
+# kernel and busybox packages: those the microVM tests downloaded, copied by stage 1, else
+# from the network), then the daemon's default backend switched to it.
+cache=$work/guest-image-cache
 img=/var/lib/ephemeral
 qemu_ok=
 if dpkg-query -W -f='${Status}' ephemeral-backend-qemu 2>/dev/null | grep -q installed &&

@@ -54,6 +54,11 @@ if [ -z "${EPH_TAP_NO_TESTCONF:-}" ]; then
   mkdir -p "$EPH_BUILDDIR/tests"
   _tap_testconf
   export EPHEMERAL_CONFIG="$EPH_CONF"
+  # A test that names no state directory of its own (the microVM tests share one, with its
+  # guest image and snapshots) uses the build tree's, never the CLI's default for the user
+  # running the suite (~/.local/state/ephemeral: that user's own runs and ledger).
+  # tests/qemu-image.sh, sourced before this file by the microVM tests, says the same.
+  export EPHEMERAL_STATE_DIR=${EPHEMERAL_STATE_DIR:-$EPH_BUILDDIR/tests/state}
 fi
 _tap_n=0
 _tap_failed=0
