@@ -44,7 +44,11 @@ usage(FILE *out)
                "  -V, --version           show the version\n"
                "\n"
                "Signals: SIGTERM/SIGINT drain (queued runs abandoned, running runs get\n"
-               "server.drain_grace_seconds, then are cancelled) and exit 0.\n");
+               "server.drain_grace_seconds, then are cancelled) and exit 0.\n"
+               "\n"
+               "Exit status: 0 after a drain (or --help, --version, --routes); 1 when it\n"
+               "cannot start (configuration, plugins, database, state directory, the\n"
+               "address in use); 2 on a usage error (an unknown option, a bad --listen).\n");
 }
 
 /* sd_notify(3) without libsystemd: one datagram to $NOTIFY_SOCKET ('@' = abstract). */
@@ -140,8 +144,9 @@ main(int argc, char **argv)
     unsigned len;
     eph_error_t lerr = {0};
     if (eph_server_parse_listen(listen_arg, &ss, &len, &lerr) < 0) {
-      eph_error("%s", lerr.message);
-      return 1;
+      /* A mistake in the arguments, as a missing ADDR:PORT is (getopt's): 2, not 1. */
+      eph_error("--listen: %s", lerr.message);
+      return 2;
     }
   }
   /* The daemon says what it does: info by default, debug with -v. */

@@ -512,8 +512,19 @@ image_file_open(const qemu_t *q, const char *name, bool kernel, eph_error_t *err
     return fd;
   if (fd >= 0)
     close(fd);
+  /* A hint that works as given: `make guest-image` alone builds into the default state
+   * directory (~/.local/state/ephemeral), which need not be this one. */
+  size_t sl = strlen(q->base) - strlen("/qemu"); /* q->base is <state_dir>/qemu */
+  bool ours = strncmp(q->cfg.image_dir, q->base, sl) == 0 &&
+              strcmp(q->cfg.image_dir + sl, "/guest-image") == 0;
+  if (ours)
+    return eph_error_set(err, e ? e : EINVAL,
+                         "guest image: %s: %s (build it with `make guest-image EPH_STATE_DIR=%.*s`)",
+                         path, why, (int)sl, q->base);
   return eph_error_set(err, e ? e : EINVAL,
-                       "guest image: %s: %s (build it with `make guest-image`)", path, why);
+                       "guest image: %s: %s (image_dir in conf.d; `make guest-image "
+                       "EPH_STATE_DIR=DIR` builds one in DIR/guest-image)",
+                       path, why);
 }
 
 int
