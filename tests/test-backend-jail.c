@@ -671,6 +671,25 @@ assert_stray_killed(pid_t mid)
   assert_int_equal(WEXITSTATUS(st), 0); /* it died of SIGKILL */
 }
 
+/* The sandbox a stray test works on: its groups and record are teardown_strays()'s. */
+static void
+make_stray_box(loaded_t *l, box_t *b)
+{
+  eph_error_t err = {0};
+  if (make_box(l, b, NULL, 0, &err) < 0)
+    fail_msg("create: %s", err.message);
+  snprintf(strays.run_id, sizeof strays.run_id, "%s", b->run_id);
+}
+
+/* spawn_stray(), its stray noted for teardown_strays(). */
+static pid_t
+noted_stray(pid_t *mid)
+{
+  pid_t g = spawn_stray(mid);
+  note_stray(g, *mid);
+  return g;
+}
+
 /* A process put into a sandbox's groups from outside it (here one of a pid namespace of its
  * own, as a sandbox's processes are) keeps the groups from being removed once init is gone:
  * destroy then SIGKILLs what the groups list and removes them, instead of taking the first,
@@ -680,12 +699,8 @@ test_destroy_kills_what_the_groups_hold(void **ctx)
 {
   loaded_t *l = *ctx;
   box_t b;
-  eph_error_t err = {0};
-  if (make_box(l, &b, NULL, 0, &err) < 0)
-    fail_msg("create: %s", err.message);
-  snprintf(strays.run_id, sizeof strays.run_id, "%s", b.run_id);
-  pid_t mid, g = spawn_stray(&mid);
-  note_stray(g, mid);
+  make_stray_box(l, &b);
+  pid_t mid, g = noted_stray(&mid);
   char path[512];
   for (const char *c = "memory\0pids\0cpu\0"; *c; c += strlen(c) + 1)
     move_to(cg_path(c, b.run_id, NULL, path, sizeof path), g);
@@ -701,12 +716,8 @@ test_destroy_kills_a_stray_beside_the_pids_group(void **ctx)
 {
   loaded_t *l = *ctx;
   box_t b;
-  eph_error_t err = {0};
-  if (make_box(l, &b, NULL, 0, &err) < 0)
-    fail_msg("create: %s", err.message);
-  snprintf(strays.run_id, sizeof strays.run_id, "%s", b.run_id);
-  pid_t mid, g = spawn_stray(&mid);
-  note_stray(g, mid);
+  make_stray_box(l, &b);
+  pid_t mid, g = noted_stray(&mid);
   char path[512];
   move_to(cg_path("memory", b.run_id, NULL, path, sizeof path), g);
   size_t mark = log_mark();
@@ -726,12 +737,8 @@ test_destroy_kills_a_stray_in_a_child_group(void **ctx)
 {
   loaded_t *l = *ctx;
   box_t b;
-  eph_error_t err = {0};
-  if (make_box(l, &b, NULL, 0, &err) < 0)
-    fail_msg("create: %s", err.message);
-  snprintf(strays.run_id, sizeof strays.run_id, "%s", b.run_id);
-  pid_t mid, g = spawn_stray(&mid);
-  note_stray(g, mid);
+  make_stray_box(l, &b);
+  pid_t mid, g = noted_stray(&mid);
   char path[512];
   assert_int_equal(mkdir(cg_path("pids", b.run_id, "stray", path, sizeof path), 0755), 0);
   move_to(path, g);
@@ -753,9 +760,7 @@ test_destroy_counts_what_it_spares(void **ctx)
   loaded_t *l = *ctx;
   box_t b;
   eph_error_t err = {0};
-  if (make_box(l, &b, NULL, 0, &err) < 0)
-    fail_msg("create: %s", err.message);
-  snprintf(strays.run_id, sizeof strays.run_id, "%s", b.run_id);
+  make_stray_box(l, &b);
   pid_t h = spawn_host_stray();
   note_stray(h, h);
   char path[512];
@@ -786,9 +791,7 @@ test_destroy_bounds_its_walk(void **ctx)
   loaded_t *l = *ctx;
   box_t b;
   eph_error_t err = {0};
-  if (make_box(l, &b, NULL, 0, &err) < 0)
-    fail_msg("create: %s", err.message);
-  snprintf(strays.run_id, sizeof strays.run_id, "%s", b.run_id);
+  make_stray_box(l, &b);
   char path[512], level[256] = "";
   for (int i = 0; i < 10; i++) {
     snprintf(level + strlen(level), sizeof level - strlen(level), "%sd%d", i ? "/" : "", i + 1);

@@ -354,19 +354,13 @@ le64(const unsigned char *p)
   return (uint64_t)le32(p) | (uint64_t)le32(p + 4) << 32;
 }
 
-/* What keeps the kernel (open on fd, size bytes) from booting, into why, or "": the formats
- * QEMU's x86 loader boots are a bzImage (the "HdrS" header: its setup sectors and system
- * size must fit in the file), a multiboot image and an ELF (PVH); anything else it starts
- * as an ancient zImage, which never says hello. */
+/* What keeps the kernel (open on fd, size bytes, its first n at h) from booting, into why,
+ * or "": the formats QEMU's x86 loader boots are a bzImage (the "HdrS" header: its setup
+ * sectors and system size must fit in the file), a multiboot image and an ELF (PVH);
+ * anything else it starts as an ancient zImage, which never says hello. */
 static void
-kernel_problem(int fd, off_t size, char *why, size_t wsize)
+kernel_problem(int fd, off_t size, const unsigned char *h, ssize_t n, char *why, size_t wsize)
 {
-  unsigned char h[8192];
-  ssize_t n = pread(fd, h, sizeof h, 0);
-  if (n < 0) {
-    snprintf(why, wsize, "%s", strerror(errno));
-    return;
-  }
   why[0] = '\0';
   if (n >= 0x206 && memcmp(h + 0x202, "HdrS", 4) == 0) {
     uint64_t setup = (uint64_t)(h[0x1f1] ? h[0x1f1] : 4) + 1;
@@ -421,22 +415,16 @@ hex8(const unsigned char *p)
   return v;
 }
 
-/* What keeps the initramfs (open on fd, size bytes) from unpacking, into why, or "": the
- * kernel skips leading zero bytes, then wants a "newc" cpio header or the magic of one of
- * its decompressors (lib/decompress.c). A plain cpio (what build-image.sh writes) must reach
- * its TRAILER!!! entry within the file: found in the last 8 KiB at once, else by walking its
- * headers (an archive followed by a compressed one, say). */
+/* What keeps the initramfs (open on fd, size bytes, its first n at h) from unpacking, into
+ * why, or "": the kernel skips leading zero bytes, then wants a "newc" cpio header or the
+ * magic of one of its decompressors (lib/decompress.c). A plain cpio (what build-image.sh
+ * writes) must reach its TRAILER!!! entry within the file: found in the last 8 KiB at once,
+ * else by walking its headers (an archive followed by a compressed one, say). */
 static void
-initrd_problem(int fd, off_t size, char *why, size_t wsize)
+initrd_problem(int fd, off_t size, const unsigned char *h, ssize_t n, char *why, size_t wsize)
 {
   static const unsigned char magic[][2] = {{037, 0213}, {037, 0236}, {'B', 'Z'},   {0x5d, 0},
                                            {0xfd, '7'}, {0x89, 'L'}, {0x02, 0x21}, {0x28, 0xb5}};
-  unsigned char h[4096];
-  ssize_t n = pread(fd, h, sizeof h, 0);
-  if (n < 0) {
-    snprintf(why, wsize, "%s", strerror(errno));
-    return;
-  }
   why[0] = '\0';
   ssize_t at = 0;
   while (at < n && h[at] == 0)
@@ -504,10 +492,17 @@ image_file_open(const qemu_t *q, const char *name, bool kernel, eph_error_t *err
     snprintf(why, sizeof why,
              "mode %04o: QEMU runs as the microVM's own uid and cannot read it (chmod o+r)",
              (unsigned)(st.st_mode & 07777));
-  else if (kernel)
-    kernel_problem(fd, st.st_size, why, sizeof why);
-  else
-    initrd_problem(fd, st.st_size, why, sizeof why);
+  else {
+    /* The first 8 KiB: a kernel's headers (bzImage, multiboot, ELF) or an initrd's magic. */
+    unsigned char head[8192];
+    ssize_t n = pread(fd, head, sizeof head, 0);
+    if (n < 0)
+      snprintf(why, sizeof why, "%s", strerror(errno));
+    else if (kernel)
+      kernel_problem(fd, st.st_size, head, n, why, sizeof why);
+    else
+      initrd_problem(fd, st.st_size, head, n, why, sizeof why);
+  }
   if (!why[0])
     return fd;
   if (fd >= 0)
@@ -518,9 +513,10 @@ image_file_open(const qemu_t *q, const char *name, bool kernel, eph_error_t *err
   bool ours = strncmp(q->cfg.image_dir, q->base, sl) == 0 &&
               strcmp(q->cfg.image_dir + sl, "/guest-image") == 0;
   if (ours)
-    return eph_error_set(err, e ? e : EINVAL,
-                         "guest image: %s: %s (build it with `make guest-image EPH_STATE_DIR=%.*s`)",
-                         path, why, (int)sl, q->base);
+    return eph_error_set(
+        err, e ? e : EINVAL,
+        "guest image: %s: %s (build it with `make guest-image EPH_STATE_DIR=%.*s`)", path, why,
+        (int)sl, q->base);
   return eph_error_set(err, e ? e : EINVAL,
                        "guest image: %s: %s (image_dir in conf.d; `make guest-image "
                        "EPH_STATE_DIR=DIR` builds one in DIR/guest-image)",
