@@ -15,6 +15,7 @@
 #include <fcntl.h>
 #include <linux/openat2.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -313,7 +314,7 @@ test_symlink_out_refused(void **state)
 /* A worker process swaps a directory for a symlink out of scratch in a tight loop while the
  * tool reads through it: every read either sees the in-scratch file or fails, never the
  * host file. */
-static volatile int swapping;
+static atomic_int swapping; /* the swapper thread runs while set */
 
 static void *
 swapper(void *arg)

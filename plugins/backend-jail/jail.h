@@ -397,8 +397,12 @@ typedef struct jail_parent_side {
   const jail_limits_t *lim;
   int go_fd, err_fd; /* the host's ends: go[1], errp[0] */
   int64_t limit_ms;  /* set-up deadline (CLOCK_MONOTONIC ms, eph_now_ms) */
-  bool born_in_group;
-  bool limit_memory;  /* write the v1 memory limit first (the cloning thread is out) */
+  /* Both written by the cloning thread after the CLONE_VM helper started (it must start
+   * before that thread steps into the run's groups) and read by the helper once the child's
+   * 's' came: ordered by the kernel (the writes, the clone, the child's send, the helper's
+   * recv), which the language and ThreadSanitizer do not see; atomics state the order. */
+  _Atomic bool born_in_group;
+  _Atomic bool limit_memory; /* write the v1 memory limit first (the cloning thread is out) */
   int *child_ends[3]; /* the child's ends in this process, closed once it has its own */
   /* CLONE_VM only: */
   int wake_fd;        /* eventfd: the cloning thread's clone returned */
