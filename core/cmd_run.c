@@ -23,6 +23,7 @@
 #include "store.h"
 #include "cluster.h"
 #include "util.h"
+#include "support/org_name.h"
 
 #define REQUEST_MAX_BYTES (8 * 1024 * 1024)
 
@@ -383,7 +384,7 @@ eph_cmd_run_check(int argc, char **argv)
   /* --org is a name the store takes (cli_org, the default, is checked once the
    * configuration is read: eph_cmd_run). */
   eph_error_t err = {0};
-  if (a.org && eph_store_check_org(a.org, &err) < 0) {
+  if (a.org && eph_org_name_check(a.org, &err) < 0) {
     eph_error("--org: %s", err.message);
     return run_usage();
   }
@@ -479,7 +480,7 @@ eph_cmd_run(eph_ctx_t *ctx, int argc, char **argv)
   /* Before any money moves: the ledger takes names the store refuses, and a reservation
    * whose run cannot be recorded under its org is a settlement of no run. */
   eph_error_t org_err = {0};
-  if (eph_store_check_org(org, &org_err) < 0) {
+  if (eph_org_name_check(org, &org_err) < 0) {
     eph_error("%s: %s", org_given ? "--org" : "cli_org (ephemeral.conf)", org_err.message);
     eph_request_free(&req);
     return 2;
@@ -667,7 +668,7 @@ runs_args(int argc, char **argv, runs_opts_t *o)
     errno = 0;
     if (c == 'o') {
       eph_error_t oe = {0};
-      if (eph_store_check_org(optarg, &oe) < 0) {
+      if (eph_org_name_check(optarg, &oe) < 0) {
         eph_error("runs list: --org: %s", oe.message);
         return runs_usage();
       }
@@ -810,7 +811,7 @@ orgs_args(int argc, char **argv, orgs_args_t *a)
     }
   }
   eph_error_t oe = {0};
-  if (!bad && eph_store_check_org(argv[2], &oe) < 0) {
+  if (!bad && eph_org_name_check(argv[2], &oe) < 0) {
     eph_error("orgs %s: %s", sub, oe.message);
     bad = true;
   }
@@ -909,7 +910,7 @@ keys_args(int argc, char **argv, keys_args_t *a)
     eph_error("%s: %s is required", cmd, !org ? "--org ORG" : "--name NAME");
   }
   eph_error_t oe = {0};
-  if (!bad && org && eph_store_check_org(org, &oe) < 0) {
+  if (!bad && org && eph_org_name_check(org, &oe) < 0) {
     eph_error("%s: --org: %s", cmd, oe.message);
     bad = true;
   }

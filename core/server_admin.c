@@ -18,6 +18,7 @@
 #include "log.h"
 #include "server_int.h"
 #include "util.h"
+#include "support/org_name.h"
 
 #define DEFAULT_USAGE_DAYS 30
 
@@ -90,25 +91,18 @@ gate(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req, const char *a
   (audit(srv, c, req, (action), (org), (target), NULL, (status)),                                  \
    eph_srv_error(c, srv, (status), (type), (field), __VA_ARGS__))
 
-static bool
-valid_org(const char *org)
-{
-  size_t n = org ? strlen(org) : 0;
-  return n >= 1 && n <= 64 &&
-         strspn(org, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-") == n;
-}
-
 /* gate() for a route naming an organisation (/v1/admin/orgs/{org}/...): the admin check,
- * then the org's syntax (400 naming org, audited). */
+ * then the org's syntax (eph_org_name_check; 400 naming org, audited). */
 static int
 gate_org(eph_server_t *srv, struct MHD_Connection *c, conn_req_t *req, const char *action,
          const char *org, MHD_RESULT *r)
 {
   if (gate(srv, c, req, action, org, r) < 0)
     return -1;
-  if (!valid_org(org)) {
+  eph_error_t why = {0};
+  if (eph_org_name_check(org, &why) < 0) {
     *r = FAIL(action, NULL, NULL, MHD_HTTP_BAD_REQUEST, "invalid_request", "org",
-              "org: [A-Za-z0-9_.-]{1,64}");
+              "org: " EPH_ORG_NAME_PATTERN " (%s)", why.message);
     return -1;
   }
   return 0;
@@ -168,9 +162,10 @@ eph_srv_admin_keys_create(eph_server_t *srv, struct MHD_Connection *c, conn_req_
   json_object_object_get_ex(body, "admin", &ja);
   const char *org = json_object_is_type(jo, json_type_string) ? json_object_get_string(jo) : NULL;
   const char *name = json_object_is_type(jn, json_type_string) ? json_object_get_string(jn) : NULL;
-  if (!valid_org(org))
+  eph_error_t why = {0};
+  if (eph_org_name_check(org, &why) < 0)
     return FAIL(A, NULL, NULL, MHD_HTTP_BAD_REQUEST, "invalid_request", "org",
-                "field 'org': required, [A-Za-z0-9_.-]{1,64}");
+                "field 'org': required, a string " EPH_ORG_NAME_PATTERN " (%s)", why.message);
   if (!name || !*name || strlen(name) > 128)
     return FAIL(A, org, NULL, MHD_HTTP_BAD_REQUEST, "invalid_request", "name",
                 "field 'name': required, a string of 1..128 bytes");
@@ -215,9 +210,10 @@ eph_srv_admin_keys_list(eph_server_t *srv, struct MHD_Connection *c, conn_req_t 
   static const char *const A = "keys.list";
   const char *org = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "org");
   GATE(A, org);
-  if (!valid_org(org))
+  eph_error_t why = {0};
+  if (eph_org_name_check(org, &why) < 0)
     return FAIL(A, NULL, NULL, MHD_HTTP_BAD_REQUEST, "invalid_request", "org",
-                "org: required query parameter, [A-Za-z0-9_.-]{1,64}");
+                "org: required query parameter, " EPH_ORG_NAME_PATTERN " (%s)", why.message);
   eph_error_t err = {0};
   json_object *keys = NULL;
   if (eph_store_key_list(srv->store, org, &keys, &err) < 0)

@@ -74,14 +74,21 @@ typedef struct conn_track {
   struct conn_track *prev, *next;
 } conn_track_t;
 
+/* The longest {id} segment a route captures: the longest id the store keeps (run ids, up
+ * to 128 bytes), so a 64-byte organisation (EPH_ORG_NAME_MAX_BYTES) is routed and a longer
+ * one (up to 128 bytes) reaches its handler, refused there as 400 naming org rather than as
+ * no route (404). */
+#define EPH_SRV_PARAM_BYTES 128
+
 /* Per-request state (MHD's con_cls). */
 typedef struct conn_req {
   bool started; /* the first on_request call (complete head) happened */
   bool bad_uri; /* the raw request target has an encoded '/', '\\' or NUL */
   const route_t *route;
-  char param[64]; /* the {id} segment */
-  char *org;      /* authenticated organisation; owned */
-  char *key_id;   /* the key that authenticated it ("key_..."); owned */
+  /* the {id} segment */
+  char param[EPH_SRV_PARAM_BYTES + 1];
+  char *org;    /* authenticated organisation; owned */
+  char *key_id; /* the key that authenticated it ("key_..."); owned */
   char *body;
   size_t body_len, body_cap;
   bool body_refused;

@@ -44,7 +44,7 @@ typedef struct sse {
   eph_server_t *srv;
   live_t *live; /* a ref, or NULL: read from the store */
   bool remote;  /* not live here, the store shared (PostgreSQL): follow it until settled */
-  char run_id[64];
+  char run_id[EPH_SRV_PARAM_BYTES + 1]; /* the route's {id}, whole */
   char *key_id; /* the key that opened the stream, verified before each batch; owned */
   int64_t last_seq;
   char *buf;

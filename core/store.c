@@ -13,6 +13,7 @@
 
 #include "log.h"
 #include "store_int.h"
+#include "support/org_name.h"
 #include "util.h"
 
 #define MAX_ID_BYTES EPH_STORE_MAX_ID_BYTES
@@ -28,18 +29,6 @@ check_text(const char *what, const char *v, size_t max, eph_error_t *err)
     return eph_error_set(err, EINVAL, "%s: empty", what);
   if (strlen(v) > max)
     return eph_error_set(err, EINVAL, "%s: longer than %zu bytes", what, max);
-  return 0;
-}
-
-int
-eph_store_check_org(const char *org, eph_error_t *err)
-{
-  int r = check_text("organisation", org, 64, err);
-  if (r < 0)
-    return r;
-  if (strspn(org, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-") !=
-      strlen(org))
-    return eph_error_set(err, EINVAL, "organisation '%s': only letters, digits, '_.-'", org);
   return 0;
 }
 
@@ -121,7 +110,7 @@ eph_store_close(eph_store_t *s)
 int
 eph_store_org_create(eph_store_t *s, const char *org, eph_error_t *err)
 {
-  int r = eph_store_check_org(org, err);
+  int r = eph_org_name_check(org, err);
   return r < 0 ? r : s->ops->org_create(s, org, err);
 }
 
@@ -129,7 +118,7 @@ int
 eph_store_member_add(eph_store_t *s, const char *org, const char *member, const char *role,
                      eph_error_t *err)
 {
-  int r = eph_store_check_org(org, err);
+  int r = eph_org_name_check(org, err);
   if (r < 0 || (r = check_text("member", member, 256, err)) < 0)
     return r;
   if (!role || (strcmp(role, "owner") && strcmp(role, "admin") && strcmp(role, "member")))
@@ -156,7 +145,7 @@ int
 eph_store_key_create(eph_store_t *s, const char *org, const char *name, char **key_out,
                      char **key_id_out, eph_error_t *err)
 {
-  int r = eph_store_check_org(org, err);
+  int r = eph_org_name_check(org, err);
   if (r < 0 || (r = check_text("key name", name, 128, err)) < 0)
     return r;
   char key[sizeof KEY_PREFIX + 2 * KEY_RANDOM_BYTES], id[4 + 16 + 1];
@@ -208,7 +197,7 @@ eph_store_key_verify(eph_store_t *s, const char *key, char **org_out, char **key
 int
 eph_store_key_revoke(eph_store_t *s, const char *key_id_or_name, const char *org, eph_error_t *err)
 {
-  int r = eph_store_check_org(org, err);
+  int r = eph_org_name_check(org, err);
   if (r < 0 || (r = check_text("key", key_id_or_name, 128, err)) < 0)
     return r;
   return s->ops->key_revoke(s, key_id_or_name, org, err);
@@ -217,7 +206,7 @@ eph_store_key_revoke(eph_store_t *s, const char *key_id_or_name, const char *org
 int
 eph_store_key_list(eph_store_t *s, const char *org, json_object **out, eph_error_t *err)
 {
-  int r = eph_store_check_org(org, err);
+  int r = eph_org_name_check(org, err);
   return r < 0 ? r : s->ops->key_list(s, org, out, err);
 }
 
@@ -244,7 +233,7 @@ eph_store_run_insert(eph_store_t *s, const char *id, const char *org, const char
                      int64_t created_at_us, json_object *request, bool zdr, eph_error_t *err)
 {
   int r = check_text("run id", id, MAX_ID_BYTES, err);
-  if (r < 0 || (r = eph_store_check_org(org, err)) < 0 ||
+  if (r < 0 || (r = eph_org_name_check(org, err)) < 0 ||
       (r = check_text("status", status, 64, err)) < 0)
     return r;
   if (request && !json_object_is_type(request, json_type_object))
@@ -326,7 +315,7 @@ int
 eph_store_run_list(eph_store_t *s, const char *org, int limit, const char *cursor,
                    json_object **runs_out, char **next_cursor, eph_error_t *err)
 {
-  int r = eph_store_check_org(org, err);
+  int r = eph_org_name_check(org, err);
   if (r < 0)
     return r;
   if (limit == 0)
@@ -422,7 +411,7 @@ int
 eph_store_idem_claim(eph_store_t *s, const char *org, const char *key, const char *body_sha256_hex,
                      const char *new_run_id, char **existing_run_id, eph_error_t *err)
 {
-  int r = eph_store_check_org(org, err);
+  int r = eph_org_name_check(org, err);
   if (r < 0 || (r = check_text("idempotency key", key, 255, err)) < 0 ||
       (r = check_text("run id", new_run_id, MAX_ID_BYTES, err)) < 0)
     return r;
@@ -437,7 +426,7 @@ int
 eph_store_idem_release(eph_store_t *s, const char *org, const char *key, const char *run_id,
                        eph_error_t *err)
 {
-  int r = eph_store_check_org(org, err);
+  int r = eph_org_name_check(org, err);
   if (r < 0 || (r = check_text("idempotency key", key, 255, err)) < 0 ||
       (r = check_text("run id", run_id, MAX_ID_BYTES, err)) < 0)
     return r;

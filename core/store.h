@@ -98,7 +98,9 @@ int eph_sha256_hex(const void *data, size_t bytes, char out[65], eph_error_t *er
 
 /* ---------------------------------------------------------------- organisations, members */
 
-/* Creates an organisation ([A-Za-z0-9_.-]{1,64}); already existing is success. */
+/* Creates an organisation; already existing is success. Every function here taking an org
+ * refuses (-EINVAL) a name outside the one rule, eph_org_name_check (support/org_name.h:
+ * [A-Za-z0-9_.-]{1,64}). */
 int eph_store_org_create(eph_store_t *store, const char *org, eph_error_t *err);
 
 /* Adds (or updates the role of) a member of an existing organisation. role: "owner",
@@ -133,11 +135,6 @@ int eph_store_key_revoke(eph_store_t *store, const char *key_id_or_name, const c
  * the caller (json_object_put) of {"id","name","created_at_us","revoked_at_us"|null}.
  * Never the key or its hash. */
 int eph_store_key_list(eph_store_t *store, const char *org, json_object **out, eph_error_t *err);
-
-/* An organisation's name as the store takes it: 1..64 bytes of letters, digits, '_', '.'
- * and '-'. 0, or -EINVAL with err naming it. For a caller that must refuse a name before
- * it reserves money under it (the CLI's `run --org`). */
-int eph_store_check_org(const char *org, eph_error_t *err);
 
 /* ---------------------------------------------------------------- runs */
 

@@ -110,7 +110,8 @@ test_same_errors_for_bad_input(void **st)
   assert_string_equal(err.message, "run_id: not valid UTF-8");
   err = (eph_error_t){0};
   assert_int_equal(f->ops->credit(f->state, "ac\xc0\xafme", 5, &err), -EINVAL);
-  assert_string_equal(err.message, "organisation: not valid UTF-8");
+  assert_string_equal(err.message,
+                      "organisation: byte 2 (0xc0) is not a letter, a digit, '_', '.' or '-'");
   err = (eph_error_t){0};
   assert_int_equal(f->ops->charge(f->state, "run_\xed\xa0\x80", EPH_COST_WEB, 1, "m", &err),
                    -EINVAL);
@@ -123,13 +124,15 @@ test_same_errors_for_bad_input(void **st)
    * terminal shows, a newline that splits a log line) are refused: C0, DEL and C1 (CSI). */
   err = (eph_error_t){0};
   assert_int_equal(f->ops->credit(f->state, "acme\x1b[2J", 5, &err), -EINVAL);
-  assert_string_equal(err.message, "organisation: contains a control character (byte 4)");
+  assert_string_equal(err.message,
+                      "organisation: byte 4 (0x1b) is not a letter, a digit, '_', '.' or '-'");
   err = (eph_error_t){0};
   assert_int_equal(f->ops->reserve(f->state, "acme", "run_\nx", 100, &err), -EINVAL);
   assert_string_equal(err.message, "run_id: contains a control character (byte 4)");
   err = (eph_error_t){0};
   assert_int_equal(f->ops->credit(f->state, "ac\xc2\x9bme", 5, &err), -EINVAL);
-  assert_string_equal(err.message, "organisation: contains a control character (byte 2)");
+  assert_string_equal(err.message,
+                      "organisation: byte 2 (0xc2) is not a letter, a digit, '_', '.' or '-'");
   err = (eph_error_t){0};
   assert_int_equal(f->ops->credit(f->state, "acme\x7f", 5, &err), -EINVAL);
 
@@ -159,6 +162,59 @@ test_same_errors_for_bad_input(void **st)
   assert_int_equal(
       raw_int(db, "SELECT count(*) FROM reservations WHERE run_id LIKE 'run_bad%'", NULL), 0);
   raw_close(db);
+  check_journal(f);
+}
+
+/* An organisation's name follows one rule everywhere (sdk/support/org_name.h): the ledgers
+ * refuse, for credit, balance and reserve alike, every name the store and the admin API
+ * refuse, and write nothing (before, they took any UTF-8 name up to 128 bytes, so a plugin
+ * or API path could credit "a b" or "a/b", which no run can be billed to). */
+static void
+test_org_names_one_rule(void **st)
+{
+  fixture_t *f = *st;
+  char long65[66], long64[65];
+  memset(long65, 'a', 65);
+  long65[65] = '\0';
+  memset(long64, 'z', 64);
+  long64[64] = '\0';
+  static const struct {
+    const char *name, *message;
+  } bad[] = {
+      {"a b", "organisation: byte 1 (' ') is not a letter, a digit, '_', '.' or '-'"},
+      {"a/b", "organisation: byte 1 ('/') is not a letter, a digit, '_', '.' or '-'"},
+      {"", "organisation: empty"},
+      {"\xc3\xa9", "organisation: byte 0 (0xc3) is not a letter, a digit, '_', '.' or '-'"},
+      {"acme'", "organisation: byte 4 (0x27) is not a letter, a digit, '_', '.' or '-'"},
+      {NULL, "organisation: longer than 64 bytes"}, /* long65 */
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    const char *name = bad[i].name ? bad[i].name : long65;
+    eph_error_t err = {0};
+    int64_t b = -1;
+    print_message("# org '%s'\n", bad[i].name ? name : "<65 bytes>");
+    assert_int_equal(f->ops->credit(f->state, name, 1000, &err), -EINVAL);
+    assert_string_equal(err.message, bad[i].message);
+    err = (eph_error_t){0};
+    assert_int_equal(f->ops->balance(f->state, name, &b, &err), -EINVAL);
+    assert_string_equal(err.message, bad[i].message);
+    assert_int_equal(b, -1);
+    err = (eph_error_t){0};
+    assert_int_equal(f->ops->reserve(f->state, name, "run_badorg", 10, &err), -EINVAL);
+    assert_string_equal(err.message, bad[i].message);
+  }
+  raw_t *db = raw_open(f);
+  assert_int_equal(raw_int(db, "SELECT count(*) FROM entries", NULL), 0);
+  raw_close(db);
+
+  /* The longest name and every character the rule allows are taken. */
+  eph_error_t err = {0};
+  assert_int_equal(f->ops->credit(f->state, long64, 1000, &err), 0);
+  assert_int_equal(balance(f, long64), 1000);
+  assert_int_equal(f->ops->reserve(f->state, long64, "run_org64", 10, &err), 0);
+  assert_int_equal(balance(f, long64), 990);
+  assert_int_equal(f->ops->credit(f->state, "Az09_.-", 5, &err), 0);
+  assert_int_equal(balance(f, "Az09_.-"), 5);
   check_journal(f);
 }
 
@@ -567,6 +623,7 @@ main(void)
     cmocka_unit_test_setup_teardown(test_charge_over_cap_refused, setup, teardown),
     cmocka_unit_test_setup_teardown(test_insufficient_balance, setup, teardown),
     cmocka_unit_test_setup_teardown(test_same_errors_for_bad_input, setup, teardown),
+    cmocka_unit_test_setup_teardown(test_org_names_one_rule, setup, teardown),
     cmocka_unit_test_setup_teardown(test_concurrent_reserves_never_overspend, setup, teardown),
     cmocka_unit_test_setup_teardown(test_settle_idempotent, setup, teardown),
     cmocka_unit_test_setup_teardown(test_settle_open_after_crash, setup, teardown),

@@ -214,7 +214,7 @@ balance_body(tx_t *tx, void *p, eph_error_t *err)
 static int
 ledger_balance(void *state, const char *org, int64_t *micros, eph_error_t *err)
 {
-  int r = eph_ledger_check_name("organisation", org, err);
+  int r = eph_ledger_check_balance(org, err);
   if (r < 0)
     return r;
   op_arg_t a = {.org = org, .out = micros};

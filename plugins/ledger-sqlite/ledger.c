@@ -444,7 +444,7 @@ static int
 ledger_balance(void *state, const char *org, int64_t *micros, eph_error_t *err)
 {
   ledger_t *l = state;
-  int r = eph_ledger_check_name("organisation", org, err);
+  int r = eph_ledger_check_balance(org, err);
   if (r < 0)
     return r;
   int64_t balance = 0;

@@ -11,6 +11,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "org_name.h"
 #include "text.h"
 
 int64_t
@@ -94,7 +95,7 @@ eph_ledger_memo_clean(const char *memo, char out[EPH_LEDGER_MAX_MEMO_BYTES + 1])
 int
 eph_ledger_check_credit(const char *org, int64_t micros, eph_error_t *err)
 {
-  int r = eph_ledger_check_name("organisation", org, err);
+  int r = eph_org_name_check(org, err);
   if (r < 0)
     return r;
   if (micros <= 0)
@@ -103,9 +104,15 @@ eph_ledger_check_credit(const char *org, int64_t micros, eph_error_t *err)
 }
 
 int
+eph_ledger_check_balance(const char *org, eph_error_t *err)
+{
+  return eph_org_name_check(org, err);
+}
+
+int
 eph_ledger_check_reserve(const char *org, const char *run_id, int64_t micros, eph_error_t *err)
 {
-  int r = eph_ledger_check_name("organisation", org, err);
+  int r = eph_org_name_check(org, err);
   if (r < 0 || (r = eph_ledger_check_name("run_id", run_id, err)) < 0)
     return r;
   if (micros <= 0)

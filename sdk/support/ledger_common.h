@@ -11,7 +11,7 @@
 
 #include <ephemeral/plugin.h>
 
-#define EPH_LEDGER_MAX_NAME_BYTES 128 /* org, run_id (and ledger-postgres' node_name) */
+#define EPH_LEDGER_MAX_NAME_BYTES 128 /* run_id, ledger-postgres' node_name, an org as read */
 #define EPH_LEDGER_MAX_MEMO_BYTES 256 /* longer memos are cut at a UTF-8 boundary */
 
 /* One reservation row as read back. */
@@ -26,9 +26,10 @@ int64_t eph_ledger_wall_us(void);
 /* "model", "web", "compute"; NULL for a value outside eph_cost_t. */
 const char *eph_ledger_cost_name(eph_cost_t c);
 
-/* A name (`what`: "organisation", "run_id", "node_name"): not empty, at most
- * EPH_LEDGER_MAX_NAME_BYTES, valid UTF-8, no control character (eph_control_len).
- * -EINVAL "<what>: ..." otherwise. */
+/* A name (`what`: "run_id", "node_name"): not empty, at most EPH_LEDGER_MAX_NAME_BYTES,
+ * valid UTF-8, no control character (eph_control_len). -EINVAL "<what>: ..." otherwise.
+ * An organisation's name is not one of these: it follows the narrower rule every other
+ * path checks (eph_org_name_check, org_name.h; see the operation checks below). */
 int eph_ledger_check_name(const char *what, const char *s, eph_error_t *err);
 
 /* The memo as stored: at most EPH_LEDGER_MAX_MEMO_BYTES, cut at a character boundary, each
@@ -36,9 +37,12 @@ int eph_ledger_check_name(const char *what, const char *s, eph_error_t *err);
  * '?' (a tab or newline by a space): a memo is a note; it must never make a charge fail. */
 void eph_ledger_memo_clean(const char *memo, char out[EPH_LEDGER_MAX_MEMO_BYTES + 1]);
 
-/* The arguments of each operation, checked before any transaction. check_charge sets *cat
- * to the category's name. */
+/* The arguments of each operation, checked before any transaction. The organisation of
+ * credit, balance and reserve by eph_org_name_check (org_name.h: its rule and its error), so
+ * a ledger refuses a name the store and the admin API refuse. check_charge sets *cat to the
+ * category's name. */
 int eph_ledger_check_credit(const char *org, int64_t micros, eph_error_t *err);
+int eph_ledger_check_balance(const char *org, eph_error_t *err);
 int eph_ledger_check_reserve(const char *org, const char *run_id, int64_t micros, eph_error_t *err);
 int eph_ledger_check_charge(const char *run_id, eph_cost_t category, int64_t micros,
                             const char **cat, eph_error_t *err);

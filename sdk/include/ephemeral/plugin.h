@@ -664,7 +664,10 @@ typedef struct eph_ledger_open {
 
 typedef struct eph_ledger_ops {
   uint32_t struct_size;
-  /* Adds credit to an organisation (created if new). micros > 0. */
+  /* Adds credit to an organisation (created if new). micros > 0. An organisation's name
+   * (org of credit, balance, reserve) is 1..64 bytes of ASCII letters, digits, '_', '.' and
+   * '-': the core passes no other, and a ledger refuses any other with -EINVAL (the shipped
+   * ones through sdk/support/org_name.h, the core's own rule). */
   int (*credit)(void *state, const char *org, int64_t micros, eph_error_t *err);
   /* The organisation's available balance (credits - open reservations - billed). */
   int (*balance)(void *state, const char *org, int64_t *micros, eph_error_t *err);
