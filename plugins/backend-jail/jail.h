@@ -403,7 +403,7 @@ typedef struct jail_parent_side {
    * recv), which the language and ThreadSanitizer do not see; atomics state the order. */
   _Atomic bool born_in_group;
   _Atomic bool limit_memory; /* write the v1 memory limit first (the cloning thread is out) */
-  int *child_ends[3]; /* the child's ends in this process, closed once it has its own */
+  int *child_ends[3];        /* the child's ends in this process, closed once it has its own */
   /* CLONE_VM only: */
   int wake_fd;        /* eventfd: the cloning thread's clone returned */
   volatile pid_t tid; /* CLONE_PARENT_SETTID: the child's pid, before it runs */
