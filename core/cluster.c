@@ -12,6 +12,7 @@
 #include "cluster_ledger.h"
 #include "conf.h"
 #include "loader.h"
+#include "support/org_name.h"
 #include "log.h"
 #include "util.h"
 
@@ -41,7 +42,8 @@ eph_cluster_config(const eph_ctx_t *ctx, eph_cluster_config_t *out, eph_error_t 
   /* The environment wins, as EPHEMERAL_DATABASE does: several daemons of one host can share
    * a configuration file and still have their own names. */
   const char *env_node = getenv("EPHEMERAL_NODE_NAME");
-  if (env_node && *env_node)
+  bool from_env = env_node && *env_node;
+  if (from_env)
     node = env_node;
   char where[256];
   const char *chosen = eph_config_database(&ctx->config);
@@ -55,18 +57,23 @@ eph_cluster_config(const eph_ctx_t *ctx, eph_cluster_config_t *out, eph_error_t 
     return eph_error_set(err, EPH_E_CONFIG, "%s: lease_seconds = %" PRId64 ": expected 2..3600",
                          eph_cfg_where(s, where, sizeof where), lease);
   char host[256] = "";
-  if (!node || !*node) {
+  bool from_host = !node || !*node;
+  if (from_host) {
     if (gethostname(host, sizeof host - 1) < 0 || !host[0])
       snprintf(host, sizeof host, "node");
     node = host;
   }
-  s = core ? config_setting_get_member(core, "node_name") : NULL;
-  if (strlen(node) > 64 ||
-      strspn(node, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-") !=
-          strlen(node))
-    return eph_error_set(err, EPH_E_CONFIG,
-                         "%s: node_name '%s': expected 1 to 64 letters, digits or '_.-'",
-                         eph_cfg_where(s, where, sizeof where), node);
+  /* The organisations' rule (a node's name is a word of the same paths, SQL, logs and
+   * terminals), its message naming where the name came from and never echoing it. */
+  eph_error_t why = {0};
+  if (eph_name_check("node_name", node, &why) < 0) {
+    s = core ? config_setting_get_member(core, "node_name") : NULL;
+    return eph_error_set(err, EPH_E_CONFIG, "%s: %s%s",
+                         from_env    ? "EPHEMERAL_NODE_NAME"
+                         : from_host ? "the host's name (node_name unset)"
+                                     : eph_cfg_where(s, where, sizeof where),
+                         why.message, from_host ? "; set node_name" : "");
+  }
   out->database = chosen ? eph_xstrdup(chosen) : NULL;
   out->node_name = eph_xstrdup(node);
   out->lease_seconds = lease;

@@ -17,16 +17,16 @@ org_char(unsigned char c)
 }
 
 int
-eph_org_name_check(const char *org, eph_error_t *err)
+eph_name_check(const char *what, const char *name, eph_error_t *err)
 {
-  if (!org || !*org)
-    return eph_error_set(err, EINVAL, "organisation: empty");
+  if (!name || !*name)
+    return eph_error_set(err, EINVAL, "%s: empty", what);
   /* Bounded: a name far too long is refused without reading all of it. */
-  size_t n = strnlen(org, EPH_ORG_NAME_MAX_BYTES + 1);
+  size_t n = strnlen(name, EPH_ORG_NAME_MAX_BYTES + 1);
   if (n > EPH_ORG_NAME_MAX_BYTES)
-    return eph_error_set(err, EINVAL, "organisation: longer than %d bytes", EPH_ORG_NAME_MAX_BYTES);
+    return eph_error_set(err, EINVAL, "%s: longer than %d bytes", what, EPH_ORG_NAME_MAX_BYTES);
   for (size_t i = 0; i < n; i++) {
-    unsigned char c = (unsigned char)org[i];
+    unsigned char c = (unsigned char)name[i];
     if (org_char(c))
       continue;
     /* The byte is shown as itself only when it is printable ASCII. */
@@ -35,9 +35,14 @@ eph_org_name_check(const char *org, eph_error_t *err)
       snprintf(shown, sizeof shown, "'%c'", c);
     else
       snprintf(shown, sizeof shown, "0x%02x", c);
-    return eph_error_set(err, EINVAL,
-                         "organisation: byte %zu (%s) is not a letter, a digit, '_', '.' or '-'", i,
-                         shown);
+    return eph_error_set(err, EINVAL, "%s: byte %zu (%s) is not a letter, a digit, '_', '.' or '-'",
+                         what, i, shown);
   }
   return 0;
+}
+
+int
+eph_org_name_check(const char *org, eph_error_t *err)
+{
+  return eph_name_check("organisation", org, err);
 }

@@ -28,4 +28,9 @@
  * letter, a digit, '_', '.' or '-'" (N counted from 0). */
 int eph_org_name_check(const char *org, eph_error_t *err);
 
+/* The same rule for another name that is a word of paths, SQL, logs and terminals (a
+ * cluster node's node_name: core/cluster.c); what names it in the messages ("node_name:
+ * byte 3 (0x1b) is not ..."). Same returns as eph_org_name_check. */
+int eph_name_check(const char *what, const char *name, eph_error_t *err);
+
 #endif
