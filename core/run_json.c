@@ -7,12 +7,29 @@
 #include "run_int.h"
 #include "util.h"
 
+/* An event's time, milliseconds since the run's start, as the API's seconds: a number
+ * written as the decimal it is ("0.004", "1.5", "2.0"), whatever process renders it. A plain
+ * double is printed with json-c's global format, "%.17g" ("0.0040000000000000001") unless
+ * the process changed it, as ephemerald does: `runs show` printed other digits than
+ * GET /v1/runs/{id} for the same run (tests/daemon.test). */
+static json_object *
+seconds_json(int64_t t_ms)
+{
+  char text[32];
+  double s = (double)t_ms / 1000.0;
+  int n = snprintf(text, sizeof text, "%.15g", s);
+  /* A whole number keeps its ".0", as json-c writes a double ("3.0", not "3"). */
+  if (n > 0 && (size_t)n + 2 < sizeof text && !strpbrk(text, ".e"))
+    memcpy(text + n, ".0", 3);
+  return json_object_new_double_s(s, text);
+}
+
 json_object *
 eph_event_to_json(const eph_event_t *ev, bool redact)
 {
   json_object *o = json_object_new_object();
   json_object_object_add(o, "seq", json_object_new_int64(ev->seq));
-  json_object_object_add(o, "t", json_object_new_double((double)ev->t_ms / 1000.0));
+  json_object_object_add(o, "t", seconds_json(ev->t_ms));
   json_object_object_add(o, "source", json_object_new_string(ev->source));
   json_object_object_add(o, "kind", json_object_new_string(ev->kind));
   bool hide = redact && ev->content;
@@ -115,7 +132,7 @@ eph_event_json_from_store(json_object *e)
                          json_object_new_int64(json_object_object_get_ex(e, "seq", &v)
                                                    ? json_object_get_int64(v)
                                                    : 0));
-  json_object_object_add(o, "t", json_object_new_double((double)t_ms / 1000.0));
+  json_object_object_add(o, "t", seconds_json(t_ms));
   static const char *const keys[] = {"source", "kind", "text", "data"};
   for (size_t i = 0; i < 4; i++)
     if (json_object_object_get_ex(e, keys[i], &v))
