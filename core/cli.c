@@ -32,12 +32,16 @@ config_check(int argc, char **argv)
 }
 
 const eph_cli_command_t eph_cli_commands[] = {
-    {"plugins", "plugins", "list the loaded plugins (name, kind, version, ABI, path)", NULL, true,
-     1, plugins_check, eph_cmd_plugins},
+    {"plugins", "plugins", "list the loaded plugins (name, kind, version, ABI, path)",
+     "Exit status: 0 when every enabled plugin loaded, 1 when one was refused, 2 for a usage\n"
+     "error.\n",
+     true, 1, plugins_check, eph_cmd_plugins},
     {"config", "config check | config keys",
      "validate the configuration (exit 1 on an error) or list every documented key",
      "  check   parse ephemeral.conf and conf.d, load the enabled plugins, check every key\n"
-     "  keys    print every documented key: block, name, type, default, unit, description\n",
+     "  keys    print every documented key: block, name, type, default, unit, description\n"
+     "Exit status: 0 when the configuration is valid (warnings included), 1 on an error,\n"
+     "2 for a usage error.\n",
      true, 1, config_check, eph_cmd_config},
     {"exec", EPH_CLI_EXEC_USAGE, "run one command in a fresh sandbox; exit with its status",
      EPH_CLI_EXEC_HELP, EPH_CLI_LAZY, 1, eph_cmd_exec_check, eph_cmd_exec},
@@ -54,14 +58,18 @@ const eph_cli_command_t eph_cli_commands[] = {
      "check the store, ledger, backend and model offline (exit 0 healthy, 1 otherwise)",
      "  One line per component: \"NAME: ok\" or \"NAME: degraded: REASON\". A damaged\n"
      "  store or ledger file (PRAGMA quick_check), a full disk, a plugin that did not load\n"
-     "  are reported; runs a dead process left are settled and recorded first.\n",
+     "  are reported; runs a dead process left are settled and recorded first.\n"
+     "Exit status: 0 when every component is ok, 1 when one is degraded, 2 for a usage\n"
+     "error.\n",
      true, 1, eph_cmd_doctor_check, eph_cmd_doctor},
     {"snapshots", EPH_CLI_SNAPSHOTS_USAGE,
      "list or prune what the backends keep to start sandboxes faster (microVM snapshots)",
      EPH_CLI_SNAPSHOTS_HELP, true, 1, eph_cmd_snapshots_check, eph_cmd_snapshots},
     {"db", "db migrate", "create or migrate the store's schema (SQLite file or `database`)",
      "  migrate   open the configured store, applying every pending migration (safe while\n"
-     "            other nodes start: PostgreSQL migrations hold an advisory lock)\n",
+     "            other nodes start: PostgreSQL migrations hold an advisory lock)\n"
+     "Exit status: 0 when the schema is current, 1 when the store cannot be opened or\n"
+     "migrated, 2 for a usage error.\n",
      false, 1, eph_cmd_db_check, eph_cmd_db},
     {0},
 };
