@@ -5,33 +5,8 @@
 #include <string.h>
 
 #include "live.h"
+#include "support/text.h"
 #include "util.h"
-
-/* Length of the UTF-8 sequence starting at p (n bytes available): 1..4 when it is a valid
- * complete sequence, 0 when invalid, -1 when valid so far but cut by the end. */
-static int
-utf8_len(const unsigned char *p, size_t n)
-{
-  if (p[0] < 0x80)
-    return 1;
-  int len = p[0] >= 0xc2 && p[0] <= 0xdf   ? 2
-            : p[0] >= 0xe0 && p[0] <= 0xef ? 3
-            : p[0] >= 0xf0 && p[0] <= 0xf4 ? 4
-                                           : 0;
-  if (!len)
-    return 0;
-  for (int i = 1; i < len; i++) {
-    if ((size_t)i >= n)
-      return -1;
-    if ((p[i] & 0xc0) != 0x80)
-      return 0;
-  }
-  /* Overlongs and surrogates: E0 needs A0..BF, ED 80..9F, F0 90..BF, F4 80..8F. */
-  if ((p[0] == 0xe0 && p[1] < 0xa0) || (p[0] == 0xed && p[1] > 0x9f) ||
-      (p[0] == 0xf0 && p[1] < 0x90) || (p[0] == 0xf4 && p[1] > 0x8f))
-    return 0;
-  return len;
-}
 
 /* Emits the pending bytes as valid UTF-8. Unless `final`, an incomplete sequence at the
  * end stays pending for the next chunk. */
@@ -44,7 +19,7 @@ flush(eph_live_t *l, bool final, eph_live_emit_fn emit, void *opaque)
   size_t n = l->pending_bytes, i = 0, o = 0;
   char *out = eph_xmalloc(n * 3 + 1);
   while (i < n) {
-    int len = utf8_len(p + i, n - i);
+    int len = eph_utf8_seq(p + i, n - i);
     if (len < 0 && !final)
       break;
     if (len <= 0 || (len == 1 && p[i] == 0)) {

@@ -9,6 +9,8 @@
 #include <stdbool.h>
 #include <stdlib.h>
 
+#include "support/text.h"
+
 #define DEFAULT_TIMEOUT_S 60
 #define MAX_TIMEOUT_S 600
 #define DEFAULT_OUTPUT_CAP 16384
@@ -82,59 +84,16 @@ shell_fini(void *state)
   free(state);
 }
 
-/* Length of the valid UTF-8 sequence at p (1..4), or 0 when invalid. */
-static size_t
-utf8_seq(const unsigned char *p, size_t left)
-{
-  unsigned char c = p[0];
-  size_t n;
-  uint32_t cp;
-  if (c < 0x80)
-    return 1;
-  if (c >= 0xc2 && c <= 0xdf)
-    n = 2, cp = c & 0x1f;
-  else if (c >= 0xe0 && c <= 0xef)
-    n = 3, cp = c & 0x0f;
-  else if (c >= 0xf0 && c <= 0xf4)
-    n = 4, cp = c & 0x07;
-  else
-    return 0;
-  if (left < n)
-    return 0;
-  for (size_t i = 1; i < n; i++) {
-    if ((p[i] & 0xc0) != 0x80)
-      return 0;
-    cp = cp << 6 | (p[i] & 0x3f);
-  }
-  if ((n == 3 && (cp < 0x800 || (cp >= 0xd800 && cp <= 0xdfff))) ||
-      (n == 4 && (cp < 0x10000 || cp > 0x10ffff)))
-    return 0;
-  return n;
-}
-
 /* Output is bytes; the model API wants valid UTF-8. Invalid bytes (binary output, or a
  * character cut by the head/tail split) become U+FFFD. Returns a new json string. */
 static json_object *
 utf8_string(const char *text, size_t bytes)
 {
-  const unsigned char *p = (const unsigned char *)text;
-  char *out = malloc(bytes * 3 + 1);
+  size_t n = 0;
+  char *out = eph_utf8_repair(text, bytes, &n);
   if (!out)
     return NULL;
-  size_t o = 0;
-  for (size_t i = 0; i < bytes;) {
-    size_t n = utf8_seq(p + i, bytes - i);
-    if (n == 0 || (n == 1 && p[i] == 0)) {
-      memcpy(out + o, "\xef\xbf\xbd", 3);
-      o += 3;
-      i += 1;
-    } else {
-      memcpy(out + o, p + i, n);
-      o += n;
-      i += n;
-    }
-  }
-  json_object *s = json_object_new_string_len(out, (int)o);
+  json_object *s = json_object_new_string_len(out, (int)n);
   free(out);
   return s;
 }

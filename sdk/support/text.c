@@ -4,46 +4,79 @@
 #include <errno.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
+
+int
+eph_utf8_seq(const unsigned char *s, size_t bytes)
+{
+  unsigned char c = s[0];
+  if (c < 0x80)
+    return 1;
+  /* C0 and C1 would be overlong two-byte forms, F5..FF past U+10FFFF. */
+  int len = c >= 0xc2 && c <= 0xdf   ? 2
+            : c >= 0xe0 && c <= 0xef ? 3
+            : c >= 0xf0 && c <= 0xf4 ? 4
+                                     : 0;
+  if (!len)
+    return 0;
+  for (int i = 1; i < len; i++) {
+    if ((size_t)i >= bytes)
+      return -1;
+    if ((s[i] & 0xc0) != 0x80)
+      return 0;
+  }
+  /* Overlongs, surrogates and past U+10FFFF: E0 needs A0..BF, ED 80..9F, F0 90..BF,
+   * F4 80..8F as its second byte (RFC 3629's table). */
+  if ((c == 0xe0 && s[1] < 0xa0) || (c == 0xed && s[1] > 0x9f) || (c == 0xf0 && s[1] < 0x90) ||
+      (c == 0xf4 && s[1] > 0x8f))
+    return 0;
+  return len;
+}
+
+size_t
+eph_utf8_invalid_at(const char *s, size_t bytes)
+{
+  const unsigned char *p = (const unsigned char *)s;
+  for (size_t i = 0; i < bytes;) {
+    int n = eph_utf8_seq(p + i, bytes - i);
+    if (n <= 0 || p[i] == 0)
+      return i;
+    i += (size_t)n;
+  }
+  return SIZE_MAX;
+}
 
 bool
 eph_utf8_is_text(const unsigned char *s, size_t bytes)
 {
-  size_t i = 0;
-  while (i < bytes) {
-    unsigned char c = s[i];
-    int more;
-    uint32_t cp;
-    if (c == 0)
-      return false;
-    if (c < 0x80) {
+  return eph_utf8_invalid_at((const char *)s, bytes) == SIZE_MAX;
+}
+
+char *
+eph_utf8_repair(const char *s, size_t bytes, size_t *out_bytes)
+{
+  const unsigned char *p = (const unsigned char *)s;
+  char *out = malloc(bytes * 3 + 1);
+  if (!out)
+    return NULL;
+  size_t o = 0;
+  for (size_t i = 0; i < bytes;) {
+    int n = eph_utf8_seq(p + i, bytes - i);
+    if (n <= 0 || p[i] == 0) {
+      memcpy(out + o, "\xef\xbf\xbd", 3);
+      o += 3;
       i++;
-      continue;
-    } else if ((c & 0xe0) == 0xc0) {
-      more = 1;
-      cp = c & 0x1f;
-    } else if ((c & 0xf0) == 0xe0) {
-      more = 2;
-      cp = c & 0x0f;
-    } else if ((c & 0xf8) == 0xf0) {
-      more = 3;
-      cp = c & 0x07;
-    } else
-      return false;
-    if (i + (size_t)more >= bytes)
-      return false;
-    for (int k = 1; k <= more; k++) {
-      if ((s[i + k] & 0xc0) != 0x80)
-        return false;
-      cp = cp << 6 | (s[i + k] & 0x3f);
+    } else {
+      memcpy(out + o, p + i, (size_t)n);
+      o += (size_t)n;
+      i += (size_t)n;
     }
-    /* Overlong forms, surrogates and code points past U+10FFFF are not UTF-8. */
-    if ((more == 1 && cp < 0x80) || (more == 2 && cp < 0x800) || (more == 3 && cp < 0x10000) ||
-        cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff))
-      return false;
-    i += (size_t)more + 1;
   }
-  return true;
+  out[o] = '\0';
+  if (out_bytes)
+    *out_bytes = o;
+  return out;
 }
 
 size_t

@@ -5,12 +5,31 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include <json-c/json.h>
 
 /* True when the bytes are valid UTF-8 (shortest forms, no surrogates, at most U+10FFFF)
  * without NUL: safe to hand over as a JSON string. */
 bool eph_utf8_is_text(const unsigned char *s, size_t bytes);
+
+/* The UTF-8 sequence s[0..bytes) starts with (bytes >= 1): its length, 1..4, when it is a
+ * valid and complete one (shortest form, no surrogate, at most U+10FFFF; a NUL is 1);
+ * 0 when it is invalid; -1 when it is valid so far but cut by the end of the bytes (live
+ * output keeps such a tail for its next chunk). The one UTF-8 decoder of the host side:
+ * eph_utf8_is_text, eph_utf8_repair, live output (core/live.c), the terminal's printer
+ * (core/cmd_run.c). RFC 3629, section 4. */
+int eph_utf8_seq(const unsigned char *s, size_t bytes);
+
+/* The offset of the first byte of s[0..bytes) that is not part of valid UTF-8 (a NUL
+ * counts as invalid), SIZE_MAX when there is none. */
+size_t eph_utf8_invalid_at(const char *s, size_t bytes);
+
+/* s[0..bytes) as valid UTF-8 without NUL: each byte that starts no valid sequence (a cut
+ * one at the end too) and each NUL becomes U+FFFD. A new heap string (malloc'ed,
+ * NUL-terminated; NULL only when out of memory) of *out_bytes bytes (may be NULL): what a
+ * model API or a JSON record may be given of bytes a program wrote. */
+char *eph_utf8_repair(const char *s, size_t bytes, size_t *out_bytes);
 
 /* The length in bytes (1 or 2) of the control character p starts with, 0 when it starts
  * none: a C0 control (U+0000..U+001F), DEL (U+007F) or a C1 control (U+0080..U+009F, UTF-8
