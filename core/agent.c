@@ -256,6 +256,21 @@ eph_agent_loop(eph_run_t *run)
       eph_run_set_end(run, EPH_RUN_FAILED, "model_error", "the model returned no message");
       return;
     }
+    /* Everything the run keeps and shows of the model's turn comes from this message: a
+     * string that is not valid UTF-8 (a raw 9B is a CSI to a terminal in an 8-bit mode)
+     * went into the timeline, the record and every JSON rendering of them as it came
+     * (json-c writes a string's bytes unchecked). Held here for every model plugin, not
+     * only the shared wire code: the run fails, saying so. */
+    const char *wire = json_object_to_json_string_ext(msg, JSON_C_TO_STRING_PLAIN);
+    size_t bad = eph_utf8_invalid_at(wire, strlen(wire));
+    if (bad != SIZE_MAX) {
+      char why[128];
+      snprintf(why, sizeof why,
+               "the model's answer is not valid UTF-8 (byte %zu of its message): refused", bad);
+      eph_model_response_clear(&resp);
+      eph_run_set_end(run, EPH_RUN_FAILED, "model_error", why);
+      return;
+    }
     json_object_array_add(messages, json_object_get(msg));
     json_object_object_get_ex(msg, "tool_calls", &tcs);
     json_object_object_get_ex(msg, "content", &content);

@@ -32,8 +32,11 @@
 /* What the model wrote (command text, answers, file names) reaches the operator's terminal
  * through these printers, so it is shown, never interpreted: a model could otherwise clear
  * the screen, retitle the window or write the clipboard (OSC 52). Every C0 control but
- * newline and tab, DEL, and the C1 controls (U+0080..U+009F, UTF-8 C2 80..C2 9F: a CSI
- * alone is C2 9B) come out as `\xHH` per byte; other bytes, UTF-8 included, pass unchanged.
+ * newline and tab, DEL, the C1 controls (U+0080..U+009F, UTF-8 C2 80..C2 9F: a CSI alone
+ * is C2 9B), every byte that is not part of valid UTF-8 (a raw 9B is a CSI to a terminal
+ * in an 8-bit mode) and the bidirectional embeddings, overrides and isolates (U+202A..
+ * U+202E, U+2066..U+2069: they make a line read other than it runs) come out as `\xHH`
+ * per byte; other UTF-8 passes unchanged.
  * Applied to every human-readable line whatever stdout is (a log viewed later with `cat` or
  * `less -R` interprets escapes too); `--json` output is JSON-escaped by json-c instead.
  * Returns a new string the caller frees; never NULL (aborts on out of memory, as
@@ -45,10 +48,21 @@ shown(const char *s)
     s = "";
   size_t n = strlen(s);
   char *out = eph_xmalloc(n * 4 + 1), *o = out;
-  for (const unsigned char *p = (const unsigned char *)s; *p;) {
+  const unsigned char *p = (const unsigned char *)s, *end = p + n;
+  while (p < end) {
     size_t c = *p == '\n' || *p == '\t' ? 0 : eph_control_len(p);
-    if (!c)
-      *o++ = (char)*p++;
+    int len = c ? 0 : eph_utf8_seq(p, (size_t)(end - p));
+    if (len <= 0)
+      c = c ? c : 1;
+    else if (len == 3 && p[0] == 0xe2 &&
+             ((p[1] == 0x80 && p[2] >= 0xaa && p[2] <= 0xae) ||
+              (p[1] == 0x81 && p[2] >= 0xa6 && p[2] <= 0xa9)))
+      c = 3;
+    if (!c) {
+      memcpy(o, p, (size_t)len);
+      o += len;
+      p += len;
+    }
     for (; c > 0; c--)
       o += sprintf(o, "\\x%02x", *p++);
   }
@@ -56,10 +70,38 @@ shown(const char *s)
   return out;
 }
 
+/* A timeline line's continuation: a multi-line command (a here-document, or a command whose
+ * text forges rows: "true\n  0.02  Sandbox  sandbox destroyed") goes on under the text
+ * column behind a shell's PS2 prompt, never at the start of a line where rows begin. */
+#define CONTINUATION "\n                          > "
+
+/* s with every newline followed by CONTINUATION's indent and prompt. Takes s (freed). */
+static char *
+continued(char *s)
+{
+  size_t lines = 0;
+  for (const char *c = s; (c = strchr(c, '\n')); c++)
+    lines++;
+  if (!lines)
+    return s;
+  char *out = eph_xmalloc(strlen(s) + lines * (sizeof CONTINUATION - 2) + 1), *o = out;
+  for (const char *c = s; *c; c++) {
+    if (*c == '\n') {
+      memcpy(o, CONTINUATION, sizeof CONTINUATION - 1);
+      o += sizeof CONTINUATION - 1;
+    } else {
+      *o++ = *c;
+    }
+  }
+  *o = '\0';
+  free(s);
+  return out;
+}
+
 static void
 print_event_line(FILE *out, double t, const char *source, const char *kind, const char *text)
 {
-  cleanup_free char *src = shown(source), *txt = shown(text);
+  cleanup_free char *src = shown(source), *txt = continued(shown(text));
   if (strcmp(kind, "tool_result") == 0)
     fprintf(out, "%6s  %-17s   -> %s\n", "", "", txt);
   else
