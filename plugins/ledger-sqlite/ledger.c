@@ -737,6 +737,9 @@ ledger_init(const eph_host_t *host, const config_setting_t *config, void **state
       .busy_timeout_ms = (int)busy_ms,
       .synchronous = strcasecmp(sync, "full") == 0 ? "FULL" : "NORMAL",
       .damaged_hint = "restore it from a backup",
+      /* Balances and the journal: the owner's only, whatever the umask (a CLI `run` loads
+       * this plugin after the core's umask 077 window, and the file came out 0644). */
+      .owner_only = true,
       /* FULL: credits, reservations and settlements are fsync()ed at commit (a settlement
        * syncs every charge before it too), so the close-time checkpoint adds nothing. */
       .no_checkpoint_on_close = strcasecmp(sync, "full") == 0};
