@@ -101,6 +101,10 @@
     "(price_micros_per_request); sandbox limits in the backend's block.")                          \
   I(max_inline_files_bytes, 16777216, 0, 1073741824, "bytes",                                      \
     "Largest total size of a request's inline files (after base64 decoding).")                     \
+  I(max_output_files_bytes, 4194304, 0, 1073741824, "bytes",                                      \
+    "Most bytes of the files a run saves for request.outputs, all files together (each at "        \
+    "most 1 MiB), kept base64 in the run's record for retention_days: a file past it is cut "      \
+    "(truncated) or not read (error). 0: no file is saved.")                                       \
   G(egress, eph_egress_conf_t, egress,                                                             \
     "The sandbox egress proxy of runs granting web: pool, port, max_connections, max_bytes, "      \
     "max_connection_ms, idle_ms, what a connection costs (price_micros_per_request) and where "    \

@@ -213,6 +213,7 @@ eph_run_new(eph_ctx_t *ctx, eph_request_t *req, const eph_run_options_t *opt, ep
   int r;
   const eph_core_conf_t *conf = eph_config_values(&ctx->config);
   run->max_steps = conf->max_steps;
+  run->max_output_files_bytes = conf->max_output_files_bytes;
   run->max_output_tokens = conf->max_output_tokens;
   run->meter_ms = conf->compute_meter_ms; /* at least 10: its row's range */
   run->event_flush_ms = conf->event_flush_ms;
@@ -304,15 +305,27 @@ collect_outputs(eph_run_t *run)
   if (!run->req.n_outputs || !run->sbx)
     return;
   run->output_files = json_object_new_array();
+  /* The record keeps what is saved (base64) for the retention period: a run's files are
+   * bounded together, not only each (32 files of 1 MiB stored 44.5 MB for $0.0002). */
+  uint64_t left = (uint64_t)run->max_output_files_bytes;
   for (size_t i = 0; i < run->req.n_outputs; i++) {
     json_object *f = json_object_new_object();
     json_object_object_add(f, "path", json_object_new_string(run->req.outputs[i]));
+    if (left == 0) {
+      char why[160];
+      snprintf(why, sizeof why,
+               "not read: the run's saved files reached max_output_files_bytes (%" PRId64 " bytes)",
+               run->max_output_files_bytes);
+      json_object_object_add(f, "error", json_object_new_string(why));
+      json_object_array_add(run->output_files, f);
+      continue;
+    }
     void *data = NULL;
     size_t bytes = 0;
     int truncated = 0;
     eph_error_t err = {0};
-    if (eph_sbx_read(run->sbx, run->req.outputs[i], 1024 * 1024, &data, &bytes, &truncated, &err) <
-        0) {
+    size_t max = left < 1024 * 1024 ? (size_t)left : 1024 * 1024;
+    if (eph_sbx_read(run->sbx, run->req.outputs[i], max, &data, &bytes, &truncated, &err) < 0) {
       json_object_object_add(f, "error", json_object_new_string(err.message));
     } else {
       cleanup_free char *b64 = eph_base64_encode(data, bytes);
@@ -322,6 +335,7 @@ collect_outputs(eph_run_t *run)
       json_object_object_add(f, "content", json_object_new_string(b64));
       json_object_object_add(f, "bytes", json_object_new_int64((int64_t)bytes));
       json_object_object_add(f, "truncated", json_object_new_boolean(truncated));
+      left -= bytes < left ? bytes : left;
     }
     free(data);
     json_object_array_add(run->output_files, f);
