@@ -269,6 +269,8 @@ eph_agent_loop(eph_run_t *run)
                "the model's answer is not valid UTF-8 (byte %zu of its message): refused", bad);
       eph_model_response_clear(&resp);
       eph_run_set_end(run, EPH_RUN_FAILED, "model_error", why);
+      eph_run_emit(run, "Model", "model_error", false, NULL, "model call %" PRId64 " failed: %s",
+                   step, why);
       return;
     }
     json_object_array_add(messages, json_object_get(msg));
