@@ -16,28 +16,21 @@ flush(eph_live_t *l, bool final, eph_live_emit_fn emit, void *opaque)
   if (!l->pending_bytes)
     return;
   const unsigned char *p = (const unsigned char *)l->pending;
-  size_t n = l->pending_bytes, i = 0, o = 0;
-  char *out = eph_xmalloc(n * 3 + 1);
-  while (i < n) {
-    int len = eph_utf8_seq(p + i, n - i);
-    if (len < 0 && !final)
+  size_t n = l->pending_bytes, keep = n, o = 0;
+  /* A sequence cut by the chunk's end starts in its last three bytes. */
+  for (size_t back = 1; !final && back <= 3 && back <= n; back++)
+    if (eph_utf8_seq(p + n - back, back) < 0) {
+      keep = n - back;
       break;
-    if (len <= 0 || (len == 1 && p[i] == 0)) {
-      memcpy(out + o, "\xef\xbf\xbd", 3);
-      o += 3;
-      i++;
-    } else {
-      memcpy(out + o, p + i, (size_t)len);
-      o += (size_t)len;
-      i += (size_t)len;
     }
-  }
-  out[o] = '\0';
+  char *out = eph_utf8_repair(l->pending, keep, &o);
+  if (!out) /* out of memory: the core does not limp on (eph_xmalloc's rule) */
+    abort();
   if (o)
     emit(opaque, l->pending_stream, out, o, 0);
   free(out);
-  memmove(l->pending, l->pending + i, n - i);
-  l->pending_bytes = n - i;
+  memmove(l->pending, l->pending + keep, n - keep);
+  l->pending_bytes = n - keep;
   l->last_emit_ms = eph_now_ms();
 }
 
