@@ -235,6 +235,18 @@ eph_run_new(eph_ctx_t *ctx, eph_request_t *req, const eph_run_options_t *opt, ep
     r = -err->code;
     goto fail;
   }
+  /* A call that cannot be made now (a hosted provider without its key, a transcript that
+   * does not open) is said before anything is reserved or booted: the run used to reserve,
+   * boot a sandbox and fail at its first model call (new-user finding). The plugin's
+   * `ready` is the health check's: cheap, no network. */
+  const eph_model_ops_t *mo = run->model->desc->ops;
+  if (EPH_OPS_HAS(mo, eph_model_ops_t, ready) &&
+      (r = EPH_WITH_PLUGIN(run->model, mo->ready(run->model->state, run->model_call_name, err))) <
+          0) {
+    if (!*err->message)
+      r = eph_error_set(err, EIO, "%s: not ready (no reason given)", run->model->desc->name);
+    goto fail;
+  }
   if ((r = eph_meter_prices(run, err)) < 0)
     goto fail;
   eph_gate_init(&run->gate, &run->req, ctx);
