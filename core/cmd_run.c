@@ -237,7 +237,9 @@ print_summary(FILE *out, json_object *run)
           eph_format_dollars(eph_json_int64(usage, "billed_micros"), billed, sizeof billed),
           eph_format_dollars(eph_json_int64(usage, "reserved_micros"), reserved, sizeof reserved));
   if (error) {
-    cleanup_free char *e = shown(json_object_get_string(error));
+    /* A provider's or plugin's message: a line break in it goes on under the text column
+     * too (a 400 body forged a timeline row here). */
+    cleanup_free char *e = continued(shown(json_object_get_string(error)));
     fprintf(out, "error: %s\n", e);
   }
   if (answer) {
@@ -251,8 +253,9 @@ print_summary(FILE *out, json_object *run)
     json_object_object_get_ex(f, "bytes", &b);
     cleanup_free char *path = shown(p ? json_object_get_string(p) : "?");
     /* A file the run did not leave is not "0 bytes": say why it was not saved. */
-    cleanup_free char *why =
-        json_object_object_get_ex(f, "error", &e) ? shown(json_object_get_string(e)) : NULL;
+    cleanup_free char *why = json_object_object_get_ex(f, "error", &e)
+                                 ? continued(shown(json_object_get_string(e)))
+                                 : NULL;
     if (why)
       fprintf(out, "output file %s: not saved: %s\n", path, why);
     else

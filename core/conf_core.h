@@ -101,6 +101,10 @@
     "(price_micros_per_request); sandbox limits in the backend's block.")                          \
   I(max_inline_files_bytes, 16777216, 0, 1073741824, "bytes",                                      \
     "Largest total size of a request's inline files (after base64 decoding).")                     \
+  I(max_stored_results_bytes, 4194304, 0, 1073741824, "bytes",                                    \
+    "Most bytes of tool results one run's timeline keeps (its tool_result events' data, as "      \
+    "JSON): past it a result is kept as its size and a marker; the model still gets it whole. "    \
+    "Results are what a sandbox wrote (a file_read is up to 1 MiB, a turn may make many calls).") \
   I(max_output_files_bytes, 4194304, 0, 1073741824, "bytes",                                      \
     "Most bytes of the files a run saves for request.outputs, all files together (each at "        \
     "most 1 MiB), kept base64 in the run's record for retention_days: a file past it is cut "      \

@@ -214,6 +214,7 @@ eph_run_new(eph_ctx_t *ctx, eph_request_t *req, const eph_run_options_t *opt, ep
   const eph_core_conf_t *conf = eph_config_values(&ctx->config);
   run->max_steps = conf->max_steps;
   run->max_output_files_bytes = conf->max_output_files_bytes;
+  run->max_stored_results_bytes = conf->max_stored_results_bytes;
   run->max_output_tokens = conf->max_output_tokens;
   run->meter_ms = conf->compute_meter_ms; /* at least 10: its row's range */
   run->event_flush_ms = conf->event_flush_ms;
@@ -352,6 +353,7 @@ collect_outputs(eph_run_t *run)
     free(data);
     json_object_array_add(run->output_files, f);
   }
+  eph_json_utf8_repair(run->output_files); /* a guest's error text: kept as valid UTF-8 */
 }
 
 static void

@@ -87,7 +87,9 @@ struct eph_run {
   int64_t event_flush_ms; /* config event_flush_ms: the store's batches (evqueue.h) */
   int64_t cache_read_price_mtok, cache_write_price_mtok; /* cached prompt tokens */
   int64_t max_steps, max_output_tokens;
-  int64_t max_output_files_bytes; /* request.outputs: all files together (conf_core.h) */
+  int64_t max_output_files_bytes;   /* request.outputs: all files together (conf_core.h) */
+  int64_t max_stored_results_bytes; /* tool_result events' data, all together (conf_core.h) */
+  int64_t stored_results_bytes;     /* what they hold so far (the agent loop's thread) */
 
   /* The compute meter: charges while the sandbox lives. */
   pthread_t meter;

@@ -5,6 +5,7 @@
 
 #include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -36,12 +37,33 @@ eph_run_status_exit_code(eph_run_status_t s)
   }
 }
 
+/* A heap copy of s as valid UTF-8 (eph_utf8_repair when it is not). */
+static char *
+utf8_copy(const char *s)
+{
+  if (eph_utf8_invalid_at(s, strlen(s)) == SIZE_MAX)
+    return eph_xstrdup(s);
+  char *r = eph_utf8_repair(s, strlen(s), NULL);
+  if (!r)
+    abort(); /* out of memory, as eph_xstrdup */
+  return r;
+}
+
 void
 eph_run_emit_full(eph_run_t *run, const char *source, const char *kind, const char *text,
                   json_object *data, bool content)
 {
   /* The egress proxy emits from its own threads: without this lock two observers' calls
    * (store, CLI) could interleave out of seq order. */
+  /* What plugins and sandboxes wrote (a provider's error text, a file name a sandbox made,
+   * a model's finish_reason) reaches the record only as valid UTF-8: json-c writes a
+   * string's bytes unchecked, and one raw byte made `runs show` and the API's answers
+   * invalid JSON text (red-team finding). */
+  cleanup_free char *fixed = NULL;
+  if (text && eph_utf8_invalid_at(text, strlen(text)) != SIZE_MAX)
+    text = fixed = utf8_copy(text);
+  if (data)
+    eph_json_utf8_repair(data);
   pthread_mutex_lock(&run->emit_lock);
   pthread_mutex_lock(&run->lock);
   if (run->n_events == run->cap_events) {
@@ -119,7 +141,8 @@ eph_run_set_end(eph_run_t *run, eph_run_status_t s, const char *reason, const ch
     run->status = s;
     snprintf(run->reason, sizeof run->reason, "%s", reason);
     free(run->error);
-    run->error = error ? eph_xstrdup(error) : NULL;
+    /* A plugin's message (a provider's error body) may hold bytes that are not UTF-8. */
+    run->error = error ? utf8_copy(error) : NULL;
   }
   pthread_mutex_unlock(&run->lock);
 }

@@ -299,7 +299,22 @@ eph_tools_call(eph_run_t *run, json_object *tc, json_object *messages)
   json_object *rd = json_object_new_object();
   json_object_object_add(rd, "tool", json_object_new_string(name));
   json_object_object_add(rd, "call_id", json_object_new_string(call_id));
-  json_object_object_add(rd, "result", json_object_get(result));
+  /* The timeline keeps a run's results up to max_stored_results_bytes together: 64
+   * file_reads of 1 MiB in one turn stored 67 MB in one record for $0.0008 (red-team
+   * finding). Past it a result is kept as its size; the model is given it whole. */
+  int64_t rbytes = (int64_t)strlen(json_object_to_json_string_ext(result, JSON_C_TO_STRING_PLAIN));
+  if (rbytes > run->max_stored_results_bytes - run->stored_results_bytes) {
+    json_object *kept = json_object_new_object();
+    json_object_object_add(kept, "not_stored", json_object_new_boolean(1));
+    json_object_object_add(kept, "bytes", json_object_new_int64(rbytes));
+    json_object_object_add(
+        kept, "reason",
+        json_object_new_string("the run's stored tool results reached max_stored_results_bytes"));
+    json_object_object_add(rd, "result", kept);
+  } else {
+    run->stored_results_bytes += rbytes;
+    json_object_object_add(rd, "result", json_object_get(result));
+  }
   json_object_object_add(rd, "duration_ms", json_object_new_int64(eph_now_ms() - t0));
   eph_run_emit(run, source, "tool_result", true, rd, "%s", rtext);
   json_object_array_add(messages, tool_message(call_id, result));

@@ -22,6 +22,7 @@
  *   slow:MS        waits MS milliseconds, then answers like final
  *   line:PATH:N    200 with line N (1-based) of the JSONL file PATH as the body
  *   file:PATH      200 application/json with the file PATH as the body
+ *   file400:PATH   400 application/json with the file PATH as the body (a crafted API error)
  *   sse:PATH       200 text/event-stream with the file PATH as the body, written 7 bytes at
  *                  a time (events and lines split across reads, as on a real network)
  *   ssecut:PATH:N  as sse:, but the stream ends cleanly after N bytes (a truncated stream)
@@ -312,13 +313,13 @@ serve_sse(struct MHD_Connection *conn, const char *arg, bool with_n, bool slow)
 }
 
 static enum MHD_Result
-serve_file(struct MHD_Connection *conn, const char *path)
+serve_file(struct MHD_Connection *conn, const char *path, unsigned status)
 {
   size_t len = 0;
   char *buf = slurp(path, &len);
   if (!buf)
     return respond_str(conn, 500, "{\"error\":{\"message\":\"fake-openai: no such file\"}}", NULL);
-  enum MHD_Result ret = respond(conn, 200, buf, len, NULL);
+  enum MHD_Result ret = respond(conn, status, buf, len, NULL);
   free(buf);
   return ret;
 }
@@ -439,7 +440,9 @@ on_request(void *cls, struct MHD_Connection *conn, const char *url, const char *
   } else if (strncmp(step, "line:", 5) == 0)
     ret = serve_line(conn, step + 5);
   else if (strncmp(step, "file:", 5) == 0)
-    ret = serve_file(conn, step + 5);
+    ret = serve_file(conn, step + 5, 200);
+  else if (strncmp(step, "file400:", 8) == 0)
+    ret = serve_file(conn, step + 8, 400);
   else if (strncmp(step, "sse:", 4) == 0)
     ret = serve_sse(conn, step + 4, false, false);
   else if (strncmp(step, "ssecut:", 7) == 0)

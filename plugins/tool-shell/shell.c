@@ -8,6 +8,7 @@
 
 #include <stdbool.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "support/text.h"
 
@@ -137,6 +138,12 @@ shell_call(void *state, const eph_tool_call_t *call, json_object **result, eph_e
     return 0;
   }
   const char *command = json_object_get_string(v);
+  /* A NUL ends the C string the guest runs: "echo SHOWN\u0000; echo HIDDEN" ran the first
+   * part while the record kept the whole (red-team finding). What runs is what was asked. */
+  if (strlen(command) != (size_t)json_object_get_string_len(v)) {
+    *result = tool_error("'command' must not contain a NUL character (\\u0000)");
+    return 0;
+  }
   int64_t timeout_s = s->default_timeout_s;
   if (json_object_object_get_ex(call->args, "timeout_seconds", &v) &&
       !json_object_is_type(v, json_type_null)) {

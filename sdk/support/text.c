@@ -53,8 +53,9 @@ eph_utf8_is_text(const unsigned char *s, size_t bytes)
   return eph_utf8_invalid_at((const char *)s, bytes) == SIZE_MAX;
 }
 
-char *
-eph_utf8_repair(const char *s, size_t bytes, size_t *out_bytes)
+/* eph_utf8_repair; keep_nul: a NUL stays (a JSON string holds it as \u0000). */
+static char *
+repair(const char *s, size_t bytes, size_t *out_bytes, bool keep_nul)
 {
   const unsigned char *p = (const unsigned char *)s;
   char *out = malloc(bytes * 3 + 1);
@@ -63,7 +64,7 @@ eph_utf8_repair(const char *s, size_t bytes, size_t *out_bytes)
   size_t o = 0;
   for (size_t i = 0; i < bytes;) {
     int n = eph_utf8_seq(p + i, bytes - i);
-    if (n <= 0 || p[i] == 0) {
+    if (n <= 0 || (p[i] == 0 && !keep_nul)) {
       memcpy(out + o, "\xef\xbf\xbd", 3);
       o += 3;
       i++;
@@ -77,6 +78,77 @@ eph_utf8_repair(const char *s, size_t bytes, size_t *out_bytes)
   if (out_bytes)
     *out_bytes = o;
   return out;
+}
+
+char *
+eph_utf8_repair(const char *s, size_t bytes, size_t *out_bytes)
+{
+  return repair(s, bytes, out_bytes, false);
+}
+
+/* Whether s[0..bytes) is valid UTF-8, a NUL included. */
+static bool
+json_text_ok(const char *s, size_t bytes)
+{
+  const unsigned char *p = (const unsigned char *)s;
+  for (size_t i = 0; i < bytes;) {
+    int n = eph_utf8_seq(p + i, bytes - i);
+    if (n <= 0)
+      return false;
+    i += (size_t)n;
+  }
+  return true;
+}
+
+size_t
+eph_json_utf8_repair(json_object *o)
+{
+  size_t n = 0;
+  if (json_object_is_type(o, json_type_string)) {
+    const char *v = json_object_get_string(o);
+    size_t len = (size_t)json_object_get_string_len(o), out_len = 0;
+    if (json_text_ok(v, len))
+      return 0; /* the usual case: nothing copied, a NUL kept */
+    char *fixed = repair(v, len, &out_len, true);
+    if (!fixed || out_len > INT32_MAX)
+      abort(); /* out of memory: the core does not limp on */
+    json_object_set_string_len(o, fixed, (int)out_len);
+    free(fixed);
+    return 1;
+  }
+  if (json_object_is_type(o, json_type_array)) {
+    size_t len = json_object_array_length(o);
+    for (size_t i = 0; i < len; i++)
+      n += eph_json_utf8_repair(json_object_array_get_idx(o, i));
+    return n;
+  }
+  if (!json_object_is_type(o, json_type_object))
+    return 0;
+  /* A member whose name is not UTF-8 is taken out and put back under the repaired name
+   * (names cannot change in place); at most a few, so a second pass finds them. */
+  bool bad_key = false;
+  json_object_object_foreach(o, key, val) {
+    n += eph_json_utf8_repair(val);
+    bad_key |= eph_utf8_invalid_at(key, strlen(key)) != SIZE_MAX;
+  }
+  while (bad_key) {
+    bad_key = false;
+    json_object_object_foreach(o, k2, v2) {
+      if (eph_utf8_invalid_at(k2, strlen(k2)) == SIZE_MAX)
+        continue;
+      char *fixed = eph_utf8_repair(k2, strlen(k2), NULL);
+      if (!fixed)
+        abort();
+      json_object *keep = json_object_get(v2);
+      json_object_object_del(o, k2);
+      json_object_object_add(o, fixed, keep);
+      free(fixed);
+      n++;
+      bad_key = true;
+      break; /* the iteration is over a changed object: start again */
+    }
+  }
+  return n;
 }
 
 size_t

@@ -21,6 +21,14 @@ bool eph_utf8_is_text(const unsigned char *s, size_t bytes);
  * (core/cmd_run.c). RFC 3629, section 4. */
 int eph_utf8_seq(const unsigned char *s, size_t bytes);
 
+/* Every string of o (values and member names, nested) made valid UTF-8 in place, as
+ * eph_utf8_repair does but keeping a NUL in a value (JSON writes it \u0000; a string o
+ * shares with the caller, a tool call's arguments, is not changed by it). Returns how many
+ * strings were repaired (0: o was clean, nothing copied).
+ * What the core keeps of what plugins and sandboxes wrote goes through it (events, errors:
+ * core/run_state.c), so the record and every JSON rendering of it stay valid UTF-8. */
+size_t eph_json_utf8_repair(json_object *o);
+
 /* The offset of the first byte of s[0..bytes) that is not part of valid UTF-8 (a NUL
  * counts as invalid), SIZE_MAX when there is none. */
 size_t eph_utf8_invalid_at(const char *s, size_t bytes);
