@@ -245,7 +245,12 @@ eph_run_new(eph_ctx_t *ctx, eph_request_t *req, const eph_run_options_t *opt, ep
       (r = EPH_WITH_PLUGIN(run->model, mo->ready(run->model->state, run->model_call_name, err))) <
           0) {
     if (!*err->message)
-      r = eph_error_set(err, EIO, "%s: not ready (no reason given)", run->model->desc->name);
+      eph_error_set(err, EIO, "%s: not ready (no reason given)", run->model->desc->name);
+    /* A transcript the request names (replay:PATH) is the request's mistake: 400 naming
+     * `model` (exit 2); a provider without its key is the operator's: 503 (exit 1). */
+    bool replay = strncmp(run->model_call_name, "replay:", 7) == 0;
+    err->code = replay ? EINVAL : EPH_E_CONFIG;
+    r = replay ? eph_error_wrap(err, "field 'model'") : -err->code;
     goto fail;
   }
   if ((r = eph_meter_prices(run, err)) < 0)
