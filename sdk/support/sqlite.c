@@ -2,6 +2,7 @@
 #include "sqlite.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <string.h>
 #include <strings.h>
@@ -218,6 +219,17 @@ eph_sqlite_open(const char *path, const eph_sqlite_open_options_t *opt, sqlite3 
     r = eph_error_set(err, EIO, "%s: cannot switch to WAL mode (got %s): %s", path,
                       mode ? mode : "nothing", sqlite3_errmsg(db));
     goto fail;
+  }
+  /* SQLite gives a new -wal and -shm the file's mode, but they outlive a connection (the
+   * -shm always, the -wal without a checkpoint at close): ones a laxer umask made before
+   * stay as they were (a ledger's -shm was still 0644 after its file was made 0600). */
+  for (const char *ext = "-wal"; opt->owner_only && ext; ext = ext[1] == 'w' ? "-shm" : NULL) {
+    char side[PATH_MAX];
+    if (snprintf(side, sizeof side, "%s%s", path, ext) < (int)sizeof side &&
+        chmod(side, 0600) < 0 && errno != ENOENT) {
+      r = eph_error_set(err, errno, "%s: chmod 0600: %s", side, strerror(errno));
+      goto fail;
+    }
   }
   char pragmas[96];
   snprintf(pragmas, sizeof pragmas, "PRAGMA foreign_keys = ON; PRAGMA synchronous = %s;",
