@@ -52,8 +52,8 @@ shown(const char *s)
   while (p < end) {
     size_t c = *p == '\n' || *p == '\t' ? 0 : eph_control_len(p);
     int len = c ? 0 : eph_utf8_seq(p, (size_t)(end - p));
-    if (len <= 0)
-      c = c ? c : 1;
+    if (!c && len <= 0)
+      c = 1; /* a byte that is not part of UTF-8 */
     else if (len == 3 && p[0] == 0xe2 &&
              ((p[1] == 0x80 && p[2] >= 0xaa && p[2] <= 0xae) ||
               (p[1] == 0x81 && p[2] >= 0xa6 && p[2] <= 0xa9)))

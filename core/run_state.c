@@ -53,17 +53,14 @@ void
 eph_run_emit_full(eph_run_t *run, const char *source, const char *kind, const char *text,
                   json_object *data, bool content)
 {
-  /* The egress proxy emits from its own threads: without this lock two observers' calls
-   * (store, CLI) could interleave out of seq order. */
   /* What plugins and sandboxes wrote (a provider's error text, a file name a sandbox made,
    * a model's finish_reason) reaches the record only as valid UTF-8: json-c writes a
    * string's bytes unchecked, and one raw byte made `runs show` and the API's answers
-   * invalid JSON text (red-team finding). */
-  cleanup_free char *fixed = NULL;
-  if (text && eph_utf8_invalid_at(text, strlen(text)) != SIZE_MAX)
-    text = fixed = utf8_copy(text);
+   * invalid JSON text (red-team finding). The text is copied so below (utf8_copy). */
   if (data)
     eph_json_utf8_repair(data);
+  /* The egress proxy emits from its own threads: without this lock two observers' calls
+   * (store, CLI) could interleave out of seq order. */
   pthread_mutex_lock(&run->emit_lock);
   pthread_mutex_lock(&run->lock);
   if (run->n_events == run->cap_events) {
@@ -81,7 +78,7 @@ eph_run_emit_full(eph_run_t *run, const char *source, const char *kind, const ch
       .t_ms = now_ms - run->start_ms,
       .source = eph_xstrdup(source),
       .kind = eph_xstrdup(kind),
-      .text = eph_xstrdup(text),
+      .text = utf8_copy(text ? text : ""),
       .data = data ? json_object_get(data) : NULL,
       .content = content,
   };

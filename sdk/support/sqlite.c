@@ -223,9 +223,10 @@ eph_sqlite_open(const char *path, const eph_sqlite_open_options_t *opt, sqlite3 
   /* SQLite gives a new -wal and -shm the file's mode, but they outlive a connection (the
    * -shm always, the -wal without a checkpoint at close): ones a laxer umask made before
    * stay as they were (a ledger's -shm was still 0644 after its file was made 0600). */
-  for (const char *ext = "-wal"; opt->owner_only && ext; ext = ext[1] == 'w' ? "-shm" : NULL) {
+  static const char *const sides[] = {"-wal", "-shm"};
+  for (size_t i = 0; opt->owner_only && i < 2; i++) {
     char side[PATH_MAX];
-    if (snprintf(side, sizeof side, "%s%s", path, ext) < (int)sizeof side &&
+    if (snprintf(side, sizeof side, "%s%s", path, sides[i]) < (int)sizeof side &&
         chmod(side, 0600) < 0 && errno != ENOENT) {
       r = eph_error_set(err, errno, "%s: chmod 0600: %s", side, strerror(errno));
       goto fail;

@@ -34,17 +34,25 @@ eph_utf8_seq(const unsigned char *s, size_t bytes)
   return len;
 }
 
-size_t
-eph_utf8_invalid_at(const char *s, size_t bytes)
+/* The first byte of s[0..bytes) that is not part of valid UTF-8, SIZE_MAX when none;
+ * keep_nul: a NUL counts as valid (a JSON string holds it as \u0000). */
+static size_t
+first_invalid(const char *s, size_t bytes, bool keep_nul)
 {
   const unsigned char *p = (const unsigned char *)s;
   for (size_t i = 0; i < bytes;) {
     int n = eph_utf8_seq(p + i, bytes - i);
-    if (n <= 0 || p[i] == 0)
+    if (n <= 0 || (p[i] == 0 && !keep_nul))
       return i;
     i += (size_t)n;
   }
   return SIZE_MAX;
+}
+
+size_t
+eph_utf8_invalid_at(const char *s, size_t bytes)
+{
+  return first_invalid(s, bytes, false);
 }
 
 bool
@@ -86,20 +94,6 @@ eph_utf8_repair(const char *s, size_t bytes, size_t *out_bytes)
   return repair(s, bytes, out_bytes, false);
 }
 
-/* Whether s[0..bytes) is valid UTF-8, a NUL included. */
-static bool
-json_text_ok(const char *s, size_t bytes)
-{
-  const unsigned char *p = (const unsigned char *)s;
-  for (size_t i = 0; i < bytes;) {
-    int n = eph_utf8_seq(p + i, bytes - i);
-    if (n <= 0)
-      return false;
-    i += (size_t)n;
-  }
-  return true;
-}
-
 size_t
 eph_json_utf8_repair(json_object *o)
 {
@@ -107,7 +101,7 @@ eph_json_utf8_repair(json_object *o)
   if (json_object_is_type(o, json_type_string)) {
     const char *v = json_object_get_string(o);
     size_t len = (size_t)json_object_get_string_len(o), out_len = 0;
-    if (json_text_ok(v, len))
+    if (first_invalid(v, len, true) == SIZE_MAX)
       return 0; /* the usual case: nothing copied, a NUL kept */
     char *fixed = repair(v, len, &out_len, true);
     if (!fixed || out_len > INT32_MAX)
